@@ -1,0 +1,17 @@
+-- cancel_finish.lua: give a cancelled order's units and the user's quota back to Redis.
+--
+-- Runs after the database committed the cancellation, exactly once: it applies only while
+-- the "c|<orderId>" ledger entry written by cancel_begin.lua is there, and removes it.
+--
+-- KEYS[1] stock   KEYS[2] users   KEYS[3] ledger
+-- ARGV[1] user id   ARGV[2] order id
+--
+-- Returns {applied, qty}: 1 = stock and quota given back, 0 = no such entry (already done).
+local v = redis.call('HGET', KEYS[3], ARGV[1])
+if not v then return {0, 0} end
+local kind, id, qty = string.match(v, '^(%a)|([^|]+)|(%d+)|')
+if kind ~= 'c' or id ~= ARGV[2] then return {0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], qty) end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return {1, tonumber(qty)}

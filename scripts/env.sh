@@ -1,0 +1,41 @@
+# shellcheck shell=bash
+# Local environment for seckill. Source it:  source scripts/env.sh
+# Every variable is a default only: a value already in the caller's environment wins.
+# (The Makefile sources this before every recipe; scripts/stack.sh starts the services it names.)
+
+_seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
+
+# PostgreSQL (system of record) and Redis (standalone + 3-master cluster for cluster tests)
+: "${DATABASE_URL:=postgres://postgres@127.0.0.1:5432/seckill}"
+: "${REDIS_URL:=redis://127.0.0.1:6379}"
+: "${REDIS_CLUSTER_URLS:=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003}"
+
+# AWS SDK -> the local SQS emulator (moto_server). Dummy credentials; the SDK reads
+# AWS_ENDPOINT_URL_SQS by itself. moto's default account id is 123456789012: this is the exact
+# QueueUrl its CreateQueue returns for the queues scripts/stack.sh creates.
+: "${AWS_REGION:=us-east-1}"
+: "${AWS_DEFAULT_REGION:=us-east-1}"
+: "${AWS_ACCESS_KEY_ID:=test}"
+: "${AWS_SECRET_ACCESS_KEY:=test}"
+: "${AWS_ENDPOINT_URL_SQS:=http://127.0.0.1:4566}"
+: "${ORDER_QUEUE_URL:=http://127.0.0.1:4566/123456789012/seckill-orders}"
+: "${ORDER_DLQ_URL:=http://127.0.0.1:4566/123456789012/seckill-orders-dlq}"
+
+# HS256 secret the dev server verifies user tokens with (local only; AWS uses the JWT authorizer)
+: "${SECKILL_JWT_SECRET:=local-dev-secret-change-me}"
+
+# Tools: no telemetry from SAM CLI
+: "${SAM_CLI_TELEMETRY:=0}"
+
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS \
+    AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY \
+    AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL \
+    SECKILL_JWT_SECRET SAM_CLI_TELEMETRY
+
+# The project's Python tools (moto_server, cfn-lint; cargo-lambda and sam after `make tools-lambda`),
+# appended so that the machine's own tools keep precedence.
+case ":${PATH}:" in
+    *":${_seckill_repo}/.tools/venv/bin:"*) ;;
+    *) export PATH="${PATH}:${_seckill_repo}/.tools/venv/bin" ;;
+esac
+unset _seckill_repo

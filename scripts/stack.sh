@@ -1,0 +1,401 @@
+#!/usr/bin/env bash
+# Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
+# (7001-7003), an SQS emulator (moto_server on 4566) with the order queue + DLQ, and the project's
+# Python tools venv (.tools/venv).
+#
+# Idempotent: installs only what is missing, starts only what is not answering, leaves running
+# services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
+# (apt-get); on a machine that already has everything it needs no root rights beyond the files.
+#
+# Usage:
+#   bash scripts/stack.sh          # bring everything up (default)
+#   bash scripts/stack.sh up       # same
+#   bash scripts/stack.sh stop     # stop what this script starts on its own ports: the cluster
+#                                  # nodes 7001-7003 and moto_server (never PostgreSQL or Redis 6379)
+#   bash scripts/stack.sh status   # one line per service, changes nothing
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK_DIR="$REPO/target/stack"
+VENV="$REPO/.tools/venv"
+HOST=127.0.0.1
+PG_PORT=5432
+REDIS_PORT=6379
+CLUSTER_PORTS=(7001 7002 7003)
+MOTO_PORT=4566
+MOTO_PID="$STACK_DIR/moto.pid"
+MOTO_LOG="$STACK_DIR/moto.log"
+QUEUE_NAME="${SECKILL_QUEUE_NAME:-seckill-orders}"
+DLQ_NAME="${SECKILL_DLQ_NAME:-seckill-orders-dlq}"
+
+SUMMARY=()
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
+summary() { SUMMARY+=("$(printf '%-16s %s' "$1" "$2")"); }
+
+# ---------------------------------------------------------------------------------------------
+# apt: install only what is missing (apt-get update once, only if something is missing)
+# ---------------------------------------------------------------------------------------------
+APT_UPDATED=0
+apt_install() {
+    if ! command -v apt-get >/dev/null 2>&1; then
+        die "missing packages ($*) and no apt-get here: install them by hand"
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        die "missing packages ($*): run as root (or install them by hand)"
+    fi
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_packages() {
+    local pkgs=()
+    command -v psql >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null 2>&1 \
+        && command -v pg_isready >/dev/null 2>&1 || pkgs+=(postgresql postgresql-client)
+    command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+    command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
+    command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+    command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+    # Debian splits venv/ensurepip out of python3; only needed while the venv does not exist yet.
+    if [ ! -x "$VENV/bin/python" ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        pkgs+=(python3-venv)
+    fi
+    if [ "${#pkgs[@]}" -gt 0 ]; then
+        apt_install "${pkgs[@]}"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL on 127.0.0.1:5432, trust auth on loopback, database seckill
+# ---------------------------------------------------------------------------------------------
+pg_ready() { pg_isready -q -h "$HOST" -p "$PG_PORT" >/dev/null 2>&1; }
+pg_version() { find /etc/postgresql -mindepth 1 -maxdepth 1 -type d -printf '%f\n' 2>/dev/null | sort -V | tail -1; }
+psql_pg() { psql -w -X -h "$HOST" -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 "$@"; }
+
+ensure_postgres() {
+    local state="already running"
+    if ! pg_ready; then
+        local ver
+        ver="$(pg_version)"
+        [ -n "$ver" ] || die "PostgreSQL is not answering on $HOST:$PG_PORT and no cluster in /etc/postgresql"
+        log "starting PostgreSQL $ver/main"
+        pg_ctlcluster --skip-systemctl-redirect "$ver" main start \
+            || pg_ctlcluster "$ver" main start
+        for _ in $(seq 1 40); do pg_ready && break; sleep 0.5; done
+        pg_ready || die "PostgreSQL did not come up on $HOST:$PG_PORT"
+        state="started"
+    fi
+
+    if ! PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null 2>&1; then
+        local ver hba
+        ver="$(pg_version)"
+        hba="/etc/postgresql/$ver/main/pg_hba.conf"
+        [ -w "$hba" ] || die "cannot connect as postgres without a password and cannot edit $hba"
+        log "setting trust auth for 127.0.0.1/32 and ::1/128 in $hba"
+        cp -p "$hba" "$hba.seckill.bak"
+        # Rewrite existing loopback host lines to trust ...
+        sed -E -i \
+            's#^(host[[:space:]]+all[[:space:]]+all[[:space:]]+(127\.0\.0\.1/32|::1/128)[[:space:]]+)[^[:space:]]+#\1trust#' \
+            "$hba"
+        # ... and put explicit ones first (pg_hba is first-match) in case the layout differs.
+        if ! grep -q '^# seckill: local trust' "$hba"; then
+            {
+                echo '# seckill: local trust on loopback (added by scripts/stack.sh)'
+                echo 'host    all    all    127.0.0.1/32    trust'
+                echo 'host    all    all    ::1/128         trust'
+                cat "$hba"
+            } >"$hba.tmp"
+            cat "$hba.tmp" >"$hba"
+            rm -f "$hba.tmp"
+        fi
+        pg_ctlcluster --skip-systemctl-redirect "$ver" main reload || pg_ctlcluster "$ver" main reload
+        for _ in $(seq 1 20); do
+            PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null 2>&1 && break
+            sleep 0.5
+        done
+        PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null || die "still cannot connect to PostgreSQL as postgres"
+        state="$state, trust auth set"
+    fi
+
+    if [ "$(psql_pg -tAc "select 1 from pg_database where datname='seckill'")" != "1" ]; then
+        log "creating database seckill"
+        psql_pg -qc 'create database seckill' >/dev/null
+        state="$state, database seckill created"
+    fi
+    summary postgres "$HOST:$PG_PORT $state (db seckill)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Redis standalone on 127.0.0.1:6379
+# ---------------------------------------------------------------------------------------------
+redis_ping() { [ "$(redis-cli -h "$HOST" -p "$1" ping 2>/dev/null)" = "PONG" ]; }
+wait_ping() {
+    local port="$1"
+    for _ in $(seq 1 40); do redis_ping "$port" && return 0; sleep 0.25; done
+    return 1
+}
+
+ensure_redis() {
+    if redis_ping "$REDIS_PORT"; then
+        summary redis "$HOST:$REDIS_PORT already running"
+        return
+    fi
+    local dir="$STACK_DIR/redis-$REDIS_PORT"
+    mkdir -p "$dir"
+    log "starting redis-server on $HOST:$REDIS_PORT"
+    redis-server --daemonize yes --bind "$HOST" --port "$REDIS_PORT" --save "" --appendonly no \
+        --dir "$dir" --logfile "$dir/redis.log" --pidfile "$dir/redis.pid"
+    wait_ping "$REDIS_PORT" || die "redis-server did not answer on $HOST:$REDIS_PORT (see $dir/redis.log)"
+    summary redis "$HOST:$REDIS_PORT started"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Redis Cluster: 3 masters on 7001-7003, no replicas
+# ---------------------------------------------------------------------------------------------
+cluster_info() { redis-cli -h "$HOST" -p "$1" cluster info 2>/dev/null | tr -d '\r'; }
+cluster_field() { cluster_info "$1" | sed -n "s/^$2://p"; }
+cluster_ok_all() {
+    local p
+    for p in "${CLUSTER_PORTS[@]}"; do
+        [ "$(cluster_field "$p" cluster_state)" = "ok" ] || return 1
+        [ "$(cluster_field "$p" cluster_known_nodes)" = "${#CLUSTER_PORTS[@]}" ] || return 1
+    done
+}
+wait_cluster_ok() {
+    local secs="$1"
+    for _ in $(seq 1 $((secs * 4))); do cluster_ok_all && return 0; sleep 0.25; done
+    return 1
+}
+cluster_fresh_all() {
+    local p
+    for p in "${CLUSTER_PORTS[@]}"; do
+        [ "$(cluster_field "$p" cluster_known_nodes)" = "1" ] || return 1
+        [ "$(cluster_field "$p" cluster_slots_assigned)" = "0" ] || return 1
+    done
+}
+
+start_cluster_node() {
+    local port="$1" dir="$STACK_DIR/cluster/$1"
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind "$HOST" --daemonize yes \
+        --cluster-enabled yes --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 5000 \
+        --save '' --appendonly no --maxmemory-policy noeviction \
+        --dir "$dir" --logfile "$dir/redis.log" --pidfile "$dir/redis.pid"
+}
+
+stop_cluster_node() {
+    local port="$1" dir="$STACK_DIR/cluster/$1"
+    if redis_ping "$port"; then
+        redis-cli -h "$HOST" -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    fi
+    for _ in $(seq 1 40); do redis_ping "$port" || break; sleep 0.25; done
+    if redis_ping "$port" && [ -f "$dir/redis.pid" ]; then
+        kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+        sleep 1
+    fi
+    redis_ping "$port" && die "cluster node $port does not stop"
+    rm -f "$dir/redis.pid"
+}
+
+create_cluster() {
+    local hosts=() p
+    for p in "${CLUSTER_PORTS[@]}"; do hosts+=("$HOST:$p"); done
+    log "creating cluster ${hosts[*]}"
+    redis-cli --cluster create "${hosts[@]}" --cluster-replicas 0 --cluster-yes >"$STACK_DIR/cluster/create.log" 2>&1 \
+        || { cat "$STACK_DIR/cluster/create.log" >&2; die "redis-cli --cluster create failed"; }
+}
+
+ensure_cluster() {
+    mkdir -p "$STACK_DIR/cluster"
+    local started=() p
+    for p in "${CLUSTER_PORTS[@]}"; do
+        if ! redis_ping "$p"; then
+            start_cluster_node "$p"
+            started+=("$p")
+        fi
+    done
+    for p in "${CLUSTER_PORTS[@]}"; do
+        wait_ping "$p" || die "cluster node $p did not answer (see $STACK_DIR/cluster/$p/redis.log)"
+        if ! cluster_info "$p" | grep -q '^cluster_state:'; then
+            die "something on $HOST:$p is not a cluster-enabled redis; stop it first"
+        fi
+    done
+
+    if cluster_ok_all; then
+        if [ "${#started[@]}" -eq 0 ]; then
+            summary redis-cluster "7001-7003 already running (cluster_state:ok)"
+        else
+            summary redis-cluster "7001-7003 node(s) ${started[*]} restarted, rejoined (cluster_state:ok)"
+        fi
+        return
+    fi
+
+    if ! cluster_fresh_all; then
+        # Nodes that remember a cluster (restarted with their nodes-*.conf) usually converge by
+        # themselves within a few seconds; give them that chance before rebuilding.
+        if wait_cluster_ok 8; then
+            summary redis-cluster "7001-7003 node(s) ${started[*]:-none} restarted, rejoined (cluster_state:ok)"
+            return
+        fi
+        log "cluster is broken; stopping the nodes, wiping their data dirs, recreating"
+        for p in "${CLUSTER_PORTS[@]}"; do stop_cluster_node "$p"; done
+        for p in "${CLUSTER_PORTS[@]}"; do
+            rm -rf "${STACK_DIR:?}/cluster/$p"
+            start_cluster_node "$p"
+        done
+        for p in "${CLUSTER_PORTS[@]}"; do wait_ping "$p" || die "cluster node $p did not answer"; done
+        cluster_fresh_all || die "cluster nodes are not fresh after a wipe"
+        create_cluster
+        wait_cluster_ok 20 || die "cluster did not reach cluster_state:ok on all nodes"
+        summary redis-cluster "7001-7003 was broken: wiped and recreated (cluster_state:ok)"
+        return
+    fi
+
+    create_cluster
+    wait_cluster_ok 20 || die "cluster did not reach cluster_state:ok on all nodes"
+    summary redis-cluster "7001-7003 started, cluster created (cluster_state:ok)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Python tools venv: moto[server], cfn-lint
+# ---------------------------------------------------------------------------------------------
+ensure_venv() {
+    local state="already installed"
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating venv $VENV"
+        mkdir -p "$(dirname "$VENV")"
+        python3 -m venv "$VENV"
+        state="created"
+    fi
+    if ! "$VENV/bin/python" -c 'import moto, moto.server, boto3, flask, cfnlint' >/dev/null 2>&1 \
+        || [ ! -x "$VENV/bin/moto_server" ] || [ ! -x "$VENV/bin/cfn-lint" ]; then
+        log "pip install moto[server] cfn-lint into $VENV (≈30 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            'moto[server]>=5.1,<6' 'cfn-lint>=1,<2'
+        state="$state, moto+cfn-lint installed"
+    fi
+    summary venv "$VENV $state"
+}
+
+# ---------------------------------------------------------------------------------------------
+# moto_server (SQS emulator) on 127.0.0.1:4566
+# ---------------------------------------------------------------------------------------------
+moto_up() { curl -sf -o /dev/null --max-time 2 "http://$HOST:$MOTO_PORT/moto-api/"; }
+
+ensure_moto() {
+    if moto_up; then
+        summary moto "$HOST:$MOTO_PORT already running"
+        return
+    fi
+    mkdir -p "$STACK_DIR"
+    log "starting moto_server on $HOST:$MOTO_PORT (log $MOTO_LOG)"
+    # setsid: its own session, so a Ctrl-C on `make serve` does not take the emulator down.
+    setsid nohup "$VENV/bin/moto_server" -H "$HOST" -p "$MOTO_PORT" >>"$MOTO_LOG" 2>&1 </dev/null &
+    echo $! >"$MOTO_PID"
+    for _ in $(seq 1 80); do moto_up && break; sleep 0.25; done
+    moto_up || { tail -20 "$MOTO_LOG" >&2; die "moto_server did not answer on $HOST:$MOTO_PORT"; }
+    summary moto "$HOST:$MOTO_PORT started (pid $(cat "$MOTO_PID"))"
+}
+
+stop_moto() {
+    if [ -f "$MOTO_PID" ]; then
+        local pid
+        pid="$(cat "$MOTO_PID")"
+        if kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        fi
+        rm -f "$MOTO_PID"
+    fi
+    if moto_up; then
+        log "something still answers on $HOST:$MOTO_PORT that this script did not start; left alone"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# SQS queues on the emulator (CreateQueue is idempotent for identical attributes)
+# ---------------------------------------------------------------------------------------------
+ensure_queues() {
+    local url
+    url="$(
+        QUEUE_NAME="$QUEUE_NAME" DLQ_NAME="$DLQ_NAME" ENDPOINT="http://$HOST:$MOTO_PORT" \
+            "$VENV/bin/python" - <<'PY'
+import json, os
+import boto3
+
+sqs = boto3.client(
+    "sqs",
+    endpoint_url=os.environ["ENDPOINT"],
+    region_name="us-east-1",
+    aws_access_key_id="test",
+    aws_secret_access_key="test",
+)
+dlq_url = sqs.create_queue(QueueName=os.environ["DLQ_NAME"])["QueueUrl"]
+dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+url = sqs.create_queue(
+    QueueName=os.environ["QUEUE_NAME"],
+    Attributes={
+        "VisibilityTimeout": "30",
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
+    },
+)["QueueUrl"]
+print(url)
+PY
+    )"
+    summary sqs-queue "$url (DLQ $DLQ_NAME, maxReceiveCount 5)"
+}
+
+# ---------------------------------------------------------------------------------------------
+print_summary() {
+    local line
+    for line in "${SUMMARY[@]}"; do printf '[stack] %s\n' "$line"; done
+}
+
+status() {
+    if pg_ready; then summary postgres "$HOST:$PG_PORT up"; else summary postgres "$HOST:$PG_PORT DOWN"; fi
+    if redis_ping "$REDIS_PORT"; then summary redis "$HOST:$REDIS_PORT up"
+    else summary redis "$HOST:$REDIS_PORT DOWN"; fi
+    if cluster_ok_all; then summary redis-cluster "7001-7003 up (cluster_state:ok)"
+    else summary redis-cluster "7001-7003 DOWN or not ok"; fi
+    if moto_up; then summary moto "$HOST:$MOTO_PORT up"; else summary moto "$HOST:$MOTO_PORT DOWN"; fi
+    print_summary
+}
+
+stop() {
+    local p
+    for p in "${CLUSTER_PORTS[@]}"; do
+        if redis_ping "$p"; then
+            stop_cluster_node "$p"
+            summary "redis-$p" "stopped"
+        else
+            summary "redis-$p" "not running"
+        fi
+    done
+    stop_moto
+    summary moto "stopped"
+    print_summary
+}
+
+up() {
+    mkdir -p "$STACK_DIR"
+    ensure_packages
+    ensure_postgres
+    ensure_redis
+    ensure_cluster
+    ensure_venv
+    ensure_moto
+    ensure_queues
+    print_summary
+}
+
+case "${1:-up}" in
+    up) up ;;
+    stop | down) stop ;;
+    status) status ;;
+    *) die "usage: $0 [up|stop|status]" ;;
+esac

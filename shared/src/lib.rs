@@ -1,0 +1,61 @@
+//! The library every seckill function uses.
+//!
+//! # Layout
+//!
+//! - [`config`]: settings read once per cold start from conventional environment variables.
+//! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
+//! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
+//! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
+//! - [`sale`]: typed wrappers around the scripts: purchase, compensation, settle, cancel, preheat.
+//! - [`lock`]: the per-activity admin lock with an owner-checked release, a watchdog and a
+//!   fencing token the database checks.
+//! - [`db`]: the PostgreSQL pool and the embedded migrations.
+//! - [`activity`], [`order`]: domain types and their database access.
+//! - [`queue`]: the SQS order message and its client.
+//! - [`auth`]: the caller's identity, read from the API Gateway request context.
+//! - [`error`]: the HTTP error enum every API function answers with.
+//! - [`http`]: request extractors (bounded JSON body, positive-integer path ids).
+//! - [`metrics`]: CloudWatch Embedded Metric Format lines.
+
+pub mod activity;
+pub mod auth;
+pub mod cache;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod keys;
+pub mod lock;
+pub mod metrics;
+pub mod order;
+pub mod queue;
+pub mod sale;
+pub mod scripts;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::Config;
+pub use error::ApiError;
+
+/// Sets up tracing once per process: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON` (as Lambda
+/// sets it), human-readable text otherwise; the level comes from `RUST_LOG` / `LOG_LEVEL`.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| {
+            tracing_subscriber::EnvFilter::try_new(
+                std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            )
+        })
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = std::env::var("AWS_LAMBDA_LOG_FORMAT")
+        .map(|v| v.eq_ignore_ascii_case("json"))
+        .unwrap_or(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let _ = if json {
+        builder.json().with_current_span(false).try_init()
+    } else {
+        builder.without_time().try_init()
+    };
+}

@@ -1,0 +1,70 @@
+//! The order message the entry function sends and the consumer reads, and the SQS client.
+
+use aws_sdk_sqs::Client;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// One accepted purchase on its way to the database. The request id makes it idempotent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OrderMessage {
+    pub request_id: Uuid,
+    pub activity_id: i64,
+    pub user_id: String,
+    pub quantity: i32,
+    /// Redis server time of the reservation, in ms since the epoch.
+    pub reserved_at_ms: i64,
+}
+
+/// Builds an SQS client from the standard AWS environment. `AWS_ENDPOINT_URL_SQS` points it
+/// at the local emulator; nothing else differs between local and AWS.
+pub async fn sqs_client() -> Client {
+    let config = aws_config::load_from_env().await;
+    Client::new(&config)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("sending to the order queue timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("sending to the order queue failed: {0}")]
+    Send(String),
+}
+
+/// The order queue, with a bounded send.
+#[derive(Clone, Debug)]
+pub struct OrderQueue {
+    pub client: Client,
+    pub url: String,
+    pub timeout: Duration,
+}
+
+impl OrderQueue {
+    pub fn new(client: Client, url: impl Into<String>, timeout: Duration) -> Self {
+        Self {
+            client,
+            url: url.into(),
+            timeout,
+        }
+    }
+
+    /// Sends one order message; an error or a timeout means it may or may not have been
+    /// enqueued, which the consumer's idempotency and the ledger guard both tolerate.
+    pub async fn send(&self, message: &OrderMessage) -> Result<(), QueueError> {
+        let body = serde_json::to_string(message).expect("order messages serialize");
+        let send = self
+            .client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .send();
+        match tokio::time::timeout(self.timeout, send).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(QueueError::Send(
+                aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
+            )),
+            Err(_) => Err(QueueError::Timeout(self.timeout)),
+        }
+    }
+}

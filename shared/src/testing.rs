@@ -1,0 +1,217 @@
+//! Helpers for tests against the real local services (feature `testing`).
+//!
+//! Each test gets its own database (UUID-named, migrated), its own Redis key prefix and, when
+//! it needs one, its own SQS queue with a dead-letter queue, so tests run in parallel and never
+//! need FLUSHALL.
+
+use crate::activity::{self, Activity, NewActivity};
+use crate::cache::Redis;
+use crate::config::{Config, RedisTopology};
+use crate::queue::{self, OrderQueue};
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use sqlx::{Connection, PgConnection, PgPool};
+use std::time::Duration;
+
+/// Which Redis a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedisKind {
+    /// 127.0.0.1:6379 (`REDIS_URL`).
+    Standalone,
+    /// The 3-master cluster on 7001-7003 (`REDIS_CLUSTER_URLS`).
+    Cluster,
+}
+
+fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into())
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    match url.rfind('/') {
+        Some(i) if url[..i].contains("://") && url[i + 1..].chars().all(|c| c != '@') => {
+            let rest = &url[i + 1..];
+            let query = rest.find('?').map(|q| &rest[q..]).unwrap_or("");
+            format!("{}/{name}{query}", &url[..i])
+        }
+        _ => format!("{url}/{name}"),
+    }
+}
+
+/// A fresh, migrated database named `seckill_test_<uuid>`. Returns its URL and a pool.
+pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
+    let base = server_url();
+    let name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&with_database(&base, "postgres")).await?;
+    // The name is ours (a UUID), never user input.
+    sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await?;
+    admin.close().await?;
+    let url = with_database(&base, &name);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&url)
+        .await?;
+    crate::db::migrate(&pool).await?;
+    Ok((url, pool))
+}
+
+/// A config for one test: its database, a fresh key prefix, the chosen Redis.
+pub fn config(database_url: &str, kind: RedisKind) -> Config {
+    let mut config = Config::from_env().expect("test environment parses");
+    config.database_url = database_url.to_string();
+    config.key_prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    config.redis = match kind {
+        RedisKind::Standalone => RedisTopology::Standalone(
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        ),
+        RedisKind::Cluster => RedisTopology::Cluster(
+            std::env::var("REDIS_CLUSTER_URLS")
+                .unwrap_or_else(|_| {
+                    "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003".into()
+                })
+                .split(',')
+                .map(str::to_string)
+                .collect(),
+        ),
+    };
+    // Tests run many things at once on 2 cores: be patient with real services.
+    config.redis_timeout = Duration::from_secs(2);
+    config.sqs_timeout = Duration::from_secs(10);
+    config.db_max_connections = 8;
+    config
+}
+
+/// Creates a fresh queue (and its DLQ, with the given `maxReceiveCount`) on the emulator.
+pub async fn fresh_queue(
+    client: &aws_sdk_sqs::Client,
+    visibility_timeout_secs: u32,
+    max_receive_count: u32,
+) -> anyhow::Result<String> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let name = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await?;
+    let dlq_url = dlq.queue_url().unwrap_or_default().to_string();
+    let attrs = client
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(A::QueueArn)
+        .send()
+        .await?;
+    let dlq_arn = attrs
+        .attributes()
+        .and_then(|a| a.get(&A::QueueArn))
+        .cloned()
+        .unwrap_or_default();
+    let queue = client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(A::VisibilityTimeout, visibility_timeout_secs.to_string())
+        .attributes(
+            A::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count.to_string()})
+                .to_string(),
+        )
+        .send()
+        .await?;
+    Ok(queue.queue_url().unwrap_or_default().to_string())
+}
+
+/// The URL of a queue's dead-letter queue created by [`fresh_queue`].
+pub fn dlq_url(queue_url: &str) -> String {
+    format!("{queue_url}-dlq")
+}
+
+/// Everything a test needs, against the real services.
+pub struct TestEnv {
+    pub config: Config,
+    pub pool: PgPool,
+    pub redis: Redis,
+    pub sqs: aws_sdk_sqs::Client,
+    pub queue: OrderQueue,
+}
+
+impl TestEnv {
+    pub async fn new(kind: RedisKind) -> anyhow::Result<Self> {
+        let (url, pool) = fresh_database().await?;
+        let mut config = config(&url, kind);
+        let redis = Redis::connect(&config).await?;
+        let sqs = queue::sqs_client().await;
+        let queue_url = fresh_queue(&sqs, 30, 5).await?;
+        config.order_queue_url = queue_url.clone();
+        let queue = OrderQueue::new(sqs.clone(), queue_url, config.sqs_timeout);
+        Ok(Self {
+            config,
+            pool,
+            redis,
+            sqs,
+            queue,
+        })
+    }
+
+    /// Creates an activity in the database and preheats it into Redis.
+    pub async fn sale(
+        &self,
+        stock: i64,
+        limit: i64,
+        start_at: DateTime<Utc>,
+        end_at: DateTime<Utc>,
+    ) -> anyhow::Result<Activity> {
+        let a = activity::insert(
+            &self.pool,
+            &NewActivity {
+                title: "test sale".into(),
+                total_stock: stock,
+                per_order_limit: limit,
+                start_at,
+                end_at,
+            },
+        )
+        .await?;
+        crate::sale::preheat(&self.redis, &a, self.config.expiry_buffer).await?;
+        Ok(a)
+    }
+
+    /// A sale that is open now (started a minute ago, ends in an hour).
+    pub async fn open_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
+        let now = Utc::now();
+        self.sale(
+            stock,
+            limit,
+            now - ChronoDuration::minutes(1),
+            now + ChronoDuration::hours(1),
+        )
+        .await
+    }
+
+    /// Receives every message currently visible on the test's queue (up to `max`).
+    pub async fn drain_messages(
+        &self,
+        max: usize,
+    ) -> anyhow::Result<Vec<aws_sdk_sqs::types::Message>> {
+        let mut out = Vec::new();
+        let mut empty_polls = 0;
+        while out.len() < max && empty_polls < 2 {
+            let resp = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue.url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await?;
+            let msgs = resp.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                empty_polls += 1;
+            } else {
+                empty_polls = 0;
+            }
+            out.extend(msgs);
+        }
+        Ok(out)
+    }
+}
