@@ -215,3 +215,53 @@ impl TestEnv {
         Ok(out)
     }
 }
+
+/// A request as the HTTP API delivers it to the function: the JWT authorizer's claims for
+/// `user` (with `scope`) in the request context, no `Authorization` header needed.
+pub fn request(
+    method: &str,
+    path: &str,
+    user: Option<(&str, &str)>,
+    body: Option<&str>,
+) -> axum::http::Request<axum::body::Body> {
+    let claims = user.map(|(sub, scope)| crate::auth::Claims {
+        sub: sub.to_string(),
+        scope: scope.to_string(),
+        exp: u64::MAX / 2,
+        iat: 0,
+    });
+    let mut req = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.unwrap_or("").to_string()))
+        .expect("a valid request");
+    req.extensions_mut()
+        .insert(crate::auth::request_context(claims.as_ref(), method, path));
+    req
+}
+
+/// Calls a router in-process (as Lambda does: no TCP) and returns the status and JSON body
+/// (`Value::Null` for an empty body).
+pub async fn call(
+    router: &axum::Router,
+    req: axum::http::Request<axum::body::Body>,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    use tower::ServiceExt;
+    let resp = router
+        .clone()
+        .oneshot(req)
+        .await
+        .expect("infallible router");
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("readable body");
+    let json = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    (status, json)
+}
