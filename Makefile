@@ -40,6 +40,7 @@ stack-status:
 	bash scripts/stack.sh status
 
 test: stack
+	bash scripts/drop-test-dbs.sh
 	$(ENV) cargo fmt --all -- --check
 	$(ENV) cargo clippy --workspace --all-targets -- -D warnings
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
