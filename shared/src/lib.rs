@@ -11,6 +11,7 @@
 //!   fencing token the database checks.
 //! - [`db`]: the PostgreSQL pool and the embedded migrations.
 //! - [`activity`], [`order`]: domain types and their database access.
+//! - [`lifecycle`]: an order after confirmation: pay, and cancel exactly once (ledger, DB, Redis).
 //! - [`queue`]: the SQS order message and its client.
 //! - [`auth`]: the caller's identity, read from the API Gateway request context.
 //! - [`error`]: the HTTP error enum every API function answers with.
@@ -25,6 +26,7 @@ pub mod db;
 pub mod error;
 pub mod http;
 pub mod keys;
+pub mod lifecycle;
 pub mod lock;
 pub mod metrics;
 pub mod order;
