@@ -1,1 +1,355 @@
-//! The per-activity admin lock and its fencing token (issue 4 fills this in).
+//! The per-activity admin lock and its fencing token.
+//!
+//! # Why a lock is not enough
+//!
+//! A Redis lock is a *lease*: it expires after `ttl` so that a crashed holder cannot block an
+//! activity forever. That same expiry makes it unsafe on its own:
+//!
+//! ```text
+//!  admin A  ──acquire(token 7)──┐ paused (GC, CPU starved, slow network) ┌─ write (token 7) ✗ rejected
+//!                               │           lease expires                 │
+//!  Redis    lock=A ─────────────┴──── lock free ── lock=B ────────────────┴──────────────
+//!  admin B                                     acquire(token 8) ── write (token 8) ✓
+//!  DB       last_fence_token: 6 ─────────────────────────────────── 8 ─── (7 < 8: refused)
+//! ```
+//!
+//! When A resumes it still believes it holds the lock. No check A makes *before* writing can
+//! close this race (it can pause right after the check). What closes it is the database: every
+//! admin write runs [`fenced_update`] in the same transaction as the change, which records the
+//! token and succeeds only when it is strictly higher than every token the row has accepted.
+//! B's write moved the row to 8, so A's write with 7 finds nothing to update and the whole
+//! transaction is refused ([`LockError::StaleToken`]). The Redis half of a change is fenced as
+//! well: `lua/adjust.lua` applies a delta only for the current lock owner.
+//!
+//! # Where tokens come from
+//!
+//! `lua/lock_acquire.lua` takes the lock (`SET NX PX`) and `INCR`s a counter of the same hash
+//! tag in one script, so a token is issued only with the lock. The counter alone is not
+//! trusted: a failover to a replica that missed the last `INCR`, or a flush, would hand out
+//! tokens the database has already seen, and every later write would be refused (or worse,
+//! with a counter reset below a paused holder's token, the order of two holders would be
+//! inverted). So [`acquire`] reads `last_fence_token` from PostgreSQL, the system of record,
+//! and the script issues `max(INCR, floor + 1)`: tokens never go backwards, whatever Redis
+//! forgets.
+//!
+//! A token fences one database write (the check is `last_fence_token < token`); a holder that
+//! needs another fenced write takes the lock again.
+//!
+//! # The watchdog
+//!
+//! While a guard lives, a tokio task renews the lease every `ttl / 3` through
+//! `lua/lock_renew.lua` (owner-checked). If a renewal says we are no longer the owner, or
+//! Redis cannot confirm the lease before it would run out, the guard is marked lost and
+//! [`LockGuard::run`] abandons the work with [`LockError::Lost`]. This is an optimisation (stop
+//! early, don't waste a write); the fencing check is the guarantee.
+
+use crate::cache::{CacheError, Redis};
+use crate::error::ApiError;
+use crate::scripts;
+use sqlx::{PgConnection, PgPool};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// Why the lock could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Someone else held the lock for the whole wait. HTTP: 409 `busy`.
+    #[error("the activity is being changed by someone else; retry shortly")]
+    Busy,
+    /// The lease ran out (or was taken over) before the work finished; the work was abandoned
+    /// or refused by an owner check. HTTP: 409 `stale_token`.
+    #[error("the lock's lease was lost before the change was written; retry")]
+    Lost,
+    /// The database has accepted a token at least as high as ours. HTTP: 409 `stale_token`.
+    #[error("fencing token {token} is not newer than {seen}, which the database has accepted")]
+    StaleToken { token: i64, seen: i64 },
+    /// Redis was out of reach. HTTP: 503.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// The database failed. HTTP: 503 or 500.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Busy => ApiError::Busy,
+            LockError::Lost | LockError::StaleToken { .. } => ApiError::StaleToken(e.to_string()),
+            LockError::Cache(c) => c.into(),
+            LockError::Db(d) => d.into(),
+        }
+    }
+}
+
+/// A held lock. Release it with [`LockGuard::release`]; dropping it stops the watchdog and
+/// releases on a best-effort background task.
+pub struct LockGuard {
+    /// This holder's identity in Redis (a fresh UUID v4 per acquisition); scripts that change
+    /// an activity under the lock (`adjust.lua`, `fix_stock.lua`) take it as their owner check.
+    pub owner: String,
+    /// The fencing token; pass it to [`fenced_update`].
+    pub token: i64,
+    pub activity_id: i64,
+    ttl: Duration,
+    redis: Redis,
+    acquired_at: Instant,
+    /// Milliseconds after `acquired_at` until which the lease is known to be valid.
+    valid_until_ms: Arc<AtomicU64>,
+    lost: Arc<AtomicBool>,
+    lost_rx: watch::Receiver<bool>,
+    watchdog: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+/// Takes the activity's lock, retrying with jittered backoff for up to `wait`.
+///
+/// The token is floored by the database's `last_fence_token` (0 when the row does not exist
+/// yet). A watchdog renews the lease every `ttl / 3` until the guard is released or dropped.
+#[tracing::instrument(skip(redis, pool))]
+pub async fn acquire(
+    redis: &Redis,
+    pool: &PgPool,
+    activity_id: i64,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<LockGuard, LockError> {
+    let floor: i64 =
+        sqlx::query_scalar::<_, i64>("select last_fence_token from activities where id = $1")
+            .bind(activity_id)
+            .fetch_optional(pool)
+            .await?
+            .unwrap_or(0);
+    let owner = Uuid::new_v4().to_string();
+    let keys = redis.keys(activity_id);
+    let ttl_ms = ttl.as_millis().max(1) as u64;
+    let started = Instant::now();
+    let token = loop {
+        let acquired_at = Instant::now();
+        let mut inv = scripts::LOCK_ACQUIRE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&owner)
+            .arg(ttl_ms)
+            .arg(floor);
+        let token: i64 = redis.script(&inv).await?;
+        if token > 0 {
+            break (token, acquired_at);
+        }
+        let waited = started.elapsed();
+        if waited >= wait {
+            tracing::info!(activity_id, "lock busy");
+            return Err(LockError::Busy);
+        }
+        tokio::time::sleep(jitter(20, 50).min(wait - waited)).await;
+    };
+    let (token, acquired_at) = token;
+    tracing::info!(activity_id, token, "lock acquired");
+
+    let valid_until_ms = Arc::new(AtomicU64::new(ttl_ms));
+    let lost = Arc::new(AtomicBool::new(false));
+    let (lost_tx, lost_rx) = watch::channel(false);
+    let watchdog = tokio::spawn(watchdog(
+        redis.clone(),
+        keys.lock,
+        owner.clone(),
+        ttl,
+        acquired_at,
+        valid_until_ms.clone(),
+        lost.clone(),
+        lost_tx,
+    ));
+    Ok(LockGuard {
+        owner,
+        token,
+        activity_id,
+        ttl,
+        redis: redis.clone(),
+        acquired_at,
+        valid_until_ms,
+        lost,
+        lost_rx,
+        watchdog: Some(watchdog),
+        released: false,
+    })
+}
+
+/// A random pause in `[lo, hi)` ms, so that competing admins do not retry in lockstep.
+fn jitter(lo: u64, hi: u64) -> Duration {
+    let r = (Uuid::new_v4().as_u128() as u64) % (hi - lo).max(1);
+    Duration::from_millis(lo + r)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn watchdog(
+    redis: Redis,
+    lock_key: String,
+    owner: String,
+    ttl: Duration,
+    acquired_at: Instant,
+    valid_until_ms: Arc<AtomicU64>,
+    lost: Arc<AtomicBool>,
+    lost_tx: watch::Sender<bool>,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(1));
+    let ttl_ms = ttl.as_millis().max(1) as u64;
+    let mark_lost = |why: &str| {
+        tracing::warn!(lock = %lock_key, why, "lock lost");
+        lost.store(true, Ordering::SeqCst);
+        let _ = lost_tx.send(true);
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let sent = Instant::now();
+        let mut inv = scripts::LOCK_RENEW.prepare_invoke();
+        inv.key(&lock_key).arg(&owner).arg(ttl_ms);
+        match redis.script::<i64>(&inv).await {
+            Ok(1) => {
+                // The lease runs from when we *sent* the renewal, not when it was answered.
+                let until = (sent - acquired_at).as_millis() as u64 + ttl_ms;
+                valid_until_ms.store(until, Ordering::SeqCst);
+            }
+            Ok(_) => return mark_lost("renewal refused: no longer the owner"),
+            Err(e) => {
+                // Keep trying while the lease we last confirmed still runs; give up before
+                // it could have expired unnoticed.
+                let valid_until =
+                    acquired_at + Duration::from_millis(valid_until_ms.load(Ordering::SeqCst));
+                if Instant::now() + period >= valid_until {
+                    tracing::warn!(error = %e, "lock renewal failed");
+                    return mark_lost("renewal failed until the lease ran out");
+                }
+                tracing::warn!(error = %e, "lock renewal failed; retrying");
+            }
+        }
+    }
+}
+
+impl LockGuard {
+    /// True once the watchdog saw the lease lost, or the last confirmed lease has run out
+    /// (e.g. nothing renewed it because the process was paused).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+            || self.acquired_at.elapsed()
+                > Duration::from_millis(self.valid_until_ms.load(Ordering::SeqCst))
+    }
+
+    /// The lease length this guard renews to.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Runs `work`, abandoning it with [`LockError::Lost`] as soon as the watchdog reports the
+    /// lease lost. Abandoning drops the future at its current await point: an open sqlx
+    /// transaction rolls back; a Redis script already sent may still have run (each script
+    /// is atomic, so the activity is in one of the in-between states reconcile repairs).
+    pub async fn run<F, T>(&self, work: F) -> Result<T, LockError>
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let mut rx = self.lost_rx.clone();
+        let lost = async move {
+            // A closed channel means the watchdog was stopped, not that the lease was lost.
+            if rx.wait_for(|lost| *lost).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = lost => Err(LockError::Lost),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Stops renewing the lease, as if this process had been paused: nothing extends it any
+    /// more and it expires `ttl` after the last renewal. Tests use it to model a paused holder.
+    pub fn stop_watchdog(&mut self) {
+        if let Some(handle) = self.watchdog.take() {
+            handle.abort();
+        }
+    }
+
+    /// Stops the watchdog and deletes the lock if we still own it (owner-checked in
+    /// `lua/lock_release.lua`, so a holder whose lease expired cannot delete the next
+    /// holder's lock). Returns whether the lock was ours to release.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.stop_watchdog();
+        self.released = true;
+        Ok(release_owned(&self.redis, self.activity_id, &self.owner).await?)
+    }
+}
+
+/// Deletes the activity's lock only if `owner` holds it. Returns whether it did.
+pub async fn release_owned(
+    redis: &Redis,
+    activity_id: i64,
+    owner: &str,
+) -> Result<bool, CacheError> {
+    let keys = redis.keys(activity_id);
+    let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
+    inv.key(&keys.lock).arg(owner);
+    let released: i64 = redis.script(&inv).await?;
+    Ok(released == 1)
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if self.released {
+            return;
+        }
+        // Drop cannot await: release on a background task if a runtime is around; otherwise
+        // the lease simply expires after `ttl`.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let redis = self.redis.clone();
+            let owner = std::mem::take(&mut self.owner);
+            let activity_id = self.activity_id;
+            rt.spawn(async move {
+                if let Err(e) = release_owned(&redis, activity_id, &owner).await {
+                    tracing::warn!(activity_id, error = %e, "best-effort lock release failed");
+                }
+            });
+        }
+    }
+}
+
+/// Records `token` as the activity's newest fencing token, inside the transaction `conn`
+/// that makes the change, so the change commits only if no newer holder has written.
+///
+/// Refused with [`LockError::StaleToken`] when the row has already accepted a token `>=` ours;
+/// [`sqlx::Error::RowNotFound`] when the activity does not exist. The update also takes the
+/// row lock, so a concurrent writer with a higher token waits for this transaction and then
+/// sees its result.
+pub async fn fenced_update(
+    conn: &mut PgConnection,
+    activity_id: i64,
+    token: i64,
+) -> Result<(), LockError> {
+    let updated = sqlx::query(
+        "update activities set last_fence_token = $2 where id = $1 and last_fence_token < $2",
+    )
+    .bind(activity_id)
+    .bind(token)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated == 1 {
+        return Ok(());
+    }
+    let seen: Option<i64> =
+        sqlx::query_scalar("select last_fence_token from activities where id = $1")
+            .bind(activity_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    match seen {
+        Some(seen) => {
+            tracing::warn!(activity_id, token, seen, "stale fencing token refused");
+            Err(LockError::StaleToken { token, seen })
+        }
+        None => Err(LockError::Db(sqlx::Error::RowNotFound)),
+    }
+}
