@@ -1,1 +1,151 @@
-//! placeholder
+//! Preheat: loads every published activity that starts within the lead time (or is already
+//! running and missing from Redis) into Redis, so the purchase script finds its stock, window,
+//! limit, an empty user set and an empty ledger when the sale opens.
+//!
+//! # Idempotent by construction
+//!
+//! Each activity is loaded by one Lua script (`lua/preheat.lua`, via [`sale::preheat`]) that
+//! writes the stock with `SET NX`, never `INCR` and never a plain `SET`: running preheat twice,
+//! concurrently with itself, or while purchases decrement the stock, never resets a loaded sale.
+//! A meta hash that is already there is only replaced by a newer `config_version` (an admin
+//! change). The keys expire `expiry_buffer` after the sale ends, so nothing lingers.
+//!
+//! # Why the stock keys must not be evictable
+//!
+//! Redis holds the sale's live truth between the purchase and the order row: the stock, the
+//! set of users who bought, the ledger of in-flight reservations. The cache must run with
+//! `maxmemory-policy noeviction` (writes fail loudly when memory is full, and the entry answers
+//! 503). Under any `volatile-*` or `allkeys-*` policy, and on ElastiCache Serverless, which evicts
+//! keys carrying a TTL under memory pressure (ours all carry one), Redis may silently drop them:
+//!
+//! - a lost **stock** key makes the sale look sold out until it is re-seeded from the database's
+//!   remaining stock, which does not know the reservations still in flight;
+//! - a lost **user set** lets a user who already bought try again; only the database's unique
+//!   index on `(activity_id, user_id)` catches the second order;
+//! - a lost **ledger** hides crashed reservations from reconcile, so their units stay lost until
+//!   the stock is corrected from the database.
+//!
+//! So the cache is sized for every running sale and its eviction policy is part of the
+//! deployment (a node-based cluster with a `noeviction` parameter group), not a tuning knob.
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use seckill_shared::cache::Redis;
+use seckill_shared::sale::{self, PreheatOutcome};
+use seckill_shared::{activity, db, Config};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// The job's clients and settings, built once per cold start.
+pub struct Preheat {
+    pub pool: PgPool,
+    pub redis: Redis,
+    pub config: Config,
+}
+
+/// What one run did, returned as the Lambda's JSON result and logged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreheatReport {
+    /// Activities loaded into Redis by this run.
+    pub loaded: usize,
+    /// Activities already in Redis, left exactly as they were.
+    pub already_loaded: usize,
+    /// Activities already in Redis whose meta was replaced by a newer config version.
+    pub refreshed: usize,
+    pub loaded_ids: Vec<i64>,
+    pub already_loaded_ids: Vec<i64>,
+    pub refreshed_ids: Vec<i64>,
+    /// Activities that could not be loaded this time (the next run retries them).
+    pub errors: Vec<PreheatFailure>,
+}
+
+/// One activity preheat could not load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreheatFailure {
+    pub activity_id: i64,
+    pub message: String,
+}
+
+impl Preheat {
+    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
+        Self {
+            pool,
+            redis,
+            config,
+        }
+    }
+
+    /// Builds the clients the config names. The pool connects lazily, so a container whose
+    /// database is briefly out of reach still starts and reports the failure per run.
+    pub async fn connect(config: Config) -> anyhow::Result<Self> {
+        let pool = db::connect_lazy(&config)?;
+        let redis = Redis::connect(&config)
+            .await
+            .context("failed to connect to redis")?;
+        Ok(Self::new(pool, redis, config))
+    }
+
+    /// Loads every activity due at `now`. Fails only when the list of activities cannot be
+    /// read; an activity that cannot be loaded is logged, reported and retried next run, and
+    /// does not stop the others.
+    #[tracing::instrument(skip_all, fields(now = %now))]
+    pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<PreheatReport> {
+        let due = activity::due_for_preheat(&self.pool, now, self.config.preheat_lead)
+            .await
+            .context("failed to list activities due for preheat")?;
+        let mut report = PreheatReport::default();
+        for a in &due {
+            match sale::preheat(&self.redis, a, self.config.expiry_buffer).await {
+                Ok(PreheatOutcome::Loaded) => {
+                    tracing::info!(
+                        activity_id = a.id,
+                        stock = a.remaining_stock,
+                        outcome = "loaded",
+                        "activity loaded into redis"
+                    );
+                    report.loaded_ids.push(a.id);
+                }
+                Ok(PreheatOutcome::MetaRefreshed) => {
+                    tracing::info!(
+                        activity_id = a.id,
+                        version = a.config_version,
+                        outcome = "refreshed",
+                        "activity meta refreshed"
+                    );
+                    report.refreshed_ids.push(a.id);
+                }
+                Ok(PreheatOutcome::AlreadyLoaded) => report.already_loaded_ids.push(a.id),
+                Err(e) => {
+                    tracing::error!(activity_id = a.id, error = %e, "failed to preheat activity");
+                    report.errors.push(PreheatFailure {
+                        activity_id: a.id,
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        report.loaded = report.loaded_ids.len();
+        report.already_loaded = report.already_loaded_ids.len();
+        report.refreshed = report.refreshed_ids.len();
+        seckill_shared::metrics::emit(
+            "preheat",
+            &[
+                ("Loaded", report.loaded as f64),
+                ("Refreshed", report.refreshed as f64),
+                ("PreheatErrors", report.errors.len() as f64),
+            ],
+            &[],
+        );
+        tracing::info!(
+            due = due.len(),
+            loaded = report.loaded,
+            already_loaded = report.already_loaded,
+            refreshed = report.refreshed,
+            errors = report.errors.len(),
+            "preheat finished"
+        );
+        Ok(report)
+    }
+}

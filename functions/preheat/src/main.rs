@@ -1,1 +1,22 @@
-fn main() {}
+//! The `preheat` Lambda: an EventBridge schedule invokes it; it loads due activities into Redis.
+//!
+//! Thin on purpose: tracing, config and clients once per cold start, then [`preheat::Preheat::run`].
+
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use preheat::Preheat;
+use seckill_shared::Config;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    seckill_shared::init_tracing();
+    let config = Config::from_env()?;
+    let job = Preheat::connect(config).await?;
+    let job = &job;
+    lambda_runtime::run(service_fn(
+        move |_event: LambdaEvent<serde_json::Value>| async move {
+            let report = job.run(chrono::Utc::now()).await?;
+            Ok::<_, Error>(serde_json::to_value(report)?)
+        },
+    ))
+    .await
+}

@@ -1,1 +1,834 @@
-//! placeholder
+//! Reconcile: keeps Redis honest against the database (design invariant 3).
+//!
+//! On its schedule, for every activity running or ended within the key expiry buffer
+//! ([`activity::due_for_reconcile`]), [`Reconcile::run`]:
+//!
+//! 1. **Snapshots** the activity's Redis state in one script (`lua/snapshot.lua`). A running
+//!    sale missing from Redis is loaded here with the same idempotent `SET NX` script preheat
+//!    uses (`sale::preheat`), so a flushed or failed-over cache does not wait for the next
+//!    preheat; an upcoming sale is left to preheat.
+//! 2. **Repairs the ledger.** Entries older than `reconcile_grace` are what a crash left:
+//!    - a reservation `r|requestId` whose order row exists (any status) is dropped
+//!      (`sale::settle`): the database already decided, and a compensation would hand the
+//!      units out twice; with no order row it is given back (`sale::compensate`, full: stock
+//!      back, user removed). Both scripts act only while that exact entry is there, so this
+//!      happens at most once whoever else (consumer, a second reconcile) races it;
+//!    - a cancel `c|orderId` whose order the database holds as cancelled is finished
+//!      (`sale::cancel_finish`: stock and quota back); otherwise the cancel never committed and
+//!      the entry is dropped.
+//! 3. **Drops orphan users**: in the Redis set with neither a ledger entry nor an active
+//!    (confirmed/paid) order. `lua/drop_user.lua` re-checks the ledger, so a purchase made in
+//!    the meantime is never undone.
+//! 4. **Checks the database against itself**: under `select ... for update` on the activity
+//!    row, `remaining_stock` must equal `total_stock - sold`; if not, the database is fixed.
+//! 5. **Corrects Redis stock** from the database, but only when the ledger is quiet, under the
+//!    activity's lock, with a compare-and-set on the stock it observed (`lua/fix_stock.lua`).
+//! 6. **Persists** the numbers to `activity_stats` and 7. **reports** drift and repairs as
+//!    structured logs and an EMF metric line per activity.
+//!
+//! Before the activities, it **releases unpaid orders**: `confirmed` orders older than
+//! `payment_timeout` are cancelled with [`lifecycle::cancel_order`] (a bounded batch per run).
+//!
+//! # Why it is safe while purchases run, and against itself
+//!
+//! Reconcile never decides anything from a Redis read that a purchase could have invalidated
+//! in between: every Redis change it makes is one script that re-checks its precondition
+//! atomically.
+//!
+//! - Compensate, settle and cancel-finish are guarded by the exact ledger entry and remove it,
+//!   so two reconciles, or reconcile and the consumer, apply each at most once. The grace period
+//!   keeps reconcile away from reservations whose message is simply still on its way.
+//! - An orphan user is dropped only if, in the same script, the user still has no ledger entry.
+//!   The set is scanned *before* the ledger is read and the database queried, so a user whose
+//!   reservation settled before the ledger read has its order visible to the query.
+//! - The stock is corrected only while the ledger is empty: then nothing is between Redis and
+//!   the database, and the database's remaining stock is exactly what Redis may sell. The
+//!   order of reads matters: Redis first, then the database, then a script that writes only if
+//!   the ledger is still empty and the stock is still what was read. Any purchase or cancel
+//!   that touched Redis in between either left an entry or moved the stock, and the write is
+//!   skipped; one that completed entirely in between committed to the database first, so the
+//!   database read already includes it. So reconcile can never raise Redis stock above what
+//!   the database says is available. The activity's lock keeps an admin's stock change (a
+//!   delta applied under the same lock) from interleaving, and a second reconcile that finds
+//!   the lock busy skips the step for this run.
+//! - The database fix holds the activity row lock while it sums the orders, so a consumer or a
+//!   cancel committing concurrently is either fully counted or not at all.
+
+use anyhow::Context;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use futures::StreamExt;
+use seckill_shared::activity::{self, Activity, Phase};
+use seckill_shared::cache::{CacheError, Redis};
+use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::order::Order;
+use seckill_shared::sale::{self, Compensation, EntryKind, LedgerEntry, Snapshot};
+use seckill_shared::{db, lock, order_columns, scripts, Config};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The function name used in metrics.
+pub const FUNCTION: &str = "reconcile";
+
+/// Unpaid orders released per run at most; the rest wait for the next run.
+pub const RELEASE_BATCH: i64 = 500;
+
+/// Cancellations of unpaid orders in flight at once.
+const RELEASE_CONCURRENCY: usize = 8;
+
+/// Users checked against the database per query.
+const USER_CHUNK: usize = 1000;
+
+/// How long reconcile waits for an activity's lock before skipping the stock correction.
+const LOCK_WAIT: Duration = Duration::from_millis(300);
+
+/// The job's clients and settings, built once per cold start.
+pub struct Reconcile {
+    pub pool: PgPool,
+    pub redis: Redis,
+    pub config: Config,
+}
+
+/// What one run did, returned as the Lambda's JSON result.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcileReport {
+    pub activities: Vec<ActivityReport>,
+    /// Unpaid orders cancelled by this run.
+    pub released_unpaid: usize,
+    /// Unpaid orders left for the next run (the user had another entry in flight).
+    pub release_deferred: usize,
+    /// Activities or orders that failed this run (the next run retries them).
+    pub errors: Vec<ReconcileFailure>,
+}
+
+impl ReconcileReport {
+    /// The report of one activity, if this run checked it.
+    pub fn activity(&self, activity_id: i64) -> Option<&ActivityReport> {
+        self.activities
+            .iter()
+            .find(|a| a.activity_id == activity_id)
+    }
+}
+
+/// Something reconcile could not do this run.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcileFailure {
+    pub activity_id: Option<i64>,
+    pub order_id: Option<i64>,
+    pub message: String,
+}
+
+/// What happened to the Redis stock of one activity (step 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "status")]
+pub enum StockCheck {
+    /// Redis already matches the database.
+    InSync,
+    /// Redis stock set from `from` (`None`: the key was missing) to the database's `to`.
+    Corrected { from: Option<i64>, to: i64 },
+    /// Entries in flight: Redis and the database legitimately differ; checked next run.
+    LedgerBusy,
+    /// Someone (an admin, another reconcile) held the lock.
+    LockBusy,
+    /// A purchase or cancel moved the stock between the read and the write; next run.
+    Moved,
+    /// The activity is not in Redis (upcoming, or ended and expired).
+    NotLoaded,
+}
+
+/// Numbers and repairs of one activity.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivityReport {
+    pub activity_id: i64,
+    /// This run loaded the activity into Redis (it was running and missing).
+    pub preheated: bool,
+    /// Stale reservations with no order, given back (stock and user).
+    pub compensated: usize,
+    /// Stale entries dropped because the database already holds their outcome.
+    pub settled: usize,
+    /// Stale cancels the database had committed, finished in Redis.
+    pub cancels_finished: usize,
+    /// Users in the set with nothing behind them, removed.
+    pub users_dropped: usize,
+    /// The database's remaining stock before this run fixed it, when it was wrong.
+    pub db_stock_fixed_from: Option<i64>,
+    pub stock_check: StockCheck,
+    /// Unpaid orders of this activity released by this run.
+    pub released_unpaid: usize,
+    pub participants: i64,
+    /// Confirmed + paid quantity in the database.
+    pub sold: i64,
+    pub db_remaining: i64,
+    pub redis_stock: Option<i64>,
+    pub pending_qty: i64,
+    /// `redis_stock + pending_qty + sold - total` (0 when conserved); with the activity not in
+    /// Redis, the database's own `db_remaining + sold - total`.
+    pub drift: i64,
+    /// Everything this run changed for the activity (the release of unpaid orders excluded).
+    pub repairs: usize,
+}
+
+impl Reconcile {
+    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
+        Self {
+            pool,
+            redis,
+            config,
+        }
+    }
+
+    /// Builds the clients the config names. The pool connects lazily, so a container whose
+    /// database is briefly out of reach still starts and reports the failure per run.
+    pub async fn connect(config: Config) -> anyhow::Result<Self> {
+        let pool = db::connect_lazy(&config)?;
+        let redis = Redis::connect(&config)
+            .await
+            .context("failed to connect to redis")?;
+        Ok(Self::new(pool, redis, config))
+    }
+
+    /// One reconcile pass at `now` (a parameter so tests can step past the grace period and the
+    /// payment timeout without sleeping). Fails only when the list of activities cannot be
+    /// read; one activity's failure is logged and reported and does not stop the others.
+    #[tracing::instrument(skip_all, fields(now = %now))]
+    pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<ReconcileReport> {
+        let mut report = ReconcileReport::default();
+        let released = self.release_unpaid(now, &mut report).await;
+
+        let due = activity::due_for_reconcile(
+            &self.pool,
+            now,
+            self.config.preheat_lead,
+            self.config.expiry_buffer,
+        )
+        .await
+        .context("failed to list activities due for reconcile")?;
+        for a in &due {
+            match self.reconcile_activity(a, now).await {
+                Ok(mut r) => {
+                    r.released_unpaid = released.get(&a.id).copied().unwrap_or(0);
+                    publish(&r);
+                    report.activities.push(r);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        activity_id = a.id,
+                        error = format!("{e:#}"),
+                        "reconcile of activity failed"
+                    );
+                    report.errors.push(ReconcileFailure {
+                        activity_id: Some(a.id),
+                        order_id: None,
+                        message: format!("{e:#}"),
+                    });
+                }
+            }
+        }
+        tracing::info!(
+            activities = report.activities.len(),
+            released_unpaid = report.released_unpaid,
+            release_deferred = report.release_deferred,
+            errors = report.errors.len(),
+            "reconcile finished"
+        );
+        Ok(report)
+    }
+
+    /// Cancels up to [`RELEASE_BATCH`] orders left unpaid past the payment timeout, oldest
+    /// first. Returns how many were released per activity.
+    async fn release_unpaid(
+        &self,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) -> HashMap<i64, usize> {
+        let mut released = HashMap::new();
+        let timeout = ChronoDuration::from_std(self.config.payment_timeout)
+            .unwrap_or(ChronoDuration::minutes(15));
+        let unpaid = sqlx::query_as::<_, Order>(concat!(
+            "select ",
+            order_columns!(),
+            " from orders where status = 'confirmed' and created_at < $1
+             order by created_at limit $2"
+        ))
+        .bind(now - timeout)
+        .bind(RELEASE_BATCH)
+        .fetch_all(&self.pool)
+        .await;
+        let unpaid = match unpaid {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "failed to list unpaid orders");
+                report.errors.push(ReconcileFailure {
+                    activity_id: None,
+                    order_id: None,
+                    message: format!("failed to list unpaid orders: {e}"),
+                });
+                return released;
+            }
+        };
+        let pool = &self.pool;
+        let redis = &self.redis;
+        let mut results = futures::stream::iter(unpaid.iter())
+            .map(|o| async move { (o, lifecycle::cancel_order(pool, redis, o, now).await) })
+            .buffer_unordered(RELEASE_CONCURRENCY);
+        while let Some((o, result)) = results.next().await {
+            match result {
+                Ok(CancelOutcome::Cancelled { quantity }) => {
+                    tracing::info!(
+                        order_id = o.id,
+                        activity_id = o.activity_id,
+                        quantity,
+                        repair = "released_unpaid",
+                        "unpaid order released after the payment timeout"
+                    );
+                    report.released_unpaid += 1;
+                    *released.entry(o.activity_id).or_insert(0) += 1;
+                }
+                // Paid or cancelled meanwhile: the owner decided first.
+                Ok(CancelOutcome::AlreadyCancelled | CancelOutcome::NotCancellable(_)) => {}
+                Ok(CancelOutcome::Busy) => report.release_deferred += 1,
+                Err(e) => {
+                    tracing::warn!(order_id = o.id, error = %e, "failed to release unpaid order");
+                    report.errors.push(ReconcileFailure {
+                        activity_id: Some(o.activity_id),
+                        order_id: Some(o.id),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        released
+    }
+
+    /// Steps 1-6 for one activity.
+    #[tracing::instrument(skip_all, fields(activity_id = a.id))]
+    async fn reconcile_activity(
+        &self,
+        a: &Activity,
+        now: DateTime<Utc>,
+    ) -> anyhow::Result<ActivityReport> {
+        let id = a.id;
+        let mut r = ActivityReport {
+            activity_id: id,
+            preheated: false,
+            compensated: 0,
+            settled: 0,
+            cancels_finished: 0,
+            users_dropped: 0,
+            db_stock_fixed_from: None,
+            stock_check: StockCheck::NotLoaded,
+            released_unpaid: 0,
+            participants: 0,
+            sold: 0,
+            db_remaining: 0,
+            redis_stock: None,
+            pending_qty: 0,
+            drift: 0,
+            repairs: 0,
+        };
+
+        // 1. Snapshot; a running sale missing from Redis is loaded now.
+        let mut snap = sale::snapshot(&self.redis, id)
+            .await
+            .context("failed to snapshot redis")?;
+        if !snap.loaded && a.phase(now) == Phase::Running {
+            let outcome = sale::preheat(&self.redis, a, self.config.expiry_buffer)
+                .await
+                .context("failed to load the running sale into redis")?;
+            tracing::warn!(
+                ?outcome,
+                repair = "preheated",
+                "running sale was missing from redis"
+            );
+            r.preheated = outcome == sale::PreheatOutcome::Loaded;
+            snap = sale::snapshot(&self.redis, id)
+                .await
+                .context("failed to snapshot redis")?;
+        }
+
+        if snap.loaded {
+            // 2. Stale ledger entries.
+            self.repair_ledger(id, &snap, now, &mut r).await?;
+            // 3. Users with nothing behind them.
+            r.users_dropped = self.drop_orphan_users(id).await?;
+        }
+
+        // 4. The database against itself.
+        let (sold, db_remaining, fixed_from) = self.check_database(id).await?;
+        r.db_stock_fixed_from = fixed_from;
+
+        // 5. Redis stock from the database, only when the ledger is quiet.
+        r.stock_check = self.correct_stock(a).await?;
+
+        // 6. The numbers, as they stand after the repairs.
+        let snap = sale::snapshot(&self.redis, id)
+            .await
+            .context("failed to snapshot redis")?;
+        r.sold = sold;
+        r.db_remaining = db_remaining;
+        r.participants = snap.participants;
+        r.pending_qty = snap.pending_quantity();
+        r.redis_stock = snap.stock.filter(|_| snap.loaded);
+        let total = i64::from(a.total_stock);
+        r.drift = match r.redis_stock {
+            Some(stock) => drift(stock, r.pending_qty, sold, total),
+            None => db_remaining + sold - total,
+        };
+        r.repairs = r.compensated
+            + r.settled
+            + r.cancels_finished
+            + r.users_dropped
+            + usize::from(r.db_stock_fixed_from.is_some())
+            + usize::from(matches!(r.stock_check, StockCheck::Corrected { .. }));
+        self.persist(&r).await?;
+        Ok(r)
+    }
+
+    /// Step 2: settle, compensate or finish every ledger entry older than the grace period.
+    async fn repair_ledger(
+        &self,
+        id: i64,
+        snap: &Snapshot,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
+        if stale.is_empty() {
+            return Ok(());
+        }
+
+        let request_ids: Vec<Uuid> = stale.iter().filter_map(|e| e.request_id()).collect();
+        let with_order: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
+            "select request_id from orders where request_id = any($1)",
+        )
+        .bind(&request_ids)
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to look up the orders of stale reservations")?
+        .into_iter()
+        .collect();
+
+        let order_ids: Vec<i64> = stale
+            .iter()
+            .filter(|e| e.kind == EntryKind::Cancel)
+            .filter_map(|e| e.id.parse().ok())
+            .collect();
+        let cancelled: HashSet<i64> = sqlx::query_scalar::<_, i64>(
+            "select id from orders where id = any($1) and status = 'cancelled'",
+        )
+        .bind(&order_ids)
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to look up the orders of stale cancels")?
+        .into_iter()
+        .collect();
+
+        for e in stale {
+            let age_ms = now.timestamp_millis() - e.at_ms;
+            let user = e.user_id.as_str();
+            match e.kind {
+                EntryKind::Reservation => {
+                    let Some(request_id) = e.request_id() else {
+                        tracing::error!(user, entry_id = %e.id, "unreadable reservation entry left alone");
+                        continue;
+                    };
+                    if with_order.contains(&request_id) {
+                        // The consumer committed (or refused) it and crashed before dropping
+                        // the entry: the database decided, nothing to give back.
+                        if sale::settle(&self.redis, id, user, &e.id).await? {
+                            tracing::info!(user, %request_id, age_ms, repair = "settled", "stale reservation with an order dropped");
+                            r.settled += 1;
+                        }
+                    } else if let Some(qty) =
+                        sale::compensate(&self.redis, id, user, request_id, Compensation::Full)
+                            .await?
+                    {
+                        // Script ran, but the order message never arrived (or never will).
+                        tracing::warn!(user, %request_id, quantity = qty, age_ms, repair = "compensated", "stale reservation given back");
+                        r.compensated += 1;
+                    }
+                }
+                EntryKind::Cancel => {
+                    let order_id: Option<i64> = e.id.parse().ok();
+                    if order_id.is_some_and(|o| cancelled.contains(&o)) {
+                        let order_id = order_id.unwrap_or_default();
+                        if let Some(qty) =
+                            sale::cancel_finish(&self.redis, id, user, order_id).await?
+                        {
+                            tracing::warn!(
+                                user,
+                                order_id,
+                                quantity = qty,
+                                age_ms,
+                                repair = "cancel_finished",
+                                "committed cancel finished in redis"
+                            );
+                            r.cancels_finished += 1;
+                        }
+                    } else if sale::settle(&self.redis, id, user, &e.id).await? {
+                        tracing::warn!(user, entry_id = %e.id, age_ms, repair = "cancel_dropped", "cancel that never committed dropped");
+                        r.settled += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 3: removes users in the set with neither a ledger entry nor an active order.
+    ///
+    /// The set is scanned first, the ledger read after it, the database queried last: a user
+    /// whose reservation was settled before the ledger read has an order the query sees.
+    async fn drop_orphan_users(&self, id: i64) -> anyhow::Result<usize> {
+        let users = scan_users(&self.redis, id)
+            .await
+            .context("failed to scan the user set")?;
+        if users.is_empty() {
+            return Ok(0);
+        }
+        let keys = self.redis.keys(id);
+        let ledger: Vec<String> = self
+            .redis
+            .cmd(redis::cmd("HKEYS").arg(&keys.ledger))
+            .await
+            .context("failed to read the ledger")?;
+        let ledger: HashSet<String> = ledger.into_iter().collect();
+        let candidates: Vec<String> = users.into_iter().filter(|u| !ledger.contains(u)).collect();
+
+        let mut dropped = 0;
+        for chunk in candidates.chunks(USER_CHUNK) {
+            let active: HashSet<String> = sqlx::query_scalar::<_, String>(
+                "select user_id from orders
+                 where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
+            )
+            .bind(id)
+            .bind(chunk)
+            .fetch_all(&self.pool)
+            .await
+            .context("failed to look up the orders of users in the set")?
+            .into_iter()
+            .collect();
+            for user in chunk.iter().filter(|u| !active.contains(*u)) {
+                if drop_user(&self.redis, id, user).await? {
+                    tracing::warn!(
+                        user = user.as_str(),
+                        repair = "user_dropped",
+                        "user with nothing behind them removed from the set"
+                    );
+                    dropped += 1;
+                }
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Step 4: `remaining_stock = total_stock - sold`, checked and fixed in one transaction that
+    /// holds the activity row. Returns (sold, remaining after the check, remaining before a fix).
+    async fn check_database(&self, id: i64) -> anyhow::Result<(i64, i64, Option<i64>)> {
+        let mut tx = self.pool.begin().await?;
+        let (total, remaining): (i32, i32) = sqlx::query_as(
+            "select total_stock, remaining_stock from activities where id = $1 for update",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await
+        .context("failed to lock the activity row")?;
+        // Summed inside the transaction, after the row lock: every order transaction that
+        // changed the stock committed before we got the lock (and is counted), or waits for
+        // us (and is not). `order::sold_quantity` takes the pool, which would read outside it.
+        let sold: i64 = sqlx::query_scalar(
+            "select coalesce(sum(quantity), 0)::bigint from orders
+             where activity_id = $1 and status in ('confirmed', 'paid')",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await
+        .context("failed to sum the sold quantity")?;
+        let (total, remaining) = (i64::from(total), i64::from(remaining));
+        let expected = total - sold;
+        if expected == remaining {
+            tx.commit().await?;
+            return Ok((sold, remaining, None));
+        }
+        if expected < 0 {
+            // More sold than the activity ever had: nothing automatic can make that right.
+            tx.rollback().await?;
+            anyhow::bail!("activity {id} is oversold in the database: total {total}, sold {sold}");
+        }
+        sqlx::query("update activities set remaining_stock = $2, updated_at = now() where id = $1")
+            .bind(id)
+            .bind(expected as i32)
+            .execute(&mut *tx)
+            .await
+            .context("failed to fix the remaining stock")?;
+        tx.commit().await?;
+        tracing::warn!(
+            before = remaining,
+            after = expected,
+            total,
+            sold,
+            repair = "db_stock_fixed",
+            "database remaining stock did not match total - sold"
+        );
+        Ok((sold, expected, Some(remaining)))
+    }
+
+    /// Step 5: Redis stock := database remaining stock, only while nothing is in flight.
+    async fn correct_stock(&self, a: &Activity) -> anyhow::Result<StockCheck> {
+        let id = a.id;
+        // A cheap look first, so the lock is taken only when there is something to correct.
+        let snap = sale::snapshot(&self.redis, id).await?;
+        if !snap.loaded {
+            return Ok(StockCheck::NotLoaded);
+        }
+        if !snap.ledger.is_empty() {
+            return Ok(StockCheck::LedgerBusy);
+        }
+        if snap.stock == Some(self.db_remaining(id).await?) {
+            return Ok(StockCheck::InSync);
+        }
+
+        let guard = match lock::acquire(
+            &self.redis,
+            &self.pool,
+            id,
+            self.config.lock_ttl,
+            LOCK_WAIT.min(self.config.lock_wait),
+        )
+        .await
+        {
+            Ok(g) => g,
+            Err(lock::LockError::Busy) => {
+                tracing::info!("activity lock busy; stock correction left to the next run");
+                return Ok(StockCheck::LockBusy);
+            }
+            Err(e) => return Err(e).context("failed to take the activity lock"),
+        };
+        let outcome = self.correct_stock_locked(a, &guard.owner).await;
+        if let Err(e) = guard.release().await {
+            tracing::warn!(error = %e, "failed to release the activity lock; it expires by itself");
+        }
+        outcome
+    }
+
+    async fn correct_stock_locked(&self, a: &Activity, owner: &str) -> anyhow::Result<StockCheck> {
+        let id = a.id;
+        // Redis first, then the database: see the module docs for why this order.
+        let snap = sale::snapshot(&self.redis, id).await?;
+        if !snap.loaded {
+            return Ok(StockCheck::NotLoaded);
+        }
+        if !snap.ledger.is_empty() {
+            return Ok(StockCheck::LedgerBusy);
+        }
+        let target = self.db_remaining(id).await?;
+        if snap.stock == Some(target) {
+            return Ok(StockCheck::InSync);
+        }
+        let observed = snap.stock.unwrap_or(-1);
+        if !fix_stock(&self.redis, id, owner, observed, target).await? {
+            return Ok(StockCheck::Moved);
+        }
+        if snap.stock.is_none() {
+            // The key was gone (evicted, flushed) and `SET .. KEEPTTL` created it without an
+            // expiry: give it the sale's, unless something else already did.
+            let keys = self.redis.keys(id);
+            let expire_at = a.expire_at(self.config.expiry_buffer).timestamp_millis();
+            let _: i64 = self
+                .redis
+                .cmd(
+                    redis::cmd("PEXPIREAT")
+                        .arg(&keys.stock)
+                        .arg(expire_at)
+                        .arg("NX"),
+                )
+                .await?;
+        }
+        tracing::warn!(
+            from = ?snap.stock,
+            to = target,
+            repair = "redis_stock_fixed",
+            "redis stock corrected from the database"
+        );
+        Ok(StockCheck::Corrected {
+            from: snap.stock,
+            to: target,
+        })
+    }
+
+    async fn db_remaining(&self, id: i64) -> anyhow::Result<i64> {
+        let remaining: i32 =
+            sqlx::query_scalar("select remaining_stock from activities where id = $1")
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await
+                .context("failed to read the remaining stock")?;
+        Ok(i64::from(remaining))
+    }
+
+    /// Step 6: upserts the activity's row of `activity_stats`.
+    async fn persist(&self, r: &ActivityReport) -> anyhow::Result<()> {
+        sqlx::query(
+            "insert into activity_stats
+                 (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,
+                  repairs, checked_at)
+             values ($1, $2, $3, $4, $5, $6, $7, $8, now())
+             on conflict (activity_id) do update set
+                 participants = excluded.participants, sold = excluded.sold,
+                 db_remaining = excluded.db_remaining, redis_stock = excluded.redis_stock,
+                 pending_qty = excluded.pending_qty, drift = excluded.drift,
+                 repairs = excluded.repairs, checked_at = excluded.checked_at",
+        )
+        .bind(r.activity_id)
+        .bind(r.participants)
+        .bind(r.sold)
+        .bind(r.db_remaining)
+        .bind(r.redis_stock)
+        .bind(r.pending_qty)
+        .bind(r.drift)
+        .bind(r.repairs as i64)
+        .execute(&self.pool)
+        .await
+        .context("failed to persist activity stats")?;
+        Ok(())
+    }
+}
+
+/// Step 7: one structured log line and one EMF line per activity.
+fn publish(r: &ActivityReport) {
+    if r.drift != 0 || r.repairs > 0 {
+        tracing::warn!(
+            activity_id = r.activity_id,
+            drift = r.drift,
+            repairs = r.repairs,
+            released_unpaid = r.released_unpaid,
+            redis_stock = ?r.redis_stock,
+            pending_qty = r.pending_qty,
+            sold = r.sold,
+            db_remaining = r.db_remaining,
+            "activity reconciled with drift or repairs"
+        );
+    } else {
+        tracing::info!(
+            activity_id = r.activity_id,
+            drift = r.drift,
+            repairs = r.repairs,
+            released_unpaid = r.released_unpaid,
+            "activity reconciled"
+        );
+    }
+    seckill_shared::metrics::emit(
+        FUNCTION,
+        &[
+            ("Drift", r.drift as f64),
+            ("Repairs", r.repairs as f64),
+            ("ReleasedUnpaid", r.released_unpaid as f64),
+        ],
+        &[("activityId", json!(r.activity_id))],
+    );
+}
+
+/// `redis_stock + pending + sold - total`: 0 when every unit is accounted for exactly once.
+/// Positive means units counted twice (Redis may oversell; the database refuses), negative
+/// means units lost (a crash leaked them; reconcile gives them back).
+pub fn drift(redis_stock: i64, pending_qty: i64, sold: i64, total: i64) -> i64 {
+    redis_stock + pending_qty + sold - total
+}
+
+/// Ledger entries older than `grace` at `now` (their timestamps are Redis server time).
+pub fn stale_entries(
+    ledger: &[LedgerEntry],
+    now: DateTime<Utc>,
+    grace: Duration,
+) -> Vec<&LedgerEntry> {
+    let cutoff = now.timestamp_millis() - grace.as_millis() as i64;
+    ledger.iter().filter(|e| e.at_ms < cutoff).collect()
+}
+
+/// Every member of the activity's user set, by `SSCAN` (never one huge `SMEMBERS` reply).
+async fn scan_users(redis: &Redis, id: i64) -> Result<Vec<String>, CacheError> {
+    let keys = redis.keys(id);
+    let mut cursor = "0".to_string();
+    let mut users = Vec::new();
+    loop {
+        let (next, batch): (String, Vec<String>) = redis
+            .cmd(
+                redis::cmd("SSCAN")
+                    .arg(&keys.users)
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(1000),
+            )
+            .await?;
+        users.extend(batch);
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    // SSCAN may return a member more than once.
+    users.sort_unstable();
+    users.dedup();
+    Ok(users)
+}
+
+/// `lua/drop_user.lua`: removes the user unless a ledger entry appeared meanwhile.
+async fn drop_user(redis: &Redis, id: i64, user: &str) -> Result<bool, CacheError> {
+    let keys = redis.keys(id);
+    let mut inv = scripts::DROP_USER.prepare_invoke();
+    inv.key(&keys.users).key(&keys.ledger).arg(user);
+    let removed: i64 = redis.script(&inv).await?;
+    Ok(removed == 1)
+}
+
+/// `lua/fix_stock.lua`: sets the stock to `target` only for the lock `owner`, with the ledger
+/// empty and the stock still `observed` (-1: the key is missing).
+async fn fix_stock(
+    redis: &Redis,
+    id: i64,
+    owner: &str,
+    observed: i64,
+    target: i64,
+) -> Result<bool, CacheError> {
+    let keys = redis.keys(id);
+    let mut inv = scripts::FIX_STOCK.prepare_invoke();
+    inv.key(&keys.stock)
+        .key(&keys.ledger)
+        .key(&keys.lock)
+        .arg(owner)
+        .arg(observed)
+        .arg(target);
+    let fixed: i64 = redis.script(&inv).await?;
+    Ok(fixed == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_entries_older_than_the_grace_period_are_stale() {
+        let now = DateTime::from_timestamp_millis(1_000_000).unwrap();
+        let entry = |user: &str, at: i64| LedgerEntry::parse(user, &format!("c|1|1|{at}")).unwrap();
+        let ledger = vec![
+            entry("old", 1_000_000 - 5_001),
+            entry("young", 1_000_000 - 4_999),
+        ];
+        let stale = stale_entries(&ledger, now, Duration::from_secs(5));
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0].user_id, "old");
+    }
+
+    #[test]
+    fn drift_is_zero_when_every_unit_is_accounted_for() {
+        assert_eq!(drift(90, 4, 6, 100), 0);
+        assert_eq!(drift(91, 4, 6, 100), 1);
+        assert_eq!(drift(88, 4, 6, 100), -2);
+    }
+}

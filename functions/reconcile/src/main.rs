@@ -1,1 +1,24 @@
-fn main() {}
+//! The `reconcile` Lambda: an EventBridge schedule invokes it; it checks and repairs every
+//! running (or recently ended) activity and releases unpaid orders.
+//!
+//! Thin on purpose: tracing, config and clients once per cold start, then
+//! [`reconcile::Reconcile::run`].
+
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use reconcile::Reconcile;
+use seckill_shared::Config;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    seckill_shared::init_tracing();
+    let config = Config::from_env()?;
+    let job = Reconcile::connect(config).await?;
+    let job = &job;
+    lambda_runtime::run(service_fn(
+        move |_event: LambdaEvent<serde_json::Value>| async move {
+            let report = job.run(chrono::Utc::now()).await?;
+            Ok::<_, Error>(serde_json::to_value(report)?)
+        },
+    ))
+    .await
+}
