@@ -1,1 +1,12 @@
-fn main() {}
+//! The admin Lambda: tracing, config and clients once per cold start, then the router.
+
+use admin::{router, AdminState};
+use seckill_shared::Config;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_http::Error> {
+    seckill_shared::init_tracing();
+    let config = Config::from_env()?;
+    let state = AdminState::connect(&config).await?;
+    lambda_http::run(router(state)).await
+}
