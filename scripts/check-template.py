@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Checks template.yaml for what cfn-lint does not catch (see /TOOLCHAIN.md "Lambda tooling").
+
+Run with the project venv's python (it has cfn-lint, whose YAML loader understands !Ref/!GetAtt):
+
+    .tools/venv/bin/python scripts/check-template.py [template.yaml] [--no-samconfig]
+
+Parameters resolve to their defaults, overridden by `parameter_overrides` in samconfig.toml
+([default.deploy.parameters]) when that file sets any, so what gets deployed is what is checked.
+Prints one line per check; exits 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+try:
+    from cfnlint.decode import cfn_yaml
+except ImportError:  # pragma: no cover - run with the wrong python
+    sys.exit("check-template: needs cfn-lint; run it with .tools/venv/bin/python (make stack installs it)")
+
+REPO = Path(__file__).resolve().parent.parent
+FUNCTION = "AWS::Serverless::Function"
+# Config::from_env's default when DB_MAX_CONNECTIONS is unset.
+DEFAULT_DB_MAX_CONNECTIONS = 4
+ENTRY_ACTIONS = {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
+SECRET_MARKERS = ("{{resolve:secretsmanager", "{{resolve:ssm-secure")
+SECRET_NAME_WORDS = ("PASSWORD", "TOKEN", "SECRET", "PASSWD", "API_KEY")
+
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+
+
+class Template:
+    def __init__(self, path: Path, use_samconfig: bool):
+        self.doc = cfn_yaml.load(str(path))
+        self.resources = self.doc.get("Resources", {})
+        self.params = {k: v.get("Default") for k, v in self.doc.get("Parameters", {}).items()}
+        self.no_echo = {k for k, v in self.doc.get("Parameters", {}).items() if str(v.get("NoEcho")).lower() == "true"}
+        self.overrides: dict[str, str] = {}
+        samconfig = path.parent / "samconfig.toml"
+        if use_samconfig and samconfig.exists():
+            conf = tomllib.loads(samconfig.read_text())
+            raw = conf.get("default", {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides")
+            items = raw if isinstance(raw, list) else shlex.split(raw or "")
+            for item in items:
+                key, _, value = item.partition("=")
+                self.overrides[key] = value
+            self.params.update(self.overrides)
+        self.globals = self.doc.get("Globals", {}).get("Function", {})
+
+    def resolve(self, value):
+        """A literal, or a Ref to a parameter (its default / override); None when unknowable."""
+        if isinstance(value, dict) and set(value) == {"Ref"}:
+            name = value["Ref"]
+            return self.params.get(name) if name in self.params else None
+        if isinstance(value, dict) and set(value) == {"Fn::If"}:
+            # Both branches must pass; callers handle lists. Return the first non-NoValue branch.
+            for branch in value["Fn::If"][1:]:
+                if branch != {"Ref": "AWS::NoValue"}:
+                    return self.resolve(branch)
+            return None
+        return value
+
+    def number(self, value) -> float | None:
+        v = self.resolve(value)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return None
+
+    def prop(self, fn: dict, name: str):
+        props = fn.get("Properties", {})
+        return props[name] if name in props else self.globals.get(name)
+
+    def env(self, fn: dict) -> dict:
+        merged = dict(self.globals.get("Environment", {}).get("Variables", {}) or {})
+        merged.update(fn.get("Properties", {}).get("Environment", {}).get("Variables", {}) or {})
+        return merged
+
+    def functions(self):
+        return [(n, r) for n, r in self.resources.items() if r.get("Type") == FUNCTION]
+
+    @staticmethod
+    def binary(fn: dict) -> str | None:
+        return fn.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
+
+
+def target_of(ref) -> str | None:
+    """The logical id a Ref / GetAtt points at."""
+    if isinstance(ref, dict):
+        if "Ref" in ref:
+            return ref["Ref"]
+        if "Fn::GetAtt" in ref:
+            att = ref["Fn::GetAtt"]
+            return att[0] if isinstance(att, list) else str(att).split(".")[0]
+    return None
+
+
+def strings_in(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from strings_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings_in(v)
+
+
+def as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+def workspace_binaries() -> set[str]:
+    """Package names (default bin) and [[bin]] names of every Cargo.toml in the workspace."""
+    names = set()
+    for cargo in REPO.glob("**/Cargo.toml"):
+        if "target" in cargo.parts or ".tools" in cargo.parts:
+            continue
+        try:
+            doc = tomllib.loads(cargo.read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        pkg = doc.get("package", {}).get("name")
+        if pkg and (cargo.parent / "src" / "main.rs").exists():
+            names.add(pkg)
+        for b in doc.get("bin", []):
+            if "name" in b:
+                names.add(b["name"])
+        bin_dir = cargo.parent / "src" / "bin"
+        if bin_dir.is_dir():
+            names.update(p.stem for p in bin_dir.glob("*.rs"))
+            names.update(p.name for p in bin_dir.iterdir() if (p / "main.rs").exists())
+    return names
+
+
+def check_functions(t: Template) -> None:
+    bins = workspace_binaries()
+    for name, fn in t.functions():
+        runtime = t.prop(fn, "Runtime")
+        arch = t.prop(fn, "Architectures")
+        method = fn.get("Metadata", {}).get("BuildMethod")
+        binary = t.binary(fn)
+        check(
+            runtime == "provided.al2023" and arch == ["arm64"] and method == "rust-cargolambda" and bool(binary),
+            f"{name}: provided.al2023, arm64, rust-cargolambda, Binary={binary} "
+            f"(got {runtime}, {arch}, {method})",
+        )
+        check(binary in bins, f"{name}: binary {binary} is a bin of the workspace")
+
+
+def check_queue_and_consumer(t: Template) -> None:
+    consumers = []
+    for name, fn in t.functions():
+        for ev_name, ev in (fn.get("Properties", {}).get("Events") or {}).items():
+            if ev.get("Type") == "SQS":
+                consumers.append((name, fn, ev_name, ev.get("Properties", {})))
+    check(len(consumers) >= 1, f"an SQS-triggered consumer exists ({[c[0] for c in consumers]})")
+    for name, fn, ev_name, ev in consumers:
+        timeout = t.number(t.prop(fn, "Timeout")) or 3.0
+        queue_id = target_of(ev.get("Queue"))
+        queue = t.resources.get(queue_id, {}).get("Properties", {})
+        vis = t.number(queue.get("VisibilityTimeout", 30))
+        check(
+            vis is not None and vis >= 6 * timeout,
+            f"{queue_id}.VisibilityTimeout {vis:g} >= 6 x {name}.Timeout {timeout:g} = {6 * timeout:g}",
+        )
+        redrive = queue.get("RedrivePolicy") or {}
+        mrc = t.number(redrive.get("maxReceiveCount"))
+        check(mrc is not None and mrc >= 5, f"{queue_id} has a DLQ with maxReceiveCount {mrc} >= 5")
+
+        batch = t.number(ev.get("BatchSize", 10))
+        window = t.number(ev.get("MaximumBatchingWindowInSeconds", 0)) or 0
+        check(batch is not None and batch <= 100, f"{name}.{ev_name} BatchSize {batch:g} <= 100")
+        check(
+            batch is not None and (batch <= 10 or window > 0),
+            f"{name}.{ev_name} BatchSize {batch:g} > 10 only with a batching window (window {window:g} s)",
+        )
+        check(
+            "ReportBatchItemFailures" in (ev.get("FunctionResponseTypes") or []),
+            f"{name}.{ev_name} FunctionResponseTypes has ReportBatchItemFailures",
+        )
+
+        max_conc = t.number((ev.get("ScalingConfig") or {}).get("MaximumConcurrency"))
+        check(max_conc is not None and max_conc >= 2, f"{name}.{ev_name} ScalingConfig.MaximumConcurrency {max_conc} >= 2")
+        db_conns = t.number(t.env(fn).get("DB_MAX_CONNECTIONS")) or DEFAULT_DB_MAX_CONNECTIONS
+        budget = t.number({"Ref": "DbConnectionBudget"})
+        check(budget is not None, f"parameter DbConnectionBudget exists (value {budget})")
+        if max_conc is not None and budget is not None:
+            check(
+                max_conc * db_conns <= budget,
+                f"MaximumConcurrency {max_conc:g} x DB_MAX_CONNECTIONS {db_conns:g} = {max_conc * db_conns:g}"
+                f" <= DbConnectionBudget {budget:g}",
+            )
+
+
+def statements(fn: dict):
+    """Inline statements of a function's Policies; anything else (managed policy names, SAM
+    policy templates) is returned as an opaque item so callers can refuse it."""
+    for pol in as_list(fn.get("Properties", {}).get("Policies") or []):
+        if isinstance(pol, dict) and "Statement" in pol:
+            for st in as_list(pol["Statement"]):
+                yield st
+        else:
+            yield {"__opaque__": pol}
+
+
+def check_entry_policy(t: Template) -> None:
+    entry = [(n, f) for n, f in t.functions() if t.binary(f) == "seckill-entry"]
+    check(len(entry) == 1, "exactly one function builds seckill-entry")
+    if not entry:
+        return
+    name, fn = entry[0]
+    order_queues = {target_of(ev.get("Properties", {}).get("Queue"))
+                    for _, f in t.functions()
+                    for ev in (f.get("Properties", {}).get("Events") or {}).values() if ev.get("Type") == "SQS"}
+    secrets = {n for n, r in t.resources.items() if r.get("Type") == "AWS::SecretsManager::Secret"}
+    problems = []
+    sends = 0
+    for st in statements(fn):
+        if "__opaque__" in st:
+            problems.append(f"non-inline policy {st['__opaque__']!r}")
+            continue
+        if st.get("Effect") != "Allow":
+            continue
+        actions = set(as_list(st.get("Action")))
+        resources = as_list(st.get("Resource"))
+        if not actions <= ENTRY_ACTIONS:
+            problems.append(f"actions {sorted(actions - ENTRY_ACTIONS)}")
+        if "sqs:SendMessage" in actions:
+            sends += 1
+            if actions != {"sqs:SendMessage"} or {target_of(r) for r in resources} - order_queues:
+                problems.append(f"sqs:SendMessage beyond the order queue: {resources}")
+        if "secretsmanager:GetSecretValue" in actions and {target_of(r) for r in resources} - secrets:
+            problems.append(f"secret read beyond the stack's secrets: {resources}")
+    check(not problems and sends == 1,
+          f"{name}: grants only sqs:SendMessage on the order queue (+ GetSecretValue on its secrets)"
+          + (f" -- {problems}" if problems else ""))
+    for other, f in t.functions():
+        wild = [st for st in statements(f) if "__opaque__" not in st
+                and ("*" in as_list(st.get("Action")) or "*" in as_list(st.get("Resource"))
+                     or any(str(a).endswith(":*") for a in as_list(st.get("Action"))))]
+        check(not wild, f"{other}: no wildcard action or resource in its inline policies")
+
+
+def check_env_secrets(t: Template) -> None:
+    sources = [("Globals", t.globals.get("Environment", {}).get("Variables", {}) or {})]
+    sources += [(n, f.get("Properties", {}).get("Environment", {}).get("Variables", {}) or {}) for n, f in t.functions()]
+    problems = []
+    for where, variables in sources:
+        for key, value in variables.items():
+            if any(m in s for s in strings_in(value) for m in SECRET_MARKERS):
+                problems.append(f"{where}.{key} resolves a secret into plain text")
+            if target_of(value) in t.no_echo:
+                problems.append(f"{where}.{key} holds NoEcho parameter {target_of(value)}")
+            if any(w in key.upper() for w in SECRET_NAME_WORDS) and not key.upper().endswith("_ARN"):
+                problems.append(f"{where}.{key} looks like a secret value (pass an ARN instead)")
+    check(not problems, "no secret value in any environment variable (ARNs only)"
+          + (f" -- {problems}" if problems else ""))
+
+
+def check_data_stores(t: Template) -> None:
+    for name, r in t.resources.items():
+        props = r.get("Properties", {})
+        if r.get("Type") == "AWS::ElastiCache::ParameterGroup":
+            p = props.get("Properties", {})
+            check(p.get("maxmemory-policy") == "noeviction" and p.get("cluster-enabled") == "yes",
+                  f"{name}: cluster-enabled yes, maxmemory-policy noeviction")
+        if r.get("Type") == "AWS::ElastiCache::ReplicationGroup":
+            check(props.get("TransitEncryptionEnabled") is True and "AuthToken" in props,
+                  f"{name}: TLS in transit and an AUTH token")
+
+
+def main(argv: list[str]) -> int:
+    args = [a for a in argv if not a.startswith("--")]
+    path = Path(args[0]) if args else REPO / "template.yaml"
+    t = Template(path, use_samconfig="--no-samconfig" not in argv)
+    print(f"check-template: {path}" + (f" (samconfig overrides: {t.overrides})" if t.overrides else ""))
+    check_functions(t)
+    check_queue_and_consumer(t)
+    check_entry_policy(t)
+    check_env_secrets(t)
+    check_data_stores(t)
+    if failures:
+        print(f"check-template: {len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("check-template: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
