@@ -1,1 +1,490 @@
-//! placeholder
+//! order-consumer: turns the order messages `seckill-entry` sends into rows of the system of
+//! record.
+//!
+//! Each message stands for a reservation Redis already granted (stock taken, user added,
+//! ledger entry `r|<requestId>|qty|ms` written). The consumer makes the database agree, or
+//! gives the reservation back:
+//!
+//! 1. **Duplicate** (a row with the request id exists, whatever its status): drop the ledger
+//!    entry and ack. Never compensate: the first delivery already decided.
+//! 2. **Reservation gone** (the ledger no longer holds this request and no row exists):
+//!    reconcile already gave the units back, so record `failed / reservation_expired` and ack.
+//! 3. Otherwise one transaction: insert the order, then `remaining_stock - q where
+//!    remaining_stock >= q`. After commit, drop the ledger entry.
+//! 4. **Business refusals** roll back, compensate Redis first (guarded by the ledger entry, so
+//!    it applies at most once), then record a `failed` row and ack: sold out -> full
+//!    compensation; the user already holds another order -> stock only.
+//! 5. Anything transient (database or Redis out of reach, timeouts) reports the message in
+//!    `batchItemFailures`: SQS redelivers it, and after `maxReceiveCount` moves it to the DLQ.
+//!    Malformed messages are reported the same way, so they end in the DLQ for a human.
+//!
+//! Every step is safe to repeat, which is what lets a redelivery arrive at any moment.
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use futures::StreamExt;
+use seckill_shared::cache::{CacheError, Redis};
+use seckill_shared::config::Config;
+use seckill_shared::db;
+use seckill_shared::order::{self, reason};
+use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale::{self, Compensation};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The function name used in metrics.
+pub const FUNCTION: &str = "order-consumer";
+
+/// What became of one message that was acked (or, for [`Outcome::Malformed`], sent on its
+/// way to the DLQ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The order is in the database and the ledger entry dropped.
+    Committed,
+    /// A row for this request already existed: nothing done but dropping the ledger entry.
+    Duplicate,
+    /// The reservation had already been given back; recorded as `reservation_expired`.
+    Expired,
+    /// The database had less stock than Redis; compensated in full, recorded as `sold_out`.
+    SoldOut,
+    /// The user already holds another order; stock given back, recorded as `already_purchased`.
+    AlreadyPurchased,
+    /// The activity does not exist in the database; the reservation was given back.
+    UnknownActivity,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Committed => "committed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Expired => "reservation_expired",
+            Outcome::SoldOut => "sold_out",
+            Outcome::AlreadyPurchased => "already_purchased",
+            Outcome::UnknownActivity => "unknown_activity",
+        }
+    }
+}
+
+/// One message's result: its outcome, and whether this call gave units back to Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Processed {
+    pub outcome: Outcome,
+    pub compensated: bool,
+}
+
+impl Processed {
+    fn new(outcome: Outcome, compensated: bool) -> Self {
+        Self {
+            outcome,
+            compensated,
+        }
+    }
+}
+
+/// Why a message was not acked. Both put its id in `batchItemFailures`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    /// The body is not an order message; retrying cannot help, so it ends in the DLQ.
+    #[error("malformed order message: {0}")]
+    Malformed(String),
+    /// The database or Redis could not be reached in time (or failed unexpectedly); the
+    /// message is redelivered and every step it repeats is idempotent.
+    #[error("retryable failure: {0:#}")]
+    Retryable(anyhow::Error),
+}
+
+impl From<sqlx::Error> for ConsumeError {
+    fn from(e: sqlx::Error) -> Self {
+        ConsumeError::Retryable(anyhow::Error::new(e))
+    }
+}
+
+impl From<CacheError> for ConsumeError {
+    fn from(e: CacheError) -> Self {
+        ConsumeError::Retryable(anyhow::Error::new(e))
+    }
+}
+
+/// What the order transaction decided.
+enum TxOutcome {
+    Committed,
+    /// A concurrent delivery of the same message committed first.
+    Duplicate,
+    SoldOut,
+    AlreadyPurchased,
+    UnknownActivity,
+}
+
+/// The consumer's dependencies, built once per container and shared by every batch.
+#[derive(Clone)]
+pub struct Consumer {
+    pool: PgPool,
+    redis: Redis,
+    config: Config,
+}
+
+/// Per-batch counters, emitted once as one metrics line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchStats {
+    pub committed: u32,
+    pub duplicates: u32,
+    pub compensations: u32,
+    /// Requests recorded as `failed` (sold out, already purchased, expired, unknown activity).
+    pub failed: u32,
+    /// Messages reported for redelivery because of a transient error.
+    pub retried: u32,
+    /// Messages reported because they cannot be parsed (they end in the DLQ).
+    pub malformed: u32,
+}
+
+impl Consumer {
+    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
+        Self {
+            pool,
+            redis,
+            config,
+        }
+    }
+
+    /// Builds the consumer from the config. The pool is lazy and small (`db_max_connections`):
+    /// a cold start never fails because the database is briefly away, and
+    /// `MaximumConcurrency × db_max_connections` bounds what the database sees.
+    pub async fn connect(config: &Config) -> anyhow::Result<Self> {
+        let pool = db::connect_lazy(config)?;
+        let redis = Redis::connect(config).await?;
+        Ok(Self::new(pool, redis, config.clone()))
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn redis(&self) -> &Redis {
+        &self.redis
+    }
+
+    /// Handles one SQS batch and answers with the ids of the messages to redeliver (partial
+    /// batch failure). Messages are processed concurrently, at most one per pooled connection;
+    /// each one's outcome depends only on the database and its own ledger entry, so the order
+    /// in which they finish does not matter.
+    pub async fn handle_batch(&self, event: SqsEvent) -> SqsBatchResponse {
+        let (response, stats) = self.handle_batch_with_stats(event).await;
+        seckill_shared::metrics::emit(
+            FUNCTION,
+            &[
+                ("Committed", stats.committed as f64),
+                ("Duplicates", stats.duplicates as f64),
+                ("Compensations", stats.compensations as f64),
+                ("Failed", stats.failed as f64),
+                ("Retried", stats.retried as f64),
+                ("Malformed", stats.malformed as f64),
+            ],
+            &[],
+        );
+        response
+    }
+
+    /// [`Consumer::handle_batch`] without the metrics line, returning the counters as well.
+    pub async fn handle_batch_with_stats(&self, event: SqsEvent) -> (SqsBatchResponse, BatchStats) {
+        let concurrency = self.config.db_max_connections.max(1) as usize;
+        let results: Vec<(Option<String>, Result<Processed, ConsumeError>)> =
+            futures::stream::iter(event.records)
+                .map(|record| async move {
+                    let result = self.handle_record(&record).await;
+                    (record.message_id, result)
+                })
+                .buffer_unordered(concurrency)
+                .collect()
+                .await;
+
+        let mut response = SqsBatchResponse::default();
+        let mut stats = BatchStats::default();
+        for (message_id, result) in results {
+            match result {
+                Ok(p) => {
+                    stats.compensations += u32::from(p.compensated);
+                    match p.outcome {
+                        Outcome::Committed => stats.committed += 1,
+                        Outcome::Duplicate => stats.duplicates += 1,
+                        _ => stats.failed += 1,
+                    }
+                }
+                Err(e) => {
+                    match e {
+                        ConsumeError::Malformed(_) => stats.malformed += 1,
+                        ConsumeError::Retryable(_) => stats.retried += 1,
+                    }
+                    match message_id {
+                        Some(id) => response.add_failure(id),
+                        // Without an id SQS cannot be told; it will redeliver the message
+                        // anyway once the visibility timeout passes, because we cannot ack it.
+                        None => tracing::error!(error = %e, "failed message has no messageId"),
+                    }
+                }
+            }
+        }
+        (response, stats)
+    }
+
+    /// One SQS record: parse, process, log one line. Returns the outcome and whether a
+    /// compensation was applied.
+    async fn handle_record(&self, record: &SqsMessage) -> Result<Processed, ConsumeError> {
+        let message_id = record.message_id.as_deref().unwrap_or("-");
+        let message = match parse(record.body.as_deref()) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(message_id, error = %e, outcome = "malformed", "order message rejected");
+                return Err(e);
+            }
+        };
+        let result = self.handle_message(&message).await;
+        match &result {
+            Ok(p) => tracing::info!(
+                message_id,
+                request_id = %message.request_id,
+                activity_id = message.activity_id,
+                outcome = p.outcome.as_str(),
+                compensated = p.compensated,
+                "order message processed"
+            ),
+            Err(e) => tracing::warn!(
+                message_id,
+                request_id = %message.request_id,
+                activity_id = message.activity_id,
+                outcome = "retry",
+                error = %e,
+                "order message will be redelivered"
+            ),
+        }
+        result
+    }
+
+    /// Processes one parsed order message. Returns the outcome and whether this call gave
+    /// units back to Redis. Safe to call any number of times for the same message, also
+    /// concurrently.
+    pub async fn handle_message(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
+        // 1. Idempotency first: any row (confirmed, paid, cancelled or failed) means an earlier
+        //    delivery decided. Never compensate here, that would hand the units out twice.
+        if order::by_request(&self.pool, m.request_id).await?.is_some() {
+            self.settle(m).await;
+            return Ok(Processed::new(Outcome::Duplicate, false));
+        }
+
+        // 2. The reservation must still be pending. If reconcile gave it back, committing
+        //    now would sell units Redis has already handed to someone else.
+        let entry = sale::ledger_entry(&self.redis, m.activity_id, &m.user_id).await?;
+        if entry.and_then(|e| e.request_id()) != Some(m.request_id) {
+            return match self.record_failed(m, reason::RESERVATION_EXPIRED).await? {
+                Recorded::Inserted => Ok(Processed::new(Outcome::Expired, false)),
+                Recorded::AlreadyThere => Ok(Processed::new(Outcome::Duplicate, false)),
+                Recorded::UnknownActivity => Ok(Processed::new(Outcome::UnknownActivity, false)),
+            };
+        }
+
+        // 3. The order transaction.
+        match self.write_order(m).await? {
+            TxOutcome::Committed => {
+                self.settle(m).await;
+                Ok(Processed::new(Outcome::Committed, false))
+            }
+            TxOutcome::Duplicate => {
+                self.settle(m).await;
+                Ok(Processed::new(Outcome::Duplicate, false))
+            }
+            TxOutcome::SoldOut => self.refuse(m, Compensation::Full, reason::SOLD_OUT).await,
+            TxOutcome::AlreadyPurchased => {
+                self.refuse(m, Compensation::StockOnly, reason::ALREADY_PURCHASED)
+                    .await
+            }
+            TxOutcome::UnknownActivity => {
+                let given_back = self.compensate(m, Compensation::Full).await?;
+                Ok(Processed::new(Outcome::UnknownActivity, given_back))
+            }
+        }
+    }
+
+    /// One transaction: the order row, then the conditional stock update.
+    ///
+    /// The insert comes first for two reasons: the unique indexes classify a refusal before
+    /// stock is looked at (a user who already holds an order gets a stock-only compensation
+    /// even when the database is also sold out, so Redis keeps them in the user set), and
+    /// the hot activity row is locked only for the update and the commit.
+    async fn write_order(&self, m: &OrderMessage) -> Result<TxOutcome, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "insert into orders (request_id, activity_id, user_id, quantity, status)
+             values ($1, $2, $3, $4, 'confirmed')",
+        )
+        .bind(m.request_id)
+        .bind(m.activity_id)
+        .bind(&m.user_id)
+        .bind(m.quantity)
+        .execute(&mut *tx)
+        .await;
+        if let Err(e) = inserted {
+            // Dropping `tx` rolls back.
+            return if db::is_unique_violation(&e, "orders_request_id_key") {
+                Ok(TxOutcome::Duplicate)
+            } else if db::is_unique_violation(&e, "orders_one_per_user") {
+                Ok(TxOutcome::AlreadyPurchased)
+            } else if is_foreign_key_violation(&e) {
+                Ok(TxOutcome::UnknownActivity)
+            } else {
+                Err(e)
+            };
+        }
+        let left: Option<i32> = sqlx::query_scalar(
+            "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
+             where id = $1 and remaining_stock >= $2 returning remaining_stock",
+        )
+        .bind(m.activity_id)
+        .bind(m.quantity)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if left.is_none() {
+            // The foreign key proved the activity exists: it is sold out in the database.
+            tx.rollback().await?;
+            return Ok(TxOutcome::SoldOut);
+        }
+        // A commit that fails with the connection lost may or may not have applied: the
+        // redelivery finds the row (duplicate) or retries, both correct.
+        tx.commit().await?;
+        Ok(TxOutcome::Committed)
+    }
+
+    /// A business refusal: compensate Redis first, then record the request as failed, then
+    /// ack. If Redis is out of reach the message is retried; the ledger guard makes the
+    /// compensation apply at most once however often that happens.
+    async fn refuse(
+        &self,
+        m: &OrderMessage,
+        mode: Compensation,
+        why: &'static str,
+    ) -> Result<Processed, ConsumeError> {
+        let given_back = self.compensate(m, mode).await?;
+        let outcome = if why == reason::SOLD_OUT {
+            Outcome::SoldOut
+        } else {
+            Outcome::AlreadyPurchased
+        };
+        match self.record_failed(m, why).await? {
+            Recorded::Inserted | Recorded::AlreadyThere => Ok(Processed::new(outcome, given_back)),
+            Recorded::UnknownActivity => Ok(Processed::new(Outcome::UnknownActivity, given_back)),
+        }
+    }
+
+    async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, CacheError> {
+        let given =
+            sale::compensate(&self.redis, m.activity_id, &m.user_id, m.request_id, mode).await?;
+        Ok(given.is_some())
+    }
+
+    /// Stores the request as `failed` with a reason, in its own statement, so a redelivery is
+    /// recognised as a duplicate. A row already there (a concurrent delivery) is fine.
+    async fn record_failed(&self, m: &OrderMessage, why: &str) -> Result<Recorded, sqlx::Error> {
+        let inserted = sqlx::query(
+            "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+             values ($1, $2, $3, $4, 'failed', $5)
+             on conflict (request_id) do nothing",
+        )
+        .bind(m.request_id)
+        .bind(m.activity_id)
+        .bind(&m.user_id)
+        .bind(m.quantity)
+        .bind(why)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(r) if r.rows_affected() == 1 => Ok(Recorded::Inserted),
+            Ok(_) => Ok(Recorded::AlreadyThere),
+            Err(e) if is_foreign_key_violation(&e) => Ok(Recorded::UnknownActivity),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Drops the reservation's ledger entry once the database holds the outcome. A failure
+    /// is only logged: reconcile drops entries whose order exists.
+    async fn settle(&self, m: &OrderMessage) {
+        let id = m.request_id.to_string();
+        if let Err(e) = sale::settle(&self.redis, m.activity_id, &m.user_id, &id).await {
+            tracing::warn!(
+                request_id = %m.request_id,
+                activity_id = m.activity_id,
+                error = %e,
+                "could not drop the ledger entry; reconcile will"
+            );
+        }
+    }
+}
+
+enum Recorded {
+    Inserted,
+    AlreadyThere,
+    UnknownActivity,
+}
+
+fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_foreign_key_violation())
+}
+
+/// Parses and checks one message body. The error says what is wrong without echoing the body.
+pub fn parse(body: Option<&str>) -> Result<OrderMessage, ConsumeError> {
+    let body = body.ok_or_else(|| ConsumeError::Malformed("message has no body".into()))?;
+    let m: OrderMessage =
+        serde_json::from_str(body).map_err(|e| ConsumeError::Malformed(e.to_string()))?;
+    if m.quantity <= 0 {
+        return Err(ConsumeError::Malformed(format!(
+            "quantity must be positive, got {}",
+            m.quantity
+        )));
+    }
+    if m.activity_id <= 0 {
+        return Err(ConsumeError::Malformed(format!(
+            "activityId must be positive, got {}",
+            m.activity_id
+        )));
+    }
+    if m.user_id.trim().is_empty() {
+        return Err(ConsumeError::Malformed("userId is empty".into()));
+    }
+    if m.request_id == Uuid::nil() {
+        return Err(ConsumeError::Malformed("requestId is the nil uuid".into()));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_accepts_the_entry_functions_message() {
+        let body = r#"{"requestId":"0f6a3e2b-8c1d-4b7e-a9f2-3d5c7e9b1a20","activityId":1,"userId":"alice","quantity":1,"reservedAtMs":1}"#;
+        let m = parse(Some(body)).unwrap();
+        assert_eq!(
+            (m.activity_id, m.user_id.as_str(), m.quantity),
+            (1, "alice", 1)
+        );
+    }
+
+    #[test]
+    fn parse_rejects_every_kind_of_bad_body() {
+        let ok = r#""requestId":"0f6a3e2b-8c1d-4b7e-a9f2-3d5c7e9b1a20","reservedAtMs":1"#;
+        for body in [
+            "not json".to_string(),
+            "{}".to_string(),
+            format!(r#"{{{ok},"activityId":1,"userId":"a","quantity":0}}"#),
+            format!(r#"{{{ok},"activityId":1,"userId":"a","quantity":-2}}"#),
+            format!(r#"{{{ok},"activityId":0,"userId":"a","quantity":1}}"#),
+            format!(r#"{{{ok},"activityId":1,"userId":"  ","quantity":1}}"#),
+            format!(r#"{{{ok},"activityId":1,"userId":"a","quantity":"1"}}"#),
+            format!(r#"{{{ok},"activityId":1,"userId":"a","quantity":1,"extra":1}}"#),
+        ] {
+            assert!(
+                matches!(parse(Some(&body)), Err(ConsumeError::Malformed(_))),
+                "{body}"
+            );
+        }
+        assert!(matches!(parse(None), Err(ConsumeError::Malformed(_))));
+    }
+}

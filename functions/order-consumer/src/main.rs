@@ -1,1 +1,19 @@
-fn main() {}
+//! Lambda entry point of `order-consumer`: tracing, config and clients once per cold start,
+//! then the SQS batch handler (partial batch failures). All logic lives in `lib.rs`.
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use order_consumer::Consumer;
+use seckill_shared::Config;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    seckill_shared::init_tracing();
+    let config = Config::from_env()?;
+    let consumer = Consumer::connect(&config).await?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        let consumer = consumer.clone();
+        async move { Ok::<_, Error>(consumer.handle_batch(event.payload).await) }
+    }))
+    .await
+}

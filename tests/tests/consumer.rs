@@ -1,0 +1,777 @@
+//! The order consumer against the real services: PostgreSQL, Redis (standalone and cluster)
+//! and the SQS emulator.
+//!
+//! Reservations are made with `sale::purchase`, exactly as the entry function makes them, so
+//! the ledger the consumer checks is real. Batches are built from the `events/` fixture, or
+//! really travel through an emulator queue (receive, `handle_batch`, delete what was acked:
+//! what the Lambda event source mapping does).
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use order_consumer::{Consumer, Outcome, Processed};
+use seckill_shared::activity::Activity;
+use seckill_shared::order::reason;
+use seckill_shared::queue::{OrderMessage, OrderQueue};
+use seckill_shared::sale::{self, Compensation, Decision, Snapshot};
+use seckill_shared::testing::{self, RedisKind, TestEnv};
+use sqlx::{Connection, PgConnection, PgPool};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const FIXTURE: &str = include_str!("../../events/order-consumer-batch.json");
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn fixture() -> SqsEvent {
+    serde_json::from_str(FIXTURE).expect("the fixture is an SQS event")
+}
+
+/// An SQS record shaped like the fixture's, with a fresh message id and the given body.
+fn record(body: &str) -> SqsMessage {
+    let mut r = fixture().records.remove(0);
+    r.message_id = Some(Uuid::new_v4().to_string());
+    r.body = Some(body.to_string());
+    r
+}
+
+fn record_of(m: &OrderMessage) -> SqsMessage {
+    record(&serde_json::to_string(m).unwrap())
+}
+
+fn event(records: Vec<SqsMessage>) -> SqsEvent {
+    let mut e = fixture();
+    e.records = records;
+    e
+}
+
+fn event_of(messages: &[OrderMessage]) -> SqsEvent {
+    event(messages.iter().map(record_of).collect())
+}
+
+fn failed_ids(resp: &SqsBatchResponse) -> HashSet<String> {
+    resp.batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect()
+}
+
+fn no_compensation(outcome: Outcome) -> Processed {
+    Processed {
+        outcome,
+        compensated: false,
+    }
+}
+
+fn consumer(env: &TestEnv) -> Consumer {
+    Consumer::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+}
+
+/// Makes a reservation the way the entry function does and returns the message it would send.
+async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> OrderMessage {
+    let request_id = Uuid::new_v4();
+    let decision = sale::purchase(&env.redis, activity_id, user, quantity.into(), request_id)
+        .await
+        .expect("redis answers");
+    let Decision::Accepted { now_ms, .. } = decision else {
+        panic!("reservation for {user} refused: {decision:?}");
+    };
+    OrderMessage {
+        request_id,
+        activity_id,
+        user_id: user.to_string(),
+        quantity,
+        reserved_at_ms: now_ms,
+    }
+}
+
+async fn snapshot(env: &TestEnv, activity_id: i64) -> Snapshot {
+    sale::snapshot(&env.redis, activity_id).await.unwrap()
+}
+
+async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool {
+    let k = env.redis.keys(activity_id);
+    env.redis
+        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
+        .await
+        .unwrap()
+}
+
+async fn db_remaining(pool: &PgPool, activity_id: i64) -> i32 {
+    sqlx::query_scalar("select remaining_stock from activities where id = $1")
+        .bind(activity_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    id: i64,
+    request_id: Uuid,
+    user_id: String,
+    quantity: i32,
+    status: String,
+    reason: Option<String>,
+}
+
+async fn rows(pool: &PgPool, activity_id: i64) -> Vec<Row> {
+    let raw: Vec<(i64, Uuid, String, i32, String, Option<String>)> = sqlx::query_as(
+        "select id, request_id, user_id, quantity, status, failure_reason
+         from orders where activity_id = $1 order by id",
+    )
+    .bind(activity_id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    raw.into_iter()
+        .map(|(id, request_id, user_id, quantity, status, reason)| Row {
+            id,
+            request_id,
+            user_id,
+            quantity,
+            status,
+            reason,
+        })
+        .collect()
+}
+
+fn count_status(rows: &[Row], status: &str) -> usize {
+    rows.iter().filter(|r| r.status == status).count()
+}
+
+/// What the event source mapping does, once: receive up to 10 messages, hand them to the
+/// consumer as one batch, delete the ones it acked. Returns (received, reported failed).
+async fn deliver_once(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    consumer: &Consumer,
+) -> (usize, usize) {
+    let resp = sqs
+        .receive_message()
+        .queue_url(queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .expect("receive");
+    let messages = resp.messages.unwrap_or_default();
+    if messages.is_empty() {
+        return (0, 0);
+    }
+    let records: Vec<SqsMessage> = messages
+        .iter()
+        .map(|m| {
+            let mut r = record(m.body().unwrap_or_default());
+            r.message_id = m.message_id().map(str::to_string);
+            r.receipt_handle = m.receipt_handle().map(str::to_string);
+            r
+        })
+        .collect();
+    let failed = failed_ids(&consumer.handle_batch(event(records)).await);
+    for m in &messages {
+        if !failed.contains(m.message_id().unwrap_or_default()) {
+            sqs.delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .send()
+                .await
+                .expect("delete");
+        }
+    }
+    (messages.len(), failed.len())
+}
+
+/// Delivers until `expected` messages were acked or the deadline passes.
+async fn drain(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    consumer: &Consumer,
+    expected: usize,
+    deadline: Duration,
+) -> usize {
+    let start = Instant::now();
+    let mut acked = 0;
+    while acked < expected && start.elapsed() < deadline {
+        let (received, failed) = deliver_once(sqs, queue_url, consumer).await;
+        acked += received - failed;
+    }
+    acked
+}
+
+async fn queue_is_empty(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> bool {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap();
+    let a = attrs.attributes().unwrap();
+    a.get(&A::ApproximateNumberOfMessages).map(String::as_str) == Some("0")
+        && a.get(&A::ApproximateNumberOfMessagesNotVisible)
+            .map(String::as_str)
+            == Some("0")
+}
+
+async fn open_sale(env: &TestEnv, stock: i64, limit: i64) -> Activity {
+    env.open_sale(stock, limit).await.expect("sale created")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Happy path
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_fixture_event_carries_valid_order_messages() {
+    for r in fixture().records {
+        order_consumer::parse(r.body.as_deref()).expect("fixture body parses");
+    }
+}
+
+#[tokio::test]
+async fn batch_of_reservations_becomes_confirmed_orders() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 100, 2).await;
+    let mut messages = Vec::new();
+    for i in 0..10 {
+        messages.push(reserve(&env, a.id, &format!("user-{i}"), 1 + i % 2).await);
+    }
+    let before = snapshot(&env, a.id).await;
+    assert_eq!(before.pending_count(), 10);
+
+    let resp = consumer(&env).handle_batch(event_of(&messages)).await;
+
+    assert!(resp.batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(count_status(&rows, "confirmed"), 10);
+    let units: i32 = messages.iter().map(|m| m.quantity).sum();
+    assert_eq!(rows.iter().map(|r| r.quantity).sum::<i32>(), units);
+    for m in &messages {
+        assert!(rows.iter().any(|r| r.request_id == m.request_id
+            && r.user_id == m.user_id
+            && r.quantity == m.quantity));
+    }
+    assert_eq!(db_remaining(&env.pool, a.id).await, 100 - units);
+    let after = snapshot(&env, a.id).await;
+    assert!(
+        after.ledger.is_empty(),
+        "ledger drained: {:?}",
+        after.ledger
+    );
+    assert_eq!(
+        after.stock, before.stock,
+        "the consumer never touches Redis stock"
+    );
+    assert_eq!(after.participants, 10);
+}
+
+#[tokio::test]
+async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
+    let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    for i in 0..5 {
+        let m = reserve(&env, a.id, &format!("q-{i}"), 1).await;
+        env.queue.send(&m).await.unwrap();
+    }
+
+    let acked = drain(
+        &env.sqs,
+        &env.queue.url,
+        &consumer(&env),
+        5,
+        Duration::from_secs(20),
+    )
+    .await;
+
+    assert_eq!(acked, 5);
+    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 5);
+    assert_eq!(db_remaining(&env.pool, a.id).await, 5);
+    let snap = snapshot(&env, a.id).await;
+    assert!(snap.ledger.is_empty());
+    assert_eq!(snap.stock, Some(5));
+    assert!(queue_is_empty(&env.sqs, &env.queue.url).await);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Idempotency (invariant 4)
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn message_delivered_three_times_creates_one_order_and_no_compensation() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let m = reserve(&env, a.id, "alice", 1).await;
+    let c = consumer(&env);
+
+    let first = c.handle_message(&m).await.unwrap();
+    let after_first = snapshot(&env, a.id).await;
+    let second = c.handle_message(&m).await.unwrap();
+    let third = c.handle_batch(event_of(&[m.clone()])).await;
+
+    assert_eq!(first, no_compensation(Outcome::Committed));
+    assert_eq!(second, no_compensation(Outcome::Duplicate));
+    assert!(third.batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "confirmed");
+    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    assert_eq!(snapshot(&env, a.id).await, after_first);
+    assert_eq!(after_first.stock, Some(9));
+    assert!(is_participant(&env, a.id, "alice").await);
+}
+
+#[tokio::test]
+async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let m = reserve(&env, a.id, "alice", 1).await;
+    let n = reserve(&env, a.id, "bob", 1).await;
+    let c = consumer(&env);
+
+    // alice: two concurrent batches; bob: the same message twice inside one batch.
+    let (r1, r2, r3) = tokio::join!(
+        c.handle_batch(event_of(&[m.clone()])),
+        c.handle_batch(event_of(&[m.clone()])),
+        c.handle_batch(event_of(&[n.clone(), n.clone()])),
+    );
+
+    for r in [r1, r2, r3] {
+        assert!(r.batch_item_failures.is_empty());
+    }
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(count_status(&rows, "confirmed"), 2);
+    assert_eq!(db_remaining(&env.pool, a.id).await, 8);
+    let snap = snapshot(&env, a.id).await;
+    assert_eq!(snap.stock, Some(8), "no unit handed back");
+    assert_eq!(snap.participants, 2);
+    assert!(snap.ledger.is_empty());
+}
+
+/// Waits until at least `n` backends of this test's database wait on a lock.
+async fn wait_for_lock_waiters(pool: &PgPool, n: i64) -> bool {
+    for _ in 0..100 {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn redelivery_while_the_first_transaction_waits_creates_one_order() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let m = reserve(&env, a.id, "alice", 1).await;
+    let before = snapshot(&env, a.id).await;
+    let c = consumer(&env);
+
+    // Someone else holds the activity row: the first delivery's transaction stalls mid-way,
+    // long enough for the visibility timeout to pass and SQS to deliver the message again.
+    let mut blocker = PgConnection::connect(&env.config.database_url)
+        .await
+        .unwrap();
+    sqlx::query("begin").execute(&mut blocker).await.unwrap();
+    sqlx::query("select id from activities where id = $1 for update")
+        .bind(a.id)
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let (c, m) = (c.clone(), m.clone());
+        async move { c.handle_batch(event_of(&[m])).await }
+    });
+    assert!(
+        wait_for_lock_waiters(&env.pool, 1).await,
+        "first delivery is stalled"
+    );
+    let second = tokio::spawn({
+        let (c, m) = (c.clone(), m.clone());
+        async move { c.handle_batch(event_of(&[m])).await }
+    });
+    assert!(
+        wait_for_lock_waiters(&env.pool, 2).await,
+        "redelivery is stalled too"
+    );
+    sqlx::query("commit").execute(&mut blocker).await.unwrap();
+
+    assert!(first.await.unwrap().batch_item_failures.is_empty());
+    assert!(second.await.unwrap().batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].status, "confirmed");
+    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    let after = snapshot(&env, a.id).await;
+    assert_eq!(after.stock, before.stock, "no compensation");
+    assert_eq!(after.participants, 1);
+    assert!(after.ledger.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Poison and transient failures
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn poison_message_is_reported_alone_and_the_others_commit() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let good: Vec<OrderMessage> =
+        futures::future::join_all((0..3).map(|i| reserve(&env, a.id, ["ann", "ben", "cat"][i], 1)))
+            .await;
+    let mut zero = serde_json::to_value(&good[0]).unwrap();
+    zero["quantity"] = 0.into();
+    zero["requestId"] = Uuid::new_v4().to_string().into();
+    let poison = [
+        record("{not json"),
+        record(&zero.to_string()),
+        record(r#"{"requestId":"0f6a3e2b-8c1d-4b7e-a9f2-3d5c7e9b1a20"}"#),
+    ];
+    let mut no_id = record("also not json");
+    no_id.message_id = None;
+    let mut records: Vec<SqsMessage> = good.iter().map(record_of).collect();
+    records.extend(poison.iter().cloned());
+    records.push(no_id);
+
+    let resp = consumer(&env).handle_batch(event(records)).await;
+
+    let expected: HashSet<String> = poison
+        .iter()
+        .map(|r| r.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(failed_ids(&resp), expected);
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 3);
+    assert_eq!(count_status(&rows, "confirmed"), 3);
+    assert!(snapshot(&env, a.id).await.ledger.is_empty());
+}
+
+#[tokio::test]
+async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let url = testing::fresh_queue(&env.sqs, 1, 2).await.unwrap();
+    let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
+    let a = open_sale(&env, 10, 1).await;
+    for user in ["ann", "ben"] {
+        queue
+            .send(&reserve(&env, a.id, user, 1).await)
+            .await
+            .unwrap();
+    }
+    env.sqs
+        .send_message()
+        .queue_url(&url)
+        .message_body("{\"poison\": true")
+        .send()
+        .await
+        .unwrap();
+    let c = consumer(&env);
+
+    // Keep polling as the event source mapping would until the poison message has been
+    // received maxReceiveCount times and moved aside.
+    let start = Instant::now();
+    let mut acked = 0;
+    let mut dead = Vec::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        acked += {
+            let (received, failed) = deliver_once(&env.sqs, &url, &c).await;
+            received - failed
+        };
+        let resp = env
+            .sqs
+            .receive_message()
+            .queue_url(testing::dlq_url(&url))
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
+        dead.extend(resp.messages.unwrap_or_default());
+        if acked == 2 && !dead.is_empty() {
+            break;
+        }
+    }
+
+    assert_eq!(acked, 2);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body(), Some("{\"poison\": true"));
+    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 2);
+    assert!(queue_is_empty(&env.sqs, &url).await);
+}
+
+#[tokio::test]
+async fn unreachable_database_reports_every_message_and_loses_nothing() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let messages = vec![
+        reserve(&env, a.id, "ann", 1).await,
+        reserve(&env, a.id, "ben", 1).await,
+    ];
+    let before = snapshot(&env, a.id).await;
+    let dead_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/x")
+        .unwrap();
+    let broken = Consumer::new(dead_pool, env.redis.clone(), env.config.clone());
+    let batch = event_of(&messages);
+
+    let resp = broken.handle_batch(batch.clone()).await;
+
+    let all: HashSet<String> = batch
+        .records
+        .iter()
+        .map(|r| r.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(failed_ids(&resp), all);
+    assert_eq!(snapshot(&env, a.id).await, before, "Redis untouched");
+    assert!(rows(&env.pool, a.id).await.is_empty());
+
+    // The database is back: the redelivered batch commits.
+    let resp = consumer(&env).handle_batch(batch).await;
+
+    assert!(resp.batch_item_failures.is_empty());
+    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 2);
+    assert_eq!(db_remaining(&env.pool, a.id).await, 8);
+    let after = snapshot(&env, a.id).await;
+    assert_eq!(after.stock, before.stock);
+    assert!(after.ledger.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Business refusals: compensate first, then record, then ack
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 5, 1).await;
+    let messages = vec![
+        reserve(&env, a.id, "ann", 1).await,
+        reserve(&env, a.id, "ben", 1).await,
+        reserve(&env, a.id, "cat", 1).await,
+    ];
+    // Redis drifted: it believes in 5 units, the database has 1 left.
+    sqlx::query("update activities set remaining_stock = 1 where id = $1")
+        .bind(a.id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let c = consumer(&env);
+
+    let resp = c.handle_batch(event_of(&messages)).await;
+
+    assert!(resp.batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(count_status(&rows, "confirmed"), 1);
+    let failed: Vec<&Row> = rows.iter().filter(|r| r.status == "failed").collect();
+    assert_eq!(failed.len(), 2);
+    assert!(failed
+        .iter()
+        .all(|r| r.reason.as_deref() == Some(reason::SOLD_OUT)));
+    assert_eq!(db_remaining(&env.pool, a.id).await, 0);
+    let winner = &rows
+        .iter()
+        .find(|r| r.status == "confirmed")
+        .unwrap()
+        .user_id;
+    let snap = snapshot(&env, a.id).await;
+    assert_eq!(snap.stock, Some(5 - 3 + 2), "two units back in Redis");
+    assert_eq!(snap.participants, 1);
+    assert!(is_participant(&env, a.id, winner).await);
+    for r in &failed {
+        assert!(
+            !is_participant(&env, a.id, &r.user_id).await,
+            "user removed"
+        );
+    }
+    assert!(snap.ledger.is_empty());
+
+    // Redeliveries change nothing more.
+    let again = c.handle_batch(event_of(&messages)).await;
+
+    assert!(again.batch_item_failures.is_empty());
+    assert_eq!(snapshot(&env, a.id).await, snap);
+    assert_eq!(rows_len(&env.pool, a.id).await, 3);
+    for m in &messages {
+        assert_eq!(
+            c.handle_message(m).await.unwrap(),
+            no_compensation(Outcome::Duplicate)
+        );
+    }
+}
+
+async fn rows_len(pool: &PgPool, activity_id: i64) -> usize {
+    rows(pool, activity_id).await.len()
+}
+
+#[tokio::test]
+async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let c = consumer(&env);
+    let first = reserve(&env, a.id, "alice", 1).await;
+    assert_eq!(
+        c.handle_message(&first).await.unwrap().outcome,
+        Outcome::Committed
+    );
+    let existing = rows(&env.pool, a.id).await;
+    // Redis lost its user set (failover without persistence): alice can reserve again.
+    let k = env.redis.keys(a.id);
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("SREM").arg(&k.users).arg("alice"))
+        .await
+        .unwrap();
+    let second = reserve(&env, a.id, "alice", 1).await;
+    assert_eq!(snapshot(&env, a.id).await.stock, Some(8));
+
+    let resp = c.handle_batch(event_of(&[second.clone()])).await;
+
+    assert!(resp.batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0], existing[0], "the existing order is untouched");
+    assert_eq!(rows[1].request_id, second.request_id);
+    assert_eq!(rows[1].status, "failed");
+    assert_eq!(rows[1].reason.as_deref(), Some(reason::ALREADY_PURCHASED));
+    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    let snap = snapshot(&env, a.id).await;
+    assert_eq!(snap.stock, Some(9), "the second unit is back");
+    assert!(
+        is_participant(&env, a.id, "alice").await,
+        "she keeps her order"
+    );
+    assert!(snap.ledger.is_empty());
+    assert_eq!(
+        c.handle_message(&second).await.unwrap(),
+        no_compensation(Outcome::Duplicate)
+    );
+    assert_eq!(snapshot(&env, a.id).await, snap);
+}
+
+#[tokio::test]
+async fn reservation_given_back_by_reconcile_is_recorded_expired_without_a_second_compensation() {
+    let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
+    let a = open_sale(&env, 10, 1).await;
+    let m = reserve(&env, a.id, "alice", 1).await;
+    let given = sale::compensate(&env.redis, a.id, "alice", m.request_id, Compensation::Full)
+        .await
+        .unwrap();
+    assert_eq!(given, Some(1));
+    let before = snapshot(&env, a.id).await;
+    assert_eq!(before.stock, Some(10));
+
+    let resp = consumer(&env).handle_batch(event_of(&[m.clone()])).await;
+
+    assert!(resp.batch_item_failures.is_empty());
+    let rows = rows(&env.pool, a.id).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "failed");
+    assert_eq!(rows[0].reason.as_deref(), Some(reason::RESERVATION_EXPIRED));
+    assert_eq!(db_remaining(&env.pool, a.id).await, 10);
+    assert_eq!(snapshot(&env, a.id).await, before);
+    assert_eq!(
+        consumer(&env).handle_message(&m).await.unwrap(),
+        no_compensation(Outcome::Duplicate)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// End to end: a crowd through sale::purchase, the queue and the consumer (issue 2)
+// ---------------------------------------------------------------------------------------------
+
+async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
+    const STOCK: i64 = 50;
+    const USERS: usize = 200;
+    const ATTEMPTS: usize = 500;
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = open_sale(&env, STOCK, 1).await;
+
+    let attempts = (0..ATTEMPTS).map(|i| {
+        let (redis, queue) = (env.redis.clone(), env.queue.clone());
+        let user = format!("crowd-{}", i % USERS);
+        tokio::spawn(async move {
+            let request_id = Uuid::new_v4();
+            let decision = sale::purchase(&redis, a.id, &user, 1, request_id)
+                .await
+                .unwrap();
+            if let Decision::Accepted { now_ms, .. } = decision {
+                let m = OrderMessage {
+                    request_id,
+                    activity_id: a.id,
+                    user_id: user,
+                    quantity: 1,
+                    reserved_at_ms: now_ms,
+                };
+                queue.send(&m).await.unwrap();
+                true
+            } else {
+                false
+            }
+        })
+    });
+    let accepted = futures::future::join_all(attempts)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().unwrap())
+        .count();
+    assert_eq!(accepted as i64, STOCK);
+
+    let acked = drain(
+        &env.sqs,
+        &env.queue.url,
+        &consumer(&env),
+        accepted,
+        Duration::from_secs(40),
+    )
+    .await;
+
+    assert_eq!(acked, accepted);
+    let sold: i64 = sqlx::query_scalar(
+        "select coalesce(sum(quantity), 0)::bigint from orders
+         where activity_id = $1 and status = 'confirmed'",
+    )
+    .bind(a.id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(sold, STOCK);
+    let twice: i64 = sqlx::query_scalar(
+        "select count(*) from (select user_id from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')
+         group by user_id having count(*) > 1) t",
+    )
+    .bind(a.id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(twice, 0, "no user twice");
+    assert_eq!(db_remaining(&env.pool, a.id).await, 0);
+    let snap = snapshot(&env, a.id).await;
+    assert_eq!(snap.stock, Some(0));
+    assert!(snap.ledger.is_empty());
+    assert_eq!(snap.participants, STOCK);
+    // Conservation: redis stock + pending + confirmed = total.
+    assert_eq!(snap.stock.unwrap() + snap.pending_quantity() + sold, STOCK);
+}
+
+#[tokio::test]
+async fn crowd_of_500_attempts_sells_exactly_the_stock_on_standalone_redis() {
+    crowd_sells_exactly_the_stock(RedisKind::Standalone).await;
+}
+
+#[tokio::test]
+async fn crowd_of_500_attempts_sells_exactly_the_stock_on_redis_cluster() {
+    crowd_sells_exactly_the_stock(RedisKind::Cluster).await;
+}
