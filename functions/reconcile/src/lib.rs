@@ -274,8 +274,13 @@ impl Reconcile {
         };
         let pool = &self.pool;
         let redis = &self.redis;
-        let mut results = futures::stream::iter(unpaid.iter())
-            .map(|o| async move { (o, lifecycle::cancel_order(pool, redis, o, now).await) })
+        // Owned orders: a closure over `&Order` would make the run's future not `Send` for any
+        // lifetime, which a spawned task (the dev server's schedule) needs.
+        let mut results = futures::stream::iter(unpaid)
+            .map(|o| async move {
+                let result = lifecycle::cancel_order(pool, redis, &o, now).await;
+                (o, result)
+            })
             .buffer_unordered(RELEASE_CONCURRENCY);
         while let Some((o, result)) = results.next().await {
             match result {

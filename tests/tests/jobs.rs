@@ -1,0 +1,695 @@
+//! The scheduled jobs against the real services: preheat loads idempotently, reconcile repairs
+//! every drift a crash can leave and breaks nothing while purchases run.
+//!
+//! Each scenario runs on standalone Redis and on the cluster (`<name>::standalone`,
+//! `<name>::cluster`). Time-dependent steps pass a `now` in the future instead of sleeping.
+
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use preheat::Preheat;
+use reconcile::{Reconcile, StockCheck};
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::order;
+use seckill_shared::sale::{self, CancelBegin, Decision};
+use seckill_shared::testing::{RedisKind, TestEnv};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Runs an `async fn(RedisKind) -> anyhow::Result<()>` as two tests, one per Redis kind.
+macro_rules! on_both_redis_kinds {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() -> anyhow::Result<()> {
+                super::$name(super::RedisKind::Standalone).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() -> anyhow::Result<()> {
+                super::$name(super::RedisKind::Cluster).await
+            }
+        }
+    )*};
+}
+
+on_both_redis_kinds!(
+    preheat_twice_leaves_a_loaded_sale_unchanged,
+    preheat_concurrent_with_purchases_never_resets_stock,
+    preheat_reloads_a_running_sale_missing_from_redis,
+    stale_reservation_is_given_back_after_the_grace_period_only,
+    reservation_whose_order_exists_is_dropped_without_stock_change,
+    user_in_the_set_with_nothing_behind_it_is_removed,
+    redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
+    stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
+    unpaid_order_past_the_payment_timeout_is_released,
+    reconcile_during_a_load_of_purchases_breaks_no_invariant,
+    activity_stats_row_holds_the_numbers,
+);
+
+const GRACE: Duration = Duration::from_secs(5);
+const PAYMENT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+async fn env(kind: RedisKind) -> anyhow::Result<TestEnv> {
+    let mut env = TestEnv::new(kind).await?;
+    env.config.reconcile_grace = GRACE;
+    env.config.payment_timeout = PAYMENT_TIMEOUT;
+    Ok(env)
+}
+
+fn reconcile(env: &TestEnv) -> Reconcile {
+    Reconcile::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+}
+
+fn preheat(env: &TestEnv) -> Preheat {
+    Preheat::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+}
+
+/// A moment past the reconcile grace period of anything done before now.
+fn after_grace() -> DateTime<Utc> {
+    Utc::now() + ChronoDuration::from_std(GRACE).unwrap() + ChronoDuration::seconds(1)
+}
+
+/// An activity in the database only (not preheated).
+async fn insert_activity(
+    env: &TestEnv,
+    stock: i64,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+) -> anyhow::Result<Activity> {
+    Ok(activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "job test".into(),
+            total_stock: stock,
+            per_order_limit: 5,
+            start_at,
+            end_at,
+        },
+    )
+    .await?)
+}
+
+/// A purchase the script must accept. Returns its request id.
+async fn buy(env: &TestEnv, activity_id: i64, user: &str, qty: i64) -> anyhow::Result<Uuid> {
+    let request_id = Uuid::new_v4();
+    let decision = sale::purchase(&env.redis, activity_id, user, qty, request_id).await?;
+    assert!(
+        matches!(decision, Decision::Accepted { .. }),
+        "{user}: {decision:?}"
+    );
+    Ok(request_id)
+}
+
+/// What the consumer's transaction does: the order row and the DB stock decrement. Returns the
+/// order id. The ledger entry is left alone (as if the consumer crashed before settling).
+async fn commit_order(
+    env: &TestEnv,
+    activity_id: i64,
+    user: &str,
+    request_id: Uuid,
+    qty: i64,
+) -> anyhow::Result<i64> {
+    let mut tx = env.pool.begin().await?;
+    let order_id: i64 = sqlx::query_scalar(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values ($1, $2, $3, $4, 'confirmed') returning id",
+    )
+    .bind(request_id)
+    .bind(activity_id)
+    .bind(user)
+    .bind(qty as i32)
+    .fetch_one(&mut *tx)
+    .await?;
+    let updated = sqlx::query(
+        "update activities set remaining_stock = remaining_stock - $2
+         where id = $1 and remaining_stock >= $2",
+    )
+    .bind(activity_id)
+    .bind(qty as i32)
+    .execute(&mut *tx)
+    .await?;
+    anyhow::ensure!(updated.rows_affected() == 1, "DB sold out");
+    tx.commit().await?;
+    Ok(order_id)
+}
+
+/// The consumer's whole happy path: commit, then drop the ledger entry.
+async fn consume(
+    env: &TestEnv,
+    activity_id: i64,
+    user: &str,
+    request_id: Uuid,
+    qty: i64,
+) -> anyhow::Result<i64> {
+    let order_id = commit_order(env, activity_id, user, request_id, qty).await?;
+    assert!(sale::settle(&env.redis, activity_id, user, &request_id.to_string()).await?);
+    Ok(order_id)
+}
+
+async fn redis_stock(env: &TestEnv, activity_id: i64) -> anyhow::Result<Option<i64>> {
+    Ok(sale::stock(&env.redis, activity_id).await?)
+}
+
+async fn is_member(env: &TestEnv, activity_id: i64, user: &str) -> anyhow::Result<bool> {
+    let k = env.redis.keys(activity_id);
+    Ok(env
+        .redis
+        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
+        .await?)
+}
+
+async fn db_remaining(env: &TestEnv, activity_id: i64) -> anyhow::Result<i64> {
+    let a = activity::get(&env.pool, activity_id)
+        .await?
+        .expect("exists");
+    Ok(i64::from(a.remaining_stock))
+}
+
+// ---------------------------------------------------------------------------------------------
+// preheat
+
+async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        20,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = preheat(&env);
+
+    let first = job.run(Utc::now()).await?;
+    assert_eq!(first.loaded_ids, vec![a.id]);
+    buy(&env, a.id, "alice", 3).await?;
+
+    let second = job.run(Utc::now()).await?;
+    assert_eq!(second.loaded, 0);
+    assert_eq!(second.already_loaded_ids, vec![a.id]);
+    assert!(second.errors.is_empty());
+    // The database still says 20 (no consumer ran): a reset would have put 20 back.
+    assert_eq!(redis_stock(&env, a.id).await?, Some(17));
+    assert!(is_member(&env, a.id, "alice").await?);
+    Ok(())
+}
+
+async fn preheat_concurrent_with_purchases_never_resets_stock(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = Arc::new(env(kind).await?);
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        300,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = Arc::new(preheat(&env));
+    job.run(Utc::now()).await?;
+
+    let done = Arc::new(AtomicBool::new(false));
+    let preheaters: Vec<_> = (0..2)
+        .map(|_| {
+            let (job, done) = (job.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut runs = 0;
+                while !done.load(Ordering::SeqCst) || runs == 0 {
+                    let report = job.run(Utc::now()).await?;
+                    assert_eq!(report.loaded, 0, "a loaded sale was loaded again");
+                    runs += 1;
+                }
+                anyhow::Ok(runs)
+            })
+        })
+        .collect();
+    let buyers: Vec<_> = (0..200)
+        .map(|i| {
+            let env = env.clone();
+            tokio::spawn(async move {
+                let d =
+                    sale::purchase(&env.redis, a.id, &format!("u{i}"), 1, Uuid::new_v4()).await?;
+                anyhow::Ok(matches!(d, Decision::Accepted { .. }))
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for b in buyers {
+        accepted += i64::from(b.await??);
+    }
+    done.store(true, Ordering::SeqCst);
+    let mut runs = 0;
+    for p in preheaters {
+        runs += p.await??;
+    }
+
+    assert!(runs >= 2, "preheat ran {runs} times");
+    assert_eq!(accepted, 200);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(300 - accepted));
+    Ok(())
+}
+
+async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let running = env.open_sale(10, 1).await?;
+    let soon = insert_activity(
+        &env,
+        5,
+        now + ChronoDuration::minutes(10),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let later = insert_activity(
+        &env,
+        5,
+        now + ChronoDuration::hours(5),
+        now + ChronoDuration::hours(6),
+    )
+    .await?;
+    // The cache lost the running sale (failover, flush, eviction).
+    let k = env.redis.keys(running.id);
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("DEL").arg(&k.stock).arg(&k.meta))
+        .await?;
+
+    let report = preheat(&env).run(Utc::now()).await?;
+
+    assert_eq!(report.loaded_ids, vec![running.id, soon.id]);
+    assert!(!report.already_loaded_ids.contains(&later.id));
+    assert_eq!(redis_stock(&env, running.id).await?, Some(10));
+    assert_eq!(redis_stock(&env, soon.id).await?, Some(5));
+    assert_eq!(redis_stock(&env, later.id).await?, None);
+    // Every loaded key expires exactly at the sale's end plus the buffer.
+    for a in [&running, &soon] {
+        let k = env.redis.keys(a.id);
+        let expected = a.expire_at(env.config.expiry_buffer).timestamp_millis();
+        for key in [&k.stock, &k.meta] {
+            let at: i64 = env.redis.cmd(redis::cmd("PEXPIRETIME").arg(key)).await?;
+            assert_eq!(at, expected, "{key}");
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// reconcile: one injected drift at a time
+
+async fn stale_reservation_is_given_back_after_the_grace_period_only(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let job = reconcile(&env);
+    // The script ran; the order message was never sent.
+    buy(&env, a.id, "alice", 2).await?;
+
+    let early = job.run(Utc::now()).await?;
+    let r = early.activity(a.id).expect("checked");
+    assert_eq!((r.compensated, r.pending_qty, r.drift), (0, 2, 0));
+    assert_eq!(r.stock_check, StockCheck::LedgerBusy);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    assert!(is_member(&env, a.id, "alice").await?);
+
+    let late = job.run(after_grace()).await?;
+    let r = late.activity(a.id).expect("checked");
+    assert_eq!(r.compensated, 1);
+    assert_eq!((r.redis_stock, r.pending_qty, r.drift), (Some(10), 0, 0));
+    assert_eq!(redis_stock(&env, a.id).await?, Some(10));
+    assert!(!is_member(&env, a.id, "alice").await?);
+    assert!(sale::ledger_entry(&env.redis, a.id, "alice")
+        .await?
+        .is_none());
+
+    // Exactly once: another pass gives nothing back again.
+    let again = job.run(after_grace()).await?;
+    assert_eq!(again.activity(a.id).unwrap().repairs, 0);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(10));
+    // And the user may buy again.
+    buy(&env, a.id, "alice", 1).await?;
+    Ok(())
+}
+
+async fn reservation_whose_order_exists_is_dropped_without_stock_change(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = buy(&env, a.id, "alice", 3).await?;
+    // The consumer committed and crashed before dropping the ledger entry.
+    commit_order(&env, a.id, "alice", rid, 3).await?;
+
+    let report = reconcile(&env).run(after_grace()).await?;
+
+    let r = report.activity(a.id).expect("checked");
+    assert_eq!((r.settled, r.compensated), (1, 0));
+    assert_eq!(
+        (r.sold, r.db_remaining, r.pending_qty, r.drift),
+        (3, 7, 0, 0)
+    );
+    assert_eq!(redis_stock(&env, a.id).await?, Some(7));
+    assert!(is_member(&env, a.id, "alice").await?);
+    assert!(sale::ledger_entry(&env.redis, a.id, "alice")
+        .await?
+        .is_none());
+    Ok(())
+}
+
+async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = buy(&env, a.id, "buyer", 1).await?;
+    consume(&env, a.id, "buyer", rid, 1).await?;
+    buy(&env, a.id, "pending", 1).await?;
+    let k = env.redis.keys(a.id);
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("SADD").arg(&k.users).arg("ghost"))
+        .await?;
+
+    let report = reconcile(&env).run(Utc::now()).await?;
+
+    assert_eq!(report.activity(a.id).unwrap().users_dropped, 1);
+    assert!(!is_member(&env, a.id, "ghost").await?);
+    assert!(is_member(&env, a.id, "buyer").await?, "holds an order");
+    assert!(
+        is_member(&env, a.id, "pending").await?,
+        "holds a reservation"
+    );
+    assert_eq!(report.activity(a.id).unwrap().participants, 2);
+    Ok(())
+}
+
+async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = buy(&env, a.id, "alice", 2).await?;
+    consume(&env, a.id, "alice", rid, 2).await?;
+    let job = reconcile(&env);
+    let k = env.redis.keys(a.id);
+    let set_stock = |n: i64| {
+        let (conn, key) = (env.redis.clone(), k.stock.clone());
+        async move { conn.cmd::<()>(redis::cmd("SET").arg(key).arg(n)).await }
+    };
+
+    // Too low by 3 (units leaked), ledger quiet.
+    set_stock(5).await?;
+    let r = job.run(Utc::now()).await?;
+    assert_eq!(
+        r.activity(a.id).unwrap().stock_check,
+        StockCheck::Corrected {
+            from: Some(5),
+            to: 8
+        }
+    );
+    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+
+    // Too high by 4 (would oversell in Redis), ledger quiet.
+    set_stock(12).await?;
+    job.run(Utc::now()).await?;
+    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+
+    // Off while a reservation is in flight: left alone, since Redis legitimately differs.
+    set_stock(6).await?;
+    buy(&env, a.id, "bob", 1).await?;
+    let r = job.run(Utc::now()).await?;
+    assert_eq!(
+        r.activity(a.id).unwrap().stock_check,
+        StockCheck::LedgerBusy
+    );
+    assert_eq!(r.activity(a.id).unwrap().drift, -2);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(5));
+
+    // Once the reservation is gone (given back after the grace period), it is corrected.
+    let r = job.run(after_grace()).await?;
+    let r = r.activity(a.id).unwrap();
+    assert_eq!(r.compensated, 1);
+    assert_eq!(
+        r.stock_check,
+        StockCheck::Corrected {
+            from: Some(6),
+            to: 8
+        }
+    );
+    assert_eq!((r.redis_stock, r.drift), (Some(8), 0));
+
+    // A lost stock key with the meta still there is restored with the sale's expiry.
+    let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.stock)).await?;
+    job.run(Utc::now()).await?;
+    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    let at: i64 = env
+        .redis
+        .cmd(redis::cmd("PEXPIRETIME").arg(&k.stock))
+        .await?;
+    assert_eq!(at, a.expire_at(env.config.expiry_buffer).timestamp_millis());
+
+    // The database drifted from its own orders: fixed first, then Redis follows.
+    sqlx::query("update activities set remaining_stock = 9 where id = $1")
+        .bind(a.id)
+        .execute(&env.pool)
+        .await?;
+    let r = job.run(Utc::now()).await?;
+    assert_eq!(r.activity(a.id).unwrap().db_stock_fixed_from, Some(9));
+    assert_eq!(db_remaining(&env, a.id).await?, 8);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    Ok(())
+}
+
+async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let now_ms = Utc::now().timestamp_millis();
+    // alice's cancel committed in the database, then the process died before cancel_finish.
+    let rid = buy(&env, a.id, "alice", 2).await?;
+    let alice_order = consume(&env, a.id, "alice", rid, 2).await?;
+    let begun = sale::cancel_begin(&env.redis, a.id, "alice", alice_order, 2, now_ms).await?;
+    assert_eq!(begun, CancelBegin::Recorded);
+    sqlx::query("update orders set status = 'cancelled', cancelled_at = now() where id = $1")
+        .bind(alice_order)
+        .execute(&env.pool)
+        .await?;
+    sqlx::query("update activities set remaining_stock = remaining_stock + 2 where id = $1")
+        .bind(a.id)
+        .execute(&env.pool)
+        .await?;
+    // bob's cancel was announced but its transaction never committed.
+    let rid = buy(&env, a.id, "bob", 1).await?;
+    let bob_order = consume(&env, a.id, "bob", rid, 1).await?;
+    sale::cancel_begin(&env.redis, a.id, "bob", bob_order, 1, now_ms).await?;
+    assert_eq!(redis_stock(&env, a.id).await?, Some(7));
+
+    let report = reconcile(&env).run(after_grace()).await?;
+
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.cancels_finished, r.settled), (1, 1));
+    assert_eq!(redis_stock(&env, a.id).await?, Some(9));
+    assert!(!is_member(&env, a.id, "alice").await?, "quota back");
+    assert!(is_member(&env, a.id, "bob").await?, "still holds the order");
+    assert_eq!(
+        (r.sold, r.db_remaining, r.pending_qty, r.drift),
+        (1, 9, 0, 0)
+    );
+    let bob = order::get(&env.pool, bob_order).await?.unwrap();
+    assert_eq!(bob.status, "confirmed");
+    Ok(())
+}
+
+async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = buy(&env, a.id, "alice", 2).await?;
+    let order_id = consume(&env, a.id, "alice", rid, 2).await?;
+    let paid_rid = buy(&env, a.id, "bob", 1).await?;
+    let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
+    sqlx::query("update orders set status = 'paid', paid_at = now() where id = $1")
+        .bind(paid)
+        .execute(&env.pool)
+        .await?;
+    let job = reconcile(&env);
+
+    let before = job.run(Utc::now()).await?;
+    assert_eq!(before.released_unpaid, 0);
+
+    let past_timeout = Utc::now()
+        + ChronoDuration::from_std(PAYMENT_TIMEOUT).unwrap()
+        + ChronoDuration::seconds(1);
+    let report = job.run(past_timeout).await?;
+
+    assert_eq!(report.released_unpaid, 1);
+    assert_eq!(report.activity(a.id).unwrap().released_unpaid, 1);
+    assert_eq!(
+        order::get(&env.pool, order_id).await?.unwrap().status,
+        "cancelled"
+    );
+    assert_eq!(order::get(&env.pool, paid).await?.unwrap().status, "paid");
+    assert_eq!(db_remaining(&env, a.id).await?, 9);
+    assert_eq!(redis_stock(&env, a.id).await?, Some(9));
+    assert!(!is_member(&env, a.id, "alice").await?);
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.sold, r.pending_qty, r.drift), (1, 0, 0));
+    // The user may buy again.
+    buy(&env, a.id, "alice", 1).await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// reconcile under load
+
+async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const STOCK: i64 = 150;
+    const BUYERS: usize = 400;
+    let env = Arc::new(env(kind).await?);
+    let a = env.open_sale(STOCK, 2).await?;
+    let id = a.id;
+    let done = Arc::new(AtomicBool::new(false));
+
+    // Two reconcilers at once, against each other and the purchases.
+    let reconcilers: Vec<_> = (0..2)
+        .map(|_| {
+            let (job, done) = (reconcile(&env), done.clone());
+            tokio::spawn(async move {
+                let mut checks = Vec::new();
+                while !done.load(Ordering::SeqCst) {
+                    let report = job.run(Utc::now()).await?;
+                    anyhow::ensure!(report.errors.is_empty(), "{:?}", report.errors);
+                    checks.push(report.activity(id).expect("checked").stock_check);
+                }
+                anyhow::Ok(checks)
+            })
+        })
+        .collect();
+    // Redis stock sampled throughout: never below zero.
+    let monitor = {
+        let (env, done) = (env.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut samples = 0;
+            while !done.load(Ordering::SeqCst) {
+                let snap = sale::snapshot(&env.redis, id).await?;
+                let stock = snap.stock.expect("loaded");
+                anyhow::ensure!(stock >= 0, "redis stock {stock} < 0");
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            anyhow::Ok(samples)
+        })
+    };
+    // The consumer: every second accepted reservation becomes an order (commit, then settle);
+    // the rest stay pending, as if their messages were still on the way.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Uuid, i64)>();
+    let consumer = {
+        let env = env.clone();
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while let Some((user, rid, qty)) = rx.recv().await {
+                if n % 2 == 0 {
+                    consume(&env, id, &user, rid, qty).await?;
+                }
+                n += 1;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let buyers: Vec<_> = (0..BUYERS)
+        .map(|i| {
+            let (env, tx) = (env.clone(), tx.clone());
+            tokio::spawn(async move {
+                let user = format!("u{i}");
+                let qty = 1 + (i % 2) as i64;
+                let rid = Uuid::new_v4();
+                match sale::purchase(&env.redis, id, &user, qty, rid).await? {
+                    Decision::Accepted { stock_left, .. } => {
+                        anyhow::ensure!(stock_left >= 0);
+                        tx.send((user, rid, qty))?;
+                        Ok(qty)
+                    }
+                    Decision::SoldOut { .. } => Ok(0),
+                    other => anyhow::bail!("unexpected {other:?}"),
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut reserved = 0;
+    for b in buyers {
+        reserved += b.await??;
+    }
+    consumer.await??;
+    // Let the reconcilers run a few more passes over the settled state.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    done.store(true, Ordering::SeqCst);
+    let mut checks = Vec::new();
+    for r in reconcilers {
+        checks.extend(r.await??);
+    }
+    let samples = monitor.await??;
+
+    assert!(
+        samples > 10 && checks.len() >= 2,
+        "{samples} {}",
+        checks.len()
+    );
+    // Redis and the database never disagreed with a quiet ledger, so nothing was "corrected":
+    // a correction here would have raised (or lowered) stock against the database.
+    assert!(
+        !checks
+            .iter()
+            .any(|c| matches!(c, StockCheck::Corrected { .. })),
+        "{checks:?}"
+    );
+    let snap = sale::snapshot(&env.redis, id).await?;
+    let stock = snap.stock.expect("loaded");
+    let sold = order::sold_quantity(&env.pool, id).await?;
+    assert!(stock >= 0 && reserved <= STOCK);
+    assert_eq!(
+        stock + snap.pending_quantity() + sold,
+        STOCK,
+        "conservation"
+    );
+    assert_eq!(db_remaining(&env, id).await?, STOCK - sold);
+    assert!(stock <= db_remaining(&env, id).await? - snap.pending_quantity());
+
+    // After the grace period the pending half is given back and everything lines up.
+    let report = reconcile(&env).run(after_grace()).await?;
+    let r = report.activity(id).unwrap();
+    assert_eq!(r.compensated, snap.pending_count());
+    assert_eq!((r.pending_qty, r.drift), (0, 0));
+    assert_eq!(r.redis_stock, Some(STOCK - sold));
+    assert_eq!(r.db_remaining, STOCK - sold);
+    Ok(())
+}
+
+async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = buy(&env, a.id, "alice", 1).await?;
+    consume(&env, a.id, "alice", rid, 1).await?;
+    let rid = buy(&env, a.id, "bob", 2).await?;
+    consume(&env, a.id, "bob", rid, 2).await?;
+    buy(&env, a.id, "carol", 1).await?;
+    let k = env.redis.keys(a.id);
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("SADD").arg(&k.users).arg("ghost"))
+        .await?;
+
+    reconcile(&env).run(Utc::now()).await?;
+
+    let row: (i64, i64, i64, Option<i64>, i64, i64, i64) = sqlx::query_as(
+        "select participants, sold, db_remaining, redis_stock, pending_qty, drift, repairs
+         from activity_stats where activity_id = $1",
+    )
+    .bind(a.id)
+    .fetch_one(&env.pool)
+    .await?;
+    // participants after the ghost was removed; drift = 6 + 1 + 3 - 10.
+    assert_eq!(row, (3, 3, 7, Some(6), 1, 0, 1));
+    Ok(())
+}
