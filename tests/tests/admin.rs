@@ -1,0 +1,599 @@
+//! The admin function and the fenced lock against real Redis (standalone and cluster) and
+//! real PostgreSQL: a paused holder fenced out, a wiped token counter, concurrent admins,
+//! owner-checked release, renewals, live stock changes during a sale, and bad input.
+
+use admin::{router, update_activity, update_with_guard, AdminState};
+use axum::http::StatusCode;
+use axum::Router;
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::activity::{self, Activity, ActivityPatch};
+use seckill_shared::lock::{self, LockError};
+use seckill_shared::sale::{self, Decision};
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
+macro_rules! on_both_redis {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() {
+                super::$name(seckill_shared::testing::RedisKind::Standalone).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() {
+                super::$name(seckill_shared::testing::RedisKind::Cluster).await
+            }
+        }
+    };
+}
+
+const ADMIN: (&str, &str) = ("ops", "seckill:admin");
+const USER: (&str, &str) = ("alice", "");
+
+async fn setup(kind: RedisKind, lock_ttl_ms: u64, lock_wait_ms: u64) -> (TestEnv, AdminState) {
+    let env = TestEnv::new(kind).await.expect("test environment");
+    let mut config = env.config.clone();
+    config.lock_ttl = Duration::from_millis(lock_ttl_ms);
+    config.lock_wait = Duration::from_millis(lock_wait_ms);
+    let state = AdminState::new(config, env.pool.clone(), env.redis.clone());
+    (env, state)
+}
+
+async fn db_activity(env: &TestEnv, id: i64) -> Activity {
+    activity::get(&env.pool, id).await.unwrap().unwrap()
+}
+
+async fn redis_stock(env: &TestEnv, id: i64) -> Option<i64> {
+    sale::stock(&env.redis, id).await.unwrap()
+}
+
+async fn lock_value(env: &TestEnv, id: i64) -> Option<String> {
+    env.redis
+        .cmd(redis::cmd("GET").arg(env.redis.keys(id).lock))
+        .await
+        .unwrap()
+}
+
+fn patch(v: Value) -> ActivityPatch {
+    serde_json::from_value(v).unwrap()
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) {
+    // Arrange: a running sale; A takes the lock with a short lease.
+    let (env, state) = setup(kind, 300, 1000).await;
+    let a = env.open_sale(100, 5).await.unwrap();
+    let mut holder_a = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(1000))
+        .await
+        .unwrap();
+    // A "pauses" (GC, CPU starvation): in a paused process nothing runs, its watchdog
+    // included, so nothing renews the lease.
+    holder_a.stop_watchdog();
+    tokio::time::sleep(ms(450)).await;
+    assert!(holder_a.is_lost(), "A's lease ran out while it was paused");
+
+    // B takes the expired lock and writes.
+    let holder_b = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000))
+        .await
+        .expect("the lease expired, so B gets the lock");
+    assert!(holder_b.token > holder_a.token);
+    let b_wrote = update_with_guard(&state, &holder_b, &patch(json!({"title": "B's title"})))
+        .await
+        .unwrap();
+    assert_eq!(b_wrote.config_version, 2);
+
+    // Act: A resumes, unaware, and writes with its old token, raising and then lowering stock.
+    let raise = update_with_guard(
+        &state,
+        &holder_a,
+        &patch(json!({"title": "A's title", "totalStock": 150})),
+    )
+    .await;
+    let lower = update_with_guard(&state, &holder_a, &patch(json!({"totalStock": 60}))).await;
+
+    // Assert: both refused by the fence; B's write stands in the DB, Redis is untouched.
+    assert_eq!(raise.unwrap_err().code(), "stale_token");
+    assert_eq!(lower.unwrap_err().code(), "stale_token");
+    let row = db_activity(&env, a.id).await;
+    assert_eq!(row.title, "B's title");
+    assert_eq!((row.total_stock, row.remaining_stock), (100, 100));
+    assert_eq!(row.config_version, 2);
+    assert_eq!(row.last_fence_token, holder_b.token);
+    assert_eq!(redis_stock(&env, a.id).await, Some(100));
+
+    // A's release cannot delete B's lock.
+    let b_owner = holder_b.owner.clone();
+    assert!(!holder_a.release().await.unwrap());
+    assert_eq!(lock_value(&env, a.id).await, Some(b_owner));
+    assert!(holder_b.release().await.unwrap());
+    assert_eq!(lock_value(&env, a.id).await, None);
+}
+on_both_redis!(paused_holder_is_fenced_out_after_its_lease_expires);
+
+async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) {
+    let (env, _state) = setup(kind, 5000, 1000).await;
+    let a = env.open_sale(10, 1).await.unwrap();
+    let mut tx = env.pool.begin().await.unwrap();
+    lock::fenced_update(&mut tx, a.id, 7).await.unwrap();
+    tx.commit().await.unwrap();
+
+    for token in [7, 6, 1] {
+        let mut tx = env.pool.begin().await.unwrap();
+        let err = lock::fenced_update(&mut tx, a.id, token).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::StaleToken { token: t, seen: 7 } if t == token),
+            "{err:?}"
+        );
+    }
+    let mut tx = env.pool.begin().await.unwrap();
+    let missing = lock::fenced_update(&mut tx, a.id + 1000, 99).await;
+    assert!(matches!(
+        missing,
+        Err(LockError::Db(sqlx::Error::RowNotFound))
+    ));
+    assert_eq!(db_activity(&env, a.id).await.last_fence_token, 7);
+}
+on_both_redis!(a_raw_fenced_write_with_a_lower_token_is_refused);
+
+async fn wiped_token_counter_still_issues_tokens_above_the_database(kind: RedisKind) {
+    // Arrange: three fenced writes move the DB's token up.
+    let (env, state) = setup(kind, 5000, 1000).await;
+    let a = env.open_sale(50, 1).await.unwrap();
+    for i in 0..3 {
+        update_activity(&state, a.id, &patch(json!({"title": format!("v{i}")})))
+            .await
+            .unwrap();
+    }
+    let seen = db_activity(&env, a.id).await.last_fence_token;
+    assert!(seen >= 3);
+
+    // Act: Redis forgets the counter (failover to a replica that missed it, or a flush).
+    let fence_key = env.redis.keys(a.id).fence;
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("DEL").arg(&fence_key))
+        .await
+        .unwrap();
+    let next = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000))
+        .await
+        .unwrap();
+
+    // Assert: still above every token the DB has seen, and its write is accepted.
+    assert!(next.token > seen, "{} > {seen}", next.token);
+    let row = update_with_guard(&state, &next, &patch(json!({"title": "after wipe"})))
+        .await
+        .unwrap();
+    assert_eq!(row.last_fence_token, next.token);
+    assert!(next.release().await.unwrap());
+
+    // A counter that went *backwards* (set low, not deleted) is floored the same way.
+    let _: () = env
+        .redis
+        .cmd(redis::cmd("SET").arg(&fence_key).arg(1))
+        .await
+        .unwrap();
+    let again = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000))
+        .await
+        .unwrap();
+    assert!(again.token > row.last_fence_token);
+    again.release().await.unwrap();
+}
+on_both_redis!(wiped_token_counter_still_issues_tokens_above_the_database);
+
+async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) {
+    // Arrange: a short wait so some admins really get `busy`.
+    let (env, state) = setup(kind, 2000, 150).await;
+    let a = env.open_sale(100, 2).await.unwrap();
+    let app = router(state);
+    let path = format!("/admin/activities/{}", a.id);
+
+    // Act: 24 admins PUT at once, each a different title and total.
+    let tasks: Vec<_> = (0..24)
+        .map(|i| {
+            let app = app.clone();
+            let path = path.clone();
+            tokio::spawn(async move {
+                let body = json!({"title": format!("w{i}"), "totalStock": 100 + i}).to_string();
+                call(&app, request("PUT", &path, Some(ADMIN), Some(&body))).await
+            })
+        })
+        .collect();
+    let mut ok = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            StatusCode::OK => ok.push(body),
+            StatusCode::CONFLICT => {
+                let code = body["error"].as_str().unwrap();
+                assert!(code == "busy" || code == "stale_token", "{body}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+
+    // Assert: at least one success; the DB holds exactly the success with the highest token,
+    // config_version counts the successes, and Redis followed the same final total.
+    assert!(!ok.is_empty());
+    assert_eq!(ok.len() + refused, 24);
+    let mut tokens: Vec<i64> = ok
+        .iter()
+        .map(|b| b["lastFenceToken"].as_i64().unwrap())
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), ok.len(), "every success carries its own token");
+    let last = ok
+        .iter()
+        .max_by_key(|b| b["lastFenceToken"].as_i64().unwrap())
+        .unwrap();
+    let row = db_activity(&env, a.id).await;
+    assert_eq!(row.title, last["title"].as_str().unwrap());
+    assert_eq!(row.total_stock as i64, last["totalStock"].as_i64().unwrap());
+    assert_eq!(row.remaining_stock, row.total_stock);
+    assert_eq!(row.config_version, 1 + ok.len() as i64);
+    assert_eq!(row.last_fence_token, last["lastFenceToken"].as_i64().unwrap());
+    // Versions increase with tokens: successes were applied in token order.
+    let mut by_token: Vec<(i64, i64)> = ok
+        .iter()
+        .map(|b| {
+            (
+                b["lastFenceToken"].as_i64().unwrap(),
+                b["configVersion"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    by_token.sort_unstable();
+    assert!(by_token.windows(2).all(|w| w[0].1 < w[1].1), "{by_token:?}");
+    assert_eq!(redis_stock(&env, a.id).await, Some(row.total_stock as i64));
+    assert_eq!(lock_value(&env, a.id).await, None, "every holder released");
+}
+on_both_redis!(concurrent_admin_updates_apply_in_token_order);
+
+async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) {
+    let (env, _state) = setup(kind, 300, 100).await;
+    let a = env.open_sale(10, 1).await.unwrap();
+    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
+        .await
+        .unwrap();
+
+    // A non-owner's release changes nothing.
+    assert!(!lock::release_owned(&env.redis, a.id, "someone-else")
+        .await
+        .unwrap());
+    assert_eq!(lock_value(&env, a.id).await, Some(guard.owner.clone()));
+
+    // A long operation (3× the lease) keeps the lock through the watchdog's renewals.
+    let out = guard
+        .run(async {
+            tokio::time::sleep(ms(900)).await;
+            42
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, 42);
+    assert!(!guard.is_lost());
+    assert_eq!(lock_value(&env, a.id).await, Some(guard.owner.clone()));
+    let contender = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await;
+    assert!(matches!(contender, Err(LockError::Busy)));
+
+    assert!(guard.release().await.unwrap());
+    assert_eq!(lock_value(&env, a.id).await, None);
+}
+on_both_redis!(only_the_owner_releases_and_renewals_outlive_the_ttl);
+
+async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) {
+    let (env, _state) = setup(kind, 300, 100).await;
+    let a = env.open_sale(10, 1).await.unwrap();
+    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
+        .await
+        .unwrap();
+    // Someone breaks the lock from outside (an operator, or an expiry we missed).
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("DEL").arg(env.redis.keys(a.id).lock))
+        .await
+        .unwrap();
+    let finished = Arc::new(AtomicBool::new(false));
+    let flag = finished.clone();
+    let out = guard
+        .run(async move {
+            tokio::time::sleep(ms(2000)).await;
+            flag.store(true, Ordering::SeqCst);
+        })
+        .await;
+    assert!(matches!(out, Err(LockError::Lost)));
+    assert!(guard.is_lost());
+    assert!(!finished.load(Ordering::SeqCst), "the work was abandoned");
+}
+on_both_redis!(work_is_abandoned_when_the_lease_is_taken_over);
+
+async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKind) {
+    // Arrange: a running sale of 200, 300 buyers of one unit each.
+    let (env, state) = setup(kind, 2000, 2000).await;
+    let a = env.open_sale(200, 1).await.unwrap();
+    let buyers: Vec<_> = (0..300)
+        .map(|i| {
+            let redis = env.redis.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ms((i % 30) * 5)).await;
+                sale::purchase(&redis, a.id, &format!("u{i}"), 1, Uuid::new_v4())
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+
+    // Act: meanwhile an admin raises and lowers the total.
+    let mut applied = Vec::new();
+    for total in [260, 230, 320, 240, 280, 150] {
+        match update_activity(&state, a.id, &patch(json!({"totalStock": total}))).await {
+            Ok(row) => applied.push(row.total_stock),
+            Err(e) => assert_eq!(e.code(), "conflict", "{e}"),
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    let mut accepted = 0;
+    for b in buyers {
+        match b.await.unwrap() {
+            Decision::Accepted { stock_left, .. } => {
+                assert!(stock_left >= 0);
+                accepted += 1;
+            }
+            Decision::SoldOut { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    // Assert: conservation (nothing consumed, so confirmed = 0), no oversell.
+    assert!(!applied.is_empty());
+    let row = db_activity(&env, a.id).await;
+    let snap = sale::snapshot(&env.redis, a.id).await.unwrap();
+    let stock = snap.stock.unwrap();
+    assert!(stock >= 0);
+    assert_eq!(snap.pending_count(), accepted);
+    assert_eq!(
+        stock + snap.pending_quantity(),
+        row.total_stock as i64,
+        "redis_stock + pending = total"
+    );
+    assert!(snap.pending_quantity() <= row.total_stock as i64);
+    assert_eq!(row.remaining_stock, row.total_stock);
+    assert_eq!(row.config_version, 1 + applied.len() as i64);
+
+    // Lowering below what is reserved is refused and changes nothing.
+    let sold = snap.pending_quantity();
+    let err = update_activity(&state, a.id, &patch(json!({"totalStock": sold - 1})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "conflict");
+    assert_eq!(err.status(), StatusCode::CONFLICT);
+    let after = db_activity(&env, a.id).await;
+    assert_eq!(
+        (after.total_stock, after.config_version),
+        (row.total_stock, row.config_version)
+    );
+    assert_eq!(redis_stock(&env, a.id).await, Some(stock));
+
+    // Lowering to exactly what is reserved sells out and conserves.
+    if sold > 0 {
+        update_activity(&state, a.id, &patch(json!({"totalStock": sold})))
+            .await
+            .unwrap();
+        assert_eq!(redis_stock(&env, a.id).await, Some(0));
+    }
+
+    // The detail view reports zero drift.
+    let app = router(state);
+    let (status, body) = call(
+        &app,
+        request("GET", &format!("/admin/activities/{}", a.id), Some(ADMIN), None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stats"]["drift"], json!(0), "{body}");
+    assert_eq!(body["stats"]["pendingCount"], json!(accepted), "{body}");
+    assert_eq!(body["stats"]["participants"], json!(accepted), "{body}");
+}
+on_both_redis!(live_stock_changes_conserve_stock_with_concurrent_buyers);
+
+async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind) {
+    // An activity the DB knows is partly sold but Redis has not loaded (or already dropped).
+    let (env, state) = setup(kind, 2000, 1000).await;
+    let app = router(state.clone());
+    let now = Utc::now();
+    let body = json!({
+        "title": "later", "totalStock": 10, "perOrderLimit": 1,
+        "startAt": (now + ChronoDuration::days(1)).to_rfc3339(),
+        "endAt": (now + ChronoDuration::days(2)).to_rfc3339(),
+    });
+    let (status, created) = call(
+        &app,
+        request("POST", "/admin/activities", Some(ADMIN), Some(&body.to_string())),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_i64().unwrap();
+    sqlx::query("update activities set remaining_stock = 4 where id = $1")
+        .bind(id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    let err = update_activity(&state, id, &patch(json!({"totalStock": 5})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "conflict");
+    let ok = update_activity(&state, id, &patch(json!({"totalStock": 6})))
+        .await
+        .unwrap();
+    assert_eq!((ok.total_stock, ok.remaining_stock), (6, 0));
+    assert_eq!(redis_stock(&env, id).await, None, "admin never loads a sale");
+
+    let (_, detail) = call(
+        &app,
+        request("GET", &format!("/admin/activities/{id}"), Some(ADMIN), None),
+    )
+    .await;
+    assert_eq!(detail["stats"]["redisStock"], Value::Null);
+    assert_eq!(detail["stats"]["drift"], Value::Null);
+    assert_eq!(detail["stats"]["dbRemaining"], json!(0));
+}
+on_both_redis!(lowering_below_db_sold_is_refused_even_when_not_loaded);
+
+/// Every way to get an admin request wrong, through the router; none of them changes the DB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_admin_requests_are_refused_and_change_nothing() {
+    let (env, state) = setup(RedisKind::Standalone, 2000, 500).await;
+    let app: Router = router(state);
+    let now = Utc::now();
+    let start = (now + ChronoDuration::hours(1)).to_rfc3339();
+    let end = (now + ChronoDuration::hours(2)).to_rfc3339();
+    let valid = json!({"title": "Phones", "totalStock": 10, "perOrderLimit": 2,
+                       "startAt": start, "endAt": end});
+
+    // Arrange: one good activity.
+    let (status, created) = call(
+        &app,
+        request("POST", "/admin/activities", Some(ADMIN), Some(&valid.to_string())),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_i64().unwrap();
+    assert_eq!(created["totalStock"], json!(10));
+    assert_eq!(created["remainingStock"], json!(10));
+    assert_eq!(created["perOrderLimit"], json!(2));
+    assert_eq!(created["configVersion"], json!(1));
+    let path = format!("/admin/activities/{id}");
+    let before = db_activity(&env, id).await;
+
+    let expect = |status: StatusCode, code: &str, got: (StatusCode, Value), what: &str| {
+        assert_eq!(got.0, status, "{what}: {}", got.1);
+        assert_eq!(got.1["error"], json!(code), "{what}: {}", got.1);
+        assert!(got.1["message"].as_str().is_some_and(|m| !m.is_empty()));
+    };
+
+    // Auth: none 401, user 403, on every route.
+    for (method, p) in [
+        ("POST", "/admin/activities"),
+        ("GET", "/admin/activities"),
+        ("GET", path.as_str()),
+        ("PUT", path.as_str()),
+    ] {
+        let body = valid.to_string();
+        let got = call(&app, request(method, p, None, Some(&body))).await;
+        expect(StatusCode::UNAUTHORIZED, "unauthorized", got, p);
+        let got = call(&app, request(method, p, Some(USER), Some(&body))).await;
+        expect(StatusCode::FORBIDDEN, "forbidden", got, p);
+    }
+
+    // Bad fields, on create and on update.
+    let mut bad: Vec<(&str, Value)> = vec![
+        ("empty title", json!({"title": ""})),
+        ("blank title", json!({"title": "   "})),
+        ("long title", json!({"title": "x".repeat(201)})),
+        ("zero stock", json!({"totalStock": 0})),
+        ("negative stock", json!({"totalStock": -5})),
+        ("huge stock", json!({"totalStock": 1_000_000_000_000i64})),
+        ("string stock", json!({"totalStock": "10"})),
+        ("zero limit", json!({"perOrderLimit": 0})),
+        ("start after end", json!({"startAt": end, "endAt": start})),
+        ("start equals end", json!({"startAt": start, "endAt": start})),
+        ("non-RFC 3339", json!({"startAt": "tomorrow at noon"})),
+        ("unknown field", json!({"price": 10})),
+    ];
+    for (what, field) in bad.drain(..) {
+        let mut create = valid.clone();
+        for (k, v) in field.as_object().unwrap() {
+            create[k] = v.clone();
+        }
+        let got = call(
+            &app,
+            request("POST", "/admin/activities", Some(ADMIN), Some(&create.to_string())),
+        )
+        .await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
+        let got = call(&app, request("PUT", &path, Some(ADMIN), Some(&field.to_string()))).await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
+    }
+    for (what, body) in [
+        ("empty body", ""),
+        ("empty object", "{}"),
+        ("malformed", "{\"title\": "),
+        ("not an object", "[1,2]"),
+        ("oversized", &format!("{{\"title\": \"{}\"}}", "x".repeat(5000))),
+    ] {
+        let got = call(&app, request("PUT", &path, Some(ADMIN), Some(body))).await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
+    }
+    let missing = call(
+        &app,
+        request("POST", "/admin/activities", Some(ADMIN), Some("{\"title\": \"x\"}")),
+    )
+    .await;
+    expect(StatusCode::BAD_REQUEST, "bad_request", missing, "missing fields");
+
+    // Ids and paging.
+    for p in ["/admin/activities/abc", "/admin/activities/0", "/admin/activities/-1"] {
+        let got = call(&app, request("GET", p, Some(ADMIN), None)).await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
+        let got = call(&app, request("PUT", p, Some(ADMIN), Some("{\"title\":\"x\"}"))).await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
+    }
+    let unknown = format!("/admin/activities/{}", id + 1000);
+    let got = call(&app, request("GET", &unknown, Some(ADMIN), None)).await;
+    expect(StatusCode::NOT_FOUND, "not_found", got, "GET unknown");
+    let got = call(&app, request("PUT", &unknown, Some(ADMIN), Some("{\"title\":\"x\"}"))).await;
+    expect(StatusCode::NOT_FOUND, "not_found", got, "PUT unknown");
+    for q in ["limit=0", "limit=101", "limit=abc", "offset=-1", "offset=x", "page=2"] {
+        let got = call(
+            &app,
+            request("GET", &format!("/admin/activities?{q}"), Some(ADMIN), None),
+        )
+        .await;
+        expect(StatusCode::BAD_REQUEST, "bad_request", got, q);
+    }
+
+    // Nothing changed: one activity, exactly as created.
+    let count: i64 = sqlx::query_scalar("select count(*) from activities")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+    let after = db_activity(&env, id).await;
+    assert_eq!(
+        (after.title, after.total_stock, after.config_version, after.last_fence_token),
+        (before.title, before.total_stock, 1, 0)
+    );
+
+    // The good paths still answer.
+    let (status, page) = call(&app, request("GET", "/admin/activities", Some(ADMIN), None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((page["limit"].clone(), page["offset"].clone()), (json!(20), json!(0)));
+    assert_eq!(page["items"][0]["id"], json!(id));
+    let (status, page) = call(
+        &app,
+        request("GET", "/admin/activities?limit=1&offset=1", Some(ADMIN), None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["items"], json!([]));
+    let (status, updated) = call(
+        &app,
+        request("PUT", &path, Some(ADMIN), Some("{\"perOrderLimit\": 3}")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(updated["perOrderLimit"], json!(3));
+    assert_eq!(updated["title"], json!("Phones"));
+    assert_eq!(updated["configVersion"], json!(2));
+}
