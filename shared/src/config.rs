@@ -96,4 +96,14 @@ impl Config {
             lock_wait: Duration::from_millis(number("LOCK_WAIT_MS", 2000)?),
         })
     }
+
+    /// What a Lambda `main.rs` calls once per cold start: [`Config::from_env`], then the
+    /// database and Redis credentials from Secrets Manager when `DATABASE_SECRET_ARN` /
+    /// `REDIS_AUTH_SECRET_ARN` are set (see [`crate::secrets`]). Without them it is exactly
+    /// `from_env` and makes no AWS call.
+    pub async fn load() -> anyhow::Result<Self> {
+        let mut config = Self::from_env()?;
+        crate::secrets::resolve(&mut config).await?;
+        Ok(config)
+    }
 }

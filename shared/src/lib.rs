@@ -3,6 +3,8 @@
 //! # Layout
 //!
 //! - [`config`]: settings read once per cold start from conventional environment variables.
+//! - [`secrets`]: database and Redis credentials from Secrets Manager (AWS only), and URL
+//!   redaction for logs.
 //! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
 //! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
 //! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
@@ -33,6 +35,7 @@ pub mod order;
 pub mod queue;
 pub mod sale;
 pub mod scripts;
+pub mod secrets;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -1,0 +1,63 @@
+//! One-shot schema migration: applies `migrations/` (embedded) to the database, then exits.
+//!
+//! Never run on a function's cold start (many containers would race on the schema). Two ways:
+//!
+//! - from a machine that reaches the database:
+//!   `cargo run -p seckill-shared --bin seckill-migrate` with `DATABASE_URL`, or with
+//!   `DATABASE_SECRET_ARN` (+ `DATABASE_HOST`) to read the credentials from Secrets Manager;
+//! - in AWS, as the template's `MigrateFunction` (same binary: it notices the Lambda runtime
+//!   API and answers one invocation per migration run):
+//!   `aws lambda invoke --function-name <MigrateFunctionName> /dev/stdout`.
+
+use lambda_http::{lambda_runtime, service_fn, LambdaEvent};
+use seckill_shared::{db, secrets, Config};
+use serde_json::{json, Value};
+
+/// Connects, migrates, reports which migrations are now applied.
+async fn migrate() -> anyhow::Result<Value> {
+    let mut config = Config::load().await?;
+    // One connection is enough and keeps this off the functions' connection budget.
+    config.db_max_connections = 1;
+    let target = secrets::redacted(&config.database_url);
+    let pool = db::connect(&config).await?;
+    let before: Vec<i64> = applied(&pool).await.unwrap_or_default();
+    db::migrate(&pool).await?;
+    let after = applied(&pool).await?;
+    let newly: Vec<i64> = after
+        .iter()
+        .copied()
+        .filter(|v| !before.contains(v))
+        .collect();
+    pool.close().await;
+    tracing::info!(database = %target, ?newly, "migrations applied");
+    Ok(json!({
+        "database": target,
+        "applied": newly,
+        "latest": after.last(),
+        "known": db::MIGRATOR.iter().map(|m| m.version).collect::<Vec<_>>(),
+    }))
+}
+
+async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(
+        "select version from _sqlx_migrations where success order by version",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    seckill_shared::init_tracing();
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+        lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async {
+            migrate().await.map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
+        }))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+    } else {
+        let report = migrate().await?;
+        println!("{report}");
+        Ok(())
+    }
+}

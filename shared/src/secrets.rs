@@ -1,0 +1,387 @@
+//! Connection secrets, read from Secrets Manager once per cold start.
+//!
+//! In AWS the template hands the functions secret *ARNs*, never secret values:
+//! `DATABASE_SECRET_ARN` (JSON `username`, `password`, optionally `host`, `port`, `dbname`, as RDS
+//! writes it) plus `DATABASE_HOST` (the RDS Proxy endpoint, which wins over the secret's host),
+//! and `REDIS_AUTH_SECRET_ARN` (JSON `{"token": ...}` or the bare token) for the ElastiCache
+//! AUTH token. [`resolve`] reads them and rewrites [`Config::database_url`] and the Redis URLs.
+//! Locally neither ARN is set and nothing happens, so no AWS call is made.
+//!
+//! A URL built here carries a password: log it only through [`redacted`].
+
+use crate::config::{Config, RedisTopology};
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Bound on one Secrets Manager read: a cold start must fail visibly, not hang.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which secrets this process should read (from the environment).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecretRefs {
+    pub database_secret_arn: Option<String>,
+    /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
+    pub database_host: Option<String>,
+    pub redis_auth_secret_arn: Option<String>,
+}
+
+fn non_empty(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+impl SecretRefs {
+    pub fn from_env() -> Self {
+        Self {
+            database_secret_arn: non_empty("DATABASE_SECRET_ARN"),
+            database_host: non_empty("DATABASE_HOST"),
+            redis_auth_secret_arn: non_empty("REDIS_AUTH_SECRET_ARN"),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.database_secret_arn.is_none() && self.redis_auth_secret_arn.is_none()
+    }
+}
+
+/// The database secret as RDS / `SecretTargetAttachment` write it. `Debug` hides the password.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+pub struct DatabaseSecret {
+    pub username: String,
+    pub password: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default, deserialize_with = "port_from_number_or_string")]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub dbname: Option<String>,
+}
+
+impl std::fmt::Debug for DatabaseSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSecret")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .finish()
+    }
+}
+
+fn port_from_number_or_string<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u16>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Port {
+        N(u16),
+        S(String),
+    }
+    match Option::<Port>::deserialize(d)? {
+        None => Ok(None),
+        Some(Port::N(n)) => Ok(Some(n)),
+        Some(Port::S(s)) => s.trim().parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+impl DatabaseSecret {
+    pub fn parse(secret_string: &str) -> anyhow::Result<Self> {
+        // The serde error could quote the input; keep it out of the message.
+        serde_json::from_str(secret_string).map_err(|e| {
+            anyhow::anyhow!(
+                "database secret is not JSON with username and password (line {}, column {})",
+                e.line(),
+                e.column()
+            )
+        })
+    }
+
+    /// `postgres://user:password@host:port/dbname?sslmode=require`, every part percent-encoded.
+    /// `host_override` (DATABASE_HOST, the proxy) wins over the secret's host.
+    pub fn database_url(&self, host_override: Option<&str>) -> anyhow::Result<String> {
+        let host = host_override
+            .or(self.host.as_deref())
+            .filter(|h| !h.trim().is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!("no database host: set DATABASE_HOST or put host in the secret")
+            })?;
+        let port = self.port.unwrap_or(5432);
+        let dbname = self.dbname.as_deref().unwrap_or("seckill");
+        // RDS Proxy and Aurora both require TLS from the functions.
+        Ok(format!(
+            "postgres://{}:{}@{}:{port}/{}?sslmode=require",
+            encode(&self.username),
+            encode(&self.password),
+            host.trim(),
+            encode(dbname)
+        ))
+    }
+}
+
+/// The Redis AUTH token from its secret: `{"token": "..."}` (what the template generates) or the
+/// bare string.
+pub fn redis_token(secret_string: &str) -> anyhow::Result<String> {
+    let trimmed = secret_string.trim();
+    let token = if trimmed.starts_with('{') {
+        #[derive(Deserialize)]
+        struct Token {
+            token: String,
+        }
+        serde_json::from_str::<Token>(trimmed)
+            .map_err(|_| anyhow::anyhow!("redis auth secret is JSON without a string \"token\""))?
+            .token
+    } else {
+        trimmed.to_string()
+    };
+    anyhow::ensure!(!token.is_empty(), "redis auth secret is empty");
+    Ok(token)
+}
+
+/// `url` with `token` as its password (`rediss://:token@host:port`), replacing any credentials
+/// already in it. ElastiCache AUTH tokens have no user name.
+pub fn with_redis_password(url: &str, token: &str) -> anyhow::Result<String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| anyhow::anyhow!("redis url has no scheme: {}", redacted(url)))?;
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => (userinfo.split(':').next().unwrap_or(""), host),
+        None => ("", authority),
+    };
+    anyhow::ensure!(!host.is_empty(), "redis url has no host: {}", redacted(url));
+    Ok(format!("{scheme}://{user}:{}@{host}{tail}", encode(token)))
+}
+
+/// `url` safe for a log line: the password in its user info and any `password=` / `token=` /
+/// `auth=` query value become `***`. Anything that is not a URL is returned as `***` whole,
+/// since we cannot tell which part is secret.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".into();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _))
+                        if ["password", "token", "auth", "pass"]
+                            .contains(&k.to_ascii_lowercase().as_str()) =>
+                    {
+                        format!("{k}=***")
+                    }
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Puts the Redis token into every URL of the topology.
+pub fn apply_redis_token(topology: &RedisTopology, token: &str) -> anyhow::Result<RedisTopology> {
+    Ok(match topology {
+        RedisTopology::Standalone(url) => {
+            RedisTopology::Standalone(with_redis_password(url, token)?)
+        }
+        RedisTopology::Cluster(nodes) => RedisTopology::Cluster(
+            nodes
+                .iter()
+                .map(|n| with_redis_password(n, token))
+                .collect::<anyhow::Result<_>>()?,
+        ),
+    })
+}
+
+async fn read(client: &aws_sdk_secretsmanager::Client, arn: &str) -> anyhow::Result<String> {
+    let call = client.get_secret_value().secret_id(arn).send();
+    let out = tokio::time::timeout(READ_TIMEOUT, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("reading secret {arn} timed out after {READ_TIMEOUT:?}"))?
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "reading secret {arn} failed: {}",
+                aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
+            )
+        })?;
+    out.secret_string
+        .ok_or_else(|| anyhow::anyhow!("secret {arn} has no SecretString"))
+}
+
+/// Reads the secrets `refs` names with `client` and rewrites the config's database URL and Redis
+/// URLs. Does nothing (and calls nothing) when no ARN is set.
+pub async fn resolve_with(
+    config: &mut Config,
+    refs: &SecretRefs,
+    client: &aws_sdk_secretsmanager::Client,
+) -> anyhow::Result<()> {
+    if let Some(arn) = &refs.database_secret_arn {
+        let secret = DatabaseSecret::parse(&read(client, arn).await?)?;
+        config.database_url = secret.database_url(refs.database_host.as_deref())?;
+        tracing::info!(
+            database = %redacted(&config.database_url),
+            "database credentials read from Secrets Manager"
+        );
+    }
+    if let Some(arn) = &refs.redis_auth_secret_arn {
+        let token = redis_token(&read(client, arn).await?)?;
+        config.redis = apply_redis_token(&config.redis, &token)?;
+        tracing::info!("redis auth token read from Secrets Manager");
+    }
+    Ok(())
+}
+
+/// [`resolve_with`] with the secret references from the environment and a client built from the
+/// standard AWS configuration (`AWS_ENDPOINT_URL_SECRETS_MANAGER` points it elsewhere).
+pub async fn resolve(config: &mut Config) -> anyhow::Result<()> {
+    let refs = SecretRefs::from_env();
+    if refs.is_empty() {
+        return Ok(());
+    }
+    let sdk = aws_config::load_from_env().await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    resolve_with(config, &refs, &client).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RDS_SECRET: &str = r#"{"username":"seckill","password":"p@ss:w/rd?#%","engine":"postgres",
+        "host":"seckill.cluster-abc.us-east-1.rds.amazonaws.com","port":5432,"dbname":"seckill",
+        "dbClusterIdentifier":"seckill"}"#;
+
+    #[test]
+    fn database_url_prefers_the_proxy_host_and_requires_tls() {
+        let secret = DatabaseSecret::parse(RDS_SECRET).unwrap();
+        let url = secret
+            .database_url(Some("seckill-proxy.proxy-abc.us-east-1.rds.amazonaws.com"))
+            .unwrap();
+        assert_eq!(
+            url,
+            "postgres://seckill:p%40ss%3Aw%2Frd%3F%23%25@seckill-proxy.proxy-abc.us-east-1.rds.amazonaws.com:5432/seckill?sslmode=require"
+        );
+    }
+
+    #[test]
+    fn database_url_falls_back_to_the_secrets_host_port_and_name() {
+        let secret = DatabaseSecret::parse(
+            r#"{"username":"u","password":"pw","host":"db.internal","port":"6543","dbname":"orders"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            secret.database_url(None).unwrap(),
+            "postgres://u:pw@db.internal:6543/orders?sslmode=require"
+        );
+    }
+
+    #[test]
+    fn database_url_without_any_host_is_an_error() {
+        let secret = DatabaseSecret::parse(r#"{"username":"u","password":"pw"}"#).unwrap();
+        let err = secret.database_url(None).unwrap_err().to_string();
+        assert!(err.contains("DATABASE_HOST"), "{err}");
+    }
+
+    #[test]
+    fn a_malformed_secret_is_rejected_without_quoting_it() {
+        let err = DatabaseSecret::parse(r#"{"username":"u","pasword":"hunter2"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let secret = DatabaseSecret::parse(RDS_SECRET).unwrap();
+        assert!(!format!("{secret:?}").contains("p@ss"));
+    }
+
+    #[test]
+    fn redis_token_reads_json_or_a_bare_string() {
+        assert_eq!(redis_token(r#"{"token":"abc123"}"#).unwrap(), "abc123");
+        assert_eq!(redis_token("  abc123\n").unwrap(), "abc123");
+        assert!(redis_token(r#"{"password":"x"}"#).is_err());
+        assert!(redis_token("").is_err());
+    }
+
+    #[test]
+    fn the_token_becomes_the_password_of_every_cluster_node() {
+        let topology = RedisTopology::Cluster(vec![
+            "rediss://clustercfg.seckill.abc.use1.cache.amazonaws.com:6379".into(),
+            "rediss://old:stale@node2:6379/0".into(),
+        ]);
+        let RedisTopology::Cluster(nodes) = apply_redis_token(&topology, "t0k/en").unwrap() else {
+            panic!("still a cluster")
+        };
+        assert_eq!(
+            nodes,
+            [
+                "rediss://:t0k%2Fen@clustercfg.seckill.abc.use1.cache.amazonaws.com:6379",
+                "rediss://old:t0k%2Fen@node2:6379/0",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_standalone_url_gets_the_token_too() {
+        let topology = RedisTopology::Standalone("redis://127.0.0.1:6379".into());
+        assert_eq!(
+            apply_redis_token(&topology, "tok").unwrap(),
+            RedisTopology::Standalone("redis://:tok@127.0.0.1:6379".into())
+        );
+    }
+
+    #[test]
+    fn redacted_hides_passwords_and_keeps_the_rest() {
+        assert_eq!(
+            redacted("postgres://seckill:s3cr%40t@proxy:5432/seckill?sslmode=require"),
+            "postgres://seckill:***@proxy:5432/seckill?sslmode=require"
+        );
+        assert_eq!(
+            redacted("rediss://:tok@clustercfg:6379"),
+            "rediss://:***@clustercfg:6379"
+        );
+        assert_eq!(
+            redacted("postgres://u@h/db?password=hunter2&sslmode=require"),
+            "postgres://u@h/db?password=***&sslmode=require"
+        );
+        assert_eq!(
+            redacted("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(redacted("not a url hunter2"), "***");
+    }
+
+    #[test]
+    fn no_arn_means_no_secret_to_read() {
+        assert!(SecretRefs::default().is_empty());
+    }
+}
