@@ -3,12 +3,13 @@
 # unless your environment already sets them.
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
-#   make test         fmt check, clippy -D warnings, cfn-lint, the workspace tests
+#   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
+#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make bench        the benchmark
-#   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (opt-in; needed by `make build`)
+#   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
 #   make clean-stack  stop the cluster nodes and moto_server that `make stack` started
 
@@ -18,6 +19,10 @@ SHELL := /bin/bash
 
 ENV := source scripts/env.sh &&
 VENV := .tools/venv
+# The Lambda functions (template.yaml's Binary values), built by `make build`.
+LAMBDA_BINS := seckill-entry order-consumer preheat reconcile admin seckill-migrate
+# sam validate works offline; it only needs a region.
+SAM := AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0 $(VENV)/bin/sam
 
 # `make token USER=bob`: a command-line USER wins; the USER that make imports from the login
 # environment (root, ...) does not, so the default stays alice. USER_ID=bob works as well.
@@ -44,6 +49,8 @@ test: stack
 	$(ENV) cargo fmt --all -- --check
 	$(ENV) cargo clippy --workspace --all-targets -- -D warnings
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
+	$(ENV) $(SAM) validate --lint
+	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
 
 fmt:
@@ -54,6 +61,8 @@ clippy:
 
 lint-template: stack
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
+	$(ENV) $(SAM) validate --lint
+	$(ENV) $(VENV)/bin/python scripts/check-template.py
 
 demo: stack
 	$(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
@@ -66,13 +75,14 @@ token:
 
 tools-lambda:
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check cargo-lambda aws-sam-cli
+	test -x $(VENV)/bin/cargo-lambda -a -x $(VENV)/bin/sam || \
+		$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'cargo-lambda>=1.8,<2' 'aws-sam-cli>=1.140,<2'
 
 # arm64 matches template.yaml (Architectures: [arm64]); the x86_64 fallback is for machines where the
 # aarch64 std cannot be had (deploying it needs Architectures: [x86_64]).
 build:
 	$(ENV) command -v cargo-lambda >/dev/null || { echo "cargo-lambda not found: run 'make tools-lambda' first" >&2; exit 1; }
-	$(ENV) cargo lambda build --release --arm64 || { echo "arm64 build failed; falling back to x86_64" >&2; source scripts/env.sh && cargo lambda build --release --x86-64; }
+	$(ENV) cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; source scripts/env.sh && cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }
 
 bench: stack
 	$(ENV) cargo run --release -p seckill-bench

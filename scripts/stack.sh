@@ -262,7 +262,7 @@ ensure_cluster() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Python tools venv: moto[server], cfn-lint
+# Python tools venv: moto[server], cfn-lint, cargo-lambda, aws-sam-cli
 # ---------------------------------------------------------------------------------------------
 ensure_venv() {
     local state="already installed"
@@ -278,6 +278,15 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             'moto[server]>=5.1,<6' 'cfn-lint>=1,<2'
         state="$state, moto+cfn-lint installed"
+    fi
+    # Lambda tooling (make test runs `sam validate --lint` and the cargo-lambda invoke test;
+    # make build / sam build use cargo-lambda, whose wheel brings zig). Separate step so a venv
+    # made before these were needed is topped up, not rebuilt.
+    if [ ! -x "$VENV/bin/cargo-lambda" ] || [ ! -x "$VENV/bin/sam" ]; then
+        log "pip install cargo-lambda aws-sam-cli into $VENV (≈70 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            'cargo-lambda>=1.8,<2' 'aws-sam-cli>=1.140,<2'
+        state="$state, cargo-lambda+sam installed"
     fi
     summary venv "$VENV $state"
 }
