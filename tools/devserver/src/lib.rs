@@ -1,1 +1,321 @@
-//! placeholder
+//! The local dev server (`make serve`): the whole system in one process.
+//!
+//! - The HTTP API: the entry and admin functions' axum routers, the *same* routers their
+//!   Lambdas run under `lambda_http`, merged and put behind [`auth::authorize`], which plays
+//!   API Gateway's JWT authorizer (HS256 tokens signed with `SECKILL_JWT_SECRET`).
+//! - The SQS event source mapping: a few [`poller`]s long-poll the order queue and hand batches
+//!   to the consumer's handler, deleting only what it did not report as failed.
+//! - The two EventBridge schedules: preheat and reconcile, every few seconds.
+//!
+//! It is also the local one-shot migration runner: it applies the migrations before anything
+//! else connects. [`start`] returns once everything is connected and listening (tests and the
+//! demo use it on an ephemeral port); [`serve`] is `start` plus Ctrl-C.
+//!
+//! # Layout
+//! - [`auth`]: the authorizer middleware and the merged app.
+//! - [`poller`]: the queue poller (Lambda's partial-batch semantics).
+//! - [`functions`]: builds the five functions from one config.
+
+pub mod auth;
+pub mod functions;
+pub mod poller;
+
+use chrono::Utc;
+use clap::Parser;
+use seckill_shared::auth::JwtVerifier;
+use seckill_shared::Config;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use auth::app;
+pub use functions::Functions;
+
+/// Everything the dev server needs to start.
+#[derive(Clone, Debug)]
+pub struct DevConfig {
+    /// Where to listen; port 0 picks a free one (see [`DevServer::addr`]).
+    pub addr: SocketAddr,
+    pub config: Config,
+    pub jwt_secret: String,
+    /// Concurrent queue pollers (Lambda scales its pollers too; a few are plenty locally).
+    pub pollers: usize,
+    pub poll_wait: Duration,
+    /// Preheat period; `None` turns the schedule off.
+    pub preheat_every: Option<Duration>,
+    /// Reconcile period; `None` turns the schedule off.
+    pub reconcile_every: Option<Duration>,
+    /// Apply the migrations at start (the local stand-in for the deploy step).
+    pub migrate: bool,
+}
+
+impl DevConfig {
+    /// Local defaults around a given config: 127.0.0.1:3000, 4 pollers, preheat every 2 s,
+    /// reconcile every 5 s.
+    pub fn new(config: Config, jwt_secret: impl Into<String>) -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            config,
+            jwt_secret: jwt_secret.into(),
+            pollers: 4,
+            poll_wait: Duration::from_secs(1),
+            preheat_every: Some(Duration::from_secs(2)),
+            reconcile_every: Some(Duration::from_secs(5)),
+            migrate: true,
+        }
+    }
+}
+
+/// Command-line options of `seckill-devserver`; everything else comes from the environment.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "seckill-devserver", version, about)]
+pub struct DevArgs {
+    /// Address to listen on (loopback only unless you mean it).
+    #[arg(long, default_value = "127.0.0.1:3000", env = "SECKILL_DEV_ADDR")]
+    pub addr: SocketAddr,
+    /// Seconds between preheat runs (0 = off).
+    #[arg(long, default_value_t = 2)]
+    pub preheat_every: u64,
+    /// Seconds between reconcile runs (0 = off).
+    #[arg(long, default_value_t = 5)]
+    pub reconcile_every: u64,
+    /// Concurrent SQS pollers (0 = do not consume the queue).
+    #[arg(long, default_value_t = 4)]
+    pub pollers: usize,
+    /// Long-poll wait of each receive, in seconds.
+    #[arg(long, default_value_t = 1)]
+    pub poll_wait_secs: u64,
+    /// Do not apply the migrations at start.
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// HS256 secret for bearer tokens (`make token` signs with the same).
+    #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: String,
+}
+
+fn every(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
+}
+
+impl DevArgs {
+    /// Combines the options with the environment's [`Config`].
+    pub fn into_config(self) -> anyhow::Result<DevConfig> {
+        let config = Config::from_env()?;
+        Ok(DevConfig {
+            addr: self.addr,
+            pollers: self.pollers,
+            poll_wait: Duration::from_secs(self.poll_wait_secs),
+            preheat_every: every(self.preheat_every),
+            reconcile_every: every(self.reconcile_every),
+            migrate: !self.no_migrate,
+            ..DevConfig::new(config, self.jwt_secret)
+        })
+    }
+}
+
+/// A running dev server. Dropping it without [`DevServer::shutdown`] leaves its tasks running
+/// until the runtime ends.
+pub struct DevServer {
+    addr: SocketAddr,
+    functions: Functions,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+impl DevServer {
+    /// The bound address (the real port when started on port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The connected functions (to run a schedule on demand, as the demo does with reconcile).
+    pub fn functions(&self) -> &Functions {
+        &self.functions
+    }
+
+    /// Stops accepting, lets in-flight requests and batches finish, and waits for every task.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        for thread in self.threads {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        self.server.await??;
+        Ok(())
+    }
+}
+
+/// Connects everything, applies migrations, binds, and starts the server, the pollers and the
+/// schedules. Returns once all of it is up, so `GET /health` answers from the first request.
+pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
+    let verifier = JwtVerifier::new(&dev.jwt_secret)?;
+    if dev.migrate {
+        let pool = seckill_shared::db::connect(&dev.config).await?;
+        seckill_shared::db::migrate(&pool).await?;
+        pool.close().await;
+    }
+    let functions = Functions::connect(&dev.config).await?;
+    let sqs = seckill_shared::queue::sqs_client().await;
+    let source =
+        poller::QueueSource::connect(sqs, &dev.config.order_queue_url, dev.poll_wait).await?;
+
+    let listener = TcpListener::bind(dev.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", dev.addr))?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = watch::channel(false);
+
+    let router = app(functions.entry.clone(), functions.admin.clone(), verifier);
+    let mut shutdown = stopped.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let mut tasks = Vec::new();
+    for n in 0..dev.pollers {
+        tasks.push(tokio::spawn(poll_loop(
+            n,
+            source.clone(),
+            functions.clone(),
+            stopped.clone(),
+        )));
+    }
+    // The scheduled jobs run on threads of their own, driven by this runtime: a job's future
+    // need not be `Send` (the Lambda runtime does not ask it to be either).
+    let mut threads = Vec::new();
+    if let Some(period) = dev.preheat_every {
+        let f = functions.clone();
+        threads.push(spawn_schedule(
+            "preheat",
+            period,
+            stopped.clone(),
+            move || {
+                let f = f.clone();
+                async move { f.preheat(Utc::now()).await }
+            },
+        )?);
+    }
+    if let Some(period) = dev.reconcile_every {
+        let f = functions.clone();
+        threads.push(spawn_schedule(
+            "reconcile",
+            period,
+            stopped.clone(),
+            move || {
+                let f = f.clone();
+                async move { f.reconcile(Utc::now()).await }
+            },
+        )?);
+    }
+    tracing::info!(%addr, pollers = dev.pollers, queue = %source.url, "dev server up");
+    Ok(DevServer {
+        addr,
+        functions,
+        stop,
+        tasks,
+        threads,
+        server,
+    })
+}
+
+/// `make serve`: start, announce, run until Ctrl-C, shut down gracefully.
+pub async fn serve(dev: DevConfig) -> anyhow::Result<()> {
+    let server = start(dev).await?;
+    println!("listening on {}", server.url());
+    tokio::signal::ctrl_c().await?;
+    println!("shutting down");
+    server.shutdown().await
+}
+
+async fn poll_loop(
+    n: usize,
+    source: poller::QueueSource,
+    functions: Functions,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        // Not raced against shutdown: a batch in hand is finished and acknowledged first (the
+        // long poll is short), so stopping the server never forces a redelivery.
+        let result = poller::poll_once(&source, |event| functions.handle_batch(event)).await;
+        match result {
+            Ok(outcome) => {
+                backoff = Duration::from_millis(200);
+                if outcome.received > 0 {
+                    tracing::debug!(poller = n, ?outcome, "batch handled");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(poller = n, error = %e, "poll failed; backing off");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+        if *stopped.borrow() {
+            return;
+        }
+    }
+}
+
+fn spawn_schedule<F, Fut, R>(
+    name: &'static str,
+    period: Duration,
+    stopped: watch::Receiver<bool>,
+    job: F,
+) -> anyhow::Result<std::thread::JoinHandle<()>>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<R>>,
+    R: serde::Serialize,
+{
+    let runtime = tokio::runtime::Handle::current();
+    Ok(std::thread::Builder::new()
+        .name(format!("schedule-{name}"))
+        .spawn(move || runtime.block_on(schedule(name, period, stopped, job)))?)
+}
+
+async fn schedule<F, Fut, R>(
+    name: &'static str,
+    period: Duration,
+    mut stopped: watch::Receiver<bool>,
+    job: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<R>>,
+    R: serde::Serialize,
+{
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        match job().await {
+            Ok(report) => tracing::debug!(
+                job = name,
+                report = %serde_json::to_string(&report).unwrap_or_default(),
+                "scheduled run done"
+            ),
+            Err(e) => tracing::warn!(job = name, error = %e, "scheduled run failed"),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The local dev server over real TCP: the entry and admin routers behind the JWT authorizer,
+//! the queue poller and the consumer, against real Redis, PostgreSQL and the SQS emulator.
+//!
+//! Each test starts its own server on an ephemeral port with its own database, key prefix and
+//! queue. Requests are written by hand on a `TcpStream` so nothing between the test and the
+//! server (no client library) can add or fix up headers.
+
+use seckill_devserver::{DevConfig, DevServer};
+use seckill_shared::activity::Activity;
+use seckill_shared::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::testing::{RedisKind, TestEnv};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "http-test-secret";
+
+async fn start(env: &TestEnv) -> DevServer {
+    let mut dev = DevConfig::new(env.config.clone(), SECRET);
+    dev.addr = ([127, 0, 0, 1], 0).into();
+    dev.pollers = 2;
+    dev.preheat_every = Some(Duration::from_secs(1));
+    dev.reconcile_every = None;
+    seckill_devserver::start(dev)
+        .await
+        .expect("the dev server starts against the local stack")
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status and the JSON body.
+async fn http(
+    server: &DevServer,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
+    let mut stream = TcpStream::connect(server.addr()).await.expect("connect");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n",
+        server.addr(),
+        body.len()
+    );
+    if let Some(value) = authorization {
+        req.push_str(&format!("Authorization: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("the server answers within 10 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    let json = if body.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()))
+    };
+    (status, json)
+}
+
+fn bearer(user: &str, scope: &str) -> String {
+    format!("Bearer {}", mint(SECRET, user, scope, 600).expect("mint"))
+}
+
+fn orders(a: &Activity) -> String {
+    format!("/activities/{}/orders", a.id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let sale = env.open_sale(5, 1).await.unwrap();
+    let server = start(&env).await;
+
+    let (status, body) = http(
+        &server,
+        "POST",
+        &orders(&sale),
+        Some(&bearer("alice", "")),
+        r#"{"quantity": 1}"#,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "pending");
+    let request_id: uuid::Uuid = body["requestId"].as_str().unwrap().parse().unwrap();
+
+    // Nobody but the dev server's poller reads this test's queue: a confirmed row means it
+    // received the message, ran the consumer and acknowledged it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let order = loop {
+        if let Some(o) = seckill_shared::order::by_request(&env.pool, request_id)
+            .await
+            .unwrap()
+        {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "no order within 15 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(order.user_id, "alice", "identity comes from the token");
+    assert_eq!(order.activity_id, sale.id);
+    assert_eq!(order.quantity, 1);
+
+    let (status, mine) = http(
+        &server,
+        "GET",
+        &format!("{}/me", orders(&sale)),
+        Some(&bearer("alice", "")),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{mine}");
+    assert_eq!(mine["status"], "confirmed", "{mine}");
+
+    // The poller deleted the message it handled: the queue is empty once the order exists.
+    let left = env.drain_messages(10).await.unwrap();
+    assert!(
+        left.is_empty(),
+        "{} message(s) left on the queue",
+        left.len()
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purchase_without_a_token_is_unauthorized() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let sale = env.open_sale(5, 1).await.unwrap();
+    let server = start(&env).await;
+
+    let (status, body) = http(&server, "POST", &orders(&sale), None, r#"{"quantity":1}"#).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"], "unauthorized");
+    // A user id in the body is no identity either.
+    let (status, _) = http(
+        &server,
+        "POST",
+        &orders(&sale),
+        None,
+        r#"{"quantity":1,"userId":"mallory"}"#,
+    )
+    .await;
+    assert_eq!(status, 401);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let sale = env.open_sale(5, 1).await.unwrap();
+    let server = start(&env).await;
+
+    let forged = format!(
+        "Bearer {}",
+        mint("some-other-secret", "alice", "", 600).unwrap()
+    );
+    let expired = format!("Bearer {}", expired_token("alice"));
+    let raw = mint(SECRET, "alice", "", 600).unwrap();
+    for auth in [
+        forged.as_str(),
+        expired.as_str(),
+        "Bearer not.a.jwt",
+        raw.as_str(),
+    ] {
+        let (status, body) = http(
+            &server,
+            "POST",
+            &orders(&sale),
+            Some(auth),
+            r#"{"quantity":1}"#,
+        )
+        .await;
+        assert_eq!(status, 401, "{auth}: {body}");
+        assert_eq!(body["error"], "unauthorized");
+    }
+    // Nothing was reserved by any of them.
+    let stock = seckill_shared::sale::stock(&env.redis, sale.id)
+        .await
+        .unwrap();
+    assert_eq!(stock, Some(5));
+    server.shutdown().await.unwrap();
+}
+
+fn expired_token(user: &str) -> String {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let claims = seckill_shared::auth::Claims {
+        sub: user.into(),
+        scope: String::new(),
+        exp: 1_000_000_000,
+        iat: 999_999_000,
+    };
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let server = start(&env).await;
+    let now = chrono::Utc::now();
+    let body = serde_json::json!({
+        "title": "http test sale",
+        "totalStock": 10,
+        "perOrderLimit": 1,
+        "startAt": (now + chrono::Duration::minutes(5)).to_rfc3339(),
+        "endAt": (now + chrono::Duration::hours(1)).to_rfc3339(),
+    })
+    .to_string();
+
+    let (status, resp) = http(
+        &server,
+        "POST",
+        "/admin/activities",
+        Some(&bearer("alice", "")),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 403, "{resp}");
+    assert_eq!(resp["error"], "forbidden");
+
+    let (status, resp) = http(&server, "POST", "/admin/activities", None, &body).await;
+    assert_eq!(status, 401, "{resp}");
+
+    let (status, resp) = http(
+        &server,
+        "POST",
+        "/admin/activities",
+        Some(&bearer("root", ADMIN_SCOPE)),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 201, "{resp}");
+    assert!(resp["id"].as_i64().is_some(), "{resp}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_answers_ok_without_a_token() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let server = start(&env).await;
+    let (status, body) = http(&server, "GET", "/health", None, "").await;
+    assert_eq!(status, 200, "{body}");
+    server.shutdown().await.unwrap();
+}

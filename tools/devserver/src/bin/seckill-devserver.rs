@@ -1,0 +1,12 @@
+//! `seckill-devserver`: the HTTP API on 127.0.0.1:3000 plus the queue poller and the schedules,
+//! in one process (`make serve`). Parses arguments and hands them to the library.
+
+use clap::Parser;
+use seckill_devserver::{serve, DevArgs};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    seckill_shared::init_tracing();
+    let config = DevArgs::parse().into_config()?;
+    serve(config).await
+}

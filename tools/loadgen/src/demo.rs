@@ -1,0 +1,537 @@
+//! `make demo`: a real flash sale through HTTP, end to end, and what came of it.
+//!
+//! Starts the dev server in-process on a free port (the same routers, poller and schedules as
+//! `make serve`), creates an activity as an admin, waits for preheat, lets a crowd loose as the
+//! window opens, waits for the consumer to drain the queue, runs reconcile once, then reads the
+//! truth back from PostgreSQL and Redis. Every figure in the report is counted from responses or
+//! read from the stores; nothing is assumed from the inputs.
+
+use crate::chart::{self, StockSample};
+use crate::load::{self, CrowdSpec, LoadReport, Plan, RunOptions};
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use seckill_devserver::DevConfig;
+use seckill_shared::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::cache::Redis;
+use seckill_shared::{sale, Config};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The demo's knobs (issue 5's defaults).
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    pub stock: i64,
+    pub per_order_limit: i64,
+    pub users: usize,
+    pub requests: usize,
+    pub concurrency: usize,
+    /// Seconds from creating the activity to its window opening.
+    pub opens_in: Duration,
+    /// The crowd starts this long before the window opens (those requests get `not_started`).
+    pub early: Duration,
+    pub bad_ratio: f64,
+    pub seed: u64,
+    pub jwt_secret: String,
+    pub out_dir: PathBuf,
+    pub drain_timeout: Duration,
+    pub quiet: bool,
+}
+
+/// What the stores say after the sale.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreFacts {
+    /// Confirmed + paid orders.
+    pub orders: i64,
+    pub units_sold: i64,
+    pub failed_orders: i64,
+    pub duplicate_users: i64,
+    pub db_total_stock: i64,
+    pub db_remaining_stock: i64,
+    pub redis_stock: Option<i64>,
+    pub redis_participants: i64,
+    pub pending_qty: i64,
+    pub pending_count: usize,
+}
+
+/// The report `make demo` prints and writes to `report.json`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DemoReport {
+    pub activity_id: i64,
+    pub stock: i64,
+    pub units_sold: i64,
+    pub orders: i64,
+    pub duplicate_users: i64,
+    pub oversell: i64,
+    pub conservation_ok: bool,
+    pub conservation: String,
+    pub requests: u64,
+    pub requests_by_outcome: BTreeMap<String, u64>,
+    pub requests_by_kind: BTreeMap<String, u64>,
+    pub accepted: u64,
+    pub throughput: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub users: usize,
+    pub concurrency: usize,
+    pub elapsed_secs: f64,
+    pub drain_secs: f64,
+    pub drained: bool,
+    pub reconcile: serde_json::Value,
+    pub store: StoreFacts,
+    pub timeline: Vec<load::Second>,
+    pub stock_samples: Vec<StockSample>,
+    pub chart: String,
+}
+
+impl DemoReport {
+    /// True when the sale came out exactly right.
+    pub fn ok(&self) -> bool {
+        self.oversell == 0 && self.duplicate_users == 0 && self.conservation_ok
+    }
+
+    /// The human report.
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
+        let _ = writeln!(o, "\n== flash sale: activity {} ==", self.activity_id);
+        let _ = writeln!(
+            o,
+            "crowd           {} requests from {} users, {} concurrent, {:.2} s",
+            self.requests, self.users, self.concurrency, self.elapsed_secs
+        );
+        let _ = writeln!(o, "requests by outcome");
+        for (k, v) in &self.requests_by_outcome {
+            let pct = 100.0 * *v as f64 / self.requests.max(1) as f64;
+            let _ = writeln!(o, "  {k:<24}{v:>8}  {pct:>5.1}%");
+        }
+        let _ = writeln!(o, "requests as planned");
+        for (k, v) in &self.requests_by_kind {
+            let _ = writeln!(o, "  {k:<24}{v:>8}");
+        }
+        let _ = writeln!(o, "throughput      {:.0} req/s", self.throughput);
+        let _ = writeln!(
+            o,
+            "latency         p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            self.p50_ms, self.p95_ms, self.p99_ms, self.max_ms
+        );
+        let _ = writeln!(
+            o,
+            "queue drained   {} in {:.1} s after the crowd",
+            if self.drained {
+                "yes"
+            } else {
+                "NO (timed out)"
+            },
+            self.drain_secs
+        );
+        let s = &self.store;
+        let _ = writeln!(
+            o,
+            "orders in DB    {} confirmed/paid, {} failed",
+            self.orders, s.failed_orders
+        );
+        let _ = writeln!(
+            o,
+            "units sold      {} of {} (accepted responses: {})",
+            self.units_sold, self.stock, self.accepted
+        );
+        let _ = writeln!(
+            o,
+            "duplicate users {}  [{}]",
+            self.duplicate_users,
+            verdict(self.duplicate_users == 0)
+        );
+        let _ = writeln!(
+            o,
+            "oversell        {}  [{}]",
+            self.oversell,
+            verdict(self.oversell == 0)
+        );
+        let _ = writeln!(
+            o,
+            "conservation    {}  [{}]",
+            self.conservation,
+            verdict(self.conservation_ok)
+        );
+        let _ = writeln!(o, "reconcile       {}", self.reconcile);
+        let _ = writeln!(o, "chart           {}", self.chart);
+        o
+    }
+}
+
+/// Runs the whole show.
+pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
+    let config = Config::from_env()?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
+
+    let mut dev = DevConfig::new(config.clone(), opts.jwt_secret.clone());
+    dev.addr = ([127, 0, 0, 1], 0).into();
+    dev.preheat_every = Some(Duration::from_millis(500));
+    // Reconcile runs once, after the drain, so the report shows what it found.
+    dev.reconcile_every = None;
+    let server = seckill_devserver::start(dev)
+        .await
+        .context("failed to start the dev server (is the stack up? `make stack`)")?;
+    let base = server.url();
+    say(&opts, &format!("dev server on {base}"));
+
+    let pool = seckill_shared::db::connect(&config).await?;
+    let redis = Redis::connect(&config).await?;
+    let http = reqwest::Client::new();
+
+    // An admin creates the sale, opening a few seconds from now.
+    let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
+    let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
+    let end_at = start_at + chrono::Duration::minutes(30);
+    let activity_id = create_activity(&http, &base, &admin, &opts, start_at, end_at).await?;
+    say(
+        &opts,
+        &format!(
+            "activity {activity_id}: {} units, {} per user, opens at {}",
+            opts.stock,
+            opts.per_order_limit,
+            start_at.format("%H:%M:%S%.3f")
+        ),
+    );
+    wait_for_preheat(&http, &base, activity_id).await?;
+    say(&opts, "preheated into Redis");
+
+    let plan = Plan::crowd(&CrowdSpec {
+        activity_id,
+        users: opts.users,
+        requests: opts.requests,
+        quantity: 1,
+        bad_ratio: opts.bad_ratio,
+        seed: opts.seed,
+        secret: opts.jwt_secret.clone(),
+        user_prefix: format!("demo{activity_id}-user"),
+    })?;
+
+    // The crowd arrives a moment before the window opens.
+    let fire_at_utc = start_at - chrono::Duration::from_std(opts.early)?;
+    let wait = (fire_at_utc - Utc::now()).to_std().unwrap_or_default();
+    let fire_at = Instant::now() + wait;
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = tokio::spawn(sample_stock(
+        redis.clone(),
+        activity_id,
+        fire_at,
+        samples.clone(),
+        sampling.clone(),
+    ));
+    tokio::time::sleep_until(fire_at.into()).await;
+    say(
+        &opts,
+        &format!(
+            "crowd: {} requests from {} users",
+            opts.requests, opts.users
+        ),
+    );
+    let load = load::run(
+        &plan,
+        &RunOptions {
+            base_url: base.clone(),
+            concurrency: opts.concurrency,
+            timeout: Duration::from_secs(30),
+            quiet: opts.quiet,
+        },
+    )
+    .await?;
+
+    let accepted = load
+        .requests_by_outcome
+        .get("accepted")
+        .copied()
+        .unwrap_or(0);
+    let drain_started = Instant::now();
+    let drained = wait_for_drain(&pool, &redis, activity_id, accepted, opts.drain_timeout).await?;
+    let drain_secs = drain_started.elapsed().as_secs_f64();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = sampler.await;
+
+    // Only this activity's part: the real database holds earlier demos too.
+    let reconcile = match server.functions().reconcile(Utc::now()).await {
+        Ok(r) => serde_json::to_value(r.activity(activity_id)).unwrap_or_default(),
+        Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+    };
+    let store = facts(&pool, &redis, activity_id).await?;
+    server.shutdown().await?;
+
+    let samples = samples.lock().expect("sampler finished").clone();
+    let chart_path = opts.out_dir.join("chart.png");
+    let chart = match chart::draw(
+        &chart_path,
+        &format!(
+            "seckill demo: {} units, {} requests, {} concurrent",
+            opts.stock, load.requests, opts.concurrency
+        ),
+        &load.timeline,
+        &samples,
+        store.db_total_stock,
+    ) {
+        Ok(()) => display_path(&chart_path),
+        Err(e) => format!("not written: {e:#}"),
+    };
+
+    let report = build_report(
+        activity_id,
+        &opts,
+        load,
+        store,
+        drained,
+        drain_secs,
+        reconcile,
+        samples,
+        chart,
+    );
+    let json_path = opts.out_dir.join("report.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    activity_id: i64,
+    opts: &DemoOptions,
+    load: LoadReport,
+    store: StoreFacts,
+    drained: bool,
+    drain_secs: f64,
+    reconcile: serde_json::Value,
+    stock_samples: Vec<StockSample>,
+    chart: String,
+) -> DemoReport {
+    let total = store.db_total_stock;
+    let redis_stock = store.redis_stock.unwrap_or(0);
+    let left = redis_stock + store.pending_qty + store.units_sold;
+    let conservation_ok = store.redis_stock.is_some()
+        && left == total
+        && store.db_remaining_stock == total - store.units_sold;
+    let conservation = format!(
+        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
+        store
+            .redis_stock
+            .map_or_else(|| "missing".to_string(), |s| s.to_string()),
+        store.pending_qty,
+        store.units_sold,
+        left,
+        total,
+        store.db_remaining_stock,
+        total - store.units_sold
+    );
+    DemoReport {
+        activity_id,
+        stock: total,
+        units_sold: store.units_sold,
+        orders: store.orders,
+        duplicate_users: store.duplicate_users,
+        oversell: (store.units_sold - total).max(0),
+        conservation_ok,
+        conservation,
+        requests: load.requests,
+        accepted: load
+            .requests_by_outcome
+            .get("accepted")
+            .copied()
+            .unwrap_or(0),
+        requests_by_outcome: load.requests_by_outcome,
+        requests_by_kind: load.requests_by_kind,
+        throughput: load.throughput,
+        p50_ms: load.latency.p50_ms,
+        p95_ms: load.latency.p95_ms,
+        p99_ms: load.latency.p99_ms,
+        max_ms: load.latency.max_ms,
+        users: opts.users,
+        concurrency: load.concurrency,
+        elapsed_secs: load.elapsed_secs,
+        drain_secs,
+        drained,
+        reconcile,
+        store,
+        timeline: load.timeline,
+        stock_samples,
+        chart,
+    }
+}
+
+fn say(opts: &DemoOptions, line: &str) {
+    if !opts.quiet {
+        println!("[demo] {line}");
+    }
+}
+
+fn display_path(p: &std::path::Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+async fn create_activity(
+    http: &reqwest::Client,
+    base: &str,
+    admin_token: &str,
+    opts: &DemoOptions,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+) -> anyhow::Result<i64> {
+    let resp = http
+        .post(format!("{base}/admin/activities"))
+        .bearer_auth(admin_token)
+        .json(&serde_json::json!({
+            "title": "make demo flash sale",
+            "totalStock": opts.stock,
+            "perOrderLimit": opts.per_order_limit,
+            "startAt": start_at.to_rfc3339(),
+            "endAt": end_at.to_rfc3339(),
+        }))
+        .send()
+        .await
+        .context("POST /admin/activities")?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    anyhow::ensure!(
+        status.as_u16() == 201,
+        "creating the activity answered {status}: {body}"
+    );
+    body.get("id")
+        .and_then(|v| v.as_i64())
+        .with_context(|| format!("the created activity has no numeric id: {body}"))
+}
+
+async fn wait_for_preheat(http: &reqwest::Client, base: &str, id: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = http.get(format!("{base}/activities/{id}")).send().await?;
+        if resp.status().is_success() {
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            if body.get("remainingStock").is_some_and(|v| v.is_number()) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "activity {id} was not preheated within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Samples the Redis stock every 100 ms; `t` is relative to the crowd's start.
+async fn sample_stock(
+    redis: Redis,
+    id: i64,
+    fire_at: Instant,
+    out: Arc<Mutex<Vec<StockSample>>>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        ticks.tick().await;
+        let now = Instant::now();
+        let t = if now >= fire_at {
+            now.duration_since(fire_at).as_secs_f64()
+        } else {
+            -fire_at.duration_since(now).as_secs_f64()
+        };
+        if let Ok(Some(stock)) = sale::stock(&redis, id).await {
+            out.lock()
+                .expect("sampler lock")
+                .push(StockSample { t, stock });
+        }
+        if !running.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+    }
+}
+
+/// Waits until the ledger is empty and the orders table has caught up with the accepted
+/// responses (or stopped moving for two seconds), within the timeout.
+async fn wait_for_drain(
+    pool: &PgPool,
+    redis: &Redis,
+    id: i64,
+    accepted: u64,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    let mut last = -1_i64;
+    let mut stable_since = Instant::now();
+    loop {
+        let snap = sale::snapshot(redis, id).await?;
+        let (settled,): (i64,) = sqlx::query_as(
+            "select count(*) from orders where activity_id = $1 and status in ('confirmed', 'paid', 'failed', 'cancelled')",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await?;
+        if settled != last {
+            last = settled;
+            stable_since = Instant::now();
+        }
+        let ledger_empty = snap.pending_count() == 0;
+        if ledger_empty
+            && (settled as u64 >= accepted || stable_since.elapsed() > Duration::from_secs(2))
+        {
+            return Ok(true);
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Reads the sale's outcome back from PostgreSQL and Redis.
+pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<StoreFacts> {
+    let (orders, units_sold): (i64, i64) = sqlx::query_as(
+        "select count(*), coalesce(sum(quantity), 0)::bigint from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    let (failed_orders,): (i64,) =
+        sqlx::query_as("select count(*) from orders where activity_id = $1 and status = 'failed'")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+    let (duplicate_users,): (i64,) = sqlx::query_as(
+        "select count(*) from (select user_id from orders
+           where activity_id = $1 and status in ('confirmed', 'paid')
+           group by user_id having count(*) > 1) d",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    let (db_total_stock, db_remaining_stock): (i32, i32) =
+        sqlx::query_as("select total_stock, remaining_stock from activities where id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+    let snap = sale::snapshot(redis, id).await?;
+    Ok(StoreFacts {
+        orders,
+        units_sold,
+        failed_orders,
+        duplicate_users,
+        db_total_stock: db_total_stock.into(),
+        db_remaining_stock: db_remaining_stock.into(),
+        redis_stock: snap.stock,
+        redis_participants: snap.participants,
+        pending_qty: snap.pending_quantity(),
+        pending_count: snap.pending_count(),
+    })
+}

@@ -1,0 +1,383 @@
+//! The load generator: many concurrent HTTP clients, each request carrying its user's JWT.
+//!
+//! A [`Plan`] is the list of requests to make, decided up front (so a run is reproducible from
+//! its seed and the generator does no thinking on the hot path). [`run`] fires it with a fixed
+//! number of workers over a pooled, keep-alive client, and counts what came back: outcome (HTTP
+//! status plus the JSON `error` code), latency in an HdrHistogram (µs), and a per-second
+//! timeline (requests, accepted, p99).
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One request to make.
+#[derive(Clone, Debug)]
+pub struct Shot {
+    pub path: String,
+    /// `Authorization: Bearer <token>`; `None` sends no credentials.
+    pub token: Option<Arc<str>>,
+    pub body: String,
+    /// What kind of request this is (`valid`, `malformed_body`, ...), for the report.
+    pub kind: &'static str,
+}
+
+/// The requests of one run, in firing order.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub shots: Vec<Shot>,
+}
+
+/// How to build a purchase crowd.
+#[derive(Clone, Debug)]
+pub struct CrowdSpec {
+    pub activity_id: i64,
+    pub users: usize,
+    pub requests: usize,
+    /// Units per valid request.
+    pub quantity: i64,
+    /// Share of deliberately bad requests (malformed body, bad quantity, no token), 0.0-1.0.
+    pub bad_ratio: f64,
+    pub seed: u64,
+    /// HS256 secret the tokens are signed with.
+    pub secret: String,
+    /// Prefix of the user ids (`<prefix>-<n>`).
+    pub user_prefix: String,
+}
+
+impl Plan {
+    /// A crowd of purchases against one activity: each request from a random user (so users
+    /// repeat, as real crowds hammer the button), with a share of bad requests mixed in.
+    pub fn crowd(spec: &CrowdSpec) -> anyhow::Result<Self> {
+        anyhow::ensure!(spec.users > 0, "at least one user");
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let tokens: Vec<Arc<str>> = (0..spec.users)
+            .map(|n| {
+                let user = format!("{}-{n}", spec.user_prefix);
+                seckill_shared::auth::mint(&spec.secret, &user, "", 3600).map(Arc::from)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let path = format!("/activities/{}/orders", spec.activity_id);
+        let good_body = format!("{{\"quantity\":{}}}", spec.quantity);
+        let mut shots: Vec<Shot> = (0..spec.requests)
+            .map(|i| {
+                // Every user gets at least one request before any repeats.
+                let user = if i < spec.users {
+                    i
+                } else {
+                    rng.random_range(0..spec.users)
+                };
+                let token = Some(tokens[user].clone());
+                let shot = |body: &str, token: Option<Arc<str>>, kind| Shot {
+                    path: path.clone(),
+                    token,
+                    body: body.to_string(),
+                    kind,
+                };
+                if rng.random_bool(spec.bad_ratio.clamp(0.0, 1.0)) {
+                    match rng.random_range(0..4) {
+                        0 => shot("{\"quantity\":", token, "malformed_body"),
+                        1 => shot("{\"quantity\":0}", token, "zero_quantity"),
+                        2 => shot("{\"quantity\":1000000}", token, "huge_quantity"),
+                        _ => shot(&good_body, None, "no_token"),
+                    }
+                } else {
+                    shot(&good_body, token, "valid")
+                }
+            })
+            .collect();
+        shots.shuffle(&mut rng);
+        Ok(Self { shots })
+    }
+
+    /// Number of requests of each kind.
+    pub fn kinds(&self) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        for s in &self.shots {
+            *out.entry(s.kind).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// How to fire a plan.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// `http://127.0.0.1:3000` (no trailing slash).
+    pub base_url: String,
+    pub concurrency: usize,
+    pub timeout: Duration,
+    /// Hide the progress bar (it is hidden anyway when stdout is not a terminal).
+    pub quiet: bool,
+}
+
+/// Latency percentiles, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p95_ms: ms(h.value_at_quantile(0.95)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+            mean_ms: h.mean() / 1000.0,
+        }
+    }
+}
+
+/// One second of the run.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Second {
+    /// Seconds since the first request (0 = the first second).
+    pub second: u64,
+    pub requests: u64,
+    pub accepted: u64,
+    pub p99_ms: f64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadReport {
+    pub requests: u64,
+    pub concurrency: usize,
+    pub elapsed_secs: f64,
+    /// Completed requests per second over the whole run.
+    pub throughput: f64,
+    /// Outcome (`accepted`, `sold_out`, ..., `http_<status>`, `transport_error`) -> count.
+    pub requests_by_outcome: BTreeMap<String, u64>,
+    /// Request kind (`valid`, `no_token`, ...) -> count, as planned.
+    pub requests_by_kind: BTreeMap<String, u64>,
+    pub latency: Latency,
+    pub timeline: Vec<Second>,
+    /// Wall-clock time of the first request (RFC 3339).
+    pub started_at: String,
+}
+
+/// Per-worker tallies, merged at the end so the hot path shares nothing but a counter.
+struct Tally {
+    latency: Histogram<u64>,
+    outcomes: BTreeMap<String, u64>,
+    seconds: BTreeMap<u64, (u64, u64, Histogram<u64>)>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            latency: histogram(),
+            outcomes: BTreeMap::new(),
+            seconds: BTreeMap::new(),
+        }
+    }
+
+    fn record(&mut self, second: u64, micros: u64, outcome: String) {
+        let micros = micros.max(1);
+        let _ = self.latency.record(micros);
+        let accepted = outcome == "accepted";
+        *self.outcomes.entry(outcome).or_default() += 1;
+        let s = self
+            .seconds
+            .entry(second)
+            .or_insert_with(|| (0, 0, histogram()));
+        s.0 += 1;
+        s.1 += u64::from(accepted);
+        let _ = s.2.record(micros);
+    }
+
+    fn merge(&mut self, other: Tally) {
+        let _ = self.latency.add(&other.latency);
+        for (k, v) in other.outcomes {
+            *self.outcomes.entry(k).or_default() += v;
+        }
+        for (sec, (n, a, h)) in other.seconds {
+            let s = self
+                .seconds
+                .entry(sec)
+                .or_insert_with(|| (0, 0, histogram()));
+            s.0 += n;
+            s.1 += a;
+            let _ = s.2.add(&h);
+        }
+    }
+}
+
+/// Names a response: `accepted` for 202, the JSON `error` code for errors, else `http_<status>`.
+pub fn outcome(status: u16, body: &[u8]) -> String {
+    if status == 202 {
+        return "accepted".into();
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        if let Some(code) = v.get("error").and_then(|c| c.as_str()) {
+            return code.to_string();
+        }
+    }
+    if (200..300).contains(&status) {
+        "ok".into()
+    } else {
+        format!("http_{status}")
+    }
+}
+
+/// A progress bar, hidden when stdout is not a terminal or when asked.
+pub fn progress_bar(len: u64, quiet: bool, message: &str) -> ProgressBar {
+    if quiet || !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40.cyan/blue}] {pos}/{len} ({per_sec}, {elapsed})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(message.to_string());
+    pb
+}
+
+/// Fires the plan and measures it. Never fails on a bad response: every response is an outcome.
+pub async fn run(plan: &Plan, opts: &RunOptions) -> anyhow::Result<LoadReport> {
+    let concurrency = opts.concurrency.max(1);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .tcp_nodelay(true)
+        .timeout(opts.timeout)
+        .build()?;
+    let shots = Arc::new(plan.shots.clone());
+    let next = Arc::new(AtomicUsize::new(0));
+    let pb = progress_bar(shots.len() as u64, opts.quiet, "purchases");
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().to_rfc3339();
+
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, shots, next, pb) =
+                (client.clone(), shots.clone(), next.clone(), pb.clone());
+            let base = opts.base_url.clone();
+            tokio::spawn(async move {
+                let mut tally = Tally::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(shot) = shots.get(i) else { break };
+                    let mut req = client
+                        .post(format!("{base}{}", shot.path))
+                        .header("content-type", "application/json")
+                        .body(shot.body.clone());
+                    if let Some(token) = &shot.token {
+                        req = req.header("authorization", format!("Bearer {token}"));
+                    }
+                    let t0 = Instant::now();
+                    let outcome = match req.send().await {
+                        Ok(resp) => {
+                            let status = resp.status().as_u16();
+                            let body = resp.bytes().await.unwrap_or_default();
+                            outcome(status, &body)
+                        }
+                        Err(e) if e.is_timeout() => "timeout".to_string(),
+                        Err(_) => "transport_error".to_string(),
+                    };
+                    let done = Instant::now();
+                    let second = done.duration_since(started).as_secs();
+                    tally.record(second, done.duration_since(t0).as_micros() as u64, outcome);
+                    pb.inc(1);
+                }
+                tally
+            })
+        })
+        .collect();
+
+    let mut total = Tally::new();
+    for w in workers {
+        total.merge(w.await?);
+    }
+    pb.finish_and_clear();
+    let elapsed = started.elapsed().as_secs_f64();
+    let requests = total.latency.len();
+    let last = total.seconds.keys().last().copied().unwrap_or(0);
+    let timeline = (0..=last)
+        .map(|sec| match total.seconds.get(&sec) {
+            Some((n, a, h)) => Second {
+                second: sec,
+                requests: *n,
+                accepted: *a,
+                p99_ms: h.value_at_quantile(0.99) as f64 / 1000.0,
+            },
+            None => Second {
+                second: sec,
+                requests: 0,
+                accepted: 0,
+                p99_ms: 0.0,
+            },
+        })
+        .collect();
+    Ok(LoadReport {
+        requests,
+        concurrency,
+        elapsed_secs: elapsed,
+        throughput: if elapsed > 0.0 {
+            requests as f64 / elapsed
+        } else {
+            0.0
+        },
+        requests_by_outcome: total.outcomes,
+        requests_by_kind: plan
+            .kinds()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        latency: Latency::of(&total.latency),
+        timeline,
+        started_at,
+    })
+}
+
+impl LoadReport {
+    /// The human table.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "requests      {:>10}   ({} concurrent, {:.2} s)",
+            self.requests, self.concurrency, self.elapsed_secs
+        );
+        let _ = writeln!(out, "throughput    {:>10.0} req/s", self.throughput);
+        let l = &self.latency;
+        let _ = writeln!(
+            out,
+            "latency ms    p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
+            l.p50_ms, l.p95_ms, l.p99_ms, l.max_ms, l.mean_ms
+        );
+        let _ = writeln!(out, "by outcome");
+        for (k, v) in &self.requests_by_outcome {
+            let pct = 100.0 * *v as f64 / self.requests.max(1) as f64;
+            let _ = writeln!(out, "  {k:<24}{v:>10}  {pct:>5.1}%");
+        }
+        out
+    }
+}
