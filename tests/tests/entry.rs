@@ -1,0 +1,908 @@
+//! The purchase path through the `seckill-entry` router, against real Redis (standalone and
+//! cluster), real PostgreSQL and the SQS emulator: concurrency, failure of each dependency,
+//! the sold-out cache, and every kind of bad input.
+
+use axum::http::StatusCode;
+use axum::Router;
+use futures::StreamExt;
+use seckill_entry::{router, EntryState};
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::cache::Redis;
+use seckill_shared::config::RedisTopology;
+use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::order;
+use seckill_shared::queue::{OrderMessage, OrderQueue};
+use seckill_shared::sale::{self, Decision, EntryKind, Snapshot};
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
+macro_rules! on_both_redis {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() {
+                super::$name(seckill_shared::testing::RedisKind::Standalone).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() {
+                super::$name(seckill_shared::testing::RedisKind::Cluster).await
+            }
+        }
+    };
+}
+
+fn entry(env: &TestEnv) -> Router {
+    entry_with_queue(env, env.queue.clone())
+}
+
+fn entry_with_queue(env: &TestEnv, queue: OrderQueue) -> Router {
+    router(EntryState::new(
+        env.config.clone(),
+        env.redis.clone(),
+        env.pool.clone(),
+        queue,
+    ))
+}
+
+fn orders_path(a: &Activity) -> String {
+    format!("/activities/{}/orders", a.id)
+}
+
+async fn buy(app: &Router, a: &Activity, user: &str, body: Option<&str>) -> (StatusCode, Value) {
+    call(
+        app,
+        request("POST", &orders_path(a), Some((user, "")), body),
+    )
+    .await
+}
+
+async fn snapshot(env: &TestEnv, a: &Activity) -> Snapshot {
+    sale::snapshot(&env.redis, a.id).await.unwrap()
+}
+
+async fn orders_in_db(env: &TestEnv) -> i64 {
+    sqlx::query_scalar::<_, i64>("select count(*) from orders")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
+}
+
+async fn db_remaining(env: &TestEnv, a: &Activity) -> i32 {
+    activity::get(&env.pool, a.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .remaining_stock
+}
+
+fn messages(raw: &[aws_sdk_sqs::types::Message]) -> Vec<OrderMessage> {
+    raw.iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect()
+}
+
+async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(5, 2).await.unwrap();
+
+    let decision = sale::purchase(&env.redis, a.id, "alice", 2, Uuid::new_v4())
+        .await
+        .expect("one script, one hash tag: no CROSSSLOT");
+
+    assert!(matches!(decision, Decision::Accepted { stock_left: 3, .. }));
+    let snap = snapshot(&env, &a).await;
+    assert_eq!((snap.stock, snap.participants), (Some(3), 1));
+    assert_eq!(snap.pending_quantity(), 2);
+}
+on_both_redis!(purchase_script_runs_on_any_topology_without_crossslot);
+
+async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(50, 1).await.unwrap();
+    let app = entry(&env);
+
+    let results = futures::future::join_all((0..500).map(|i| {
+        let (app, a) = (app.clone(), a.clone());
+        tokio::spawn(async move {
+            let user = format!("user-{}", i % 200);
+            let (status, body) = buy(&app, &a, &user, None).await;
+            (user, status, body)
+        })
+    }))
+    .await;
+
+    let accepted: Vec<_> = results
+        .into_iter()
+        .map(Result::unwrap)
+        .filter(|(_, s, _)| *s == StatusCode::ACCEPTED)
+        .collect();
+    assert_eq!(accepted.len(), 50);
+    let users: HashSet<_> = accepted.iter().map(|(u, _, _)| u.clone()).collect();
+    assert_eq!(users.len(), 50, "no user twice");
+    let snap = snapshot(&env, &a).await;
+    assert_eq!(snap.stock, Some(0));
+    assert_eq!(snap.pending_count(), 50);
+    let ledger_users: HashSet<_> = snap.ledger.iter().map(|e| e.user_id.clone()).collect();
+    assert_eq!(ledger_users, users);
+    let request_ids: HashSet<String> = accepted
+        .iter()
+        .map(|(_, _, b)| b["requestId"].as_str().unwrap().to_string())
+        .collect();
+    let sent = messages(&env.drain_messages(200).await.unwrap());
+    let sent_ids: HashSet<String> = sent.iter().map(|m| m.request_id.to_string()).collect();
+    assert_eq!(sent.len(), 50);
+    assert_eq!(sent_ids, request_ids, "one message per accepted purchase");
+}
+on_both_redis!(five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50);
+
+async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative(
+    kind: RedisKind,
+) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(100, 1).await.unwrap();
+    let app = entry(&env);
+    let done = Arc::new(AtomicBool::new(false));
+    let lowest = Arc::new(AtomicI64::new(i64::MAX));
+    let sampler = {
+        let (redis, done, lowest, id) = (env.redis.clone(), done.clone(), lowest.clone(), a.id);
+        tokio::spawn(async move {
+            let mut samples = 0;
+            while !done.load(Ordering::Relaxed) {
+                if let Ok(Some(stock)) = sale::stock(&redis, id).await {
+                    lowest.fetch_min(stock, Ordering::Relaxed);
+                    samples += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            samples
+        })
+    };
+
+    let started = Instant::now();
+    let results: Vec<(String, StatusCode, Value)> = futures::stream::iter(0..10_000)
+        .map(|i| {
+            let (app, a) = (app.clone(), a.clone());
+            async move {
+                let user = format!("user-{}", i % 2000);
+                let (status, body) = buy(&app, &a, &user, None).await;
+                (user, status, body)
+            }
+        })
+        .buffer_unordered(200)
+        .collect()
+        .await;
+    done.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    eprintln!(
+        "10,000 requests in {:?}, {samples} stock samples",
+        started.elapsed()
+    );
+
+    let accepted: Vec<_> = results
+        .iter()
+        .filter(|(_, s, _)| *s == StatusCode::ACCEPTED)
+        .collect();
+    assert_eq!(accepted.len(), 100);
+    let users: HashSet<_> = accepted.iter().map(|(u, _, _)| u).collect();
+    assert_eq!(users.len(), 100, "no user twice");
+    for (_, status, body) in &results {
+        assert!(
+            *status == StatusCode::ACCEPTED || *status == StatusCode::CONFLICT,
+            "{status} {body}"
+        );
+    }
+    assert!(samples > 0);
+    assert!(
+        lowest.load(Ordering::Relaxed) >= 0,
+        "Redis stock went below 0"
+    );
+    let snap = snapshot(&env, &a).await;
+    assert_eq!(snap.stock, Some(0));
+    // Conservation with nothing consumed yet: stock + pending = total.
+    assert_eq!(snap.stock.unwrap() + snap.pending_quantity(), 100);
+    assert_eq!(messages(&env.drain_messages(200).await.unwrap()).len(), 100);
+}
+on_both_redis!(
+    ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative
+);
+
+async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(10, 1).await.unwrap();
+    let app = entry(&env);
+
+    let results = futures::future::join_all((0..100).map(|_| {
+        let (app, a) = (app.clone(), a.clone());
+        tokio::spawn(async move { buy(&app, &a, "alice", None).await })
+    }))
+    .await;
+
+    let statuses: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+    let accepted = statuses
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::ACCEPTED)
+        .count();
+    assert_eq!(accepted, 1);
+    assert!(statuses
+        .iter()
+        .filter(|(s, _)| *s != StatusCode::ACCEPTED)
+        .all(|(s, b)| *s == StatusCode::CONFLICT && b["error"] == "already_purchased"));
+    assert_eq!(snapshot(&env, &a).await.stock, Some(9));
+}
+on_both_redis!(one_user_sending_100_requests_in_parallel_gets_exactly_one_202);
+
+/// An order queue whose endpoint refuses every connection.
+fn dead_queue(env: &TestEnv) -> OrderQueue {
+    let conf = env
+        .sqs
+        .config()
+        .to_builder()
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    OrderQueue::new(
+        aws_sdk_sqs::Client::from_conf(conf),
+        env.queue.url.clone(),
+        Duration::from_secs(1),
+    )
+}
+
+async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(5, 2).await.unwrap();
+    let broken = entry_with_queue(&env, dead_queue(&env));
+
+    let started = Instant::now();
+    let (status, body) = buy(&broken, &a, "alice", Some(r#"{"quantity":2}"#)).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"], "unavailable");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let snap = snapshot(&env, &a).await;
+    assert_eq!(snap.stock, Some(5), "stock given back");
+    assert_eq!(snap.participants, 0, "quota given back");
+    assert!(snap.ledger.is_empty());
+
+    let (status, body) = buy(&entry(&env), &a, "alice", Some(r#"{"quantity":2}"#)).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "the same user buys later: {body}"
+    );
+    assert_eq!(snapshot(&env, &a).await.stock, Some(3));
+}
+on_both_redis!(dead_queue_answers_503_and_gives_stock_and_quota_back);
+
+async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(5, 3).await.unwrap();
+    let request_id = Uuid::new_v4();
+
+    // The script ran; the process "died" before sending.
+    let decision = sale::purchase(&env.redis, a.id, "bob", 3, request_id)
+        .await
+        .unwrap();
+
+    assert!(matches!(decision, Decision::Accepted { .. }));
+    let reservation = sale::ledger_entry(&env.redis, a.id, "bob")
+        .await
+        .unwrap()
+        .expect("a ledger entry");
+    assert_eq!(reservation.kind, EntryKind::Reservation);
+    assert_eq!(reservation.user_id, "bob");
+    assert_eq!(reservation.quantity, 3);
+    assert_eq!(reservation.request_id(), Some(request_id));
+    assert!(reservation.at_ms > 0);
+    let (status, me) = call(
+        &entry(&env),
+        request(
+            "GET",
+            &format!("/activities/{}/orders/me", a.id),
+            Some(("bob", "")),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me["status"], "pending");
+    assert_eq!(me["requestId"], request_id.to_string());
+    assert_eq!(me["quantity"], 3);
+}
+on_both_redis!(crash_between_script_and_send_leaves_the_reservation_in_the_ledger);
+
+/// A redis-server of this test's own, so it can be paused and its commands counted.
+struct PrivateRedis {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl PrivateRedis {
+    async fn start() -> Self {
+        let port = 20000 + (rand::random::<u16>() % 20000);
+        let child = tokio::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server on PATH");
+        let me = Self { child, port };
+        for _ in 0..100 {
+            if me.raw().await.is_ok() {
+                return me;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("private redis-server on {port} did not start");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn raw(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    /// Commands the server has executed, apart from the INFO calls that read the count.
+    async fn commands_served(&self) -> u64 {
+        let mut con = self.raw().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+}
+
+/// A test env whose Redis is `private` (its own prefix, DB and queue as usual).
+async fn env_on(
+    private: &PrivateRedis,
+    redis_timeout: Duration,
+    sold_out_ttl: Duration,
+) -> TestEnv {
+    let mut env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    env.config.redis = RedisTopology::Standalone(private.url());
+    env.config.redis_timeout = redis_timeout;
+    env.config.sold_out_cache_ttl = sold_out_ttl;
+    env.redis = Redis::connect(&env.config).await.unwrap();
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_redis_gets_a_fast_503_never_a_hang() {
+    let private = PrivateRedis::start().await;
+    let env = env_on(&private, Duration::from_millis(300), Duration::from_secs(1)).await;
+    let a = env.open_sale(5, 1).await.unwrap();
+    let app = entry(&env);
+
+    private.signal("-STOP");
+    let started = Instant::now();
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    let first = started.elapsed();
+    let mut more = Vec::new();
+    for i in 0..8 {
+        let t = Instant::now();
+        let (s, _) = buy(&app, &a, &format!("u{i}"), None).await;
+        more.push((s, t.elapsed()));
+    }
+    private.signal("-CONT");
+
+    eprintln!("first 503 after {first:?}; then {more:?}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"], "unavailable");
+    assert!(first < Duration::from_secs(3), "answered after {first:?}");
+    assert!(more
+        .iter()
+        .all(|(s, t)| *s == StatusCode::SERVICE_UNAVAILABLE && *t < Duration::from_secs(3)));
+    // Once the breaker has opened, refusals no longer wait for the timeout.
+    assert!(more.last().unwrap().1 < Duration::from_millis(100));
+
+    // Redis back: after the breaker's cooldown purchases go through again.
+    let mut recovered = false;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if buy(&app, &a, "alice", None).await.0 == StatusCode::ACCEPTED {
+            recovered = true;
+            break;
+        }
+    }
+    assert!(recovered, "purchases resume once Redis answers again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again() {
+    let private = PrivateRedis::start().await;
+    let ttl = Duration::from_millis(1500);
+    let env = env_on(&private, Duration::from_secs(2), ttl).await;
+    let a = env.open_sale(1, 1).await.unwrap();
+    let app = entry(&env);
+    let (status, accepted) = buy(&app, &a, "winner", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let sold_at = Instant::now();
+    // The consumer's part, by hand: a confirmed order, DB stock down, ledger entry settled.
+    let request_id: Uuid = accepted["requestId"].as_str().unwrap().parse().unwrap();
+    let order_id = confirm(&env, &a, "winner", request_id, 1).await;
+
+    let before = private.commands_served().await;
+    for i in 0..20 {
+        let (status, body) = buy(&app, &a, &format!("late-{i}"), None).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::CONFLICT, Some("sold_out"))
+        );
+    }
+    assert_eq!(
+        private.commands_served().await,
+        before,
+        "refusals from memory never reach Redis"
+    );
+
+    // The unit comes back through a cancel made elsewhere (another container, or reconcile).
+    let order = order::get(&env.pool, order_id).await.unwrap().unwrap();
+    let outcome = lifecycle::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 1 });
+    let before = private.commands_served().await;
+    let (status, _) = buy(&app, &a, "late-0", None).await;
+    if sold_at.elapsed() < ttl {
+        assert_eq!(status, StatusCode::CONFLICT, "still answered from memory");
+        assert_eq!(private.commands_served().await, before);
+    }
+    tokio::time::sleep(ttl.saturating_sub(sold_at.elapsed()) + Duration::from_millis(100)).await;
+    let (status, body) = buy(&app, &a, "late-0", None).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "after the TTL Redis decides again: {body}"
+    );
+}
+
+/// What the order consumer does for an accepted request: the order row, DB stock down, and
+/// the ledger entry dropped after commit.
+async fn confirm(env: &TestEnv, a: &Activity, user: &str, request_id: Uuid, qty: i32) -> i64 {
+    let mut tx = env.pool.begin().await.unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values ($1, $2, $3, $4, 'confirmed') returning id",
+    )
+    .bind(request_id)
+    .bind(a.id)
+    .bind(user)
+    .bind(qty)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("update activities set remaining_stock = remaining_stock - $2 where id = $1")
+        .bind(a.id)
+        .bind(qty)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        sale::settle(&env.redis, a.id, user, &request_id.to_string())
+            .await
+            .unwrap()
+    );
+    id
+}
+
+async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(5, 2).await.unwrap();
+
+    let (status, body) = buy(
+        &entry(&env),
+        &a,
+        "alice",
+        Some(r#"{"quantity":1,"userId":"mallory"}"#),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let snap = snapshot(&env, &a).await;
+    assert_eq!(snap.ledger.len(), 1);
+    assert_eq!(snap.ledger[0].user_id, "alice");
+}
+on_both_redis!(user_id_in_the_body_is_ignored_in_favour_of_the_token);
+
+async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(10, 5).await.unwrap();
+    let app = entry(&env);
+    let orders = orders_path(&a);
+    let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
+    let user = Some(("alice", ""));
+    let cases: Vec<(&str, String, Option<(&str, &str)>, Option<&str>, u16, &str)> = vec![
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some("not json"),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":"2"}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":1.5}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":true}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":null}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some("[1]"),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":-1}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":0}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":10001}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":99999999999999999999}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":1e30}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":1,"quantiy":2}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":1,"quantity":2}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(huge.as_str()),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            orders.clone(),
+            user,
+            Some(r#"{"quantity":6}"#),
+            400,
+            "quantity_exceeds_limit",
+        ),
+        ("POST", orders.clone(), None, None, 401, "unauthorized"),
+        (
+            "POST",
+            "/activities/abc/orders".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/activities/0/orders".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/activities/-1/orders".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/activities/1.5/orders".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/activities/99999999999999999999/orders".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/activities/987654321/orders".into(),
+            user,
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            "GET",
+            format!("{orders}/me"),
+            None,
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            "GET",
+            "/activities/abc/orders/me".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/activities/abc".into(),
+            None,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/activities/987654321".into(),
+            None,
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/orders/abc/pay".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/orders/0/cancel".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/orders/-7/cancel".into(),
+            user,
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/orders/987654321/pay".into(),
+            user,
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/orders/987654321/cancel".into(),
+            user,
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/orders/1/pay".into(),
+            None,
+            None,
+            401,
+            "unauthorized",
+        ),
+        ("GET", "/no/such/route".into(), None, None, 404, "not_found"),
+    ];
+    let redis_before = snapshot(&env, &a).await;
+
+    for (method, path, who, body, want_status, want_code) in cases {
+        let (status, json) = call(&app, request(method, &path, who, body)).await;
+        let shown = body.map(|b| &b[..b.len().min(60)]);
+        assert_eq!(
+            status.as_u16(),
+            want_status,
+            "{method} {path} {shown:?}: {json}"
+        );
+        assert_eq!(
+            json["error"], want_code,
+            "{method} {path} {shown:?}: {json}"
+        );
+        assert!(
+            json["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{method} {path}: a message says what is wrong"
+        );
+    }
+
+    assert_eq!(snapshot(&env, &a).await, redis_before, "Redis unchanged");
+    assert_eq!(orders_in_db(&env).await, 0, "no order written");
+    assert_eq!(db_remaining(&env, &a).await, 10, "DB stock unchanged");
+    assert!(
+        env.drain_messages(10).await.unwrap().is_empty(),
+        "nothing sent"
+    );
+}
+on_both_redis!(every_bad_input_gets_its_documented_4xx_and_changes_nothing);
+
+async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let now = chrono::Utc::now();
+    let hour = chrono::Duration::hours(1);
+    let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await.unwrap();
+    let app = entry(&env);
+
+    let (status, body) = buy(&app, &upcoming, "alice", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("not_started"))
+    );
+
+    // An activity that ended: in the DB and loaded with a past window.
+    let ended = activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "over".into(),
+            total_stock: 5,
+            per_order_limit: 1,
+            start_at: now - hour * 2,
+            end_at: now - hour,
+        },
+    )
+    .await
+    .unwrap();
+    sale::preheat(&env.redis, &ended, env.config.expiry_buffer)
+        .await
+        .unwrap();
+    let (status, body) = buy(&app, &ended, "alice", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("ended"))
+    );
+}
+on_both_redis!(refusals_of_the_window_map_to_their_409s);
+
+async fn public_view_shows_live_stock_from_redis(kind: RedisKind) {
+    let env = TestEnv::new(kind).await.unwrap();
+    let a = env.open_sale(7, 2).await.unwrap();
+    let app = entry(&env);
+    assert_eq!(
+        buy(&app, &a, "alice", Some(r#"{"quantity":2}"#)).await.0,
+        StatusCode::ACCEPTED
+    );
+
+    let (status, view) = call(
+        &app,
+        request("GET", &format!("/activities/{}", a.id), None, None),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(view["id"], a.id);
+    assert_eq!(view["title"], "test sale");
+    assert_eq!(view["remainingStock"], 5, "Redis, not the DB's 7");
+    assert_eq!(view["state"], "running");
+    assert!(view["startAt"].is_string() && view["endAt"].is_string());
+    let (status, health) = call(&app, request("GET", "/health", None, None)).await;
+    assert_eq!(
+        (status, health["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+}
+on_both_redis!(public_view_shows_live_stock_from_redis);

@@ -1,0 +1,435 @@
+//! An order after confirmation: pay and cancel through the entry router and
+//! `seckill_shared::lifecycle`, against real Redis (standalone and cluster) and PostgreSQL.
+//! Confirmed orders are written here the way the order consumer writes them.
+
+use axum::http::StatusCode;
+use axum::Router;
+use seckill_entry::{router, EntryState};
+use seckill_shared::activity::{self, Activity};
+use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::order;
+use seckill_shared::sale::{self, Decision, Snapshot};
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
+macro_rules! on_both_redis {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() {
+                super::$name(seckill_shared::testing::RedisKind::Standalone).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() {
+                super::$name(seckill_shared::testing::RedisKind::Cluster).await
+            }
+        }
+    };
+}
+
+struct World {
+    env: TestEnv,
+    app: Router,
+    sale: Activity,
+}
+
+async fn world(kind: RedisKind, stock: i64) -> World {
+    let env = TestEnv::new(kind).await.unwrap();
+    let sale = env.open_sale(stock, 5).await.unwrap();
+    let app = router(EntryState::new(
+        env.config.clone(),
+        env.redis.clone(),
+        env.pool.clone(),
+        env.queue.clone(),
+    ));
+    World { env, app, sale }
+}
+
+impl World {
+    /// A purchase the consumer has confirmed: the script's reservation, then what the consumer
+    /// does (order row, DB stock down in one transaction, ledger entry dropped after commit).
+    async fn confirmed(&self, user: &str, qty: i32) -> i64 {
+        let request_id = self.reserve(user, qty).await;
+        let id = self.commit(user, qty, request_id).await;
+        assert!(
+            sale::settle(&self.env.redis, self.sale.id, user, &request_id.to_string())
+                .await
+                .unwrap()
+        );
+        id
+    }
+
+    async fn reserve(&self, user: &str, qty: i32) -> Uuid {
+        let request_id = Uuid::new_v4();
+        let d = sale::purchase(
+            &self.env.redis,
+            self.sale.id,
+            user,
+            i64::from(qty),
+            request_id,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(d, Decision::Accepted { .. }), "{d:?}");
+        request_id
+    }
+
+    async fn commit(&self, user: &str, qty: i32, request_id: Uuid) -> i64 {
+        let mut tx = self.env.pool.begin().await.unwrap();
+        let id: i64 = sqlx::query_scalar(
+            "insert into orders (request_id, activity_id, user_id, quantity, status)
+             values ($1, $2, $3, $4, 'confirmed') returning id",
+        )
+        .bind(request_id)
+        .bind(self.sale.id)
+        .bind(user)
+        .bind(qty)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query("update activities set remaining_stock = remaining_stock - $2 where id = $1")
+            .bind(self.sale.id)
+            .bind(qty)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        id
+    }
+
+    async fn post(&self, path: &str, user: &str) -> (StatusCode, Value) {
+        call(&self.app, request("POST", path, Some((user, "")), None)).await
+    }
+
+    async fn pay(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
+        self.post(&format!("/orders/{order_id}/pay"), user).await
+    }
+
+    async fn cancel(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
+        self.post(&format!("/orders/{order_id}/cancel"), user).await
+    }
+
+    async fn buy(&self, user: &str) -> (StatusCode, Value) {
+        self.post(&format!("/activities/{}/orders", self.sale.id), user)
+            .await
+    }
+
+    async fn me(&self, user: &str) -> Value {
+        let path = format!("/activities/{}/orders/me", self.sale.id);
+        let (status, body) = call(&self.app, request("GET", &path, Some((user, "")), None)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn redis(&self) -> Snapshot {
+        sale::snapshot(&self.env.redis, self.sale.id).await.unwrap()
+    }
+
+    async fn db_stock(&self) -> i32 {
+        activity::get(&self.env.pool, self.sale.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .remaining_stock
+    }
+
+    async fn status(&self, order_id: i64) -> String {
+        order::get(&self.env.pool, order_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn owner_pays_once_and_paying_again_is_idempotent() {
+    let w = world(RedisKind::Standalone, 10).await;
+    let id = w.confirmed("alice", 1).await;
+
+    let (status, body) = w.pay(id, "mallory").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let (status, body) = w.pay(987_654_321, "alice").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(w.status(id).await, "confirmed", "others cannot pay it");
+
+    let (status, first) = w.pay(id, "alice").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["status"], "paid");
+    let (status, second) = w.pay(id, "alice").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        second["paidAt"], first["paidAt"],
+        "the second pay changes nothing"
+    );
+    assert_eq!(w.me("alice").await["status"], "paid");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paid_order_cannot_be_cancelled() {
+    let w = world(RedisKind::Standalone, 10).await;
+    let id = w.confirmed("alice", 2).await;
+    assert_eq!(w.pay(id, "alice").await.0, StatusCode::OK);
+
+    let (status, body) = w.cancel(id, "alice").await;
+
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+    assert_eq!(w.status(id).await, "paid");
+    assert_eq!((w.db_stock().await, w.redis().await.stock), (8, Some(8)));
+    assert!(
+        w.redis().await.ledger.is_empty(),
+        "the cancel announcement was dropped"
+    );
+}
+
+async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 3).await;
+    assert_eq!((w.db_stock().await, w.redis().await.stock), (7, Some(7)));
+
+    let (status, body) = w.cancel(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    assert_eq!(body["releasedQuantity"], 3);
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert_eq!(snap.participants, 0, "quota freed");
+    assert!(snap.ledger.is_empty());
+    assert_eq!(w.status(id).await, "cancelled");
+
+    let (status, again) = w.cancel(id, "alice").await;
+    assert_eq!(status, StatusCode::OK, "a double cancel is a no-op");
+    assert_eq!(again["releasedQuantity"], 0);
+    assert_eq!((w.db_stock().await, w.redis().await.stock), (10, Some(10)));
+    assert_eq!(w.me("alice").await["status"], "cancelled");
+}
+on_both_redis!(cancel_gives_stock_back_to_db_and_redis_exactly_once);
+
+async fn a_user_who_cancelled_can_buy_again(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 1).await;
+    assert_eq!(
+        w.buy("alice").await.0,
+        StatusCode::CONFLICT,
+        "one order per user"
+    );
+    assert_eq!(w.cancel(id, "alice").await.0, StatusCode::OK);
+
+    let (status, body) = w.buy("alice").await;
+
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let me = w.me("alice").await;
+    assert_eq!(me["status"], "pending");
+    assert_eq!(me["requestId"], body["requestId"]);
+}
+on_both_redis!(a_user_who_cancelled_can_buy_again);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pay_after_cancel_is_refused() {
+    let w = world(RedisKind::Standalone, 10).await;
+    let id = w.confirmed("alice", 1).await;
+    assert_eq!(w.cancel(id, "alice").await.0, StatusCode::OK);
+
+    let (status, body) = w.pay(id, "alice").await;
+
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+    assert_eq!(w.status(id).await, "cancelled");
+}
+
+async fn someone_elses_order_is_not_found_and_stays_untouched(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 2).await;
+
+    let (status, body) = w.cancel(id, "mallory").await;
+
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert_eq!(w.status(id).await, "confirmed");
+    assert_eq!((w.db_stock().await, w.redis().await.stock), (8, Some(8)));
+    let (status, _) = w.cancel(987_654_321, "alice").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+on_both_redis!(someone_elses_order_is_not_found_and_stays_untouched);
+
+/// The payment-timeout path (reconcile) and the owner may cancel at the same moment, and a
+/// client may retry: however many run at once, the units come back once.
+async fn concurrent_cancels_of_one_order_give_stock_back_once(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 4).await;
+    let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
+
+    let outcomes = futures::future::join_all((0..20).map(|_| {
+        let (pool, redis, order) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
+        tokio::spawn(async move {
+            lifecycle::cancel_order(&pool, &redis, &order, chrono::Utc::now())
+                .await
+                .unwrap()
+        })
+    }))
+    .await;
+
+    let outcomes: Vec<_> = outcomes.into_iter().map(Result::unwrap).collect();
+    let cancelled = outcomes
+        .iter()
+        .filter(|o| matches!(o, CancelOutcome::Cancelled { quantity: 4 }))
+        .count();
+    assert_eq!(cancelled, 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(|o| matches!(
+        o,
+        CancelOutcome::Cancelled { .. } | CancelOutcome::AlreadyCancelled
+    )));
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert!(snap.ledger.is_empty(), "{:?}", snap.ledger);
+    assert_eq!(snap.participants, 0);
+}
+on_both_redis!(concurrent_cancels_of_one_order_give_stock_back_once);
+
+/// The consumer committed the order but had not yet dropped its ledger entry when the cancel
+/// came: the order row proves the commit, so the cancel settles the entry and proceeds.
+async fn cancel_right_after_commit_before_settle_still_cancels(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let request_id = w.reserve("alice", 2).await;
+    let id = w.commit("alice", 2, request_id).await;
+
+    let (status, body) = w.cancel(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["releasedQuantity"], 2);
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert!(snap.ledger.is_empty());
+}
+on_both_redis!(cancel_right_after_commit_before_settle_still_cancels);
+
+/// A crash after the DB commit left the `c` entry behind; cancelling again finishes the Redis
+/// half instead of leaving it (or doing it twice).
+async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 3).await;
+    let now = chrono::Utc::now();
+    // Steps 1 and 2 of a cancel, then the "crash": no cancel_finish.
+    sale::cancel_begin(
+        &w.env.redis,
+        w.sale.id,
+        "alice",
+        id,
+        3,
+        now.timestamp_millis(),
+    )
+    .await
+    .unwrap();
+    sqlx::query("update orders set status = 'cancelled', cancelled_at = now() where id = $1")
+        .bind(id)
+        .execute(&w.env.pool)
+        .await
+        .unwrap();
+    sqlx::query("update activities set remaining_stock = remaining_stock + 3 where id = $1")
+        .bind(w.sale.id)
+        .execute(&w.env.pool)
+        .await
+        .unwrap();
+    assert_eq!(w.redis().await.stock, Some(7), "Redis half not done yet");
+
+    let (status, body) = w.cancel(id, "alice").await;
+    let (status2, _) = w.cancel(id, "alice").await;
+
+    assert_eq!(
+        (status, status2),
+        (StatusCode::OK, StatusCode::OK),
+        "{body}"
+    );
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert!(snap.ledger.is_empty());
+    assert_eq!(snap.participants, 0);
+}
+on_both_redis!(a_retried_cancel_finishes_what_a_crash_left_half_done);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
+    let w = world(RedisKind::Standalone, 10).await;
+    let id = w.confirmed("alice", 2).await;
+    let k = w.env.redis.keys(w.sale.id);
+    let _: i64 = w
+        .env
+        .redis
+        .cmd(
+            redis::cmd("DEL")
+                .arg(&k.stock)
+                .arg(&k.meta)
+                .arg(&k.users)
+                .arg(&k.ledger),
+        )
+        .await
+        .unwrap();
+
+    let (status, body) = w.cancel(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["releasedQuantity"], 2);
+    assert_eq!(w.db_stock().await, 10);
+    assert!(!w.redis().await.loaded, "nothing recreated in Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn my_order_follows_a_purchase_from_none_to_paid() {
+    let w = world(RedisKind::Standalone, 10).await;
+    assert_eq!(w.me("alice").await, serde_json::json!({"status": "none"}));
+
+    let request_id = w.reserve("alice", 2).await;
+    let me = w.me("alice").await;
+    assert_eq!(me["status"], "pending");
+    assert_eq!(me["requestId"], request_id.to_string());
+
+    let id = w.commit("alice", 2, request_id).await;
+    sale::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string())
+        .await
+        .unwrap();
+    let me = w.me("alice").await;
+    assert_eq!(
+        (
+            me["status"].as_str(),
+            me["orderId"].as_i64(),
+            me["quantity"].as_i64()
+        ),
+        (Some("confirmed"), Some(id), Some(2))
+    );
+    assert!(me.get("reason").is_none());
+
+    assert_eq!(w.pay(id, "alice").await.0, StatusCode::OK);
+    assert_eq!(w.me("alice").await["status"], "paid");
+
+    // A request the database refused shows as failed, with its reason.
+    sqlx::query(
+        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+         values ($1, $2, 'bob', 1, 'failed', 'sold_out')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(w.sale.id)
+    .execute(&w.env.pool)
+    .await
+    .unwrap();
+    let me = w.me("bob").await;
+    assert_eq!(
+        (me["status"].as_str(), me["reason"].as_str()),
+        (Some("failed"), Some("sold_out"))
+    );
+}
