@@ -231,7 +231,11 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) {
         .collect();
     tokens.sort_unstable();
     tokens.dedup();
-    assert_eq!(tokens.len(), ok.len(), "every success carries its own token");
+    assert_eq!(
+        tokens.len(),
+        ok.len(),
+        "every success carries its own token"
+    );
     let last = ok
         .iter()
         .max_by_key(|b| b["lastFenceToken"].as_i64().unwrap())
@@ -241,7 +245,10 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) {
     assert_eq!(row.total_stock as i64, last["totalStock"].as_i64().unwrap());
     assert_eq!(row.remaining_stock, row.total_stock);
     assert_eq!(row.config_version, 1 + ok.len() as i64);
-    assert_eq!(row.last_fence_token, last["lastFenceToken"].as_i64().unwrap());
+    assert_eq!(
+        row.last_fence_token,
+        last["lastFenceToken"].as_i64().unwrap()
+    );
     // Versions increase with tokens: successes were applied in token order.
     let mut by_token: Vec<(i64, i64)> = ok
         .iter()
@@ -396,7 +403,12 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKin
     let app = router(state);
     let (status, body) = call(
         &app,
-        request("GET", &format!("/admin/activities/{}", a.id), Some(ADMIN), None),
+        request(
+            "GET",
+            &format!("/admin/activities/{}", a.id),
+            Some(ADMIN),
+            None,
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -418,7 +430,12 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind)
     });
     let (status, created) = call(
         &app,
-        request("POST", "/admin/activities", Some(ADMIN), Some(&body.to_string())),
+        request(
+            "POST",
+            "/admin/activities",
+            Some(ADMIN),
+            Some(&body.to_string()),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
@@ -437,7 +454,11 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind)
         .await
         .unwrap();
     assert_eq!((ok.total_stock, ok.remaining_stock), (6, 0));
-    assert_eq!(redis_stock(&env, id).await, None, "admin never loads a sale");
+    assert_eq!(
+        redis_stock(&env, id).await,
+        None,
+        "admin never loads a sale"
+    );
 
     let (_, detail) = call(
         &app,
@@ -464,7 +485,12 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
     // Arrange: one good activity.
     let (status, created) = call(
         &app,
-        request("POST", "/admin/activities", Some(ADMIN), Some(&valid.to_string())),
+        request(
+            "POST",
+            "/admin/activities",
+            Some(ADMIN),
+            Some(&valid.to_string()),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
@@ -507,7 +533,10 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
         ("string stock", json!({"totalStock": "10"})),
         ("zero limit", json!({"perOrderLimit": 0})),
         ("start after end", json!({"startAt": end, "endAt": start})),
-        ("start equals end", json!({"startAt": start, "endAt": start})),
+        (
+            "start equals end",
+            json!({"startAt": start, "endAt": start}),
+        ),
         ("non-RFC 3339", json!({"startAt": "tomorrow at noon"})),
         ("unknown field", json!({"price": 10})),
     ];
@@ -518,11 +547,20 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
         }
         let got = call(
             &app,
-            request("POST", "/admin/activities", Some(ADMIN), Some(&create.to_string())),
+            request(
+                "POST",
+                "/admin/activities",
+                Some(ADMIN),
+                Some(&create.to_string()),
+            ),
         )
         .await;
         expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
-        let got = call(&app, request("PUT", &path, Some(ADMIN), Some(&field.to_string()))).await;
+        let got = call(
+            &app,
+            request("PUT", &path, Some(ADMIN), Some(&field.to_string())),
+        )
+        .await;
         expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
     }
     for (what, body) in [
@@ -530,31 +568,63 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
         ("empty object", "{}"),
         ("malformed", "{\"title\": "),
         ("not an object", "[1,2]"),
-        ("oversized", &format!("{{\"title\": \"{}\"}}", "x".repeat(5000))),
+        (
+            "oversized",
+            &format!("{{\"title\": \"{}\"}}", "x".repeat(5000)),
+        ),
     ] {
         let got = call(&app, request("PUT", &path, Some(ADMIN), Some(body))).await;
         expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
     }
     let missing = call(
         &app,
-        request("POST", "/admin/activities", Some(ADMIN), Some("{\"title\": \"x\"}")),
+        request(
+            "POST",
+            "/admin/activities",
+            Some(ADMIN),
+            Some("{\"title\": \"x\"}"),
+        ),
     )
     .await;
-    expect(StatusCode::BAD_REQUEST, "bad_request", missing, "missing fields");
+    expect(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        missing,
+        "missing fields",
+    );
 
     // Ids and paging.
-    for p in ["/admin/activities/abc", "/admin/activities/0", "/admin/activities/-1"] {
+    for p in [
+        "/admin/activities/abc",
+        "/admin/activities/0",
+        "/admin/activities/-1",
+    ] {
         let got = call(&app, request("GET", p, Some(ADMIN), None)).await;
         expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
-        let got = call(&app, request("PUT", p, Some(ADMIN), Some("{\"title\":\"x\"}"))).await;
+        let got = call(
+            &app,
+            request("PUT", p, Some(ADMIN), Some("{\"title\":\"x\"}")),
+        )
+        .await;
         expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
     }
     let unknown = format!("/admin/activities/{}", id + 1000);
     let got = call(&app, request("GET", &unknown, Some(ADMIN), None)).await;
     expect(StatusCode::NOT_FOUND, "not_found", got, "GET unknown");
-    let got = call(&app, request("PUT", &unknown, Some(ADMIN), Some("{\"title\":\"x\"}"))).await;
+    let got = call(
+        &app,
+        request("PUT", &unknown, Some(ADMIN), Some("{\"title\":\"x\"}")),
+    )
+    .await;
     expect(StatusCode::NOT_FOUND, "not_found", got, "PUT unknown");
-    for q in ["limit=0", "limit=101", "limit=abc", "offset=-1", "offset=x", "page=2"] {
+    for q in [
+        "limit=0",
+        "limit=101",
+        "limit=abc",
+        "offset=-1",
+        "offset=x",
+        "page=2",
+    ] {
         let got = call(
             &app,
             request("GET", &format!("/admin/activities?{q}"), Some(ADMIN), None),
@@ -571,18 +641,31 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
     assert_eq!(count, 1);
     let after = db_activity(&env, id).await;
     assert_eq!(
-        (after.title, after.total_stock, after.config_version, after.last_fence_token),
+        (
+            after.title,
+            after.total_stock,
+            after.config_version,
+            after.last_fence_token
+        ),
         (before.title, before.total_stock, 1, 0)
     );
 
     // The good paths still answer.
     let (status, page) = call(&app, request("GET", "/admin/activities", Some(ADMIN), None)).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!((page["limit"].clone(), page["offset"].clone()), (json!(20), json!(0)));
+    assert_eq!(
+        (page["limit"].clone(), page["offset"].clone()),
+        (json!(20), json!(0))
+    );
     assert_eq!(page["items"][0]["id"], json!(id));
     let (status, page) = call(
         &app,
-        request("GET", "/admin/activities?limit=1&offset=1", Some(ADMIN), None),
+        request(
+            "GET",
+            "/admin/activities?limit=1&offset=1",
+            Some(ADMIN),
+            None,
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::OK);

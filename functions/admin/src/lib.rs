@@ -35,9 +35,11 @@
 //!
 //! # In-between states (a crash, a timeout or a lost lease between the two steps)
 //!
-//! - lowered in Redis, DB unchanged (crash before the commit, or the revert failed): Redis
+//! - lowered in Redis, DB unchanged (crash or lost lease before the commit, or the revert
+//!   failed; the request answers 409 or 503, or never answers): Redis
 //!   stock is *lower* than the DB allows. Nothing oversells; reconcile sees the drift and,
 //!   when the ledger is quiet, sets Redis stock back to the DB's remaining stock.
+//!   Redis meta already carries the new values and version; the next admin change rewrites it.
 //! - raised in the DB, Redis unchanged (crash or Redis error after the commit, or the lease
 //!   lost after the commit): Redis offers fewer units and an older meta. Reconcile corrects the
 //!   stock from the DB; preheat refreshes the meta because the DB's `config_version` is newer.
@@ -148,13 +150,27 @@ pub async fn update_activity(
     .await?;
     let result = match guard.run(update_with_guard(state, &guard, patch)).await {
         Ok(result) => result,
-        Err(lost) => Err(lost.into()),
+        Err(lost) => committed_under(state, &guard)
+            .await
+            .and_then(|row| row.ok_or_else(|| lost.into())),
     };
     if let Err(e) = guard.release().await {
         // The lease expires by itself; the change (if any) is already fenced.
         tracing::warn!(activity_id = id, error = %e, "lock release failed");
     }
     result
+}
+
+/// After the work was abandoned (lease lost): did its DB transaction commit anyway? The row
+/// holding our token proves it did (tokens are unique per holder), and then the DB, the system
+/// of record, has the change: answer it rather than a misleading 409 (Redis catches up through
+/// reconcile and preheat).
+async fn committed_under(
+    state: &AdminState,
+    guard: &LockGuard,
+) -> Result<Option<Activity>, ApiError> {
+    let row = activity::get(&state.pool, guard.activity_id).await?;
+    Ok(row.filter(|a| a.last_fence_token == guard.token))
 }
 
 /// The merged fields of an update, validated.
@@ -200,18 +216,23 @@ enum Adjust {
     WouldGoNegative { stock: i64 },
 }
 
-async fn adjust(
-    state: &AdminState,
-    guard: &LockGuard,
-    delta: i64,
+/// The activity's meta as `adjust.lua` writes it to Redis.
+struct RedisMeta {
     total: i64,
     per_order_limit: i64,
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
     version: i64,
+}
+
+async fn adjust(
+    state: &AdminState,
+    guard: &LockGuard,
+    delta: i64,
+    meta: &RedisMeta,
 ) -> Result<Adjust, ApiError> {
     let keys = state.redis.keys(guard.activity_id);
-    let expire_at = end_at
+    let expire_at = meta.end_at
         + chrono::Duration::from_std(state.config.expiry_buffer)
             .unwrap_or(chrono::Duration::hours(2));
     let mut inv = scripts::ADJUST.prepare_invoke();
@@ -220,11 +241,11 @@ async fn adjust(
         .key(&keys.lock)
         .arg(&guard.owner)
         .arg(delta)
-        .arg(total)
-        .arg(start_at.timestamp_millis())
-        .arg(end_at.timestamp_millis())
-        .arg(per_order_limit)
-        .arg(version)
+        .arg(meta.total)
+        .arg(meta.start_at.timestamp_millis())
+        .arg(meta.end_at.timestamp_millis())
+        .arg(meta.per_order_limit)
+        .arg(meta.version)
         .arg(expire_at.timestamp_millis());
     let (code, stock): (i64, i64) = state.redis.script(&inv).await?;
     Ok(match code {
@@ -264,19 +285,16 @@ pub async fn update_with_guard(
         return Err(below_sold(m.total_stock));
     }
     let version = current.config_version + 1;
+    let new_meta = RedisMeta {
+        total: m.total_stock,
+        per_order_limit: m.per_order_limit,
+        start_at: m.start_at,
+        end_at: m.end_at,
+        version,
+    };
     if delta < 0 {
         // Lowering: Redis first, so units already reserved there are never taken back.
-        let adjusted = adjust(
-            state,
-            guard,
-            delta,
-            m.total_stock,
-            m.per_order_limit,
-            m.start_at,
-            m.end_at,
-            version,
-        )
-        .await?;
+        let adjusted = adjust(state, guard, delta, &new_meta).await?;
         match adjusted {
             Adjust::Applied | Adjust::NotLoaded => {}
             Adjust::NotOwner => return Err(LockError::Lost.into()),
@@ -300,17 +318,14 @@ pub async fn update_with_guard(
             Ok(updated) => Ok(updated),
             Err(e) => {
                 if adjusted == Adjust::Applied {
-                    let reverted = adjust(
-                        state,
-                        guard,
-                        -delta,
-                        current.total_stock as i64,
-                        current.per_order_limit as i64,
-                        current.start_at,
-                        current.end_at,
-                        current.config_version,
-                    )
-                    .await;
+                    let old_meta = RedisMeta {
+                        total: current.total_stock as i64,
+                        per_order_limit: current.per_order_limit as i64,
+                        start_at: current.start_at,
+                        end_at: current.end_at,
+                        version: current.config_version,
+                    };
+                    let reverted = adjust(state, guard, -delta, &old_meta).await;
                     if !matches!(reverted, Ok(Adjust::Applied)) {
                         tracing::error!(
                             activity_id = id,
@@ -327,18 +342,7 @@ pub async fn update_with_guard(
         // Raising or meta only: the DB first, so Redis never offers units the DB lacks.
         let updated = write_update(&mut tx, id, &m, delta, version).await?;
         tx.commit().await?;
-        match adjust(
-            state,
-            guard,
-            delta,
-            m.total_stock,
-            m.per_order_limit,
-            m.start_at,
-            m.end_at,
-            version,
-        )
-        .await
-        {
+        match adjust(state, guard, delta, &new_meta).await {
             Ok(Adjust::Applied | Adjust::NotLoaded) => {}
             other => tracing::warn!(
                 activity_id = id,
