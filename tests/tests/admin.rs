@@ -680,3 +680,48 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
     assert_eq!(updated["title"], json!("Phones"));
     assert_eq!(updated["configVersion"], json!(2));
 }
+
+async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) {
+    // Arrange: a running sale, and a database that refuses one particular update (a real
+    // failure inside the transaction, after Redis was already lowered).
+    let (env, state) = setup(kind, 2000, 1000).await;
+    let a = env.open_sale(20, 1).await.unwrap();
+    for stmt in [
+        "create function refuse_13() returns trigger language plpgsql as $$
+         begin
+           if new.total_stock = 13 then raise exception 'refused by test trigger'; end if;
+           return new;
+         end $$",
+        "create trigger refuse_13 before update on activities
+         for each row execute function refuse_13()",
+    ] {
+        sqlx::query(stmt).execute(&env.pool).await.unwrap();
+    }
+
+    // Act: lower 20 -> 13 (Redis first, then the DB fails).
+    let err = update_activity(&state, a.id, &patch(json!({"totalStock": 13})))
+        .await
+        .unwrap_err();
+
+    // Assert: an error, and both stores are as before: Redis got its 7 units back.
+    assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR, "{err}");
+    let row = db_activity(&env, a.id).await;
+    assert_eq!((row.total_stock, row.config_version), (20, 1));
+    assert_eq!(redis_stock(&env, a.id).await, Some(20));
+    let total: String = env
+        .redis
+        .cmd(
+            redis::cmd("HGET")
+                .arg(env.redis.keys(a.id).meta)
+                .arg("total"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(total, "20");
+    // And the next change goes through normally.
+    update_activity(&state, a.id, &patch(json!({"totalStock": 12})))
+        .await
+        .unwrap();
+    assert_eq!(redis_stock(&env, a.id).await, Some(12));
+}
+on_both_redis!(a_failed_db_write_gives_redis_its_units_back);
