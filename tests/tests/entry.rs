@@ -544,6 +544,16 @@ async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) 
 }
 on_both_redis!(user_id_in_the_body_is_ignored_in_favour_of_the_token);
 
+/// method, path, (user, scope), body, expected status, expected error code.
+type BadInput<'a> = (
+    &'a str,
+    String,
+    Option<(&'a str, &'a str)>,
+    Option<&'a str>,
+    u16,
+    &'a str,
+);
+
 async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(10, 5).await.unwrap();
@@ -551,7 +561,7 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: Redis
     let orders = orders_path(&a);
     let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
     let user = Some(("alice", ""));
-    let cases: Vec<(&str, String, Option<(&str, &str)>, Option<&str>, u16, &str)> = vec![
+    let cases: Vec<BadInput> = vec![
         (
             "POST",
             orders.clone(),

@@ -590,6 +590,7 @@ impl Rejection {
 impl From<Decision> for Rejection {
     fn from(d: Decision) -> Self {
         match d {
+            // `Accepted` is never a rejection; it is listed only to keep the match exhaustive.
             Decision::SoldOut { .. } | Decision::Accepted { .. } => Rejection::SoldOut,
             Decision::AlreadyPurchased => Rejection::AlreadyPurchased,
             Decision::NotStarted => Rejection::NotStarted,
