@@ -195,7 +195,7 @@ async fn commit_cancel(
 /// Pays a `confirmed` order of `user_id`. Paying a paid order again answers the order (200,
 /// idempotent); someone else's or an unknown order is 404; a cancelled or failed order is 409
 /// `conflict` (after the payment timeout reconcile has cancelled it, so a late pay is refused).
-#[tracing::instrument(skip_all, fields(order_id))]
+#[tracing::instrument(skip_all, fields(order_id = order_id))]
 pub async fn pay_order(
     pool: &PgPool,
     order_id: i64,
