@@ -366,9 +366,10 @@ fn build_report(
     }
 }
 
+/// Step lines go to stderr, beside the progress bar; stdout carries the report.
 fn say(opts: &DemoOptions, line: &str) {
     if !opts.quiet {
-        println!("[demo] {line}");
+        eprintln!("[demo] {line}");
     }
 }
 

@@ -114,7 +114,7 @@ pub struct RunOptions {
     pub base_url: String,
     pub concurrency: usize,
     pub timeout: Duration,
-    /// Hide the progress bar (it is hidden anyway when stdout is not a terminal).
+    /// Hide the progress bar (callers hide it when their output is not a terminal).
     pub quiet: bool,
 }
 
@@ -243,9 +243,9 @@ pub fn outcome(status: u16, body: &[u8]) -> String {
     }
 }
 
-/// A progress bar, hidden when stdout is not a terminal or when asked.
+/// A progress bar (on stderr), hidden when asked or when stderr is not a terminal.
 pub fn progress_bar(len: u64, quiet: bool, message: &str) -> ProgressBar {
-    if quiet || !std::io::stdout().is_terminal() {
+    if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::new(len);

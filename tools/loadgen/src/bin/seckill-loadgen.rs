@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use seckill_loadgen::load::{self, CrowdSpec, Plan, RunOptions};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -65,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
             base_url: args.url.trim_end_matches('/').to_string(),
             concurrency: args.concurrency,
             timeout: Duration::from_secs(args.timeout_secs),
-            quiet: args.quiet,
+            quiet: args.quiet || !std::io::stdout().is_terminal(),
         },
     )
     .await?;
