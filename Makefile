@@ -51,6 +51,7 @@ test: stack
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
+	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
 
 fmt:

@@ -373,10 +373,7 @@ mod tests {
             redacted("postgres://u@h/db?password=hunter2&sslmode=require"),
             "postgres://u@h/db?password=***&sslmode=require"
         );
-        assert_eq!(
-            redacted("redis://127.0.0.1:6379"),
-            "redis://127.0.0.1:6379"
-        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redacted("not a url hunter2"), "***");
     }
 

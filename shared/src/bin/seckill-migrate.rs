@@ -39,11 +39,11 @@ async fn migrate() -> anyhow::Result<Value> {
 }
 
 async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
-    Ok(sqlx::query_scalar(
-        "select version from _sqlx_migrations where success order by version",
+    Ok(
+        sqlx::query_scalar("select version from _sqlx_migrations where success order by version")
+            .fetch_all(pool)
+            .await?,
     )
-    .fetch_all(pool)
-    .await?)
 }
 
 #[tokio::main]
@@ -51,7 +51,9 @@ async fn main() -> anyhow::Result<()> {
     seckill_shared::init_tracing();
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
         lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async {
-            migrate().await.map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
+            migrate()
+                .await
+                .map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
         }))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
