@@ -259,16 +259,20 @@ pub async fn resolve_with(
     Ok(())
 }
 
-/// [`resolve_with`] with the secret references from the environment and a client built from the
-/// standard AWS configuration (`AWS_ENDPOINT_URL_SECRETS_MANAGER` points it elsewhere).
+/// [`resolve_refs`] with the secret references from the environment.
 pub async fn resolve(config: &mut Config) -> anyhow::Result<()> {
-    let refs = SecretRefs::from_env();
+    resolve_refs(config, &SecretRefs::from_env()).await
+}
+
+/// [`resolve_with`] with a client built from the standard AWS configuration
+/// (`AWS_ENDPOINT_URL_SECRETS_MANAGER` points it elsewhere). Builds nothing when `refs` is empty.
+pub async fn resolve_refs(config: &mut Config, refs: &SecretRefs) -> anyhow::Result<()> {
     if refs.is_empty() {
         return Ok(());
     }
     let sdk = aws_config::load_from_env().await;
     let client = aws_sdk_secretsmanager::Client::new(&sdk);
-    resolve_with(config, &refs, &client).await
+    resolve_with(config, refs, &client).await
 }
 
 #[cfg(test)]

@@ -15,7 +15,13 @@ use serde_json::{json, Value};
 
 /// Connects, migrates, reports which migrations are now applied.
 async fn migrate() -> anyhow::Result<Value> {
-    let mut config = Config::load().await?;
+    // Only the database secret: this function may not read the Redis one (least privilege).
+    let mut config = Config::from_env()?;
+    let refs = secrets::SecretRefs {
+        redis_auth_secret_arn: None,
+        ..secrets::SecretRefs::from_env()
+    };
+    secrets::resolve_refs(&mut config, &refs).await?;
     // One connection is enough and keeps this off the functions' connection budget.
     config.db_max_connections = 1;
     let target = secrets::redacted(&config.database_url);
