@@ -8,7 +8,7 @@
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
-#   make bench        the benchmark
+#   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
 #   make clean-stack  stop the cluster nodes and moto_server that `make stack` started
@@ -32,6 +32,7 @@ endif
 USER_ID ?= alice
 ADMIN ?=
 DEMO_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: help stack test fmt clippy lint-template demo serve token build tools-lambda bench clean-stack stack-status
 
@@ -81,12 +82,15 @@ tools-lambda:
 
 # arm64 matches template.yaml (Architectures: [arm64]); the x86_64 fallback is for machines where the
 # aarch64 std cannot be had (deploying it needs Architectures: [x86_64]).
+# cargo-lambda finds zig as `python3 -m ziglang`: the venv's python must come first on PATH, hence
+# `activate` (env.sh appends the venv, so the system python3 would win).
 build:
 	$(ENV) command -v cargo-lambda >/dev/null || { echo "cargo-lambda not found: run 'make tools-lambda' first" >&2; exit 1; }
-	$(ENV) cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; source scripts/env.sh && cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }
+	$(ENV) source $(VENV)/bin/activate && { cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }; }
 
+# The Lambda binaries are built first so the bench can report their size and time to ready.
 bench: stack
-	$(ENV) cargo run --release -p seckill-bench
+	$(ENV) cargo build --release -p seckill-entry -p order-consumer -p preheat -p reconcile -p admin && cargo run --release -p seckill-bench -- $(BENCH_ARGS)
 
 clean-stack:
 	bash scripts/stack.sh stop

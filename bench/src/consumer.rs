@@ -1,0 +1,313 @@
+//! The order consumer's committed orders/s against one transaction per order on the same
+//! table.
+//!
+//! Reservations are made with `sale::purchase` on the real Redis, turned into order messages
+//! and grouped in SQS batches of 10 built in-process. `instances` consumers (each with its own
+//! pool of `conns` connections and its own Redis connection, as separate Lambda containers)
+//! take batches concurrently. The baseline runs the same two statements (order insert +
+//! conditional stock update) in one transaction per order, with `instances × conns`
+//! connections, on a fresh activity of the same size.
+
+use crate::util;
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use futures::StreamExt;
+use order_consumer::Consumer;
+use seckill_shared::activity::{self, NewActivity};
+use seckill_shared::cache::Redis;
+use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale::{self, Decision};
+use seckill_shared::{testing, Config};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerRun {
+    pub what: String,
+    pub orders: usize,
+    pub committed: u64,
+    pub failed_or_retried: u64,
+    /// Of `committed`, how many went through the batch fast path.
+    pub batched: u64,
+    pub seconds: f64,
+    pub orders_per_s: f64,
+    /// Orders and stock read back from the database afterwards.
+    pub db_orders: i64,
+    pub db_remaining_stock: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerResults {
+    pub instances: usize,
+    pub connections_per_instance: u32,
+    pub batch_size: usize,
+    pub handle_batch: ConsumerRun,
+    pub handle_batch_per_message: ConsumerRun,
+    pub baseline: ConsumerRun,
+    pub consumer_vs_baseline: f64,
+}
+
+pub async fn run(
+    database_url: &str,
+    pool: &PgPool,
+    orders: usize,
+    instances: usize,
+    conns: u32,
+) -> anyhow::Result<ConsumerResults> {
+    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    config.key_prefix = util::fresh_prefix();
+    config.db_max_connections = conns;
+    config.redis_timeout = Duration::from_secs(5);
+    let redis = Redis::connect(&config).await?;
+    let result = async {
+        let batch = consumer_run(&config, pool, &redis, orders, instances, true).await?;
+        let single = consumer_run(&config, pool, &redis, orders, instances, false).await?;
+        let baseline = baseline_run(database_url, pool, orders, instances * conns as usize).await?;
+        Ok::<_, anyhow::Error>(ConsumerResults {
+            instances,
+            connections_per_instance: conns,
+            batch_size: 10,
+            consumer_vs_baseline: batch.orders_per_s / baseline.orders_per_s,
+            handle_batch: batch,
+            handle_batch_per_message: single,
+            baseline,
+        })
+    }
+    .await;
+    let client = redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )?;
+    let mut con = client.get_multiplexed_async_connection().await?;
+    util::delete_prefix(&mut con, &config.key_prefix).await?;
+    result
+}
+
+async fn new_activity(
+    pool: &PgPool,
+    stock: usize,
+) -> anyhow::Result<seckill_shared::activity::Activity> {
+    Ok(activity::insert(
+        pool,
+        &NewActivity {
+            title: "bench consumer".into(),
+            total_stock: stock as i64,
+            per_order_limit: 1,
+            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
+            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
+        },
+    )
+    .await?)
+}
+
+async fn db_facts(pool: &PgPool, activity_id: i64) -> anyhow::Result<(i64, i64)> {
+    let orders: i64 = sqlx::query_scalar(
+        "select count(*) from orders where activity_id = $1 and status = 'confirmed'",
+    )
+    .bind(activity_id)
+    .fetch_one(pool)
+    .await?;
+    let left: i32 = sqlx::query_scalar("select remaining_stock from activities where id = $1")
+        .bind(activity_id)
+        .fetch_one(pool)
+        .await?;
+    Ok((orders, left as i64))
+}
+
+async fn consumer_run(
+    config: &Config,
+    pool: &PgPool,
+    redis: &Redis,
+    orders: usize,
+    instances: usize,
+    batch_writes: bool,
+) -> anyhow::Result<ConsumerRun> {
+    let a = new_activity(pool, orders).await?;
+    sale::preheat(redis, &a, Duration::from_secs(3600)).await?;
+    // Real reservations: the ledger holds each one, as after seckill-entry accepted it.
+    let messages: Vec<OrderMessage> = futures::stream::iter(0..orders)
+        .map(|i| {
+            let redis = redis.clone();
+            async move {
+                let user = format!("buyer-{i:07}");
+                let request_id = Uuid::now_v7();
+                match sale::purchase(&redis, a.id, &user, 1, request_id).await? {
+                    Decision::Accepted { now_ms, .. } => Ok(OrderMessage {
+                        request_id,
+                        activity_id: a.id,
+                        user_id: user,
+                        quantity: 1,
+                        reserved_at_ms: now_ms,
+                    }),
+                    other => Err(anyhow::anyhow!("reservation refused: {other:?}")),
+                }
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<anyhow::Result<OrderMessage>>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    let batches: Vec<SqsEvent> = messages
+        .chunks(10)
+        .map(|chunk| {
+            let mut event = SqsEvent::default();
+            event.records = chunk
+                .iter()
+                .map(|m| {
+                    let mut msg = SqsMessage::default();
+                    msg.message_id = Some(m.request_id.to_string());
+                    msg.body = Some(serde_json::to_string(m).expect("serializable"));
+                    msg
+                })
+                .collect();
+            event
+        })
+        .collect();
+    let batches = Arc::new(batches);
+
+    // One consumer per "container": its own warm pool and Redis connection.
+    let mut consumers = Vec::new();
+    for _ in 0..instances {
+        let p = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(config.db_max_connections)
+            .min_connections(config.db_max_connections)
+            .connect(&config.database_url)
+            .await?;
+        let r = Redis::connect(config).await?;
+        consumers.push(Consumer::new(p, r, config.clone()).with_batch_writes(batch_writes));
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = consumers
+        .iter()
+        .cloned()
+        .map(|consumer| {
+            let (next, batches) = (next.clone(), batches.clone());
+            tokio::spawn(async move {
+                let (mut committed, mut failed, mut batched) = (0u64, 0u64, 0u64);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(event) = batches.get(i) else { break };
+                    // `handle_batch` minus its metrics line on stdout.
+                    let (resp, stats) = consumer.handle_batch_with_stats(event.clone()).await;
+                    committed += stats.committed as u64;
+                    batched += stats.batched as u64;
+                    failed += resp.batch_item_failures.len() as u64 + stats.failed as u64;
+                }
+                (committed, failed, batched)
+            })
+        })
+        .collect();
+    let (mut committed, mut failed, mut batched) = (0, 0, 0);
+    for t in tasks {
+        let (c, f, b) = t.await?;
+        committed += c;
+        failed += f;
+        batched += b;
+    }
+    let elapsed = start.elapsed();
+    for c in consumers {
+        c.pool().close().await;
+    }
+    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
+    let what = if batch_writes {
+        "Consumer::handle_batch (batch fast path on)"
+    } else {
+        "Consumer::handle_batch (batch fast path off)"
+    };
+    let run = ConsumerRun {
+        what: what.into(),
+        orders,
+        committed,
+        failed_or_retried: failed,
+        batched,
+        seconds: elapsed.as_secs_f64(),
+        orders_per_s: committed as f64 / elapsed.as_secs_f64(),
+        db_orders,
+        db_remaining_stock,
+    };
+    eprintln!(
+        "  {:<44} {:>9.0} orders/s  committed {} (batched {}), failed/retried {}",
+        run.what, run.orders_per_s, run.committed, run.batched, run.failed_or_retried
+    );
+    Ok(run)
+}
+
+async fn baseline_run(
+    database_url: &str,
+    pool: &PgPool,
+    orders: usize,
+    connections: usize,
+) -> anyhow::Result<ConsumerRun> {
+    let a = new_activity(pool, orders).await?;
+    let p = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections as u32)
+        .min_connections(connections as u32)
+        .connect(database_url)
+        .await?;
+    let activity_id = a.id;
+    let pp = p.clone();
+    let run = util::run_tasks(connections, orders, move |i| {
+        let p = pp.clone();
+        async move {
+            let r: Result<bool, sqlx::Error> = async {
+                let mut tx = p.begin().await?;
+                sqlx::query(
+                    "insert into orders (request_id, activity_id, user_id, quantity, status)
+                     values ($1, $2, $3, $4, 'confirmed')",
+                )
+                .bind(Uuid::now_v7())
+                .bind(activity_id)
+                .bind(format!("buyer-{i:07}"))
+                .bind(1i32)
+                .execute(&mut *tx)
+                .await?;
+                let left: Option<i32> = sqlx::query_scalar(
+                    "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
+                     where id = $1 and remaining_stock >= $2 returning remaining_stock",
+                )
+                .bind(activity_id)
+                .bind(1i64)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if left.is_none() {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                tx.commit().await?;
+                Ok(true)
+            }
+            .await;
+            match r {
+                Ok(true) => util::Outcome::Sold,
+                Ok(false) => util::Outcome::Refused,
+                Err(e) => util::Outcome::Error(e.to_string()),
+            }
+        }
+    })
+    .await;
+    run.warn_errors("per-order baseline");
+    p.close().await;
+    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
+    let r = ConsumerRun {
+        what: "baseline: one transaction per order".into(),
+        orders,
+        committed: run.counts.sold,
+        failed_or_retried: run.counts.refused + run.counts.errors,
+        batched: 0,
+        seconds: run.elapsed.as_secs_f64(),
+        orders_per_s: run.counts.sold as f64 / run.elapsed.as_secs_f64(),
+        db_orders,
+        db_remaining_stock,
+    };
+    eprintln!(
+        "  {:<44} {:>9.0} orders/s  committed {}",
+        r.what, r.orders_per_s, r.committed
+    );
+    Ok(r)
+}

@@ -1,0 +1,344 @@
+//! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): the seeds' comparison of
+//! stock-deduction strategies, measured side by side in one run on the real local Redis,
+//! PostgreSQL and SQS emulator, plus the entry handler's cost, the sold-out cache, accepted
+//! purchases with their SQS send, the order consumer, Redis memory per participant and the
+//! Lambda binaries. Prints one table (stdout), progress on stderr, and writes `RESULTS.md` and
+//! `results.json` (to `bench/` for a full run, `target/bench/` for `--quick`).
+//!
+//! Benchmarks print figures; nothing here asserts a timing.
+//!
+//! # Layout
+//! - [`util`]: the bounded concurrent loop, hdrhistogram, INFO commandstats, stock sampler.
+//! - [`strategies`]: lua / hincrby / lock / db-only / limit under two workloads, kill runs.
+//! - [`entry`]: the entry router in-process and over HTTP, sold-out flood, accepted + SQS.
+//! - [`consumer`]: `Consumer::handle_batch` against one transaction per order.
+//! - [`memory`]: `MEMORY USAGE` of the user set and ledger per participant.
+//! - [`binaries`]: release binary sizes and time to ready.
+//! - [`report`]: the table, RESULTS.md and results.json.
+
+mod binaries;
+mod consumer;
+mod entry;
+mod memory;
+mod report;
+mod strategies;
+mod util;
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Command-line options.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "seckill-bench", about = "The seeds' comparison, measured")]
+pub struct Args {
+    /// A ~30 s smoke run with small sizes (writes to target/bench/ unless --out is given).
+    #[arg(long)]
+    pub quick: bool,
+    /// Attempts per strategy and workload (default 40000; 3000 with --quick).
+    #[arg(long)]
+    pub attempts: Option<usize>,
+    /// Concurrent tasks for the strategies and the entry loops.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Sections to run (comma-separated): strategies,entry,consumer,memory,binaries.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "strategies,entry,consumer,memory,binaries"
+    )]
+    pub sections: Vec<String>,
+    /// Where RESULTS.md and results.json go.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The sizes of one run.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sizes {
+    pub attempts: usize,
+    pub kill_attempts: usize,
+    pub concurrency: usize,
+    pub db_pool: u32,
+    pub rejections: usize,
+    pub sold_out: usize,
+    pub http: usize,
+    pub sqs_sends: usize,
+    pub sqs_concurrency: usize,
+    pub consumer_orders: usize,
+    pub consumer_instances: usize,
+    pub consumer_connections: u32,
+    pub memory_users: Vec<usize>,
+    pub init_repeats: usize,
+}
+
+impl Sizes {
+    fn new(args: &Args) -> Self {
+        let q = args.quick;
+        let attempts = args.attempts.unwrap_or(if q { 3_000 } else { 40_000 });
+        Self {
+            attempts,
+            kill_attempts: attempts.min(if q { 1_000 } else { 5_000 }),
+            concurrency: args.concurrency,
+            db_pool: 32,
+            rejections: if q { 10_000 } else { 100_000 },
+            sold_out: if q { 20_000 } else { 200_000 },
+            http: if q { 3_000 } else { 20_000 },
+            sqs_sends: if q { 40 } else { 300 },
+            sqs_concurrency: 16,
+            consumer_orders: if q { 400 } else { 4_000 },
+            consumer_instances: 4,
+            consumer_connections: 4,
+            memory_users: if q {
+                vec![10_000, 100_000]
+            } else {
+                vec![100_000, 1_000_000]
+            },
+            init_repeats: if q { 1 } else { 3 },
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    // The local defaults of scripts/env.sh, for a run outside `make` (never AWS itself).
+    for (k, v) in [
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:4566"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
+    // Log lines are formatted as in Lambda (JSON, info) and thrown away: their cost is real,
+    // their output would drown the table.
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+        ))
+        .with_writer(std::io::sink)
+        .try_init();
+    let args = Args::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+/// Everything one run measured.
+#[derive(Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Results {
+    pub rows: Vec<strategies::Row>,
+    pub entry: Option<entry::EntryResults>,
+    pub consumer: Option<consumer::ConsumerResults>,
+    pub memory: Vec<memory::MemoryRow>,
+    pub binaries: Vec<binaries::BinaryRow>,
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let sizes = Sizes::new(&args);
+    let started = chrono::Utc::now();
+    let wall = std::time::Instant::now();
+    let machine = report::Machine::probe().await;
+    eprintln!(
+        "seckill-bench: {} cores, load {}, sizes {:?}",
+        machine.nproc, machine.load_start, sizes
+    );
+    let want = |s: &str| args.sections.iter().any(|x| x == s);
+
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = redis::Client::open(redis_url.as_str())?;
+    let mut admin = client.get_multiplexed_async_connection().await?;
+    let clients_at_start = report::redis_clients(&mut admin).await;
+    eprintln!("creating a fresh database ...");
+    let (database_url, pool) = seckill_shared::testing::fresh_database().await?;
+    let user_count = sizes
+        .attempts
+        .max(sizes.sqs_sends)
+        .max(sizes.consumer_orders)
+        .max(10_000);
+    let users: Arc<Vec<String>> =
+        Arc::new((0..user_count).map(|i| format!("user-{i:07}")).collect());
+
+    let mut results = Results::default();
+    // The functions write their metrics (EMF lines) to stdout, as in Lambda; while measuring,
+    // stdout goes to /dev/null (the write still happens) so only the table reaches it.
+    let quiet = QuietStdout::new();
+    let outcome = async {
+        if want("strategies") {
+            eprintln!(
+                "== strategies ({} tasks, one ConnectionManager)",
+                sizes.concurrency
+            );
+            let mut env = strategies::Env {
+                client: client.clone(),
+                admin: admin.clone(),
+                pool: pool.clone(),
+                database_url: database_url.clone(),
+                users: users.clone(),
+                concurrency: sizes.concurrency,
+                db_pool_size: sizes.db_pool,
+            };
+            for wl in [
+                strategies::Workload::success_heavy(sizes.attempts),
+                strategies::Workload::failure_heavy(sizes.attempts),
+            ] {
+                let rows = strategies::run_workload(&mut env, wl, sizes.kill_attempts).await?;
+                results.rows.extend(rows);
+            }
+        }
+        if want("entry") {
+            eprintln!("== entry handler");
+            results.entry = Some(
+                entry::run(
+                    &client,
+                    &database_url,
+                    &pool,
+                    users.clone(),
+                    &entry::Sizes {
+                        concurrency: sizes.concurrency,
+                        rejections: sizes.rejections,
+                        sold_out: sizes.sold_out,
+                        http: sizes.http,
+                        sqs_sends: sizes.sqs_sends,
+                        sqs_concurrency: sizes.sqs_concurrency,
+                    },
+                )
+                .await?,
+            );
+        }
+        if want("consumer") {
+            eprintln!(
+                "== order consumer ({} orders, {} instances x {} connections, batches of 10)",
+                sizes.consumer_orders, sizes.consumer_instances, sizes.consumer_connections
+            );
+            results.consumer = Some(
+                consumer::run(
+                    &database_url,
+                    &pool,
+                    sizes.consumer_orders,
+                    sizes.consumer_instances,
+                    sizes.consumer_connections,
+                )
+                .await?,
+            );
+        }
+        if want("memory") {
+            eprintln!("== Redis memory per participant");
+            for &n in &sizes.memory_users {
+                for uuid_ids in [false, true] {
+                    results
+                        .memory
+                        .push(memory::measure(&mut admin, n, uuid_ids).await?);
+                }
+            }
+        }
+        if want("binaries") {
+            eprintln!("== Lambda binaries ({})", binaries::release_dir().display());
+            for name in binaries::FUNCTIONS {
+                results
+                    .binaries
+                    .push(binaries::measure(name, sizes.init_repeats).await);
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    drop(quiet);
+
+    pool.close().await;
+    if let Err(e) = drop_database(&database_url).await {
+        eprintln!("could not drop the bench database: {e:#}");
+    }
+    outcome?;
+
+    let machine = machine
+        .finish(started, wall.elapsed(), clients_at_start)
+        .await;
+    let doc = report::Document::new(machine, sizes, results);
+    println!("{}", doc.table());
+    let out = args.out.clone().unwrap_or_else(|| {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        if args.quick {
+            root.join("../target/bench")
+        } else {
+            root.to_path_buf()
+        }
+    });
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("RESULTS.md"), doc.markdown())?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&doc.json())?,
+    )?;
+    eprintln!(
+        "wrote {} and {}",
+        out.join("RESULTS.md").display(),
+        out.join("results.json").display()
+    );
+    Ok(())
+}
+
+/// Points fd 1 at /dev/null until dropped.
+struct QuietStdout {
+    saved: Option<libc::c_int>,
+}
+
+impl QuietStdout {
+    fn new() -> Self {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        // SAFETY: plain fd calls on fds this process owns; fd 1 is restored on drop.
+        let saved = unsafe {
+            let saved = libc::dup(1);
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+            if saved < 0 || null < 0 || libc::dup2(null, 1) < 0 {
+                None
+            } else {
+                libc::close(null);
+                Some(saved)
+            }
+        };
+        Self { saved }
+    }
+}
+
+impl Drop for QuietStdout {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        if let Some(fd) = self.saved {
+            // SAFETY: `fd` is the duplicate of the original stdout taken in `new`.
+            unsafe {
+                libc::dup2(fd, 1);
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// Drops the bench's own database (its name is a UUID this run created).
+async fn drop_database(url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let (base, name) = url
+        .rsplit_once('/')
+        .ok_or_else(|| anyhow::anyhow!("unexpected database url"))?;
+    let name = name.split('?').next().unwrap_or(name);
+    anyhow::ensure!(
+        name.starts_with("seckill_test_"),
+        "not a bench database: {name}"
+    );
+    let mut con = sqlx::PgConnection::connect(&format!("{base}/postgres")).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name} with (force)"
+    )))
+    .execute(&mut con)
+    .await?;
+    con.close().await?;
+    Ok(())
+}

@@ -1,0 +1,673 @@
+//! The seeds' comparison: five ways to take one unit of stock, each under the same workload
+//! (same users, stock, attempt count and concurrency) on the same Redis and PostgreSQL.
+//!
+//! - `lua`: our purchase script through `sale::purchase` (window, limit, stock, user set,
+//!   ledger: one round trip).
+//! - `hincrby`: seed 001's HINCRBY -1, client-side check, compensating HINCRBY +1 on a
+//!   negative result (two round trips on failure).
+//! - `lock`: seed 001's lock sketch: SET NX PX (retry every 1 ms for up to 1 s), GET, DECR,
+//!   owner-checked release (`lua/lock_release.lua`).
+//! - `db-only`: conditional update + order insert, one transaction per attempt.
+//! - `limit`: the purchase script by raw EVALSHA, arguments prepared beforehand: no
+//!   application around it.
+//!
+//! Each Redis strategy's tasks share one `ConnectionManager` (one multiplexed TCP connection).
+//! A second, "kill" run of `lua`, `hincrby` and `lock` drops the attempt's future between its
+//! first and second step for a fixed 1% of attempts and counts the stock that nobody can
+//! account for afterwards.
+
+use crate::util::{self, counter, dies, Counter, Outcome, Run, Sampler};
+use chrono::Utc;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::cache::{Redis, RedisConn};
+use seckill_shared::keys::Keys;
+use seckill_shared::sale::{self, Decision};
+use seckill_shared::scripts;
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Lease of the `lock` strategy's lock (seed 001 uses 10 s; a short lease keeps a dead
+/// holder's stall short in the kill run, and is generous to the lock).
+pub const LOCK_LEASE_MS: u64 = 200;
+/// How long a `lock` attempt waits for the lock before answering busy (seed 001: 1 s).
+pub const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// Sleep between two lock tries.
+pub const LOCK_RETRY: Duration = Duration::from_millis(1);
+/// Share of attempts (per mille) that die between their two steps in the kill run.
+pub const DIE_PERMILLE: u64 = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    Lua,
+    Hincrby,
+    Lock,
+    DbOnly,
+    Limit,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Lua,
+        Strategy::Hincrby,
+        Strategy::Lock,
+        Strategy::DbOnly,
+        Strategy::Limit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Lua => "lua",
+            Strategy::Hincrby => "hincrby",
+            Strategy::Lock => "lock",
+            Strategy::DbOnly => "db-only",
+            Strategy::Limit => "limit",
+        }
+    }
+
+    fn killable(self) -> bool {
+        matches!(self, Strategy::Lua | Strategy::Hincrby | Strategy::Lock)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    pub name: &'static str,
+    pub attempts: usize,
+    pub stock: i64,
+}
+
+impl Workload {
+    pub fn success_heavy(attempts: usize) -> Self {
+        Self {
+            name: "success-heavy",
+            attempts,
+            stock: attempts as i64,
+        }
+    }
+
+    pub fn failure_heavy(attempts: usize) -> Self {
+        Self {
+            name: "failure-heavy",
+            attempts,
+            stock: (attempts as i64 / 100).max(1),
+        }
+    }
+}
+
+/// The kill run's figures.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KillRun {
+    pub attempts: usize,
+    pub stock: i64,
+    pub died: u64,
+    /// Units sold and recorded by living clients.
+    pub sold: u64,
+    /// Units a durable record still accounts for (the ledger's pending reservations; only the
+    /// `lua` strategy has one).
+    pub pending_in_ledger: i64,
+    pub final_stock: i64,
+    /// `stock - final_stock - sold - pending_in_ledger`: units nobody can account for.
+    pub leaked: i64,
+}
+
+/// One row of the table.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub name: &'static str,
+    pub workload: &'static str,
+    pub attempts: usize,
+    pub stock: i64,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub attempts_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Commands the Redis server executed per attempt (INFO commandstats delta, including
+    /// commands run inside scripts, less the side sampler's reads).
+    pub redis_commands_per_attempt: f64,
+    /// Requests the client sent to Redis per attempt (counted by the client).
+    pub round_trips_per_attempt: f64,
+    pub command_detail: BTreeMap<String, u64>,
+    pub sold: u64,
+    pub busy: u64,
+    pub oversell: i64,
+    pub final_stock: i64,
+    pub negative_seen: bool,
+    pub negative_observed_by_clients: u64,
+    pub min_stock_sampled: Option<i64>,
+    pub stock_samples: u64,
+    /// From the kill run (`None` where there is no second step to die before).
+    pub leaked: Option<i64>,
+    pub kill: Option<KillRun>,
+    pub errors: u64,
+}
+
+/// What every strategy run needs.
+pub struct Env {
+    pub client: redis::Client,
+    pub admin: MultiplexedConnection,
+    pub pool: PgPool,
+    pub database_url: String,
+    pub users: Arc<Vec<String>>,
+    pub concurrency: usize,
+    pub db_pool_size: u32,
+}
+
+struct Ctx {
+    redis: Redis,
+    cm: ConnectionManager,
+    keys: Keys,
+    /// `hincrby`: the hash holding the stock field (seed 001's goods hash).
+    goods: String,
+    users: Arc<Vec<String>>,
+    request_ids: Arc<Vec<String>>,
+    purchase_sha: String,
+    die_permille: u64,
+    negative: Counter,
+    calls: Counter,
+    pool: Option<PgPool>,
+    activity_id: i64,
+}
+
+/// An activity row as preheat would load it: open now, one unit per user.
+pub fn open_activity(id: i64, stock: i64) -> Activity {
+    let now = Utc::now();
+    Activity {
+        id,
+        title: "bench".into(),
+        total_stock: stock as i32,
+        remaining_stock: stock as i32,
+        per_order_limit: 1,
+        start_at: now - chrono::Duration::minutes(1),
+        end_at: now + chrono::Duration::hours(1),
+        state: "published".into(),
+        config_version: 1,
+        last_fence_token: 0,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// Runs every strategy under one workload; `kill_attempts` sizes the kill runs.
+pub async fn run_workload(
+    env: &mut Env,
+    wl: Workload,
+    kill_attempts: usize,
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for s in Strategy::ALL {
+        eprintln!(
+            "- {} / {}: {} attempts, stock {}",
+            s.name(),
+            wl.name,
+            wl.attempts,
+            wl.stock
+        );
+        let mut row = measure(env, s, wl).await?;
+        if s.killable() {
+            let kwl = Workload {
+                attempts: kill_attempts.min(wl.attempts),
+                stock: if wl.name == "success-heavy" {
+                    kill_attempts.min(wl.attempts) as i64
+                } else {
+                    (kill_attempts.min(wl.attempts) as i64 / 100).max(1)
+                },
+                ..wl
+            };
+            eprintln!(
+                "  kill run: {} attempts, stock {}, {}‰ die between their steps",
+                kwl.attempts, kwl.stock, DIE_PERMILLE
+            );
+            let k = kill(env, s, kwl).await?;
+            row.leaked = Some(k.leaked);
+            row.kill = Some(k);
+        }
+        eprintln!(
+            "  {:>9.0}/s  p50 {:.3} ms  p99 {:.3} ms  cmds/attempt {:.2}  sold {}  leaked {:?}",
+            row.attempts_per_s,
+            row.p50_ms,
+            row.p99_ms,
+            row.redis_commands_per_attempt,
+            row.sold,
+            row.leaked
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> anyhow::Result<Ctx> {
+    let prefix = util::fresh_prefix();
+    let cm = util::manager(&env.client).await?;
+    let redis = Redis {
+        conn: RedisConn::Standalone(cm.clone()),
+        prefix: prefix.clone(),
+        timeout: Duration::from_secs(5),
+    };
+    let activity_id = 1;
+    let keys = redis.keys(activity_id);
+    let goods = format!("{prefix}:{{{activity_id}}}:goods");
+    let mut con = env.admin.clone();
+    let purchase_sha = scripts::PURCHASE
+        .prepare_invoke()
+        .load_async(&mut con)
+        .await?;
+    let _: String = scripts::LOCK_RELEASE
+        .prepare_invoke()
+        .load_async(&mut con)
+        .await?;
+    let mut pool = None;
+    let mut activity_id = activity_id;
+    match s {
+        Strategy::Lua | Strategy::Limit => {
+            sale::preheat(
+                &redis,
+                &open_activity(activity_id, wl.stock),
+                Duration::from_secs(3600),
+            )
+            .await?;
+        }
+        Strategy::Hincrby => {
+            let _: i64 = redis::cmd("HSET")
+                .arg(&goods)
+                .arg("stock")
+                .arg(wl.stock)
+                .query_async(&mut con)
+                .await?;
+        }
+        Strategy::Lock => {
+            let _: () = redis::cmd("SET")
+                .arg(&keys.stock)
+                .arg(wl.stock)
+                .query_async(&mut con)
+                .await?;
+        }
+        Strategy::DbOnly => {
+            let a = activity::insert(
+                &env.pool,
+                &NewActivity {
+                    title: "bench db-only".into(),
+                    total_stock: wl.stock,
+                    per_order_limit: 1,
+                    start_at: Utc::now() - chrono::Duration::minutes(1),
+                    end_at: Utc::now() + chrono::Duration::hours(1),
+                },
+            )
+            .await?;
+            activity_id = a.id;
+            pool = Some(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(env.db_pool_size)
+                    .min_connections(env.db_pool_size)
+                    .connect(&env.database_url)
+                    .await?,
+            );
+        }
+    }
+    let request_ids = if s == Strategy::Limit {
+        (0..wl.attempts)
+            .map(|_| Uuid::now_v7().to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Ctx {
+        redis,
+        cm,
+        keys,
+        goods,
+        users: env.users.clone(),
+        request_ids: Arc::new(request_ids),
+        purchase_sha,
+        die_permille,
+        negative: counter(),
+        calls: counter(),
+        pool,
+        activity_id,
+    })
+}
+
+async fn attempt(c: Arc<Ctx>, s: Strategy, i: usize) -> Outcome {
+    let die = c.die_permille > 0 && dies(i, c.die_permille);
+    let result = match s {
+        Strategy::Lua => lua(&c, i, die).await,
+        Strategy::Hincrby => hincrby(&c, i, die).await,
+        Strategy::Lock => lock(&c, i, die).await,
+        Strategy::DbOnly => db_only(&c, i).await,
+        Strategy::Limit => limit(&c, i).await,
+    };
+    result.unwrap_or_else(|e| Outcome::Error(format!("{e:#}")))
+}
+
+async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
+    c.calls.fetch_add(1, Ordering::Relaxed);
+    let d = sale::purchase(&c.redis, c.activity_id, &c.users[i], 1, Uuid::now_v7()).await?;
+    Ok(match d {
+        // The script is one step: the only place to die is after it (with the reservation,
+        // if any, already in the ledger).
+        _ if die => Outcome::Died,
+        Decision::Accepted { .. } => Outcome::Sold,
+        _ => Outcome::Refused,
+    })
+}
+
+async fn hincrby(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
+    let _ = i;
+    let mut cm = c.cm.clone();
+    c.calls.fetch_add(1, Ordering::Relaxed);
+    let left: i64 = redis::cmd("HINCRBY")
+        .arg(&c.goods)
+        .arg("stock")
+        .arg(-1)
+        .query_async(&mut cm)
+        .await?;
+    if die {
+        return Ok(Outcome::Died);
+    }
+    if left < 0 {
+        c.negative.fetch_add(1, Ordering::Relaxed);
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(&c.goods)
+            .arg("stock")
+            .arg(1)
+            .query_async(&mut cm)
+            .await?;
+        return Ok(Outcome::Refused);
+    }
+    Ok(Outcome::Sold)
+}
+
+async fn lock(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
+    let mut cm = c.cm.clone();
+    let owner = format!("owner-{i}");
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        let got: Option<String> = redis::cmd("SET")
+            .arg(&c.keys.lock)
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(LOCK_LEASE_MS)
+            .query_async(&mut cm)
+            .await?;
+        if got.is_some() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(Outcome::Busy);
+        }
+        tokio::time::sleep(LOCK_RETRY).await;
+    }
+    c.calls.fetch_add(1, Ordering::Relaxed);
+    let stock: Option<i64> = redis::cmd("GET")
+        .arg(&c.keys.stock)
+        .query_async(&mut cm)
+        .await?;
+    let outcome = if stock.unwrap_or(0) >= 1 {
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        let left: i64 = redis::cmd("DECR")
+            .arg(&c.keys.stock)
+            .query_async(&mut cm)
+            .await?;
+        if left < 0 {
+            c.negative.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::Sold
+    } else {
+        Outcome::Refused
+    };
+    if die {
+        // Dead inside the critical section, before the release: a unit it took is gone, and
+        // the lock stays until its lease runs out.
+        return Ok(Outcome::Died);
+    }
+    c.calls.fetch_add(1, Ordering::Relaxed);
+    let _: i64 = scripts::LOCK_RELEASE
+        .key(&c.keys.lock)
+        .arg(&owner)
+        .invoke_async(&mut cm)
+        .await?;
+    Ok(outcome)
+}
+
+async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
+    let pool = c.pool.as_ref().expect("db-only has a pool");
+    let mut tx = pool.begin().await?;
+    let updated = sqlx::query(
+        "update activities set remaining_stock = remaining_stock - 1, updated_at = now()
+         where id = $1 and remaining_stock >= 1",
+    )
+    .bind(c.activity_id)
+    .execute(&mut *tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        tx.rollback().await?;
+        return Ok(Outcome::Refused);
+    }
+    sqlx::query(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values ($1, $2, $3, 1, 'confirmed')",
+    )
+    .bind(Uuid::now_v7())
+    .bind(c.activity_id)
+    .bind(&c.users[i])
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Outcome::Sold)
+}
+
+async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
+    let mut cm = c.cm.clone();
+    c.calls.fetch_add(1, Ordering::Relaxed);
+    let (code, _, _): (i64, i64, i64) = redis::cmd("EVALSHA")
+        .arg(&c.purchase_sha)
+        .arg(4)
+        .arg(&c.keys.stock)
+        .arg(&c.keys.meta)
+        .arg(&c.keys.users)
+        .arg(&c.keys.ledger)
+        .arg(&c.users[i])
+        .arg(1)
+        .arg(&c.request_ids[i])
+        .query_async(&mut cm)
+        .await?;
+    Ok(if code == 0 {
+        Outcome::Sold
+    } else {
+        Outcome::Refused
+    })
+}
+
+async fn final_stock(env: &mut Env, c: &Ctx, s: Strategy) -> anyhow::Result<i64> {
+    let mut con = env.admin.clone();
+    Ok(match s {
+        Strategy::Hincrby => redis::cmd("HGET")
+            .arg(&c.goods)
+            .arg("stock")
+            .query_async::<Option<i64>>(&mut con)
+            .await?
+            .unwrap_or(0),
+        Strategy::DbOnly => {
+            sqlx::query_scalar::<_, i32>("select remaining_stock from activities where id = $1")
+                .bind(c.activity_id)
+                .fetch_one(&env.pool)
+                .await? as i64
+        }
+        _ => redis::cmd("GET")
+            .arg(&c.keys.stock)
+            .query_async::<Option<i64>>(&mut con)
+            .await?
+            .unwrap_or(0),
+    })
+}
+
+/// Samples the DB row's stock every couple of milliseconds (db-only's "negative seen").
+fn db_sampler(
+    pool: PgPool,
+    activity_id: i64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<util::Samples> {
+    tokio::spawn(async move {
+        let mut s = util::Samples::default();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(v) =
+                sqlx::query_scalar::<_, i32>("select remaining_stock from activities where id = $1")
+                    .bind(activity_id)
+                    .fetch_one(&pool)
+                    .await
+            {
+                s.count += 1;
+                s.min = Some(s.min.map_or(v as i64, |m| m.min(v as i64)));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        s
+    })
+}
+
+async fn measure(env: &mut Env, s: Strategy, wl: Workload) -> anyhow::Result<Row> {
+    let c = Arc::new(setup(env, s, wl, 0).await?);
+    let sampler_con = env.client.get_multiplexed_async_connection().await?;
+    let (sampler, db_stop, db_task) = match s {
+        Strategy::DbOnly => {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let task = db_sampler(env.pool.clone(), c.activity_id, stop.clone());
+            (None, Some(stop), Some(task))
+        }
+        Strategy::Hincrby => (
+            Some(Sampler::start(
+                sampler_con,
+                c.goods.clone(),
+                Some("stock".into()),
+            )),
+            None,
+            None,
+        ),
+        _ => (
+            Some(Sampler::start(sampler_con, c.keys.stock.clone(), None)),
+            None,
+            None,
+        ),
+    };
+    let mut admin = env.admin.clone();
+    let before = util::commandstats(&mut admin).await?;
+    let ctx = c.clone();
+    let run: Run = util::run_tasks(env.concurrency, wl.attempts, move |i| {
+        let ctx = ctx.clone();
+        async move { attempt(ctx, s, i).await }
+    })
+    .await;
+    let after = util::commandstats(&mut admin).await?;
+    let samples = match sampler {
+        Some(sm) => sm.stop().await,
+        None => {
+            db_stop.expect("db sampler").store(true, Ordering::Relaxed);
+            db_task.expect("db sampler").await.unwrap_or_default()
+        }
+    };
+    run.warn_errors(s.name());
+    // The sampler's reads are ours, not the strategy's.
+    let redis_samples = if s == Strategy::DbOnly {
+        0
+    } else {
+        samples.count
+    };
+    let mut detail = util::command_deltas(&before, &after);
+    let sampled_cmd = if s == Strategy::Hincrby {
+        "hget"
+    } else {
+        "get"
+    };
+    if let Some(v) = detail.get_mut(sampled_cmd) {
+        *v = v.saturating_sub(redis_samples);
+    }
+    detail.retain(|_, v| *v > 0);
+    let commands = util::commands_between(&before, &after).saturating_sub(redis_samples);
+    let final_stock = final_stock(env, &c, s).await?;
+    let negative_clients = c.negative.load(Ordering::Relaxed);
+    let row = Row {
+        name: s.name(),
+        workload: wl.name,
+        attempts: wl.attempts,
+        stock: wl.stock,
+        concurrency: env.concurrency,
+        seconds: run.elapsed.as_secs_f64(),
+        attempts_per_s: run.per_sec(),
+        p50_ms: run.p50_ms(),
+        p99_ms: run.p99_ms(),
+        redis_commands_per_attempt: commands as f64 / wl.attempts as f64,
+        round_trips_per_attempt: c.calls.load(Ordering::Relaxed) as f64 / wl.attempts as f64,
+        command_detail: detail,
+        sold: run.counts.sold,
+        busy: run.counts.busy,
+        oversell: (run.counts.sold as i64 - wl.stock).max(0),
+        final_stock,
+        negative_seen: negative_clients > 0
+            || samples.min.is_some_and(|m| m < 0)
+            || final_stock < 0,
+        negative_observed_by_clients: negative_clients,
+        min_stock_sampled: samples.min,
+        stock_samples: samples.count,
+        leaked: None,
+        kill: None,
+        errors: run.counts.errors,
+    };
+    cleanup(env, c).await?;
+    Ok(row)
+}
+
+async fn kill(env: &mut Env, s: Strategy, wl: Workload) -> anyhow::Result<KillRun> {
+    let c = Arc::new(setup(env, s, wl, DIE_PERMILLE).await?);
+    let ctx = c.clone();
+    let run = util::run_tasks(env.concurrency, wl.attempts, move |i| {
+        let ctx = ctx.clone();
+        async move { attempt(ctx, s, i).await }
+    })
+    .await;
+    run.warn_errors(&format!("{} kill run", s.name()));
+    let final_stock = final_stock(env, &c, s).await?;
+    let pending_in_ledger = if s == Strategy::Lua {
+        let snap = sale::snapshot(&c.redis, c.activity_id).await?;
+        snap.pending_quantity()
+    } else {
+        0
+    };
+    // `lua` counts every accepted reservation in the ledger (sold ones included, as a
+    // consumer would settle them later): its accounted units are the ledger's.
+    let accounted = if s == Strategy::Lua {
+        pending_in_ledger
+    } else {
+        run.counts.sold as i64
+    };
+    let k = KillRun {
+        attempts: wl.attempts,
+        stock: wl.stock,
+        died: run.counts.died,
+        sold: run.counts.sold,
+        pending_in_ledger,
+        final_stock,
+        leaked: wl.stock - final_stock - accounted,
+    };
+    cleanup(env, c).await?;
+    Ok(k)
+}
+
+async fn cleanup(env: &mut Env, c: Arc<Ctx>) -> anyhow::Result<()> {
+    let mut con = env.admin.clone();
+    util::delete_prefix(&mut con, &c.redis.prefix).await?;
+    if let Some(pool) = &c.pool {
+        pool.close().await;
+    }
+    Ok(())
+}

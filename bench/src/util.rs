@@ -1,0 +1,305 @@
+//! The measuring tools every section shares: a bounded concurrent attempt loop with
+//! hdrhistogram latencies, server-side Redis command counts, a stock sampler and key cleanup.
+
+use hdrhistogram::Histogram;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one attempt came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A unit was sold and the client lived to record it.
+    Sold,
+    /// Refused (sold out, already purchased, ...): nothing sold.
+    Refused,
+    /// Gave up waiting for a lock.
+    Busy,
+    /// The client "died" between its two steps (its future was dropped there).
+    Died,
+    /// Any error (kept to report; never expected).
+    Error(String),
+}
+
+/// Counts of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    pub sold: u64,
+    pub refused: u64,
+    pub busy: u64,
+    pub died: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+impl Counts {
+    fn add(&mut self, o: Outcome) {
+        match o {
+            Outcome::Sold => self.sold += 1,
+            Outcome::Refused => self.refused += 1,
+            Outcome::Busy => self.busy += 1,
+            Outcome::Died => self.died += 1,
+            Outcome::Error(e) => {
+                self.errors += 1;
+                self.first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    fn merge(&mut self, o: Counts) {
+        self.sold += o.sold;
+        self.refused += o.refused;
+        self.busy += o.busy;
+        self.died += o.died;
+        self.errors += o.errors;
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+    }
+}
+
+/// One bounded run: `attempts` calls spread over `concurrency` tasks.
+pub struct Run {
+    pub attempts: usize,
+    pub elapsed: Duration,
+    /// Latency per attempt, in microseconds.
+    pub hist: Histogram<u64>,
+    pub counts: Counts,
+}
+
+impl Run {
+    pub fn per_sec(&self) -> f64 {
+        self.attempts as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn p50_ms(&self) -> f64 {
+        self.hist.value_at_quantile(0.50) as f64 / 1000.0
+    }
+
+    pub fn p99_ms(&self) -> f64 {
+        self.hist.value_at_quantile(0.99) as f64 / 1000.0
+    }
+
+    /// Says so on stderr when attempts failed unexpectedly.
+    pub fn warn_errors(&self, what: &str) {
+        if self.counts.errors > 0 {
+            eprintln!(
+                "  ! {what}: {} errors, first: {}",
+                self.counts.errors,
+                self.counts.first_error.as_deref().unwrap_or("?")
+            );
+        }
+    }
+}
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs `f(0..attempts)` on `concurrency` tokio tasks, each taking the next index as soon as
+/// its previous attempt finished (a closed loop, like a crowd of clients each waiting for its
+/// answer).
+pub async fn run_tasks<F, Fut>(concurrency: usize, attempts: usize, f: F) -> Run
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    let f = Arc::new(f);
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let f = f.clone();
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut hist = histogram();
+                let mut counts = Counts::default();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= attempts {
+                        break;
+                    }
+                    let t = Instant::now();
+                    let outcome = f(i).await;
+                    hist.saturating_record(t.elapsed().as_micros().max(1) as u64);
+                    counts.add(outcome);
+                }
+                (hist, counts)
+            })
+        })
+        .collect();
+    let mut hist = histogram();
+    let mut counts = Counts::default();
+    for t in tasks {
+        let (h, c) = t.await.expect("bench task panicked");
+        hist.add(h).expect("same histogram bounds");
+        counts.merge(c);
+    }
+    Run {
+        attempts,
+        elapsed: start.elapsed(),
+        hist,
+        counts,
+    }
+}
+
+/// `INFO commandstats` as name -> calls.
+pub async fn commandstats(
+    con: &mut MultiplexedConnection,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await?;
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, fields)) = rest.split_once(':') else {
+            continue;
+        };
+        let calls = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.insert(name.to_string(), calls);
+    }
+    Ok(out)
+}
+
+/// Commands the server executed between two snapshots (including those run inside scripts),
+/// not counting the `INFO` calls that took the snapshots.
+pub fn commands_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {
+    after
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info")
+        .map(|(name, calls)| calls.saturating_sub(before.get(name).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// Per-command deltas (for the report's detail), `info` left out.
+pub fn command_deltas(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info")
+        .map(|(name, calls)| {
+            (
+                name.clone(),
+                calls.saturating_sub(before.get(name).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
+/// What the side sampler saw.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Samples {
+    pub count: u64,
+    pub min: Option<i64>,
+}
+
+/// Reads the stock every millisecond or so on a connection of its own until stopped, so a
+/// negative value the clients never report is still seen. Each read is one command
+/// (`GET key` or `HGET key field`), counted so it can be taken off the command totals.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Samples>,
+}
+
+impl Sampler {
+    pub fn start(mut con: MultiplexedConnection, key: String, field: Option<String>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut s = Samples::default();
+            while !flag.load(Ordering::Relaxed) {
+                let cmd = match &field {
+                    Some(f) => {
+                        let mut c = redis::cmd("HGET");
+                        c.arg(&key).arg(f);
+                        c
+                    }
+                    None => {
+                        let mut c = redis::cmd("GET");
+                        c.arg(&key);
+                        c
+                    }
+                };
+                let v: Option<i64> = cmd.query_async(&mut con).await.unwrap_or(None);
+                s.count += 1;
+                if let Some(v) = v {
+                    s.min = Some(s.min.map_or(v, |m| m.min(v)));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            s
+        });
+        Self { stop, task }
+    }
+
+    pub async fn stop(self) -> Samples {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// Deletes every key under `prefix:` (SCAN + UNLINK). Only keys this bench created carry it.
+pub async fn delete_prefix(con: &mut MultiplexedConnection, prefix: &str) -> anyhow::Result<u64> {
+    let pattern = format!("{prefix}:*");
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(con)
+            .await?;
+        if !keys.is_empty() {
+            deleted += keys.len() as u64;
+            let _: i64 = redis::cmd("UNLINK").arg(&keys).query_async(con).await?;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
+}
+
+/// A fresh key prefix for one scenario.
+pub fn fresh_prefix() -> String {
+    format!("bench{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+}
+
+/// Deterministic pseudo-random choice of which attempts "die": the same indices for every
+/// strategy, `permille` of them.
+pub fn dies(i: usize, permille: u64) -> bool {
+    let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    z % 1000 < permille
+}
+
+/// A shared counter (negative results seen by clients, ...).
+pub type Counter = Arc<AtomicU64>;
+
+pub fn counter() -> Counter {
+    Arc::new(AtomicU64::new(0))
+}
+
+/// A connection manager (reconnecting, multiplexed: one TCP connection shared by every task).
+pub async fn manager(client: &redis::Client) -> anyhow::Result<ConnectionManager> {
+    Ok(client.get_connection_manager().await?)
+}
