@@ -82,9 +82,11 @@ tools-lambda:
 
 # arm64 matches template.yaml (Architectures: [arm64]); the x86_64 fallback is for machines where the
 # aarch64 std cannot be had (deploying it needs Architectures: [x86_64]).
+# cargo-lambda finds zig as `python3 -m ziglang`: the venv's python must come first on PATH, hence
+# `activate` (env.sh appends the venv, so the system python3 would win).
 build:
 	$(ENV) command -v cargo-lambda >/dev/null || { echo "cargo-lambda not found: run 'make tools-lambda' first" >&2; exit 1; }
-	$(ENV) cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; source scripts/env.sh && cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }
+	$(ENV) source $(VENV)/bin/activate && { cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }; }
 
 # The Lambda binaries are built first so the bench can report their size and time to ready.
 bench: stack
