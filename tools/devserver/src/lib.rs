@@ -142,19 +142,35 @@ impl DevServer {
         &self.functions
     }
 
-    /// Stops accepting, lets in-flight requests and batches finish, and waits for every task.
+    /// Stops accepting, lets in-flight requests and batches finish, and waits for every task,
+    /// at most [`SHUTDOWN_GRACE`]: past it, what is still running is abandoned (a batch not
+    /// acknowledged is redelivered; a schedule run is idempotent).
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
+        let tasks = self.tasks;
+        let threads = self.threads;
+        let server = self.server;
+        let wait_all = async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+            for thread in threads {
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            }
+            server.await
+        };
+        match tokio::time::timeout(SHUTDOWN_GRACE, wait_all).await {
+            Ok(served) => Ok(served??),
+            Err(_) => {
+                tracing::warn!("shutdown grace of {SHUTDOWN_GRACE:?} passed; abandoning tasks");
+                Ok(())
+            }
         }
-        for thread in self.threads {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
-        self.server.await??;
-        Ok(())
     }
 }
+
+/// How long [`DevServer::shutdown`] waits for in-flight work.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 /// Connects everything, applies migrations, binds, and starts the server, the pollers and the
 /// schedules. Returns once all of it is up, so `GET /health` answers from the first request.

@@ -13,6 +13,9 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
+/// Bound on one SQS call beyond its long-poll wait.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the poller reads from.
 #[derive(Clone, Debug)]
 pub struct QueueSource {
@@ -95,15 +98,20 @@ where
     F: FnOnce(SqsEvent) -> Fut,
     Fut: Future<Output = SqsBatchResponse> + Send + 'static,
 {
-    let resp = source
+    // The SDK has no deadline of its own: bound every call, so a hung queue endpoint makes a
+    // poll fail (and back off) instead of holding the poller, and shutdown, forever.
+    let deadline = source.wait + CALL_TIMEOUT;
+    let receive = source
         .client
         .receive_message()
         .queue_url(&source.url)
         .max_number_of_messages(10)
         .wait_time_seconds(source.wait.as_secs().clamp(0, 20) as i32)
         .message_system_attribute_names(MessageSystemAttributeName::All)
-        .send()
+        .send();
+    let resp = tokio::time::timeout(deadline, receive)
         .await
+        .map_err(|_| anyhow::anyhow!("receive from the order queue timed out after {deadline:?}"))?
         .map_err(|e| {
             anyhow::anyhow!(
                 "receive from the order queue failed: {}",
@@ -155,13 +163,19 @@ where
         .collect();
     let mut deleted = 0;
     if !entries.is_empty() {
-        let resp = source
+        let delete = source
             .client
             .delete_message_batch()
             .queue_url(&source.url)
             .set_entries(Some(entries))
-            .send()
+            .send();
+        // A delete that times out is not lost work: the messages come back after the
+        // visibility timeout and the consumer's idempotency absorbs the redelivery.
+        let resp = tokio::time::timeout(CALL_TIMEOUT, delete)
             .await
+            .map_err(|_| {
+                anyhow::anyhow!("delete from the order queue timed out after {CALL_TIMEOUT:?}")
+            })?
             .map_err(|e| {
                 anyhow::anyhow!(
                     "delete from the order queue failed: {}",
