@@ -38,6 +38,10 @@ pub struct DemoOptions {
     pub jwt_secret: String,
     pub out_dir: PathBuf,
     pub drain_timeout: Duration,
+    /// Bound on the entry function's SQS send. The local emulator takes seconds per send under
+    /// a crowd (see TOOLCHAIN.md), so the demo waits for it rather than turning a slow
+    /// emulator into 503s.
+    pub sqs_timeout: Duration,
     pub quiet: bool,
 }
 
@@ -170,7 +174,8 @@ impl DemoReport {
 
 /// Runs the whole show.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
-    let config = Config::from_env()?;
+    let mut config = Config::from_env()?;
+    config.sqs_timeout = opts.sqs_timeout;
     std::fs::create_dir_all(&opts.out_dir)
         .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
 

@@ -44,6 +44,9 @@ struct Args {
     /// Give up waiting for the queue to drain after this many seconds.
     #[arg(long, default_value_t = 180)]
     drain_timeout_secs: u64,
+    /// Bound on each SQS send by the entry function, in milliseconds (the emulator is slow).
+    #[arg(long, default_value_t = 15_000)]
+    sqs_timeout_ms: u64,
     /// Where report.json and chart.png go (default: target/demo).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -80,6 +83,7 @@ fn main() -> anyhow::Result<()> {
             .out_dir
             .unwrap_or_else(seckill_loadgen::default_out_dir),
         drain_timeout: Duration::from_secs(args.drain_timeout_secs),
+        sqs_timeout: Duration::from_millis(args.sqs_timeout_ms),
         // Decided before stdout is redirected below.
         quiet: args.quiet || !std::io::stdout().is_terminal(),
     };
