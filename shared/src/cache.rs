@@ -113,6 +113,10 @@ async fn connect_topology(
     topology: &RedisTopology,
     timeout: Duration,
 ) -> anyhow::Result<RedisConn> {
+    // rediss:// (ElastiCache in-transit encryption) builds a rustls client config, which needs a
+    // process-wide crypto provider: install aws-lc-rs (already linked by sqlx and the AWS SDK)
+    // unless something else already did.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     // Connecting may take a little longer than one command, but it must still be bounded.
     let connect_timeout = timeout.max(Duration::from_millis(500)) * 2;
     let fut = async {

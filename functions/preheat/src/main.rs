@@ -9,7 +9,7 @@ use seckill_shared::Config;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     seckill_shared::init_tracing();
-    let config = Config::from_env()?;
+    let config = Config::load().await?;
     let job = Preheat::connect(config).await?;
     let job = &job;
     lambda_runtime::run(service_fn(

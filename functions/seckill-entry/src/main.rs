@@ -7,7 +7,7 @@ use seckill_shared::Config;
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
     seckill_shared::init_tracing();
-    let config = Config::from_env()?;
+    let config = Config::load().await?;
     let state = EntryState::connect(&config).await?;
     lambda_http::run(router(state)).await
 }

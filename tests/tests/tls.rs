@@ -1,0 +1,171 @@
+//! ElastiCache is reached over TLS (`rediss://`) with an AUTH token: prove that path against a
+//! real TLS-only redis-server this test starts, with a CA of its own.
+
+use seckill_shared::cache::Redis;
+use seckill_shared::config::RedisTopology;
+use seckill_shared::sale::{self, Decision};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success(), "openssl {args:?} failed");
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it.
+fn make_certs(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-subj",
+            "/CN=seckill test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+#[tokio::test]
+async fn purchase_script_runs_over_tls_with_an_auth_token() {
+    let dir = std::env::temp_dir().join(format!("seckill-tls-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certs(&dir);
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let mut server = tokio::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+        ])
+        .args(["--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no"])
+        .args([
+            "--requirepass",
+            "s3cret-token",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("redis-server starts");
+    // rustls-native-certs reads SSL_CERT_FILE: trust our CA the way a Lambda trusts Amazon's.
+    // (nextest runs each test in its own process, so this touches no other test.)
+    std::env::set_var("SSL_CERT_FILE", dir.join("ca.pem"));
+
+    let mut config = seckill_shared::Config::from_env().unwrap();
+    config.key_prefix = "tls".into();
+    config.redis = RedisTopology::Standalone(format!("rediss://:s3cret-token@127.0.0.1:{port}"));
+    config.redis_timeout = Duration::from_secs(2);
+    let mut redis = None;
+    for _ in 0..50 {
+        match Redis::connect(&config).await {
+            Ok(r) => {
+                redis = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let redis = redis.expect("connects over TLS with the AUTH token");
+
+    let k = redis.keys(1);
+    let now = chrono::Utc::now().timestamp_millis();
+    let _: () = redis
+        .cmd(redis::cmd("HSET").arg(&k.meta).arg(&[
+            ("startMs", (now - 60_000).to_string()),
+            ("endMs", (now + 60_000).to_string()),
+            ("limit", "1".into()),
+            ("expireAtMs", (now + 120_000).to_string()),
+        ]))
+        .await
+        .unwrap();
+    let _: () = redis
+        .cmd(redis::cmd("SET").arg(&k.stock).arg(1))
+        .await
+        .unwrap();
+    let decision = sale::purchase(&redis, 1, "alice", 1, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
+    assert!(
+        matches!(decision, Decision::Accepted { stock_left: 0, .. }),
+        "{decision:?}"
+    );
+
+    // Without the token the same server refuses us.
+    config.redis = RedisTopology::Standalone(format!("rediss://127.0.0.1:{port}"));
+    let refused = match Redis::connect(&config).await {
+        Err(_) => true,
+        Ok(r) => r.cmd::<String>(redis::cmd("PING").arg("x")).await.is_err(),
+    };
+    assert!(
+        refused,
+        "a connection without the AUTH token must be refused"
+    );
+
+    server.kill().await.ok();
+    std::fs::remove_dir_all(&dir).ok();
+}
