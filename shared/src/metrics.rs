@@ -6,16 +6,27 @@
 use serde_json::{json, Map, Value};
 
 /// Writes one EMF line with counters (unit `Count`) and extra properties for log search.
+///
+/// Inside Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set) the line goes to stdout, where CloudWatch
+/// turns it into metrics. Elsewhere (the dev server, tests, the demo) it is a debug-level
+/// tracing event, so a local run's output stays readable.
 pub fn emit(function: &str, counters: &[(&str, f64)], properties: &[(&str, Value)]) {
-    println!(
-        "{}",
-        emf_line(
-            function,
-            counters,
-            properties,
-            chrono::Utc::now().timestamp_millis()
-        )
+    let line = emf_line(
+        function,
+        counters,
+        properties,
+        chrono::Utc::now().timestamp_millis(),
     );
+    if in_lambda() {
+        println!("{line}");
+    } else {
+        tracing::debug!(target: "emf", "{line}");
+    }
+}
+
+fn in_lambda() -> bool {
+    static IN_LAMBDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IN_LAMBDA.get_or_init(|| std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some())
 }
 
 /// The EMF document, separate from printing so it can be checked.
