@@ -5,9 +5,8 @@
 
 use clap::Parser;
 use seckill_loadgen::demo::{self, DemoOptions};
-use std::io::{IsTerminal, Write};
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Runs a flash sale end to end against the local stack and reports what happened.
@@ -59,6 +58,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     // The server's logs would tear through the progress bar: warnings only, unless asked.
+    // (Its EMF metric lines go to stdout only inside Lambda; here they are debug tracing events.)
     if std::env::var_os("RUST_LOG").is_none() && std::env::var_os("LOG_LEVEL").is_none() {
         std::env::set_var("LOG_LEVEL", "warn");
     }
@@ -84,25 +84,12 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or_else(seckill_loadgen::default_out_dir),
         drain_timeout: Duration::from_secs(args.drain_timeout_secs),
         sqs_timeout: Duration::from_millis(args.sqs_timeout_ms),
-        // Decided before stdout is redirected below.
         quiet: args.quiet || !std::io::stdout().is_terminal(),
     };
-    std::fs::create_dir_all(&opts.out_dir)?;
-    let log_path = opts.out_dir.join("server.log");
-    let quiet = opts.quiet;
-    let report = {
-        let _log = StdoutToFile::redirect(&log_path)?;
-        if !quiet {
-            eprintln!(
-                "[demo] server output (logs, metric lines) -> {}",
-                log_path.display()
-            );
-        }
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(demo::run(opts))?
-    };
+    let report = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(demo::run(opts))?;
     print!("{}", report.text());
     println!("report          {}", report_path(&report));
     if !report.ok() {
@@ -117,37 +104,4 @@ fn report_path(report: &demo::DemoReport) -> String {
         .parent()
         .map(|d| d.join("report.json").display().to_string())
         .unwrap_or_else(|| "target/demo/report.json".into())
-}
-
-/// Points this process's stdout at a file until dropped.
-///
-/// The in-process server writes what a Lambda writes: log lines and one CloudWatch EMF metric
-/// line per batch or scheduled run, all on stdout. Hundreds of them would bury the progress bar
-/// and the report, so they go to `server.log` beside the report while the sale runs.
-struct StdoutToFile {
-    saved: libc::c_int,
-}
-
-impl StdoutToFile {
-    fn redirect(path: &Path) -> anyhow::Result<Self> {
-        let file = std::fs::File::create(path)?;
-        std::io::stdout().flush()?;
-        // SAFETY: plain descriptor calls on fds this process owns; errors are checked.
-        let saved = unsafe { libc::dup(libc::STDOUT_FILENO) };
-        anyhow::ensure!(saved >= 0, "dup(stdout) failed");
-        let rc = unsafe { libc::dup2(file.as_raw_fd(), libc::STDOUT_FILENO) };
-        anyhow::ensure!(rc >= 0, "dup2(log, stdout) failed");
-        Ok(Self { saved })
-    }
-}
-
-impl Drop for StdoutToFile {
-    fn drop(&mut self) {
-        let _ = std::io::stdout().flush();
-        // SAFETY: restores the descriptor saved in `redirect`.
-        unsafe {
-            libc::dup2(self.saved, libc::STDOUT_FILENO);
-            libc::close(self.saved);
-        }
-    }
 }
