@@ -38,9 +38,9 @@ pub struct DemoOptions {
     pub jwt_secret: String,
     pub out_dir: PathBuf,
     pub drain_timeout: Duration,
-    /// Bound on the entry function's SQS send. The local emulator takes seconds per send under
-    /// a crowd (see TOOLCHAIN.md), so the demo waits for it rather than turning a slow
-    /// emulator into 503s.
+    /// Bound on the entry function's SQS send. `make demo` runs on fauxqs, which answers in
+    /// milliseconds; the generous default keeps a demo pointed at moto (seconds per send under a
+    /// crowd, see TOOLCHAIN.md) from turning a slow emulator into 503s.
     pub sqs_timeout: Duration,
     pub quiet: bool,
 }

@@ -43,7 +43,7 @@ struct Args {
     /// Give up waiting for the queue to drain after this many seconds.
     #[arg(long, default_value_t = 180)]
     drain_timeout_secs: u64,
-    /// Bound on each SQS send by the entry function, in milliseconds (the emulator is slow).
+    /// Bound on each SQS send by the entry function, in milliseconds (generous: moto is slow under a crowd).
     #[arg(long, default_value_t = 15_000)]
     sqs_timeout_ms: u64,
     /// Where report.json and chart.png go (default: target/demo).
