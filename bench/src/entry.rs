@@ -170,6 +170,29 @@ async fn sections(
     )
     .await?;
     add_users(b, open_id, rejected_users).await?;
+    // Warm-up (discarded): the router's connection, the script cache, runtime threads.
+    let warm = sizes.rejections.min(10_000);
+    router_loop(
+        b,
+        "warm-up: router",
+        open_id,
+        rejected_users,
+        warm,
+        c,
+        "already_purchased",
+        false,
+    )
+    .await?;
+    bare_loop(
+        b,
+        "warm-up: bare EVALSHA",
+        open_id,
+        rejected_users,
+        warm,
+        c,
+        6,
+    )
+    .await?;
     let in_process = router_loop(
         b,
         "entry in-process (already_purchased)",

@@ -464,9 +464,14 @@ or a fresh activity row (db-only); keys are deleted afterwards and the database 
   "busy"), `GET stock`, `DECR` if ≥ 1, owner-checked release (`lua/lock_release.lua`). No user set.
 - `db-only`: one transaction per attempt: `update activities set remaining_stock = remaining_stock - 1
   where id = $1 and remaining_stock >= 1`, then the order insert (unique indexes as in production);
-  a pool of 32 connections (pre-connected).
+  a pool of 16 connections (pre-connected; pgbench here showed this hot-row transaction faster at 16
+  clients than at 64).
 - `limit`: the same purchase script by raw `EVALSHA`, all arguments prepared beforehand, on one
   ConnectionManager: the script with no application around it.
+
+**Warm-up.** Before the first workload, throwaway runs of `lua`, `limit` and `hincrby` (10k
+attempts each, discarded) warm connections, the script cache and the runtime; the entry section
+likewise starts with discarded router and bare-script loops.
 
 **Columns.** Latencies per attempt from hdrhistogram (µs precision). *Redis cmds/attempt (server)*
 is the `INFO commandstats` delta over the run (all commands the server executed, including those

@@ -203,6 +203,18 @@ pub async fn run_workload(
     kill_attempts: usize,
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
+    if wl.name == "success-heavy" {
+        // Warm-up (discarded): connections, script cache, runtime threads, allocator.
+        let small = Workload::success_heavy(wl.attempts.min(10_000));
+        for s in [Strategy::Lua, Strategy::Limit, Strategy::Hincrby] {
+            eprintln!(
+                "- warm-up: {} ({} attempts, discarded)",
+                s.name(),
+                small.attempts
+            );
+            measure(env, s, small).await?;
+        }
+    }
     for s in Strategy::ALL {
         eprintln!(
             "- {} / {}: {} attempts, stock {}",
