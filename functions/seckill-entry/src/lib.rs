@@ -231,7 +231,9 @@ async fn purchase(
                 s.sold_out.remember(activity_id, stock_left);
             }
             s.counters.reject(Rejection::from(refused));
-            tracing::info!("purchase refused");
+            // Refusals are the bulk of a sale's traffic: they are counted (EMF, every 10 s),
+            // and logged one by one only at debug, so a flood does not pay for a log line each.
+            tracing::debug!("purchase refused");
             return Err(refusal(refused));
         }
     };
