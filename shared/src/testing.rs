@@ -267,3 +267,43 @@ pub async fn call(
     };
     (status, json)
 }
+
+/// What a test body run by [`on_both_redis!`](crate::on_both_redis) may return: nothing, or a
+/// `Result` whose `Err` fails the test.
+pub trait Outcome {
+    fn check(self);
+}
+
+impl Outcome for () {
+    fn check(self) {}
+}
+
+impl<E: std::fmt::Debug> Outcome for Result<(), E> {
+    fn check(self) {
+        if let Err(e) = self {
+            panic!("test failed: {e:?}");
+        }
+    }
+}
+
+/// Runs each `async fn(RedisKind)` as two tests, `<name>::standalone` and `<name>::cluster`,
+/// so every Redis-facing behaviour is proven on a single server and on Redis Cluster.
+#[macro_export]
+macro_rules! on_both_redis {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() {
+                $crate::testing::Outcome::check(
+                    super::$name($crate::testing::RedisKind::Standalone).await,
+                )
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() {
+                $crate::testing::Outcome::check(
+                    super::$name($crate::testing::RedisKind::Cluster).await,
+                )
+            }
+        }
+    )*};
+}

@@ -8,6 +8,7 @@ use axum::Router;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::activity::{self, Activity, ActivityPatch};
 use seckill_shared::lock::{self, LockError};
+use seckill_shared::on_both_redis;
 use seckill_shared::sale::{self, Decision};
 use seckill_shared::testing::{call, request, RedisKind, TestEnv};
 use serde_json::{json, Value};
@@ -15,22 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
-
-/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
-macro_rules! on_both_redis {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn standalone() {
-                super::$name(seckill_shared::testing::RedisKind::Standalone).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn cluster() {
-                super::$name(seckill_shared::testing::RedisKind::Cluster).await
-            }
-        }
-    };
-}
 
 const ADMIN: (&str, &str) = ("ops", "seckill:admin");
 const USER: (&str, &str) = ("alice", "");

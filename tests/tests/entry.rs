@@ -10,6 +10,7 @@ use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::cache::Redis;
 use seckill_shared::config::RedisTopology;
 use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Decision, EntryKind, Snapshot};
@@ -20,22 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
-
-/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
-macro_rules! on_both_redis {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn standalone() {
-                super::$name(seckill_shared::testing::RedisKind::Standalone).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn cluster() {
-                super::$name(seckill_shared::testing::RedisKind::Cluster).await
-            }
-        }
-    };
-}
 
 fn entry(env: &TestEnv) -> Router {
     entry_with_queue(env, env.queue.clone())

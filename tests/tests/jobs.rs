@@ -8,6 +8,7 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use preheat::Preheat;
 use reconcile::{Reconcile, StockCheck};
 use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::sale::{self, CancelBegin, Decision};
 use seckill_shared::testing::{RedisKind, TestEnv};
@@ -16,23 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Runs an `async fn(RedisKind) -> anyhow::Result<()>` as two tests, one per Redis kind.
-macro_rules! on_both_redis_kinds {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn standalone() -> anyhow::Result<()> {
-                super::$name(super::RedisKind::Standalone).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn cluster() -> anyhow::Result<()> {
-                super::$name(super::RedisKind::Cluster).await
-            }
-        }
-    )*};
-}
-
-on_both_redis_kinds!(
+on_both_redis!(
     preheat_twice_leaves_a_loaded_sale_unchanged,
     preheat_concurrent_with_purchases_never_resets_stock,
     preheat_reloads_a_running_sale_missing_from_redis,

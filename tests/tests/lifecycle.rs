@@ -7,27 +7,12 @@ use axum::Router;
 use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity};
 use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::sale::{self, Decision, Snapshot};
 use seckill_shared::testing::{call, request, RedisKind, TestEnv};
 use serde_json::Value;
 use uuid::Uuid;
-
-/// Runs an `async fn(RedisKind)` as two tests: `<name>::standalone` and `<name>::cluster`.
-macro_rules! on_both_redis {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn standalone() {
-                super::$name(seckill_shared::testing::RedisKind::Standalone).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn cluster() {
-                super::$name(seckill_shared::testing::RedisKind::Cluster).await
-            }
-        }
-    };
-}
 
 struct World {
     env: TestEnv,
