@@ -19,6 +19,8 @@
 //! - [`error`]: the HTTP error enum every API function answers with.
 //! - [`http`]: request extractors (bounded JSON body, positive-integer path ids).
 //! - [`metrics`]: CloudWatch Embedded Metric Format lines.
+//! - [`pause`]: named pause points between protocol steps, for the interleaving tests
+//!   (compiled out without the `failpoints` feature).
 
 pub mod activity;
 pub mod auth;
@@ -32,6 +34,7 @@ pub mod lifecycle;
 pub mod lock;
 pub mod metrics;
 pub mod order;
+pub mod pause;
 pub mod queue;
 pub mod sale;
 pub mod scripts;

@@ -80,7 +80,9 @@ pub async fn cancel_order(
         _ => return Ok(CancelOutcome::NotCancellable(order.status.clone())),
     }
 
+    crate::pause::point("cancel.before_begin", activity_id).await;
     let begin = begin_cancel(redis, order, now).await?;
+    crate::pause::point("cancel.after_begin", activity_id).await;
     if begin == CancelBegin::Busy {
         return Ok(CancelOutcome::Busy);
     }

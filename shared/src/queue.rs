@@ -60,6 +60,10 @@ impl OrderQueue {
             .message_body(body)
             .send();
         match tokio::time::timeout(self.timeout, send).await {
+            // Stored, but the caller never hears so: a send that times out after storing.
+            Ok(Ok(_)) if crate::pause::fail("queue.send.lost_reply", message.activity_id) => {
+                Err(QueueError::Timeout(self.timeout))
+            }
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(QueueError::Send(
                 aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),

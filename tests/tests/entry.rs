@@ -7,14 +7,12 @@ use axum::Router;
 use futures::StreamExt;
 use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::cache::Redis;
-use seckill_shared::config::RedisTopology;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Decision, EntryKind, Snapshot};
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -301,99 +299,12 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind
 on_both_redis!(crash_between_script_and_send_leaves_the_reservation_in_the_ledger);
 
 /// A redis-server of this test's own, so it can be paused and its commands counted.
-struct PrivateRedis {
-    child: tokio::process::Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    async fn start() -> Self {
-        let port = 20000 + (rand::random::<u16>() % 20000);
-        let child = tokio::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server on PATH");
-        let me = Self { child, port };
-        for _ in 0..100 {
-            if me.raw().await.is_ok() {
-                return me;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("private redis-server on {port} did not start");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn raw(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await
-    }
-
-    fn signal(&self, sig: &str) {
-        let pid = self.child.id().expect("running").to_string();
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    }
-
-    /// Commands the server has executed, apart from the INFO calls that read the count.
-    async fn commands_served(&self) -> u64 {
-        let mut con = self.raw().await.unwrap();
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    }
-}
-
-/// A test env whose Redis is `private` (its own prefix, DB and queue as usual).
-async fn env_on(
-    private: &PrivateRedis,
-    redis_timeout: Duration,
-    sold_out_ttl: Duration,
-) -> TestEnv {
-    let mut env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    env.config.redis = RedisTopology::Standalone(private.url());
-    env.config.redis_timeout = redis_timeout;
-    env.config.sold_out_cache_ttl = sold_out_ttl;
-    env.redis = Redis::connect(&env.config).await.unwrap();
-    env
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_redis_gets_a_fast_503_never_a_hang() {
     let private = PrivateRedis::start().await;
-    let env = env_on(&private, Duration::from_millis(300), Duration::from_secs(1)).await;
+    let env = private
+        .env(Duration::from_millis(300), Duration::from_secs(1))
+        .await;
     let a = env.open_sale(5, 1).await.unwrap();
     let app = entry(&env);
 
@@ -435,7 +346,7 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() {
 async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again() {
     let private = PrivateRedis::start().await;
     let ttl = Duration::from_millis(1500);
-    let env = env_on(&private, Duration::from_secs(2), ttl).await;
+    let env = private.env(Duration::from_secs(2), ttl).await;
     let a = env.open_sale(1, 1).await.unwrap();
     let app = entry(&env);
     let (status, accepted) = buy(&app, &a, "winner", None).await;

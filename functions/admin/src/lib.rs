@@ -311,6 +311,10 @@ pub async fn update_with_guard(
         let committed = async {
             let updated = write_update(&mut tx, id, &m, delta, version).await?;
             tx.commit().await?;
+            if seckill_shared::pause::fail("admin.commit.lost_reply", id) {
+                // Committed, but the connection dropped before COMMIT's answer arrived.
+                return Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+            }
             Ok::<_, sqlx::Error>(updated)
         }
         .await;

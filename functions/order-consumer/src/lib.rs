@@ -457,6 +457,7 @@ impl Consumer {
         }
 
         // 3. The order transaction.
+        seckill_shared::pause::point("consumer.before_write", m.activity_id).await;
         match self.write_order(m).await? {
             TxOutcome::Committed => {
                 self.settle(m).await;
@@ -539,6 +540,7 @@ impl Consumer {
         why: &'static str,
     ) -> Result<Processed, ConsumeError> {
         let given_back = self.compensate(m, mode).await?;
+        seckill_shared::pause::point("consumer.after_give_back", m.activity_id).await;
         let outcome = if why == reason::SOLD_OUT {
             Outcome::SoldOut
         } else {

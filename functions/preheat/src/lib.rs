@@ -97,6 +97,7 @@ impl Preheat {
             .context("failed to list activities due for preheat")?;
         let mut report = PreheatReport::default();
         for a in &due {
+            seckill_shared::pause::point("preheat.before_load", a.id).await;
             match sale::preheat(&self.redis, a, self.config.expiry_buffer).await {
                 Ok(PreheatOutcome::Loaded) => {
                     tracing::info!(

@@ -242,7 +242,7 @@ impl Reconcile {
 
     /// Cancels up to [`RELEASE_BATCH`] orders left unpaid past the payment timeout, oldest
     /// first. Returns how many were released per activity.
-    async fn release_unpaid(
+    pub async fn release_unpaid(
         &self,
         now: DateTime<Utc>,
         report: &mut ReconcileReport,
@@ -507,6 +507,7 @@ impl Reconcile {
         let candidates: Vec<String> = users.into_iter().filter(|u| !ledger.contains(u)).collect();
 
         let mut dropped = 0;
+        seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
         for chunk in candidates.chunks(USER_CHUNK) {
             let active: HashSet<String> = sqlx::query_scalar::<_, String>(
                 "select user_id from orders
@@ -519,6 +520,7 @@ impl Reconcile {
             .context("failed to look up the orders of users in the set")?
             .into_iter()
             .collect();
+            seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
             for user in chunk.iter().filter(|u| !active.contains(*u)) {
                 if drop_user(&self.redis, id, user).await? {
                     tracing::warn!(
@@ -626,6 +628,7 @@ impl Reconcile {
         let id = a.id;
         // Redis first, then the database: see the module docs for why this order.
         let snap = sale::snapshot(&self.redis, id).await?;
+        seckill_shared::pause::point("reconcile.stock.after_snapshot", id).await;
         if !snap.loaded {
             return Ok(StockCheck::NotLoaded);
         }
@@ -633,6 +636,7 @@ impl Reconcile {
             return Ok(StockCheck::LedgerBusy);
         }
         let target = self.db_remaining(id).await?;
+        seckill_shared::pause::point("reconcile.stock.before_fix", id).await;
         if snap.stock == Some(target) {
             return Ok(StockCheck::InSync);
         }

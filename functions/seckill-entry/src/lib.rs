@@ -251,6 +251,7 @@ async fn purchase(
     };
     if let Err(send_error) = s.queue.send(&message).await {
         span.record("outcome", "compensated");
+        seckill_shared::pause::point("entry.after_send_error", activity_id).await;
         // The message may or may not be on the queue; either way the reservation is given
         // back once (the ledger entry guards it) and a late consumer finds no reservation.
         let compensated = sale::compensate(

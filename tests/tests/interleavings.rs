@@ -1,0 +1,848 @@
+//! The give-back protocol under interleavings that real concurrency hits only by luck.
+//!
+//! Each test stops one actor at a named pause point (`seckill_shared::pause`) between two of
+//! its steps, runs another actor to the end, resumes the first, and then checks what
+//! `docs/invariants.md` promises: every unit has one fate, decided once by the database
+//! (an order, or a `failed` row whose units went back to Redis exactly once), a 503 means
+//! nothing was sold, and Redis stock written from outside the purchase and give-back scripts
+//! never erases a move it did not see.
+
+use axum::http::StatusCode;
+use axum::Router;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use order_consumer::{Consumer, Outcome};
+use preheat::Preheat;
+use reconcile::Reconcile;
+use seckill_entry::{router, EntryState};
+use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
+use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::on_both_redis;
+use seckill_shared::order::{self, Order};
+use seckill_shared::pause;
+use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale;
+use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use uuid::Uuid;
+
+on_both_redis!(
+    a_late_second_cancel_gives_the_units_back_once,
+    a_cancel_never_takes_over_a_crashed_cancellers_entry,
+    extending_a_running_sale_keeps_its_buyers_and_reservations_alive,
+    a_send_that_times_out_after_storing_sells_nothing,
+    a_send_that_times_out_after_the_consumer_committed_answers_202,
+    reconcile_giving_back_a_late_reservation_beats_the_late_consumer,
+    a_second_delivery_cannot_commit_what_the_first_gave_back,
+    a_sale_created_inside_the_preheat_lead_is_buyable_at_once,
+    a_published_sale_not_in_redis_answers_its_state_never_404,
+    preheat_racing_an_admin_lower_loads_what_the_database_holds,
+    stock_correction_skips_a_stock_that_moved_and_came_back,
+    an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis,
+    orphan_cleanup_never_drops_a_user_who_bought_again_meanwhile,
+    reloading_a_lost_running_sale_rebuilds_its_buyers,
+    a_purchase_reply_lost_to_a_timeout_is_given_back_at_once,
+);
+
+const GRACE: Duration = Duration::from_secs(5);
+
+/// One sale and every actor that can touch it.
+struct World {
+    env: TestEnv,
+    app: Router,
+    sale: Activity,
+}
+
+async fn world(kind: RedisKind, stock: i64) -> anyhow::Result<World> {
+    let mut env = TestEnv::new(kind).await?;
+    env.config.reconcile_grace = GRACE;
+    let sale = env.open_sale(stock, 5).await?;
+    Ok(World::new(env, sale))
+}
+
+impl World {
+    fn new(env: TestEnv, sale: Activity) -> Self {
+        let app = router(EntryState::new(
+            env.config.clone(),
+            env.redis.clone(),
+            env.pool.clone(),
+            env.queue.clone(),
+        ));
+        Self { env, app, sale }
+    }
+
+    fn id(&self) -> i64 {
+        self.sale.id
+    }
+
+    fn consumer(&self) -> Consumer {
+        Consumer::new(
+            self.env.pool.clone(),
+            self.env.redis.clone(),
+            self.env.config.clone(),
+        )
+    }
+
+    fn reconcile(&self) -> Reconcile {
+        Reconcile::new(
+            self.env.pool.clone(),
+            self.env.redis.clone(),
+            self.env.config.clone(),
+        )
+    }
+
+    fn preheat(&self) -> Preheat {
+        Preheat::new(
+            self.env.pool.clone(),
+            self.env.redis.clone(),
+            self.env.config.clone(),
+        )
+    }
+
+    fn admin(&self) -> admin::AdminState {
+        admin::AdminState::new(
+            self.env.config.clone(),
+            self.env.pool.clone(),
+            self.env.redis.clone(),
+        )
+    }
+
+    /// A purchase through the entry router.
+    async fn buy(&self, user: &str, qty: i64) -> (StatusCode, Value) {
+        let body = format!(r#"{{"quantity":{qty}}}"#);
+        let path = format!("/activities/{}/orders", self.id());
+        call(
+            &self.app,
+            request("POST", &path, Some((user, "")), Some(&body)),
+        )
+        .await
+    }
+
+    /// The order messages on the queue, in order (they are received, not deleted).
+    async fn messages(&self) -> anyhow::Result<Vec<OrderMessage>> {
+        let mut out = Vec::new();
+        for m in self.env.drain_messages(100).await? {
+            out.push(serde_json::from_str(m.body().unwrap_or_default())?);
+        }
+        Ok(out)
+    }
+
+    /// A purchase the consumer has confirmed (order row, DB stock, ledger entry dropped).
+    async fn confirmed(&self, user: &str, qty: i64) -> anyhow::Result<Order> {
+        let (status, body) = self.buy(user, qty).await;
+        anyhow::ensure!(status == StatusCode::ACCEPTED, "{user}: {status} {body}");
+        let request_id: Uuid = body["requestId"].as_str().unwrap_or_default().parse()?;
+        let message = self
+            .messages()
+            .await?
+            .into_iter()
+            .find(|m| m.request_id == request_id)
+            .ok_or_else(|| anyhow::anyhow!("message of {request_id} not on the queue"))?;
+        let done = self.consumer().handle_message(&message).await?;
+        anyhow::ensure!(done.outcome == Outcome::Committed, "{done:?}");
+        self.order_of(request_id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no order for {request_id}"))
+    }
+
+    async fn order_of(&self, request_id: Uuid) -> anyhow::Result<Option<Order>> {
+        Ok(order::by_request(&self.env.pool, request_id).await?)
+    }
+
+    async fn cancel(&self, order_id: i64) -> anyhow::Result<CancelOutcome> {
+        let order = order::get(&self.env.pool, order_id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no order {order_id}"))?;
+        Ok(lifecycle::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
+    }
+
+    async fn users(&self) -> anyhow::Result<BTreeSet<String>> {
+        let keys = self.env.redis.keys(self.id());
+        let users: Vec<String> = self
+            .env
+            .redis
+            .cmd(redis::cmd("SMEMBERS").arg(&keys.users))
+            .await?;
+        Ok(users.into_iter().collect())
+    }
+
+    /// Users holding a live (confirmed or paid) order.
+    async fn holders(&self) -> anyhow::Result<BTreeSet<String>> {
+        let users: Vec<String> = sqlx::query_scalar(
+            "select user_id from orders where activity_id = $1 and status in ('confirmed', 'paid')",
+        )
+        .bind(self.id())
+        .fetch_all(&self.env.pool)
+        .await?;
+        Ok(users.into_iter().collect())
+    }
+
+    /// Drift by hand: Redis stock set behind every script's back.
+    async fn set_stock(&self, stock: i64) -> anyhow::Result<()> {
+        let keys = self.env.redis.keys(self.id());
+        let _: () = self
+            .env
+            .redis
+            .cmd(redis::cmd("SET").arg(&keys.stock).arg(stock).arg("KEEPTTL"))
+            .await?;
+        Ok(())
+    }
+
+    /// Redis loses the sale, as after a restart with no data.
+    async fn unload(&self) -> anyhow::Result<()> {
+        let k = self.env.redis.keys(self.id());
+        let _: i64 = self
+            .env
+            .redis
+            .cmd(
+                redis::cmd("DEL")
+                    .arg(&k.stock)
+                    .arg(&k.meta)
+                    .arg(&k.users)
+                    .arg(&k.ledger),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn db_row(&self) -> anyhow::Result<Activity> {
+        activity::get(&self.env.pool, self.id())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("activity gone"))
+    }
+
+    /// Every unit is in exactly one place: Redis stock, a pending reservation, or a live
+    /// order; the database's remaining stock is the total minus the live orders; and the
+    /// Redis user set holds exactly the users behind a live order or a pending reservation.
+    async fn assert_conserved(&self) -> anyhow::Result<()> {
+        let snap = sale::snapshot(&self.env.redis, self.id()).await?;
+        let row = self.db_row().await?;
+        let sold = order::sold_quantity(&self.env.pool, self.id()).await?;
+        let total = i64::from(row.total_stock);
+        let stock = snap.stock.unwrap_or(-1);
+        anyhow::ensure!(
+            stock + snap.pending_quantity() + sold == total,
+            "redis {stock} + pending {} + sold {sold} != total {total}",
+            snap.pending_quantity()
+        );
+        anyhow::ensure!(
+            i64::from(row.remaining_stock) == total - sold,
+            "db remaining {} != total {total} - sold {sold}",
+            row.remaining_stock
+        );
+        let mut expected = self.holders().await?;
+        expected.extend(
+            snap.ledger
+                .iter()
+                .filter(|e| e.kind == sale::EntryKind::Reservation)
+                .map(|e| e.user_id.clone()),
+        );
+        let users = self.users().await?;
+        anyhow::ensure!(
+            users == expected,
+            "redis users {users:?} != holders {expected:?}"
+        );
+        Ok(())
+    }
+}
+
+/// A moment past the reconcile grace of everything done so far.
+fn after_grace() -> DateTime<Utc> {
+    Utc::now() + ChronoDuration::from_std(GRACE).unwrap() + ChronoDuration::seconds(1)
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} did not finish"))
+}
+
+/// Awaits a spawned actor and its result.
+async fn joined<T, E: std::fmt::Debug>(
+    what: &str,
+    task: tokio::task::JoinHandle<Result<T, E>>,
+) -> anyhow::Result<T> {
+    within(what, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{what} failed: {e:?}"))
+}
+
+/// Canceller B read the order as confirmed; canceller A then ran all three steps, the user
+/// bought again, and only then B announces its cancel. B must not give the units back again
+/// nor take the user out of the set while they hold the newer order.
+async fn a_late_second_cancel_gives_the_units_back_once(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let first = w.confirmed("alice", 2).await?;
+
+    let paused = pause::arm("cancel.before_begin", w.id());
+    let (pool, redis, stale) = (w.env.pool.clone(), w.env.redis.clone(), first.clone());
+    let b =
+        tokio::spawn(
+            async move { lifecycle::cancel_order(&pool, &redis, &stale, Utc::now()).await },
+        );
+    within("canceller B reaching its pause", paused.reached()).await?;
+
+    assert_eq!(
+        w.cancel(first.id).await?,
+        CancelOutcome::Cancelled { quantity: 2 }
+    );
+    let second = w.confirmed("alice", 1).await?;
+    paused.resume();
+    let late = joined("canceller B", b).await?;
+
+    assert_eq!(late, CancelOutcome::AlreadyCancelled);
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(9));
+    assert!(
+        w.users().await?.contains("alice"),
+        "alice holds {}",
+        second.id
+    );
+    w.assert_conserved().await
+}
+
+/// A canceller crashed after announcing its cancel. A second cancel of the same order must not
+/// adopt that entry: reconcile, seeing it stale, drops it while the second one would still be
+/// on its way, and the second one's units would then never reach Redis.
+async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bought = w.confirmed("alice", 1).await?;
+
+    // Canceller A announces, then dies before its database step.
+    let crash = pause::arm("cancel.after_begin", w.id());
+    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
+    let a =
+        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    within("canceller A announcing", crash.reached()).await?;
+    a.abort();
+    let _ = a.await;
+    drop(crash);
+
+    // Canceller B stops after its own announcement; reconcile then runs past the grace.
+    let paused = pause::arm("cancel.after_begin", w.id());
+    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
+    let b =
+        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    within("canceller B announcing", paused.reached()).await?;
+    w.reconcile().run(after_grace()).await?;
+    paused.resume();
+    let outcome = within("canceller B", b).await?;
+    w.assert_conserved().await?;
+
+    // Whatever B answered, a cancel now completes and gives the unit back exactly once.
+    if matches!(outcome, Ok(Ok(CancelOutcome::Busy))) {
+        assert_eq!(
+            w.cancel(bought.id).await?,
+            CancelOutcome::Cancelled { quantity: 1 }
+        );
+    }
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    w.assert_conserved().await
+}
+
+/// `PUT endAt` later must move the expiry of every key of the sale, the user set and the ledger
+/// included: otherwise they vanish at the old end + buffer and earlier buyers may buy again.
+async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    w.confirmed("alice", 1).await?;
+    let (status, _) = w.buy("bob", 1).await; // stays pending
+    assert_eq!(status, StatusCode::ACCEPTED);
+
+    let new_end = w.sale.end_at + ChronoDuration::hours(6);
+    let patch = ActivityPatch {
+        end_at: Some(new_end),
+        ..ActivityPatch::default()
+    };
+    admin::update_activity(&w.admin(), w.id(), &patch).await?;
+
+    let buffer = ChronoDuration::from_std(w.env.config.expiry_buffer)?;
+    let must_live_ms = (new_end + buffer - Utc::now()).num_milliseconds() - 60_000;
+    let keys = w.env.redis.keys(w.id());
+    for key in [&keys.stock, &keys.meta, &keys.users, &keys.ledger] {
+        let ttl: i64 = w.env.redis.cmd(redis::cmd("PTTL").arg(key)).await?;
+        assert!(
+            ttl >= must_live_ms,
+            "{key} expires in {ttl} ms, before the new end + buffer"
+        );
+    }
+    Ok(())
+}
+
+/// The queue stored the message but the send timed out; the consumer passed every check before
+/// the entry gave the reservation back. The caller is told 503: nothing may be sold.
+async fn a_send_that_times_out_after_storing_sells_nothing(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let _lost = pause::arm_failure("queue.send.lost_reply", w.id(), 1);
+    let entry_paused = pause::arm("entry.after_send_error", w.id());
+    let app = w.app.clone();
+    let path = format!("/activities/{}/orders", w.id());
+    let entry =
+        tokio::spawn(
+            async move { call(&app, request("POST", &path, Some(("alice", "")), None)).await },
+        );
+    within("the entry's send", entry_paused.reached()).await?;
+
+    let message = w.messages().await?.pop().expect("the stored message");
+    let consumer_paused = pause::arm("consumer.before_write", w.id());
+    let consumer = w.consumer();
+    let m = message.clone();
+    let consumer = tokio::spawn(async move { consumer.handle_message(&m).await });
+    within("the consumer's checks", consumer_paused.reached()).await?;
+
+    entry_paused.resume();
+    let (status, body) = within("the entry", entry).await??;
+    consumer_paused.resume();
+    joined("the consumer", consumer).await?;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let row = w.order_of(message.request_id).await?;
+    assert!(
+        row.as_ref().is_none_or(|o| o.status == "failed"),
+        "the caller was told nothing was sold, yet {row:?}"
+    );
+    w.assert_conserved().await
+}
+
+/// The other order of the same race: the consumer committed before the entry learnt that its
+/// send timed out. The database holds the order, so the caller gets 202, not a false 503.
+async fn a_send_that_times_out_after_the_consumer_committed_answers_202(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let _lost = pause::arm_failure("queue.send.lost_reply", w.id(), 1);
+    let entry_paused = pause::arm("entry.after_send_error", w.id());
+    let app = w.app.clone();
+    let path = format!("/activities/{}/orders", w.id());
+    let entry =
+        tokio::spawn(
+            async move { call(&app, request("POST", &path, Some(("alice", "")), None)).await },
+        );
+    within("the entry's send", entry_paused.reached()).await?;
+    let message = w.messages().await?.pop().expect("the stored message");
+    w.consumer().handle_message(&message).await?;
+    entry_paused.resume();
+    let (status, body) = within("the entry", entry).await??;
+
+    let row = w.order_of(message.request_id).await?;
+    let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
+    let answered = if sold {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    assert_eq!(status, answered, "{body} with {row:?}");
+    assert!(sold, "the consumer ran first: {row:?}");
+    w.assert_conserved().await
+}
+
+/// Reconcile gives a reservation back after the grace period while its (late) message sits
+/// in a consumer that already passed its checks. Only one of the two may win.
+async fn reconcile_giving_back_a_late_reservation_beats_the_late_consumer(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let (status, _) = w.buy("alice", 2).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let message = w.messages().await?.pop().expect("the message");
+
+    let paused = pause::arm("consumer.before_write", w.id());
+    let consumer = w.consumer();
+    let m = message.clone();
+    let late = tokio::spawn(async move { consumer.handle_message(&m).await });
+    within("the consumer's checks", paused.reached()).await?;
+    let report = w.reconcile().run(after_grace()).await?;
+    paused.resume();
+    let processed = joined("the consumer", late).await?;
+
+    let row = w.order_of(message.request_id).await?;
+    let given_back = report.activity(w.id()).map_or(0, |r| r.compensated);
+    assert!(
+        (given_back == 1) != row.as_ref().is_some_and(|o| o.status == "confirmed"),
+        "reconcile gave back {given_back} and the consumer made {processed:?} / {row:?}"
+    );
+    w.assert_conserved().await
+}
+
+/// Delivery 2 passed its checks; delivery 1 hit sold-out in the database and gave the units
+/// back; a cancel then freed database stock; delivery 2 goes on. It must not commit.
+async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bob = w.confirmed("bob", 1).await?;
+    let (status, _) = w.buy("alice", 1).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let message = w.messages().await?.pop().expect("alice's message");
+    // The database has no stock left for alice (as after an admin lower in between).
+    sqlx::query("update activities set remaining_stock = 0 where id = $1")
+        .bind(w.id())
+        .execute(&w.env.pool)
+        .await?;
+
+    let second_paused = pause::arm("consumer.before_write", w.id());
+    let consumer = w.consumer();
+    let m = message.clone();
+    let second = tokio::spawn(async move { consumer.handle_message(&m).await });
+    within("delivery 2's checks", second_paused.reached()).await?;
+
+    let first_paused = pause::arm("consumer.after_give_back", w.id());
+    let consumer = w.consumer();
+    let m = message.clone();
+    let first = tokio::spawn(async move { consumer.handle_message(&m).await });
+    within("delivery 1's give-back", first_paused.reached()).await?;
+
+    assert_eq!(
+        w.cancel(bob.id).await?,
+        CancelOutcome::Cancelled { quantity: 1 }
+    );
+    second_paused.resume();
+    joined("delivery 2", second).await?;
+    first_paused.resume();
+    joined("delivery 1", first).await?;
+
+    let row = w.order_of(message.request_id).await?;
+    assert_eq!(row.map(|o| o.status), Some("failed".to_string()));
+    assert_eq!(
+        sale::stock(&w.env.redis, w.id()).await?,
+        Some(10),
+        "alice's unit and bob's back"
+    );
+    // The database's own stock was forced above; reconcile's database check restores it.
+    w.reconcile().run(Utc::now()).await?;
+    w.assert_conserved().await
+}
+
+/// A sale created a minute before its start must not wait for the preheat schedule.
+async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let now = Utc::now();
+    let state = admin::AdminState::new(env.config.clone(), env.pool.clone(), env.redis.clone());
+    let created = admin::create_activity(
+        &state,
+        &NewActivity {
+            title: "flash".into(),
+            total_stock: 5,
+            per_order_limit: 1,
+            start_at: now - ChronoDuration::seconds(1),
+            end_at: now + ChronoDuration::hours(1),
+        },
+    )
+    .await?;
+    let w = World::new(env, created);
+    let (status, body) = w.buy("alice", 1).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    Ok(())
+}
+
+/// A published sale that preheat has not loaded yet (or whose keys expired) answers as its
+/// window says: 409 `not_started` / `ended`, or 503 while it runs; never 404.
+async fn a_published_sale_not_in_redis_answers_its_state_never_404(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let now = Utc::now();
+    let mut cases = Vec::new();
+    for (start, end, status, code) in [
+        (
+            now + ChronoDuration::days(2),
+            now + ChronoDuration::days(3),
+            StatusCode::CONFLICT,
+            "not_started",
+        ),
+        (
+            now - ChronoDuration::days(3),
+            now - ChronoDuration::days(2),
+            StatusCode::CONFLICT,
+            "ended",
+        ),
+        (
+            now - ChronoDuration::minutes(1),
+            now + ChronoDuration::hours(1),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+        ),
+    ] {
+        let a = activity::insert(
+            &env.pool,
+            &NewActivity {
+                title: "not loaded".into(),
+                total_stock: 5,
+                per_order_limit: 1,
+                start_at: start,
+                end_at: end,
+            },
+        )
+        .await?;
+        cases.push((a, status, code));
+    }
+    let app = router(EntryState::new(
+        env.config.clone(),
+        env.redis.clone(),
+        env.pool.clone(),
+        env.queue.clone(),
+    ));
+    for (a, status, code) in cases {
+        let path = format!("/activities/{}/orders", a.id);
+        let (got, body) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;
+        assert_eq!(
+            (got, body["error"].as_str()),
+            (status, Some(code)),
+            "{body}"
+        );
+    }
+    let (got, body) = call(
+        &app,
+        request(
+            "POST",
+            "/activities/999999/orders",
+            Some(("alice", "")),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (got, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    Ok(())
+}
+
+/// Preheat read the row, then an admin lowered the stock and committed, then preheat loads:
+/// Redis must end with what the database holds, never the stale higher stock.
+async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let now = Utc::now();
+    // Starts soon: inside the preheat lead, not loaded yet.
+    let a = activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "soon".into(),
+            total_stock: 10,
+            per_order_limit: 1,
+            start_at: now + ChronoDuration::minutes(10),
+            end_at: now + ChronoDuration::hours(1),
+        },
+    )
+    .await?;
+    let w = World::new(env, a);
+
+    let paused = pause::arm("preheat.before_load", w.id());
+    let preheat = w.preheat();
+    let loading = tokio::spawn(async move { preheat.run(Utc::now()).await });
+    within("preheat's read", paused.reached()).await?;
+
+    let state = w.admin();
+    let id = w.id();
+    let lower = tokio::spawn(async move {
+        let patch = ActivityPatch {
+            total_stock: Some(6),
+            ..ActivityPatch::default()
+        };
+        admin::update_activity(&state, id, &patch).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    paused.resume();
+    joined("preheat", loading).await?;
+    joined("the admin lower", lower).await?;
+
+    let row = w.db_row().await?;
+    assert_eq!(row.total_stock, 6);
+    assert_eq!(
+        sale::stock(&w.env.redis, w.id()).await?,
+        Some(i64::from(row.remaining_stock))
+    );
+    Ok(())
+}
+
+/// Reconcile read Redis, then the database; between its reads and its write a purchase and a
+/// cancel moved the stock away and back. Comparing the stock value would erase the cancel.
+async fn stock_correction_skips_a_stock_that_moved_and_came_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bob = w.confirmed("bob", 1).await?;
+    // Drift: Redis one unit above the database, so reconcile wants to correct it.
+    w.set_stock(10).await?;
+
+    let read = pause::arm("reconcile.stock.after_snapshot", w.id());
+    let write = pause::arm("reconcile.stock.before_fix", w.id());
+    let reconcile = w.reconcile();
+    let run = tokio::spawn(async move { reconcile.run(Utc::now()).await });
+    within("reconcile's Redis read", read.reached()).await?;
+    w.confirmed("alice", 1).await?;
+    read.resume();
+    within("reconcile's database read", write.reached()).await?;
+    assert_eq!(
+        w.cancel(bob.id).await?,
+        CancelOutcome::Cancelled { quantity: 1 }
+    );
+    write.resume();
+    joined("reconcile", run).await?;
+
+    let stock = sale::stock(&w.env.redis, w.id()).await?.unwrap_or(-1);
+    let remaining = i64::from(w.db_row().await?.remaining_stock);
+    assert!(
+        stock == 10 || stock == remaining,
+        "redis stock {stock}: neither left alone (10) nor the database's {remaining}"
+    );
+    // The next quiet run corrects it.
+    w.reconcile().run(Utc::now()).await?;
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(remaining));
+    Ok(())
+}
+
+/// A lower commits in the database but the connection drops before COMMIT's answer: the
+/// admin must not give Redis its units back on a guess.
+async fn an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let _lost = pause::arm_failure("admin.commit.lost_reply", w.id(), 1);
+    let patch = ActivityPatch {
+        total_stock: Some(6),
+        ..ActivityPatch::default()
+    };
+    let answer = admin::update_activity(&w.admin(), w.id(), &patch).await;
+    let row = w.db_row().await?;
+    assert_eq!(row.total_stock, 6, "the commit went through");
+    assert_eq!(
+        sale::stock(&w.env.redis, w.id()).await?,
+        Some(i64::from(row.remaining_stock)),
+        "answered {answer:?}"
+    );
+    w.assert_conserved().await
+}
+
+/// Reconcile found alice in the set with no ledger entry; she then cancelled (and left the
+/// set), the database check saw no live order, she bought again and the consumer settled.
+/// Dropping her now would let her buy a second time.
+async fn orphan_cleanup_never_drops_a_user_who_bought_again_meanwhile(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let first = w.confirmed("alice", 1).await?;
+
+    let checking = pause::arm("reconcile.orphans.before_db_check", w.id());
+    let dropping = pause::arm("reconcile.orphans.before_drop", w.id());
+    let reconcile = w.reconcile();
+    let run = tokio::spawn(async move { reconcile.run(Utc::now()).await });
+    within("reconcile's scan", checking.reached()).await?;
+    assert_eq!(
+        w.cancel(first.id).await?,
+        CancelOutcome::Cancelled { quantity: 1 }
+    );
+    checking.resume();
+    within("reconcile's database check", dropping.reached()).await?;
+    w.confirmed("alice", 1).await?;
+    dropping.resume();
+    joined("reconcile", run).await?;
+
+    assert!(w.users().await?.contains("alice"));
+    let (status, body) = w.buy("alice", 1).await;
+    assert_eq!(body["error"], "already_purchased", "{status} {body}");
+    w.assert_conserved().await
+}
+
+/// Redis lost a running sale (a restart with no data). Loading it again must bring back who
+/// already bought, or they buy again in Redis and only the database's index refuses them,
+/// after a 202.
+async fn reloading_a_lost_running_sale_rebuilds_its_buyers(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    w.confirmed("alice", 1).await?;
+    w.confirmed("bob", 2).await?;
+    w.unload().await?;
+
+    w.preheat().run(Utc::now()).await?;
+    assert_eq!(
+        w.users().await?,
+        BTreeSet::from(["alice".to_string(), "bob".to_string()])
+    );
+    let (_, body) = w.buy("alice", 1).await;
+    assert_eq!(body["error"], "already_purchased", "{body}");
+
+    // Reconcile's reload of a running sale does the same.
+    w.unload().await?;
+    w.reconcile().run(Utc::now()).await?;
+    let (_, body) = w.buy("bob", 1).await;
+    assert_eq!(body["error"], "already_purchased", "{body}");
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(7));
+    w.assert_conserved().await
+}
+
+/// The script ran but its reply did not arrive in time: the caller is told 503, so the
+/// reservation must be given back now, through the database's claim, not after the grace.
+async fn a_purchase_reply_lost_to_a_timeout_is_given_back_at_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let _lost = pause::arm_failure("entry.purchase.reply_lost", w.id(), 1);
+    let (status, body) = w.buy("alice", 2).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    assert!(w.messages().await?.is_empty(), "nothing was sent");
+    w.assert_conserved().await?;
+    let (status, body) = w.buy("alice", 2).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "a retry is a fresh purchase: {body}"
+    );
+    Ok(())
+}
+
+/// Redis stalls (SIGSTOP) while buyers click; each gets a fast 503. Their scripts sit in
+/// Redis's input buffer and run when it resumes: they must not leave reservations behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_stall_leaves_no_phantom_reservation() {
+    let private = PrivateRedis::start().await;
+    let env = private
+        .env(Duration::from_millis(300), Duration::from_secs(1))
+        .await;
+    let sale = env.open_sale(100, 1).await.unwrap();
+    let w = World::new(env, sale);
+    // A refused purchase loads the script, as the first clicks of a sale do.
+    let (_, body) = w.buy("warm-up", 2).await;
+    assert_eq!(body["error"], "quantity_exceeds_limit");
+
+    private.signal("-STOP");
+    let clicks = futures::future::join_all((0..40).map(|i| {
+        let w = &w;
+        async move { w.buy(&format!("u{i}"), 1).await.0 }
+    }))
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    private.signal("-CONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    assert!(
+        clicks.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{clicks:?}"
+    );
+    let snap = sale::snapshot(&w.env.redis, w.id()).await.unwrap();
+    assert_eq!(snap.stock, Some(100), "{snap:?}");
+    assert!(
+        snap.ledger.is_empty(),
+        "phantom reservations: {:?}",
+        snap.ledger
+    );
+    assert_eq!(snap.participants, 0);
+
+    // Told to retry, they can: once the breaker closes, a retry is accepted.
+    let mut accepted = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if w.buy("u0", 1).await.0 == StatusCode::ACCEPTED {
+            accepted = true;
+            break;
+        }
+    }
+    assert!(accepted, "u0 was told to retry and must be able to");
+}
