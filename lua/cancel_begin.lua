@@ -1,19 +1,26 @@
--- cancel_begin.lua: announce a cancellation in the ledger before the database commits it.
+-- cancel_begin.lua: announce one cancel attempt in the ledger before the database commits it.
 --
 -- While the entry is there the ledger is not quiet, so reconcile will not "correct" Redis
--- stock from a database that is already ahead of Redis (which would hand the units out twice).
+-- stock from a database that is already ahead of Redis. The entry carries the attempt's own
+-- cancel id; the database records the id of the attempt that committed, and only that
+-- attempt's entry is ever finished (cancel_finish.lua), so a late or second canceller can
+-- never give the units back again.
 --
 -- KEYS[1] meta   KEYS[2] ledger
--- ARGV[1] user id   ARGV[2] order id   ARGV[3] quantity   ARGV[4] now (ms)
+-- ARGV[1] user id   ARGV[2] cancel id   ARGV[3] quantity   ARGV[4] now (ms)   ARGV[5] order id
+-- ARGV[6] the order's request id
 --
--- Returns 1 = recorded (or already recorded for this order), 0 = the user has another entry
--- in flight (retry later), 2 = activity not loaded in Redis (nothing to give back there).
+-- Entry written: "c|<cancelId>|<qty>|<ms>|<orderId>".
+-- Returns 1 = recorded, 0 = another entry of the user is in flight (retry later; a second
+-- canceller never adopts the first one's entry), 2 = activity not loaded in Redis.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v then
   local kind, id = string.match(v, '^(%a)|([^|]+)|')
-  if kind == 'c' and id == ARGV[2] then return 1 end
-  return 0
+  -- An orphan check's mark gives way: the check sees its mark gone and leaves the user be.
+  -- The order's own reservation gives way too: the order row proves the database holds it.
+  if not (kind == 'x' or (kind == 'r' and id == ARGV[6])) then return 0 end
 end
-redis.call('HSET', KEYS[2], ARGV[1], 'c|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[1],
+  'c|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5])
 return 1

@@ -1,11 +1,16 @@
--- drop_user.lua: remove a user from the activity's set when nothing stands behind them.
+-- drop_user.lua: the last step of reconcile's orphan check (see mark_users.lua).
 --
--- Reconcile found the user in the set with neither a ledger entry nor an active order; the
--- ledger is re-checked here so a purchase the user made meanwhile is never undone.
+-- Removes the check's mark and, when the database showed no live order, the user: both only
+-- while the mark is still this check's, so a user who did anything since the mark is kept.
 --
 -- KEYS[1] users   KEYS[2] ledger
--- ARGV[1] user id
+-- ARGV[1] user id   ARGV[2] token   ARGV[3] "drop" = remove the user too, "keep" = mark only
 --
--- Returns 1 = removed, 0 = kept (ledger entry appeared, or not a member).
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+-- Returns 1 = user removed, 0 = kept.
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if not v then return 0 end
+local kind, token = string.match(v, '^(%a)|([^|]+)|')
+if kind ~= 'x' or token ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+if ARGV[3] ~= 'drop' then return 0 end
 return redis.call('SREM', KEYS[1], ARGV[1])

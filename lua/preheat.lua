@@ -1,15 +1,21 @@
--- preheat.lua: load one activity into Redis, idempotently.
+-- preheat.lua: load one activity into Redis, idempotently, for the holder of its lock.
 --
+-- Loading is fenced like every admin write: only the current lock owner loads, so a load
+-- computed from a database row that an admin change has since replaced cannot land (the
+-- loader reads the row after taking the lock and recording its token in the database).
 -- Never resets the stock of a sale already loaded (SET NX, never INCR): running twice, or
--- concurrently with itself or with purchases, changes nothing but a newer meta version.
+-- concurrently with purchases, changes nothing but a newer meta version and the expiry.
+-- The user set is rebuilt by the caller (SADD of the database's live order holders) before
+-- this script creates the meta, so no purchase runs against a half-built set.
 --
--- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger
+-- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger   KEYS[5] lock
 -- ARGV[1] stock to load (DB remaining stock)   ARGV[2] total stock
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
--- ARGV[7] expireAtMs (sale end + buffer)
+-- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner
 --
--- Returns 1 = loaded now, 0 = already loaded (unchanged), 2 = already loaded, meta refreshed
--- to a newer version.
+-- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry), 2 = already loaded,
+-- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
+if redis.call('GET', KEYS[5]) ~= ARGV[8] then return 3 end
 local function expire_all()
   for i = 1, 4 do
     if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIREAT', KEYS[i], ARGV[7]) end
@@ -23,10 +29,12 @@ if version then
     expire_all()
     return 2
   end
+  expire_all()
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 redis.call('HSET', KEYS[2], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7])
+redis.call('HINCRBY', KEYS[2], 'seq', 1)
 expire_all()
 return 1

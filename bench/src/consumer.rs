@@ -127,7 +127,7 @@ async fn consumer_run(
     batch_writes: bool,
 ) -> anyhow::Result<ConsumerRun> {
     let a = new_activity(pool, orders).await?;
-    sale::preheat(redis, &a, Duration::from_secs(3600)).await?;
+    seckill_shared::testing::load_without_db(redis, &a, Duration::from_secs(3600)).await?;
     // Real reservations: the ledger holds each one, as after seckill-entry accepted it.
     let messages: Vec<OrderMessage> = futures::stream::iter(0..orders)
         .map(|i| {
@@ -135,7 +135,9 @@ async fn consumer_run(
             async move {
                 let user = format!("buyer-{i:07}");
                 let request_id = Uuid::now_v7();
-                match sale::purchase(&redis, a.id, &user, 1, request_id).await? {
+                match sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
+                    .await?
+                {
                     Decision::Accepted { now_ms, .. } => Ok(OrderMessage {
                         request_id,
                         activity_id: a.id,

@@ -13,7 +13,7 @@ use seckill_entry::EntryState;
 use seckill_shared::auth::{mint, JwtVerifier};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::{sale, scripts, testing, Config};
+use seckill_shared::{scripts, testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -163,7 +163,7 @@ async fn sections(
     //    cache: the activity has plenty of stock). 10k users, all already in the user set.
     let rejected_users = b.users.len().min(10_000);
     let open_id = 1;
-    sale::preheat(
+    seckill_shared::testing::load_without_db(
         &b.redis,
         &open_activity(open_id, 1_000_000),
         Duration::from_secs(3600),
@@ -228,7 +228,7 @@ async fn sections(
 
     // 2. The sold-out flood: an activity with no stock left.
     let sold_out_id = 2;
-    sale::preheat(
+    seckill_shared::testing::load_without_db(
         &b.redis,
         &open_activity(sold_out_id, 0),
         Duration::from_secs(3600),
@@ -599,7 +599,7 @@ async fn accepted(
     let n = sizes.sqs_sends;
     let c = sizes.sqs_concurrency;
     let activity_id = 3;
-    sale::preheat(
+    seckill_shared::testing::load_without_db(
         &b.redis,
         &open_activity(activity_id, n as i64 + 10),
         Duration::from_secs(3600),

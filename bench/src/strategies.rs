@@ -280,7 +280,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
     let mut activity_id = activity_id;
     match s {
         Strategy::Lua | Strategy::Limit => {
-            sale::preheat(
+            seckill_shared::testing::load_without_db(
                 &redis,
                 &open_activity(activity_id, wl.stock),
                 Duration::from_secs(3600),
@@ -361,7 +361,15 @@ async fn attempt(c: Arc<Ctx>, s: Strategy, i: usize) -> Outcome {
 
 async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let d = sale::purchase(&c.redis, c.activity_id, &c.users[i], 1, Uuid::now_v7()).await?;
+    let d = sale::purchase(
+        &c.redis,
+        c.activity_id,
+        &c.users[i],
+        1,
+        Uuid::now_v7(),
+        sale::far_deadline(),
+    )
+    .await?;
     Ok(match d {
         // The script is one step: the only place to die is after it (with the reservation,
         // if any, already in the ledger).

@@ -59,6 +59,12 @@ impl Activity {
         }
     }
 
+    /// Whether preheat loads it at `now`: published, starting within `lead`, not yet ended.
+    pub fn due_for_preheat(&self, now: DateTime<Utc>, lead: Duration) -> bool {
+        let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
+        self.state == "published" && self.start_at <= horizon && self.end_at > now
+    }
+
     /// When the activity's Redis keys expire: the sale's end plus the buffer.
     pub fn expire_at(&self, buffer: Duration) -> DateTime<Utc> {
         self.end_at + ChronoDuration::from_std(buffer).unwrap_or(ChronoDuration::hours(2))
@@ -169,6 +175,21 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Activity>, sqlx::Error
     ))
     .bind(id)
     .fetch_optional(pool)
+    .await
+}
+
+/// [`get`] inside a transaction (after its fencing update, say).
+pub async fn get_in(
+    conn: &mut sqlx::PgConnection,
+    id: i64,
+) -> Result<Option<Activity>, sqlx::Error> {
+    sqlx::query_as::<_, Activity>(concat!(
+        "select ",
+        activity_columns!(),
+        " from activities where id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
     .await
 }
 

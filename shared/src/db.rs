@@ -47,6 +47,11 @@ pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     }
 }
 
+/// True when the error is a foreign key violation (e.g. an order naming no activity).
+pub fn is_foreign_key_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_foreign_key_violation())
+}
+
 /// True for errors worth retrying later (connection lost, pool exhausted, I/O), as opposed to
 /// a query the database refused.
 pub fn is_transient(err: &sqlx::Error) -> bool {

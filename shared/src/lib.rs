@@ -9,6 +9,9 @@
 //! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
 //! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
 //! - [`sale`]: typed wrappers around the scripts: purchase, compensation, settle, cancel, preheat.
+//! - [`giveback`]: the database as the one arbiter of each reservation's fate: whoever gives
+//!   units back claims the request id first.
+//! - [`load`]: loading a sale into Redis under its fenced lock, rebuilding the user set.
 //! - [`lock`]: the per-activity admin lock with an owner-checked release, a watchdog and a
 //!   fencing token the database checks.
 //! - [`db`]: the PostgreSQL pool and the embedded migrations.
@@ -28,9 +31,11 @@ pub mod cache;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod giveback;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;
+pub mod load;
 pub mod lock;
 pub mod metrics;
 pub mod order;

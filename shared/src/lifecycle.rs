@@ -9,29 +9,38 @@
 //! # Why a cancellation touches Redis before and after the database
 //!
 //! A cancel changes three places: the order row, the DB stock, and Redis (stock + the user's
-//! quota). They cannot change in one step, so the cancel is announced first in the Redis ledger
-//! (`c|<orderId>|qty|ms`, `lua/cancel_begin.lua`), then committed in one DB transaction, then
-//! finished in Redis (`lua/cancel_finish.lua`: stock back, user out of the set, entry dropped).
+//! quota). They cannot change in one step, so each cancel *attempt* gets its own cancel id and
+//! is announced first in the Redis ledger (`c|<cancelId>|qty|ms|<orderId>`,
+//! `lua/cancel_begin.lua`), then committed in one DB transaction that records the cancel id on
+//! the order row, then finished in Redis (`lua/cancel_finish.lua`: stock back, user out of the
+//! set, entry dropped) for that id only.
 //!
 //! The announcement must come first. Between the DB commit and the Redis finish the database
 //! is *ahead* of Redis (it already has the units back). Reconcile only corrects Redis stock from
 //! the database while the ledger is quiet; with the `c` entry in the ledger it stays away, so it
 //! never adds units to Redis that `cancel_finish` then adds a second time.
 //!
-//! A crash between the steps leaves a stale `c` entry, which reconcile repairs: if the database
-//! says the order is cancelled it runs `cancel_finish` (at most once: the entry guards it);
-//! otherwise the transaction never committed and it drops the entry with `settle`.
-//! A retried cancel converges too: announcing the same order again is a no-op, and a cancel of
-//! an order the database already holds as cancelled runs `cancel_finish` (never `settle`: that
-//! would lose a concurrent canceller's units in Redis).
+//! The cancel id is what makes a second canceller harmless. A canceller that read the order
+//! as confirmed may get to its announcement only after another attempt has already finished
+//! (a double click, overlapping reconcile runs). Its announcement then succeeds (the ledger is
+//! empty again) but its commit finds the order cancelled by another id: it drops its own entry
+//! and gives nothing back. A finish applies only for the id the row names, so no stale or
+//! second attempt can ever apply one. A canceller never adopts another attempt's entry either
+//! (it answers `Busy`): the other attempt may still commit, or reconcile may be dropping it.
+//!
+//! A crash between the steps leaves a stale `c` entry, which reconcile repairs: if the order
+//! row names that cancel id it runs `cancel_finish` (at most once: the entry guards it);
+//! otherwise that attempt never committed and the entry is dropped with `settle`.
+//! The full protocol is in `docs/invariants.md`.
 
 use crate::cache::Redis;
 use crate::error::ApiError;
 use crate::order::{Order, OrderStatus};
 use crate::{order_columns, sale};
 use chrono::{DateTime, Utc};
-use sale::{CancelBegin, EntryKind};
+use sale::{CancelAttempt, CancelBegin, EntryKind};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 /// What [`cancel_order`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,16 +60,16 @@ pub enum CancelOutcome {
 /// quota freed so they may buy again. The caller has checked who may cancel (owner, or
 /// reconcile's payment timeout); `order` is a recent read of the row, the database decides.
 ///
-/// Steps (see the module docs for why in this order):
-/// 1. `sale::cancel_begin` announces `c|orderId` in the ledger (`Busy` -> [`CancelOutcome::Busy`];
-///    not loaded in Redis -> only the database changes);
-/// 2. one DB transaction: the order `confirmed` -> `cancelled`, its quantity back to
-///    `activities.remaining_stock`;
-/// 3. `sale::cancel_finish` gives the units and the quota back in Redis.
+/// Steps (see the module docs for why in this order), under a fresh cancel id:
+/// 1. `sale::cancel_begin` announces the attempt in the ledger (`Busy` ->
+///    [`CancelOutcome::Busy`]; not loaded in Redis -> only the database changes);
+/// 2. one DB transaction: the order `confirmed` -> `cancelled` with this cancel id, its
+///    quantity back to `activities.remaining_stock`;
+/// 3. `sale::cancel_finish` for this cancel id gives the units and the quota back in Redis.
 ///
-/// If the database says the order was no longer `confirmed`: already cancelled -> finish the
-/// other cancel's Redis half (idempotent) and answer `AlreadyCancelled`; paid / failed -> drop
-/// our `c` entry with `sale::settle` and answer `NotCancellable`.
+/// If the database says the order was no longer `confirmed`, this attempt drops its own entry
+/// and changes nothing else: already cancelled -> `AlreadyCancelled`; paid / failed ->
+/// `NotCancellable`.
 #[tracing::instrument(skip_all, fields(order_id = order.id, activity_id = order.activity_id))]
 pub async fn cancel_order(
     pool: &PgPool,
@@ -68,36 +77,48 @@ pub async fn cancel_order(
     order: &Order,
     now: DateTime<Utc>,
 ) -> Result<CancelOutcome, ApiError> {
-    let (activity_id, user, order_id) = (order.activity_id, order.user_id.as_str(), order.id);
+    let (activity_id, user) = (order.activity_id, order.user_id.as_str());
     // Final states never change again, so a stale read of one is still the truth.
     match OrderStatus::parse(&order.status) {
         Some(OrderStatus::Confirmed) => {}
         Some(OrderStatus::Cancelled) => {
-            // Finishes a cancel that committed but crashed before its Redis half, if any.
-            sale::cancel_finish(redis, activity_id, user, order_id).await?;
+            // Finishes the committed attempt's Redis half if a crash left it (guarded by its id).
+            if let Some(cancel_id) = order.cancel_id {
+                sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
+            }
             return Ok(CancelOutcome::AlreadyCancelled);
         }
         _ => return Ok(CancelOutcome::NotCancellable(order.status.clone())),
     }
 
+    let attempt = CancelAttempt {
+        activity_id,
+        user_id: user,
+        order_id: order.id,
+        request_id: order.request_id,
+        quantity: i64::from(order.quantity),
+        cancel_id: Uuid::now_v7(),
+    };
     crate::pause::point("cancel.before_begin", activity_id).await;
-    let begin = begin_cancel(redis, order, now).await?;
+    let begin = sale::cancel_begin(redis, &attempt, now.timestamp_millis()).await?;
     crate::pause::point("cancel.after_begin", activity_id).await;
     if begin == CancelBegin::Busy {
-        return Ok(CancelOutcome::Busy);
+        return other_attempt(pool, redis, order).await;
     }
     let in_redis = begin == CancelBegin::Recorded;
 
     // If this fails the `c` entry stays: the commit may or may not have happened, and only
-    // reconcile (reading the database later) or a retry of this cancel may decide.
-    let quantity = commit_cancel(pool, order_id, now).await?;
+    // reconcile (reading the order row's cancel id later) decides.
+    let quantity = commit_cancel(pool, order.id, attempt.cancel_id, now).await?;
 
     match quantity {
         Some(quantity) => {
             if in_redis {
                 // The database is the system of record and holds the cancel now: a Redis hiccup
                 // here leaves the `c` entry for reconcile, it does not undo the cancel.
-                if let Err(e) = sale::cancel_finish(redis, activity_id, user, order_id).await {
+                if let Err(e) =
+                    sale::cancel_finish(redis, activity_id, user, attempt.cancel_id).await
+                {
                     tracing::warn!(error = %e, "cancel committed; redis half left to reconcile");
                 }
             }
@@ -105,71 +126,69 @@ pub async fn cancel_order(
             Ok(CancelOutcome::Cancelled { quantity })
         }
         None => {
-            let status = crate::order::get(pool, order_id)
+            // Another attempt, a pay or a failure decided first: this attempt only drops its
+            // own announcement.
+            if in_redis {
+                sale::settle(redis, activity_id, user, &attempt.cancel_id.to_string()).await?;
+            }
+            let status = crate::order::get(pool, order.id)
                 .await?
                 .map(|o| o.status)
                 .unwrap_or_default();
             if status == OrderStatus::Cancelled.as_str() {
-                if in_redis {
-                    sale::cancel_finish(redis, activity_id, user, order_id).await?;
-                }
                 Ok(CancelOutcome::AlreadyCancelled)
             } else {
-                if in_redis {
-                    sale::settle(redis, activity_id, user, &order_id.to_string()).await?;
-                }
                 Ok(CancelOutcome::NotCancellable(status))
             }
         }
     }
 }
 
-/// Step 1: the `c` announcement. A leftover reservation entry of this very order (the consumer
-/// committed it but had not yet dropped the entry) is settled here rather than answered `Busy`,
-/// since the order row proves the database holds it.
-async fn begin_cancel(
+/// Another entry of the user was in flight. When it is another attempt to cancel this very
+/// order (a double click, the payment timeout racing the owner), its outcome is a moment away:
+/// wait for the row to say cancelled and answer `AlreadyCancelled`. Anything else, or an
+/// attempt that does not commit in time (it may have crashed; reconcile drops its entry), is
+/// `Busy`: never take over another attempt's entry.
+async fn other_attempt(
+    pool: &PgPool,
     redis: &Redis,
     order: &Order,
-    now: DateTime<Utc>,
-) -> Result<CancelBegin, ApiError> {
-    let (activity_id, user) = (order.activity_id, order.user_id.as_str());
-    let begin = || {
-        sale::cancel_begin(
-            redis,
-            activity_id,
-            user,
-            order.id,
-            i64::from(order.quantity),
-            now.timestamp_millis(),
-        )
-    };
-    let first = begin().await?;
-    if first != CancelBegin::Busy {
-        return Ok(first);
+) -> Result<CancelOutcome, ApiError> {
+    let entry = sale::ledger_entry(redis, order.activity_id, &order.user_id).await?;
+    if !entry.is_some_and(|e| e.kind == EntryKind::Cancel && e.order_id == Some(order.id)) {
+        return Ok(CancelOutcome::Busy);
     }
-    match sale::ledger_entry(redis, activity_id, user).await? {
-        Some(e) if e.kind == EntryKind::Reservation && e.request_id() == Some(order.request_id) => {
-            sale::settle(redis, activity_id, user, &e.id).await?;
-            Ok(begin().await?)
+    let waited = std::time::Instant::now();
+    while waited.elapsed() < OTHER_ATTEMPT_WAIT {
+        let status = crate::order::get(pool, order.id).await?.map(|o| o.status);
+        if status.as_deref() == Some(OrderStatus::Cancelled.as_str()) {
+            return Ok(CancelOutcome::AlreadyCancelled);
         }
-        _ => Ok(CancelBegin::Busy),
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
+    Ok(CancelOutcome::Busy)
 }
+
+/// How long a cancel waits for another attempt at the same order to commit.
+const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Step 2: one transaction. Returns the quantity given back, or `None` when the order was not
 /// `confirmed` any more (the condition makes a second cancel, or a cancel racing a pay, a no-op).
 async fn commit_cancel(
     pool: &PgPool,
     order_id: i64,
+    cancel_id: Uuid,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>, ApiError> {
     let mut tx = pool.begin().await?;
     let row: Option<(i32, i64)> = sqlx::query_as(
-        "update orders set status = 'cancelled', cancelled_at = $2, updated_at = $2
+        "update orders set status = 'cancelled', cancel_id = $3, cancelled_at = $2,
+             updated_at = $2
          where id = $1 and status = 'confirmed' returning quantity, activity_id",
     )
     .bind(order_id)
     .bind(now)
+    .bind(cancel_id)
     .fetch_optional(&mut *tx)
     .await?;
     let Some((quantity, activity_id)) = row else {

@@ -1,5 +1,6 @@
 //! Orders: statuses, the row type and the lookups the API and the jobs share.
 
+use crate::queue::OrderMessage;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -48,6 +49,10 @@ pub mod reason {
     pub const RESERVATION_EXPIRED: &str = "reservation_expired";
     /// The activity does not exist in the database.
     pub const UNKNOWN_ACTIVITY: &str = "unknown_activity";
+    /// The order message could not be sent (the caller was told 503).
+    pub const SEND_FAILED: &str = "send_failed";
+    /// The purchase script's answer did not arrive in time (the caller was told 503).
+    pub const UNAVAILABLE: &str = "unavailable";
 }
 
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
@@ -64,6 +69,8 @@ pub struct Order {
     pub updated_at: DateTime<Utc>,
     pub paid_at: Option<DateTime<Utc>>,
     pub cancelled_at: Option<DateTime<Utc>>,
+    /// The cancel attempt that committed the cancellation.
+    pub cancel_id: Option<Uuid>,
 }
 
 /// The column list of [`Order`], as a literal so queries stay `&'static str`.
@@ -71,7 +78,7 @@ pub struct Order {
 macro_rules! order_columns {
     () => {
         "id, request_id, activity_id, user_id, quantity, status, failure_reason, \
-         created_at, updated_at, paid_at, cancelled_at"
+         created_at, updated_at, paid_at, cancelled_at, cancel_id"
     };
 }
 
@@ -124,5 +131,49 @@ pub async fn sold_quantity(pool: &PgPool, activity_id: i64) -> Result<i64, sqlx:
     )
     .bind(activity_id)
     .fetch_one(pool)
+    .await
+}
+
+/// Records `m` as `failed` with `why`, unless a row with its request id exists. Returns
+/// whether this call inserted it: the claim of [`crate::giveback`].
+pub async fn insert_failed(
+    pool: &PgPool,
+    m: &OrderMessage,
+    why: &str,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+         values ($1, $2, $3, $4, 'failed', $5)
+         on conflict (request_id) do nothing",
+    )
+    .bind(m.request_id)
+    .bind(m.activity_id)
+    .bind(&m.user_id)
+    .bind(m.quantity)
+    .bind(why)
+    .execute(pool)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// Rows of the given request ids (any status).
+pub async fn by_requests(pool: &PgPool, request_ids: &[Uuid]) -> Result<Vec<Order>, sqlx::Error> {
+    sqlx::query_as::<_, Order>(concat!(
+        "select ",
+        order_columns!(),
+        " from orders where request_id = any($1)"
+    ))
+    .bind(request_ids)
+    .fetch_all(pool)
+    .await
+}
+
+/// The users holding a live (confirmed or paid) order of an activity.
+pub async fn live_holders(pool: &PgPool, activity_id: i64) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar::<_, String>(
+        "select user_id from orders where activity_id = $1 and status in ('confirmed', 'paid')",
+    )
+    .bind(activity_id)
+    .fetch_all(pool)
     .await
 }

@@ -23,6 +23,11 @@ pub enum Decision {
         stock_left: i64,
     },
     AlreadyPurchased,
+    /// The script ran after the caller's deadline and changed nothing: the caller had already
+    /// given up on the answer (a stalled or slow Redis). `now_ms` is when it ran.
+    Expired {
+        now_ms: i64,
+    },
 }
 
 impl Decision {
@@ -36,17 +41,21 @@ impl Decision {
             Decision::QuantityExceedsLimit => "quantity_exceeds_limit",
             Decision::SoldOut { .. } => "sold_out",
             Decision::AlreadyPurchased => "already_purchased",
+            Decision::Expired { .. } => "expired",
         }
     }
 }
 
-/// Runs the purchase script for one user and quantity.
+/// Runs the purchase script for one user and quantity. `deadline_ms` is on the Redis server's
+/// clock: a script that only gets to run after it refuses ([`Decision::Expired`]), so a caller
+/// that timed out and answered 503 leaves nothing behind. [`far_deadline`] never expires.
 pub async fn purchase(
     redis: &Redis,
     activity_id: i64,
     user_id: &str,
     quantity: i64,
     request_id: Uuid,
+    deadline_ms: i64,
 ) -> Result<Decision, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::PURCHASE.prepare_invoke();
@@ -56,7 +65,8 @@ pub async fn purchase(
         .key(&k.ledger)
         .arg(user_id)
         .arg(quantity)
-        .arg(request_id.to_string());
+        .arg(request_id.to_string())
+        .arg(deadline_ms);
     let (code, stock, now_ms): (i64, i64, i64) = redis.script(&inv).await?;
     Ok(match code {
         0 => Decision::Accepted {
@@ -69,6 +79,7 @@ pub async fn purchase(
         4 => Decision::QuantityExceedsLimit,
         5 => Decision::SoldOut { stock_left: stock },
         6 => Decision::AlreadyPurchased,
+        7 => Decision::Expired { now_ms },
         other => {
             return Err(CacheError::Redis(redis::RedisError::from((
                 redis::ErrorKind::Parse,
@@ -77,6 +88,12 @@ pub async fn purchase(
             ))))
         }
     })
+}
+
+/// A purchase deadline that never passes, for callers with no timeout of their own to honour
+/// (tests, tools).
+pub fn far_deadline() -> i64 {
+    i64::MAX / 2
 }
 
 /// How much of a reservation a compensation gives back.
@@ -102,6 +119,7 @@ pub async fn compensate(
     inv.key(&k.stock)
         .key(&k.users)
         .key(&k.ledger)
+        .key(&k.meta)
         .arg(user_id)
         .arg(request_id.to_string())
         .arg(match mode {
@@ -112,8 +130,8 @@ pub async fn compensate(
     Ok((applied == 1).then_some(qty))
 }
 
-/// Drops the ledger entry carrying `id` (a request id or an order id) once the database holds
-/// the outcome. Returns whether an entry was dropped.
+/// Drops the ledger entry carrying `id` (a request id, a cancel id or a check token) once the
+/// database holds the outcome. Returns whether an entry was dropped.
 pub async fn settle(
     redis: &Redis,
     activity_id: i64,
@@ -138,22 +156,35 @@ pub enum CancelBegin {
     NotLoaded,
 }
 
+/// One cancel attempt, as `lua/cancel_begin.lua` announces it.
+#[derive(Clone, Copy, Debug)]
+pub struct CancelAttempt<'a> {
+    pub activity_id: i64,
+    pub user_id: &'a str,
+    pub order_id: i64,
+    /// The order's request id: its own reservation entry may give way to the cancel.
+    pub request_id: Uuid,
+    pub quantity: i64,
+    /// This attempt's id; the order row records it when the attempt commits.
+    pub cancel_id: Uuid,
+}
+
+/// Announces a cancel attempt in the ledger (`c|<cancelId>|qty|ms|<orderId>`).
 pub async fn cancel_begin(
     redis: &Redis,
-    activity_id: i64,
-    user_id: &str,
-    order_id: i64,
-    quantity: i64,
+    attempt: &CancelAttempt<'_>,
     now_ms: i64,
 ) -> Result<CancelBegin, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.keys(attempt.activity_id);
     let mut inv = scripts::CANCEL_BEGIN.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.ledger)
-        .arg(user_id)
-        .arg(order_id)
-        .arg(quantity)
-        .arg(now_ms);
+        .arg(attempt.user_id)
+        .arg(attempt.cancel_id.to_string())
+        .arg(attempt.quantity)
+        .arg(now_ms)
+        .arg(attempt.order_id)
+        .arg(attempt.request_id.to_string());
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         1 => CancelBegin::Recorded,
@@ -162,20 +193,22 @@ pub async fn cancel_begin(
     })
 }
 
-/// Gives a cancelled order's units and quota back, at most once. Returns the quantity.
+/// Gives a cancelled order's units and quota back, at most once, for the attempt `cancel_id`
+/// (the one the order row recorded). Returns the quantity.
 pub async fn cancel_finish(
     redis: &Redis,
     activity_id: i64,
     user_id: &str,
-    order_id: i64,
+    cancel_id: Uuid,
 ) -> Result<Option<i64>, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::CANCEL_FINISH.prepare_invoke();
     inv.key(&k.stock)
         .key(&k.users)
         .key(&k.ledger)
+        .key(&k.meta)
         .arg(user_id)
-        .arg(order_id);
+        .arg(cancel_id.to_string());
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
     Ok((applied == 1).then_some(qty))
 }
@@ -185,8 +218,10 @@ pub async fn cancel_finish(
 pub enum EntryKind {
     /// `r|<requestId>|qty|ms`: units reserved, order message on its way.
     Reservation,
-    /// `c|<orderId>|qty|ms`: a cancellation between Redis and the database.
+    /// `c|<cancelId>|qty|ms|<orderId>`: a cancel attempt between Redis and the database.
     Cancel,
+    /// `x|<token>|0|ms`: reconcile's orphan check is looking at this user.
+    Check,
 }
 
 /// One in-flight entry of the ledger, keyed by user.
@@ -194,10 +229,13 @@ pub enum EntryKind {
 pub struct LedgerEntry {
     pub user_id: String,
     pub kind: EntryKind,
-    /// The request id (reservation) or order id (cancel).
+    /// What guards the entry: the request id (reservation), the cancel id (cancel) or the
+    /// check token.
     pub id: String,
     pub quantity: i64,
     pub at_ms: i64,
+    /// The order a cancel entry is about.
+    pub order_id: Option<i64>,
 }
 
 impl LedgerEntry {
@@ -206,23 +244,36 @@ impl LedgerEntry {
         let kind = match parts.next()? {
             "r" => EntryKind::Reservation,
             "c" => EntryKind::Cancel,
+            "x" => EntryKind::Check,
             _ => return None,
         };
         let id = parts.next()?.to_string();
         let quantity = parts.next()?.parse().ok()?;
         let at_ms = parts.next()?.parse().ok()?;
+        let order_id = match kind {
+            EntryKind::Cancel => Some(parts.next()?.parse().ok()?),
+            _ => None,
+        };
         Some(Self {
             user_id: user_id.to_string(),
             kind,
             id,
             quantity,
             at_ms,
+            order_id,
         })
     }
 
     /// The reservation's request id, when this is a reservation.
     pub fn request_id(&self) -> Option<Uuid> {
         (self.kind == EntryKind::Reservation)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The cancel attempt's id, when this is a cancel.
+    pub fn cancel_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Cancel)
             .then(|| self.id.parse().ok())
             .flatten()
     }
@@ -249,6 +300,8 @@ pub struct Snapshot {
     pub stock: Option<i64>,
     pub participants: i64,
     pub ledger: Vec<LedgerEntry>,
+    /// The stock sequence: bumped by every script that moves the stock.
+    pub seq: i64,
 }
 
 impl Snapshot {
@@ -272,7 +325,7 @@ pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, Cache
     let k = redis.keys(activity_id);
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
     inv.key(&k.stock).key(&k.meta).key(&k.users).key(&k.ledger);
-    let (loaded, stock, participants, flat): (i64, i64, i64, Vec<String>) =
+    let (loaded, stock, participants, flat, seq): (i64, i64, i64, Vec<String>, i64) =
         redis.script(&inv).await?;
     let ledger = flat
         .chunks(2)
@@ -286,6 +339,7 @@ pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, Cache
         stock: (stock >= 0).then_some(stock),
         participants,
         ledger,
+        seq,
     })
 }
 
@@ -301,13 +355,18 @@ pub enum PreheatOutcome {
     Loaded,
     AlreadyLoaded,
     MetaRefreshed,
+    /// The lock changed hands before the script ran: nothing was written.
+    NotOwner,
 }
 
-/// Loads one activity into Redis (stock from the DB's remaining stock), idempotently.
+/// Loads one activity into Redis (stock from the DB's remaining stock), idempotently, for the
+/// holder `owner` of its lock. The caller read `activity` after taking the lock and recording
+/// its fencing token (see [`crate::load`]).
 pub async fn preheat(
     redis: &Redis,
     activity: &Activity,
     buffer: Duration,
+    owner: &str,
 ) -> Result<PreheatOutcome, CacheError> {
     let k = redis.keys(activity.id);
     let mut inv = scripts::PREHEAT.prepare_invoke();
@@ -315,19 +374,89 @@ pub async fn preheat(
         .key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
+        .key(&k.lock)
         .arg(activity.remaining_stock)
         .arg(activity.total_stock)
         .arg(activity.start_at.timestamp_millis())
         .arg(activity.end_at.timestamp_millis())
         .arg(activity.per_order_limit)
         .arg(activity.config_version)
-        .arg(activity.expire_at(buffer).timestamp_millis());
+        .arg(activity.expire_at(buffer).timestamp_millis())
+        .arg(owner);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         1 => PreheatOutcome::Loaded,
         2 => PreheatOutcome::MetaRefreshed,
+        3 => PreheatOutcome::NotOwner,
         _ => PreheatOutcome::AlreadyLoaded,
     })
+}
+
+/// The config version Redis holds for the activity, `None` when it is not loaded.
+pub async fn loaded_version(redis: &Redis, activity_id: i64) -> Result<Option<i64>, CacheError> {
+    let k = redis.keys(activity_id);
+    redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("version"))
+        .await
+}
+
+/// `lua/mark_users.lua`: marks the candidates of an orphan check; returns those marked.
+pub async fn mark_users(
+    redis: &Redis,
+    activity_id: i64,
+    token: &str,
+    now_ms: i64,
+    users: &[String],
+) -> Result<Vec<String>, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut inv = scripts::MARK_USERS.prepare_invoke();
+    inv.key(&k.users).key(&k.ledger).arg(token).arg(now_ms);
+    for u in users {
+        inv.arg(u);
+    }
+    redis.script(&inv).await
+}
+
+/// `lua/drop_user.lua`: ends an orphan check of `user`: removes the mark `token` and, when
+/// `drop`, the user, both only while the mark is still there. Returns whether the user went.
+pub async fn drop_user(
+    redis: &Redis,
+    activity_id: i64,
+    user: &str,
+    token: &str,
+    drop: bool,
+) -> Result<bool, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut inv = scripts::DROP_USER.prepare_invoke();
+    inv.key(&k.users)
+        .key(&k.ledger)
+        .arg(user)
+        .arg(token)
+        .arg(if drop { "drop" } else { "keep" });
+    let removed: i64 = redis.script(&inv).await?;
+    Ok(removed == 1)
+}
+
+/// `lua/fix_stock.lua`: sets the stock to `target` only for the lock `owner`, with the ledger
+/// empty and the stock sequence still `observed_seq`.
+pub async fn fix_stock(
+    redis: &Redis,
+    activity_id: i64,
+    owner: &str,
+    observed_seq: i64,
+    target: i64,
+) -> Result<bool, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut inv = scripts::FIX_STOCK.prepare_invoke();
+    inv.key(&k.stock)
+        .key(&k.ledger)
+        .key(&k.lock)
+        .key(&k.meta)
+        .arg(owner)
+        .arg(observed_seq)
+        .arg(target);
+    let fixed: i64 = redis.script(&inv).await?;
+    Ok(fixed == 1)
 }
 
 #[cfg(test)]
@@ -341,11 +470,15 @@ mod tests {
         assert_eq!(r.kind, EntryKind::Reservation);
         assert_eq!(r.quantity, 2);
         assert!(r.request_id().is_some());
-        let c = LedgerEntry::parse("bob", "c|17|1|1800").unwrap();
+        let c =
+            LedgerEntry::parse("bob", "c|6f1c1a2e-0000-4000-8000-000000000002|1|1800|17").unwrap();
         assert_eq!(
-            (c.kind, c.id.as_str(), c.at_ms),
-            (EntryKind::Cancel, "17", 1800)
+            (c.kind, c.order_id, c.at_ms),
+            (EntryKind::Cancel, Some(17), 1800)
         );
+        assert!(c.cancel_id().is_some() && c.request_id().is_none());
+        let x = LedgerEntry::parse("carol", "x|tok|0|1900").unwrap();
+        assert_eq!((x.kind, x.id.as_str()), (EntryKind::Check, "tok"));
         assert!(LedgerEntry::parse("x", "garbage").is_none());
     }
 }

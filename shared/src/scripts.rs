@@ -27,3 +27,4 @@ script!(ADJUST, "adjust.lua");
 script!(SNAPSHOT, "snapshot.lua");
 script!(FIX_STOCK, "fix_stock.lua");
 script!(DROP_USER, "drop_user.lua");
+script!(MARK_USERS, "mark_users.lua");

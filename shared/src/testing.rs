@@ -174,8 +174,9 @@ impl TestEnv {
             },
         )
         .await?;
-        crate::sale::preheat(&self.redis, &a, self.config.expiry_buffer).await?;
-        Ok(a)
+        let (_, loaded) =
+            crate::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+        Ok(loaded)
     }
 
     /// A sale that is open now (started a minute ago, ends in an hour).
@@ -420,4 +421,30 @@ impl PrivateRedis {
 
 fn rand_port() -> u16 {
     (uuid::Uuid::new_v4().as_u128() % 65_536) as u16
+}
+
+/// Loads `activity` into Redis as preheat would, for tests and the benchmark, which may load
+/// activities the database does not hold: the lock is taken directly in Redis (no fencing
+/// token, no database), held for the one script, and released.
+pub async fn load_without_db(
+    redis: &Redis,
+    activity: &Activity,
+    buffer: Duration,
+) -> anyhow::Result<crate::sale::PreheatOutcome> {
+    let owner = uuid::Uuid::new_v4().to_string();
+    let lock = redis.keys(activity.id).lock;
+    let taken: Option<String> = redis
+        .cmd(
+            redis::cmd("SET")
+                .arg(&lock)
+                .arg(&owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(10_000),
+        )
+        .await?;
+    anyhow::ensure!(taken.is_some(), "activity {} is locked", activity.id);
+    let outcome = crate::sale::preheat(redis, activity, buffer, &owner).await;
+    crate::lock::release_owned(redis, activity.id, &owner).await?;
+    Ok(outcome?)
 }

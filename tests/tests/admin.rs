@@ -318,9 +318,16 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKin
             let redis = env.redis.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(ms((i % 30) * 5)).await;
-                sale::purchase(&redis, a.id, &format!("u{i}"), 1, Uuid::new_v4())
-                    .await
-                    .unwrap()
+                sale::purchase(
+                    &redis,
+                    a.id,
+                    &format!("u{i}"),
+                    1,
+                    Uuid::new_v4(),
+                    sale::far_deadline(),
+                )
+                .await
+                .unwrap()
             })
         })
         .collect();
@@ -632,7 +639,7 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
             after.config_version,
             after.last_fence_token
         ),
-        (before.title, before.total_stock, 1, 0)
+        (before.title, before.total_stock, 1, before.last_fence_token)
     );
 
     // The good paths still answer.

@@ -10,9 +10,10 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::{Consumer, Outcome, Processed};
 use seckill_shared::activity::Activity;
+use seckill_shared::giveback;
 use seckill_shared::order::reason;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Compensation, Decision, Snapshot};
+use seckill_shared::sale::{self, Decision, Snapshot};
 use seckill_shared::testing::{self, RedisKind, TestEnv};
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
@@ -72,9 +73,16 @@ fn consumer(env: &TestEnv) -> Consumer {
 /// Makes a reservation the way the entry function does and returns the message it would send.
 async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> OrderMessage {
     let request_id = Uuid::new_v4();
-    let decision = sale::purchase(&env.redis, activity_id, user, quantity.into(), request_id)
-        .await
-        .expect("redis answers");
+    let decision = sale::purchase(
+        &env.redis,
+        activity_id,
+        user,
+        quantity.into(),
+        request_id,
+        sale::far_deadline(),
+    )
+    .await
+    .expect("redis answers");
     let Decision::Accepted { now_ms, .. } = decision else {
         panic!("reservation for {user} refused: {decision:?}");
     };
@@ -664,14 +672,18 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
 }
 
 #[tokio::test]
-async fn reservation_given_back_by_reconcile_is_recorded_expired_without_a_second_compensation() {
+async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again() {
     let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
-    let given = sale::compensate(&env.redis, a.id, "alice", m.request_id, Compensation::Full)
+    // Reconcile's give-back: the claim, then the units.
+    let given = giveback::give_back(&env.pool, &env.redis, &m, reason::RESERVATION_EXPIRED)
         .await
         .unwrap();
-    assert_eq!(given, Some(1));
+    assert!(
+        matches!(given, giveback::GiveBack::GivenBack(Some(1))),
+        "{given:?}"
+    );
     let before = snapshot(&env, a.id).await;
     assert_eq!(before.stock, Some(10));
 
@@ -715,7 +727,7 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
         let user = format!("crowd-{}", i % USERS);
         tokio::spawn(async move {
             let request_id = Uuid::new_v4();
-            let decision = sale::purchase(&redis, a.id, &user, 1, request_id)
+            let decision = sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
                 .await
                 .unwrap();
             if let Decision::Accepted { now_ms, .. } = decision {
@@ -836,15 +848,9 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
         .await
         .unwrap();
     let gone = &messages[1];
-    sale::compensate(
-        &env.redis,
-        a.id,
-        &gone.user_id,
-        gone.request_id,
-        Compensation::Full,
-    )
-    .await
-    .unwrap();
+    giveback::give_back(&env.pool, &env.redis, gone, reason::RESERVATION_EXPIRED)
+        .await
+        .unwrap();
     let mut records: Vec<SqsMessage> = messages.iter().map(record_of).collect();
     records.push(record("{poison"));
 
@@ -872,7 +878,7 @@ async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() {
                 s.compensations,
                 s.retried
             ),
-            (8, 1, 1, 1, 0, 0),
+            (8, 2, 0, 1, 0, 0),
             "{s:?}"
         );
     }

@@ -74,9 +74,16 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind)
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
 
-    let decision = sale::purchase(&env.redis, a.id, "alice", 2, Uuid::new_v4())
-        .await
-        .expect("one script, one hash tag: no CROSSSLOT");
+    let decision = sale::purchase(
+        &env.redis,
+        a.id,
+        "alice",
+        2,
+        Uuid::new_v4(),
+        sale::far_deadline(),
+    )
+    .await
+    .expect("one script, one hash tag: no CROSSSLOT");
 
     assert!(matches!(decision, Decision::Accepted { stock_left: 3, .. }));
     let snap = snapshot(&env, &a).await;
@@ -267,7 +274,7 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind
     let request_id = Uuid::new_v4();
 
     // The script ran; the process "died" before sending.
-    let decision = sale::purchase(&env.redis, a.id, "bob", 3, request_id)
+    let decision = sale::purchase(&env.redis, a.id, "bob", 3, request_id, sale::far_deadline())
         .await
         .unwrap();
 
@@ -773,7 +780,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) {
     )
     .await
     .unwrap();
-    sale::preheat(&env.redis, &ended, env.config.expiry_buffer)
+    seckill_shared::testing::load_without_db(&env.redis, &ended, env.config.expiry_buffer)
         .await
         .unwrap();
     let (status, body) = buy(&app, &ended, "alice", None).await;

@@ -10,7 +10,7 @@ use reconcile::{Reconcile, StockCheck};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::on_both_redis;
 use seckill_shared::order;
-use seckill_shared::sale::{self, CancelBegin, Decision};
+use seckill_shared::sale::{self, CancelAttempt, CancelBegin, Decision};
 use seckill_shared::testing::{RedisKind, TestEnv};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -77,7 +77,15 @@ async fn insert_activity(
 /// A purchase the script must accept. Returns its request id.
 async fn buy(env: &TestEnv, activity_id: i64, user: &str, qty: i64) -> anyhow::Result<Uuid> {
     let request_id = Uuid::new_v4();
-    let decision = sale::purchase(&env.redis, activity_id, user, qty, request_id).await?;
+    let decision = sale::purchase(
+        &env.redis,
+        activity_id,
+        user,
+        qty,
+        request_id,
+        sale::far_deadline(),
+    )
+    .await?;
     assert!(
         matches!(decision, Decision::Accepted { .. }),
         "{user}: {decision:?}"
@@ -213,8 +221,15 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
         .map(|i| {
             let env = env.clone();
             tokio::spawn(async move {
-                let d =
-                    sale::purchase(&env.redis, a.id, &format!("u{i}"), 1, Uuid::new_v4()).await?;
+                let d = sale::purchase(
+                    &env.redis,
+                    a.id,
+                    &format!("u{i}"),
+                    1,
+                    Uuid::new_v4(),
+                    sale::far_deadline(),
+                )
+                .await?;
                 anyhow::Ok(matches!(d, Decision::Accepted { .. }))
             })
         })
@@ -453,12 +468,25 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     // alice's cancel committed in the database, then the process died before cancel_finish.
     let rid = buy(&env, a.id, "alice", 2).await?;
     let alice_order = consume(&env, a.id, "alice", rid, 2).await?;
-    let begun = sale::cancel_begin(&env.redis, a.id, "alice", alice_order, 2, now_ms).await?;
+    let alice_cancel = Uuid::now_v7();
+    let attempt = CancelAttempt {
+        activity_id: a.id,
+        user_id: "alice",
+        order_id: alice_order,
+        request_id: rid,
+        quantity: 2,
+        cancel_id: alice_cancel,
+    };
+    let begun = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(begun, CancelBegin::Recorded);
-    sqlx::query("update orders set status = 'cancelled', cancelled_at = now() where id = $1")
-        .bind(alice_order)
-        .execute(&env.pool)
-        .await?;
+    sqlx::query(
+        "update orders set status = 'cancelled', cancelled_at = now(), cancel_id = $2
+         where id = $1",
+    )
+    .bind(alice_order)
+    .bind(alice_cancel)
+    .execute(&env.pool)
+    .await?;
     sqlx::query("update activities set remaining_stock = remaining_stock + 2 where id = $1")
         .bind(a.id)
         .execute(&env.pool)
@@ -466,7 +494,15 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     // bob's cancel was announced but its transaction never committed.
     let rid = buy(&env, a.id, "bob", 1).await?;
     let bob_order = consume(&env, a.id, "bob", rid, 1).await?;
-    sale::cancel_begin(&env.redis, a.id, "bob", bob_order, 1, now_ms).await?;
+    let attempt = CancelAttempt {
+        activity_id: a.id,
+        user_id: "bob",
+        order_id: bob_order,
+        request_id: rid,
+        quantity: 1,
+        cancel_id: Uuid::now_v7(),
+    };
+    sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(redis_stock(&env, a.id).await?, Some(7));
 
     let report = reconcile(&env).run(after_grace()).await?;
@@ -630,7 +666,9 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 tokio::spawn(async move {
                     let n = wave * WAVE + i;
                     let (user, qty, rid) = (format!("u{n}"), 1 + (n % 2) as i64, Uuid::new_v4());
-                    match sale::purchase(&env.redis, id, &user, qty, rid).await? {
+                    match sale::purchase(&env.redis, id, &user, qty, rid, sale::far_deadline())
+                        .await?
+                    {
                         Decision::Accepted { stock_left, .. } => {
                             anyhow::ensure!(stock_left >= 0);
                             tx.send((user, rid, qty))?;

@@ -54,6 +54,7 @@ impl World {
             user,
             i64::from(qty),
             request_id,
+            sale::far_deadline(),
         )
         .await
         .unwrap();
@@ -311,21 +312,28 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) 
     let id = w.confirmed("alice", 3).await;
     let now = chrono::Utc::now();
     // Steps 1 and 2 of a cancel, then the "crash": no cancel_finish.
-    sale::cancel_begin(
-        &w.env.redis,
-        w.sale.id,
-        "alice",
-        id,
-        3,
-        now.timestamp_millis(),
-    )
-    .await
-    .unwrap();
-    sqlx::query("update orders set status = 'cancelled', cancelled_at = now() where id = $1")
-        .bind(id)
-        .execute(&w.env.pool)
+    let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
+    let cancel_id = Uuid::now_v7();
+    let attempt = sale::CancelAttempt {
+        activity_id: w.sale.id,
+        user_id: "alice",
+        order_id: id,
+        request_id: order.request_id,
+        quantity: 3,
+        cancel_id,
+    };
+    sale::cancel_begin(&w.env.redis, &attempt, now.timestamp_millis())
         .await
         .unwrap();
+    sqlx::query(
+        "update orders set status = 'cancelled', cancelled_at = now(), cancel_id = $2
+         where id = $1",
+    )
+    .bind(id)
+    .bind(cancel_id)
+    .execute(&w.env.pool)
+    .await
+    .unwrap();
     sqlx::query("update activities set remaining_stock = remaining_stock + 3 where id = $1")
         .bind(w.sale.id)
         .execute(&w.env.pool)

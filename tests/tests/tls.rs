@@ -147,9 +147,16 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() {
         .cmd(redis::cmd("SET").arg(&k.stock).arg(1))
         .await
         .unwrap();
-    let decision = sale::purchase(&redis, 1, "alice", 1, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let decision = sale::purchase(
+        &redis,
+        1,
+        "alice",
+        1,
+        uuid::Uuid::new_v4(),
+        sale::far_deadline(),
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(decision, Decision::Accepted { stock_left: 0, .. }),
         "{decision:?}"

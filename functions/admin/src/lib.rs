@@ -10,9 +10,12 @@
 //! | `GET /admin/activities/{activityId}` | the activity plus live stats (DB, Redis, drift) |
 //! | `GET /admin/activities?limit=&offset=` | a page, newest first |
 //!
-//! Creating takes no lock: nobody can hold the lock of an id that does not exist yet, and the
-//! new row starts at `last_fence_token = 0`, below every token [`lock::acquire`] can issue.
-//! Preheat loads the new activity into Redis on its schedule.
+//! Creating takes no lock for the insert: nobody can hold the lock of an id that does not
+//! exist yet, and the new row starts at `last_fence_token = 0`, below every token
+//! [`lock::acquire`] can issue. A sale that starts within the preheat lead is then loaded into
+//! Redis at once, fenced like any load (`seckill_shared::load`), so a sale created a minute
+//! before its start does not wait for the preheat schedule; a change that finds such a sale
+//! not loaded loads it under the lock it holds.
 //!
 //! # How a change is written
 //!
@@ -31,7 +34,12 @@
 //!   `adjust.lua` adds the delta (0 for meta-only changes) and writes the new meta. Redis
 //!   never offers units the DB does not have.
 //!
-//! `adjust.lua` answering "not loaded" is fine: preheat loads the DB's values later.
+//! `adjust.lua` answering "not loaded" is fine: the change loads the sale itself when it is
+//! within the preheat lead, and preheat loads the DB's values otherwise.
+//!
+//! A lower whose commit fails is reverted in Redis only when the database proves it did not
+//! commit (the row does not carry our token): a connection lost during `COMMIT` may have
+//! committed, and reverting then would offer units the database no longer has.
 //!
 //! # In-between states (a crash, a timeout or a lost lease between the two steps)
 //!
@@ -57,7 +65,7 @@ use seckill_shared::auth::Admin;
 use seckill_shared::cache::Redis;
 use seckill_shared::http::{ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
-use seckill_shared::{activity_columns, db, order, sale, scripts, ApiError, Config};
+use seckill_shared::{activity_columns, db, load, order, sale, scripts, ApiError, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -105,10 +113,25 @@ async fn create(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
-/// Validates and stores a new activity (no lock: see the module doc).
+/// Validates and stores a new activity (no lock: see the module doc), then loads it into Redis
+/// when it starts within the preheat lead. A failed load is logged, not answered: the database
+/// holds the sale, and preheat loads it on its next run.
 pub async fn create_activity(state: &AdminState, new: &NewActivity) -> Result<Activity, ApiError> {
     new.validate()?;
-    Ok(activity::insert(&state.pool, new).await?)
+    let created = activity::insert(&state.pool, new).await?;
+    if !created.due_for_preheat(Utc::now(), state.config.preheat_lead) {
+        return Ok(created);
+    }
+    match load::load_under_lock(&state.redis, &state.pool, &state.config, created.id).await {
+        Ok((outcome, row)) => {
+            tracing::info!(activity_id = row.id, ?outcome, "new sale loaded into redis");
+            Ok(row)
+        }
+        Err(e) => {
+            tracing::warn!(activity_id = created.id, error = %e, "new sale not loaded; preheat will");
+            Ok(created)
+        }
+    }
 }
 
 async fn update(
@@ -208,7 +231,7 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
 }
 
 /// What `adjust.lua` answered.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Adjust {
     Applied,
     NotOwner,
@@ -239,6 +262,8 @@ async fn adjust(
     inv.key(&keys.stock)
         .key(&keys.meta)
         .key(&keys.lock)
+        .key(&keys.users)
+        .key(&keys.ledger)
         .arg(&guard.owner)
         .arg(delta)
         .arg(meta.total)
@@ -319,8 +344,22 @@ pub async fn update_with_guard(
         }
         .await;
         match committed {
-            Ok(updated) => Ok(updated),
+            Ok(updated) => loaded_if_due(state, guard, adjusted, updated).await,
             Err(e) => {
+                match committed_under(state, guard).await {
+                    // COMMIT's answer was lost, not the commit: the change is in.
+                    Ok(Some(updated)) => {
+                        return loaded_if_due(state, guard, adjusted, updated).await
+                    }
+                    Ok(None) => {}
+                    Err(read) => {
+                        // Unknown whether it committed: Redis stays lower than the database may
+                        // allow (never oversells); reconcile corrects it once the ledger is quiet.
+                        tracing::error!(activity_id = id, delta, error = %e, read_error = %read,
+                            "commit outcome unknown; redis left lowered for reconcile");
+                        return Err(e.into());
+                    }
+                }
                 if adjusted == Adjust::Applied {
                     let old_meta = RedisMeta {
                         total: current.total_stock as i64,
@@ -347,16 +386,44 @@ pub async fn update_with_guard(
         let updated = write_update(&mut tx, id, &m, delta, version).await?;
         tx.commit().await?;
         match adjust(state, guard, delta, &new_meta).await {
-            Ok(Adjust::Applied | Adjust::NotLoaded) => {}
-            other => tracing::warn!(
-                activity_id = id,
-                delta,
-                ?other,
-                "DB committed but Redis not adjusted; reconcile and preheat will catch up"
-            ),
+            Ok(adjusted @ (Adjust::Applied | Adjust::NotLoaded)) => {
+                loaded_if_due(state, guard, adjusted, updated).await
+            }
+            other => {
+                tracing::warn!(
+                    activity_id = id,
+                    delta,
+                    ?other,
+                    "DB committed but Redis not adjusted; reconcile and preheat will catch up"
+                );
+                Ok(updated)
+            }
         }
-        Ok(updated)
     }
+}
+
+/// After a committed change: a sale Redis does not hold is loaded now, under the lock this
+/// change holds, when it starts within the preheat lead. A failed load is logged: the change
+/// is in the database, and preheat loads it on its next run.
+async fn loaded_if_due(
+    state: &AdminState,
+    guard: &LockGuard,
+    adjusted: Adjust,
+    updated: Activity,
+) -> Result<Activity, ApiError> {
+    if adjusted != Adjust::NotLoaded
+        || !updated.due_for_preheat(Utc::now(), state.config.preheat_lead)
+    {
+        return Ok(updated);
+    }
+    let buffer = state.config.expiry_buffer;
+    match load::load_fenced(&state.redis, &state.pool, &guard.owner, &updated, buffer).await {
+        Ok(outcome) => tracing::info!(activity_id = updated.id, ?outcome, "changed sale loaded"),
+        Err(e) => {
+            tracing::warn!(activity_id = updated.id, error = %e, "changed sale not loaded; preheat will")
+        }
+    }
+    Ok(updated)
 }
 
 /// The row update of a merge, in the caller's transaction (after the fence).

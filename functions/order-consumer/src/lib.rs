@@ -2,18 +2,25 @@
 //! record.
 //!
 //! Each message stands for a reservation Redis already granted (stock taken, user added,
-//! ledger entry `r|<requestId>|qty|ms` written). The consumer makes the database agree, or
-//! gives the reservation back:
+//! ledger entry `r|<requestId>|qty|ms` written). Its fate is decided once, by the database's
+//! `request_id` unique key (`seckill_shared::giveback`, `docs/invariants.md`):
 //!
-//! 1. **Duplicate** (a row with the request id exists, whatever its status): drop the ledger
-//!    entry and ack. Never compensate: the first delivery already decided.
-//! 2. **Reservation gone** (the ledger no longer holds this request and no row exists):
-//!    reconcile already gave the units back, so record `failed / reservation_expired` and ack.
+//! 1. **Decided already** (a row with the request id exists, whatever its status): apply what
+//!    it says and ack. A live row drops the ledger entry; a `failed` row means someone claimed
+//!    the reservation to give it back (the entry after a failed send, reconcile after the
+//!    grace period, an earlier delivery), so its units go back, guarded by the ledger entry,
+//!    in case that actor crashed before doing it.
+//! 2. **No reservation** in the ledger (never granted, or lost with a Redis restart): claim
+//!    the request as `failed / reservation_expired` and ack. Its units are not held in Redis,
+//!    so committing would sell them twice.
 //! 3. Otherwise one transaction: insert the order, then `remaining_stock - q where
-//!    remaining_stock >= q`. After commit, drop the ledger entry.
-//! 4. **Business refusals** roll back, compensate Redis first (guarded by the ledger entry, so
-//!    it applies at most once), then record a `failed` row and ack: sold out -> full
-//!    compensation; the user already holds another order -> stock only.
+//!    remaining_stock >= q`. After commit, drop the ledger entry. The insert is the claim: if
+//!    anyone claimed the request meanwhile it fails as a duplicate, and step 1 applies.
+//!    The ledger read of step 2 is no guard against that: it may be stale by the time the
+//!    transaction commits; the claim is what holds.
+//! 4. **Business refusals** roll back and give the reservation back through the arbiter: claim
+//!    the request as `failed`, and only if this delivery won, compensate Redis: sold out ->
+//!    full compensation; the user already holds another order -> stock only.
 //! 5. Anything transient (database or Redis out of reach, timeouts) reports the message in
 //!    `batchItemFailures`: SQS redelivers it, and after `maxReceiveCount` moves it to the DLQ.
 //!    Malformed messages are reported the same way, so they end in the DLQ for a human.
@@ -32,7 +39,8 @@ use futures::StreamExt;
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::config::Config;
 use seckill_shared::db;
-use seckill_shared::order::{self, reason};
+use seckill_shared::giveback::{self, GiveBack};
+use seckill_shared::order::{self, reason, Order};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Compensation, LedgerEntry};
 use sqlx::PgPool;
@@ -48,9 +56,10 @@ pub const FUNCTION: &str = "order-consumer";
 pub enum Outcome {
     /// The order is in the database and the ledger entry dropped.
     Committed,
-    /// A row for this request already existed: nothing done but dropping the ledger entry.
+    /// A row for this request already existed: its decision was applied, nothing else done.
     Duplicate,
-    /// The reservation had already been given back; recorded as `reservation_expired`.
+    /// The reservation was not in the ledger (never granted, or lost with Redis); recorded
+    /// as `reservation_expired`.
     Expired,
     /// The database had less stock than Redis; compensated in full, recorded as `sold_out`.
     SoldOut,
@@ -288,8 +297,9 @@ impl Consumer {
     /// the per-message path handles.
     ///
     /// It only commits what the per-message path would have committed: messages whose
-    /// reservation is still in the ledger, with no row yet, one per user, when the database
-    /// has stock for all of them and no one-per-user conflict. Anything else (a unique
+    /// reservation is in the ledger and with no row yet (the insert skips request ids someone
+    /// claimed meanwhile), one per user, when the database has stock for all of them and no
+    /// one-per-user conflict. Anything else (a unique
     /// violation, not enough stock for the whole group, an error) rolls the whole group back
     /// and leaves it to the per-message path, which decides each message on its own.
     async fn write_batches(&self, items: Vec<Item>) -> (Vec<Item>, Vec<Item>) {
@@ -323,7 +333,7 @@ impl Consumer {
             .into_iter()
             .partition(|item| users.insert(item.message.user_id.clone()));
 
-        // The reservation must still be pending, exactly as in the per-message path.
+        // The reservation must be in the ledger, exactly as in the per-message path.
         let ledger = self.redis.keys(activity_id).ledger;
         let mut hmget = redis::cmd("HMGET");
         hmget.arg(&ledger);
@@ -371,7 +381,7 @@ impl Consumer {
             }
         };
         // Rows that already existed were not inserted: the per-message path finds them and
-        // calls them duplicates (dropping their ledger entries).
+        // applies what they say.
         let (committed, existing): (Vec<Item>, Vec<Item>) = held
             .into_iter()
             .partition(|i| inserted.contains(&i.message.request_id));
@@ -407,7 +417,7 @@ impl Consumer {
             Ok(rows) => rows,
             Err(e)
                 if db::is_unique_violation(&e, "orders_one_per_user")
-                    || is_foreign_key_violation(&e) =>
+                    || db::is_foreign_key_violation(&e) =>
             {
                 return Ok(None);
             }
@@ -438,45 +448,64 @@ impl Consumer {
     /// units back to Redis. Safe to call any number of times for the same message, also
     /// concurrently.
     pub async fn handle_message(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
-        // 1. Idempotency first: any row (confirmed, paid, cancelled or failed) means an earlier
-        //    delivery decided. Never compensate here, that would hand the units out twice.
-        if order::by_request(&self.pool, m.request_id).await?.is_some() {
-            self.settle(m).await;
-            return Ok(Processed::new(Outcome::Duplicate, false));
+        // 1. An earlier delivery or a give-back decided: apply that decision, nothing else.
+        if let Some(row) = order::by_request(&self.pool, m.request_id).await? {
+            return self.decided(m, &row).await;
         }
 
-        // 2. The reservation must still be pending. If reconcile gave it back, committing
-        //    now would sell units Redis has already handed to someone else.
+        // 2. A reservation that is not in the ledger was never granted, or Redis lost it (a
+        //    restart with no data, or keys expired long after the sale): its units are not
+        //    held in Redis, so committing would sell them twice. It fails. The read is safe
+        //    without being atomic with anything: an entry never comes back once gone, and any
+        //    give-back claims first (so step 1 or the claim below sees its row).
         let entry = sale::ledger_entry(&self.redis, m.activity_id, &m.user_id).await?;
         if entry.and_then(|e| e.request_id()) != Some(m.request_id) {
-            return match self.record_failed(m, reason::RESERVATION_EXPIRED).await? {
-                Recorded::Inserted => Ok(Processed::new(Outcome::Expired, false)),
-                Recorded::AlreadyThere => Ok(Processed::new(Outcome::Duplicate, false)),
-                Recorded::UnknownActivity => Ok(Processed::new(Outcome::UnknownActivity, false)),
-            };
+            return self.expired(m).await;
         }
 
-        // 3. The order transaction.
+        // 3. The order transaction; its insert is the claim.
         seckill_shared::pause::point("consumer.before_write", m.activity_id).await;
         match self.write_order(m).await? {
             TxOutcome::Committed => {
                 self.settle(m).await;
                 Ok(Processed::new(Outcome::Committed, false))
             }
-            TxOutcome::Duplicate => {
-                self.settle(m).await;
-                Ok(Processed::new(Outcome::Duplicate, false))
-            }
-            TxOutcome::SoldOut => self.refuse(m, Compensation::Full, reason::SOLD_OUT).await,
-            TxOutcome::AlreadyPurchased => {
-                self.refuse(m, Compensation::StockOnly, reason::ALREADY_PURCHASED)
-                    .await
-            }
+            TxOutcome::Duplicate => match order::by_request(&self.pool, m.request_id).await? {
+                Some(row) => self.decided(m, &row).await,
+                None => Err(ConsumeError::Retryable(anyhow::anyhow!(
+                    "request {} conflicted but has no row",
+                    m.request_id
+                ))),
+            },
+            TxOutcome::SoldOut => self.refuse(m, reason::SOLD_OUT).await,
+            TxOutcome::AlreadyPurchased => self.refuse(m, reason::ALREADY_PURCHASED).await,
             TxOutcome::UnknownActivity => {
                 let given_back = self.compensate(m, Compensation::Full).await?;
                 Ok(Processed::new(Outcome::UnknownActivity, given_back))
             }
         }
+    }
+
+    /// No reservation in the ledger: claim the request as `reservation_expired`.
+    async fn expired(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
+        let why = reason::RESERVATION_EXPIRED;
+        match giveback::give_back(&self.pool, &self.redis, m, why)
+            .await
+            .map_err(|e| ConsumeError::Retryable(e.into()))?
+        {
+            GiveBack::GivenBack(units) => Ok(Processed::new(Outcome::Expired, units.is_some())),
+            GiveBack::Decided(_) => Ok(Processed::new(Outcome::Duplicate, false)),
+            GiveBack::UnknownActivity(units) => {
+                Ok(Processed::new(Outcome::UnknownActivity, units.is_some()))
+            }
+        }
+    }
+
+    /// A row for the request exists: apply it (a `failed` row's units go back, once).
+    async fn decided(&self, m: &OrderMessage, row: &Order) -> Result<Processed, ConsumeError> {
+        let given_back = giveback::apply(&self.redis, row).await?;
+        tracing::debug!(request_id = %m.request_id, status = %row.status, "already decided");
+        Ok(Processed::new(Outcome::Duplicate, given_back.is_some()))
     }
 
     /// One transaction: the order row, then the conditional stock update.
@@ -503,7 +532,7 @@ impl Consumer {
                 Ok(TxOutcome::Duplicate)
             } else if db::is_unique_violation(&e, "orders_one_per_user") {
                 Ok(TxOutcome::AlreadyPurchased)
-            } else if is_foreign_key_violation(&e) {
+            } else if db::is_foreign_key_violation(&e) {
                 Ok(TxOutcome::UnknownActivity)
             } else {
                 Err(e)
@@ -530,55 +559,32 @@ impl Consumer {
         Ok(TxOutcome::Committed)
     }
 
-    /// A business refusal: compensate Redis first, then record the request as failed, then
-    /// ack. If Redis is out of reach the message is retried; the ledger guard makes the
-    /// compensation apply at most once however often that happens.
-    async fn refuse(
-        &self,
-        m: &OrderMessage,
-        mode: Compensation,
-        why: &'static str,
-    ) -> Result<Processed, ConsumeError> {
-        let given_back = self.compensate(m, mode).await?;
+    /// A business refusal: give the reservation back through the arbiter (claim the request
+    /// as failed; only the winner compensates Redis), then ack. If Redis is out of reach the
+    /// message is retried, and the redelivery finds the `failed` row and applies it.
+    async fn refuse(&self, m: &OrderMessage, why: &'static str) -> Result<Processed, ConsumeError> {
+        let done = giveback::give_back(&self.pool, &self.redis, m, why)
+            .await
+            .map_err(|e| ConsumeError::Retryable(e.into()))?;
         seckill_shared::pause::point("consumer.after_give_back", m.activity_id).await;
         let outcome = if why == reason::SOLD_OUT {
             Outcome::SoldOut
         } else {
             Outcome::AlreadyPurchased
         };
-        match self.record_failed(m, why).await? {
-            Recorded::Inserted | Recorded::AlreadyThere => Ok(Processed::new(outcome, given_back)),
-            Recorded::UnknownActivity => Ok(Processed::new(Outcome::UnknownActivity, given_back)),
-        }
+        Ok(match done {
+            GiveBack::GivenBack(units) => Processed::new(outcome, units.is_some()),
+            GiveBack::Decided(_) => Processed::new(Outcome::Duplicate, false),
+            GiveBack::UnknownActivity(units) => {
+                Processed::new(Outcome::UnknownActivity, units.is_some())
+            }
+        })
     }
 
     async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, CacheError> {
         let given =
             sale::compensate(&self.redis, m.activity_id, &m.user_id, m.request_id, mode).await?;
         Ok(given.is_some())
-    }
-
-    /// Stores the request as `failed` with a reason, in its own statement, so a redelivery is
-    /// recognised as a duplicate. A row already there (a concurrent delivery) is fine.
-    async fn record_failed(&self, m: &OrderMessage, why: &str) -> Result<Recorded, sqlx::Error> {
-        let inserted = sqlx::query(
-            "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
-             values ($1, $2, $3, $4, 'failed', $5)
-             on conflict (request_id) do nothing",
-        )
-        .bind(m.request_id)
-        .bind(m.activity_id)
-        .bind(&m.user_id)
-        .bind(m.quantity)
-        .bind(why)
-        .execute(&self.pool)
-        .await;
-        match inserted {
-            Ok(r) if r.rows_affected() == 1 => Ok(Recorded::Inserted),
-            Ok(_) => Ok(Recorded::AlreadyThere),
-            Err(e) if is_foreign_key_violation(&e) => Ok(Recorded::UnknownActivity),
-            Err(e) => Err(e),
-        }
     }
 
     /// Drops the reservation's ledger entry once the database holds the outcome. A failure
@@ -626,16 +632,6 @@ fn log_result(item: &Item, result: &Result<Processed, ConsumeError>, path: &'sta
             "order message will be redelivered"
         ),
     }
-}
-
-enum Recorded {
-    Inserted,
-    AlreadyThere,
-    UnknownActivity,
-}
-
-fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.is_foreign_key_violation())
 }
 
 /// Parses and checks one message body. The error says what is wrong without echoing the body.

@@ -10,6 +10,10 @@
 //! A meta hash that is already there is only replaced by a newer `config_version` (an admin
 //! change). The keys expire `expiry_buffer` after the sale ends, so nothing lingers.
 //!
+//! A load is fenced like an admin write (`seckill_shared::load`): it holds the sale's lock,
+//! records its token while reading the row, and rebuilds the user set from the live orders
+//! when Redis does not hold the sale, so a sale Redis lost keeps its one-order-per-user memory.
+//!
 //! # Why the stock keys must not be evictable
 //!
 //! Redis holds the sale's live truth between the purchase and the order row: the stock, the
@@ -30,9 +34,12 @@
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
+use seckill_shared::activity::{self, Activity};
 use seckill_shared::cache::Redis;
+use seckill_shared::load::{self, LoadError};
+use seckill_shared::lock::LockError;
 use seckill_shared::sale::{self, PreheatOutcome};
-use seckill_shared::{activity, db, Config};
+use seckill_shared::{db, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -56,6 +63,8 @@ pub struct PreheatReport {
     pub loaded_ids: Vec<i64>,
     pub already_loaded_ids: Vec<i64>,
     pub refreshed_ids: Vec<i64>,
+    /// Activities someone was changing (their lock was held): the next run loads them.
+    pub busy_ids: Vec<i64>,
     /// Activities that could not be loaded this time (the next run retries them).
     pub errors: Vec<PreheatFailure>,
 }
@@ -69,6 +78,19 @@ pub struct PreheatFailure {
 }
 
 impl Preheat {
+    /// One activity: nothing to do when Redis holds its current config version; otherwise a
+    /// fenced load under its lock (`seckill_shared::load`).
+    async fn preheat_one(&self, a: &Activity) -> Result<PreheatOutcome, LoadError> {
+        match sale::loaded_version(&self.redis, a.id).await? {
+            Some(version) if version >= a.config_version => Ok(PreheatOutcome::AlreadyLoaded),
+            _ => {
+                let (outcome, _) =
+                    load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+                Ok(outcome)
+            }
+        }
+    }
+
     pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
         Self {
             pool,
@@ -97,8 +119,7 @@ impl Preheat {
             .context("failed to list activities due for preheat")?;
         let mut report = PreheatReport::default();
         for a in &due {
-            seckill_shared::pause::point("preheat.before_load", a.id).await;
-            match sale::preheat(&self.redis, a, self.config.expiry_buffer).await {
+            match self.preheat_one(a).await {
                 Ok(PreheatOutcome::Loaded) => {
                     tracing::info!(
                         activity_id = a.id,
@@ -118,6 +139,10 @@ impl Preheat {
                     report.refreshed_ids.push(a.id);
                 }
                 Ok(PreheatOutcome::AlreadyLoaded) => report.already_loaded_ids.push(a.id),
+                Ok(PreheatOutcome::NotOwner) | Err(LoadError::Lock(LockError::Busy)) => {
+                    tracing::info!(activity_id = a.id, "sale being changed; loaded next run");
+                    report.busy_ids.push(a.id);
+                }
                 Err(e) => {
                     tracing::error!(activity_id = a.id, error = %e, "failed to preheat activity");
                     report.errors.push(PreheatFailure {

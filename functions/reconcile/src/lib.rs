@@ -59,10 +59,13 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use seckill_shared::activity::{self, Activity, Phase};
 use seckill_shared::cache::{CacheError, Redis};
+use seckill_shared::giveback::{self, GiveBack};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::Order;
-use seckill_shared::sale::{self, Compensation, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{db, lock, order_columns, scripts, Config};
+use seckill_shared::order::{reason, OrderStatus};
+use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
+use seckill_shared::{db, load, lock, order, order_columns, Config};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -343,7 +346,7 @@ impl Reconcile {
             .await
             .context("failed to snapshot redis")?;
         if !snap.loaded && a.phase(now) == Phase::Running {
-            let outcome = sale::preheat(&self.redis, a, self.config.expiry_buffer)
+            let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, id)
                 .await
                 .context("failed to load the running sale into redis")?;
             tracing::warn!(
@@ -361,7 +364,7 @@ impl Reconcile {
             // 2. Stale ledger entries.
             self.repair_ledger(id, &snap, now, &mut r).await?;
             // 3. Users with nothing behind them.
-            r.users_dropped = self.drop_orphan_users(id).await?;
+            r.users_dropped = self.drop_orphan_users(id, now).await?;
         }
 
         // 4. The database against itself.
@@ -395,7 +398,17 @@ impl Reconcile {
         Ok(r)
     }
 
-    /// Step 2: settle, compensate or finish every ledger entry older than the grace period.
+    /// Step 2: every ledger entry whose fate is decided, or that a crash left behind.
+    ///
+    /// - A reservation whose request has a row: the database decided, at any age. A `failed`
+    ///   row's units go back (its claimer may have crashed before giving them back), a live
+    ///   row's entry is dropped ([`giveback::apply`]).
+    /// - A reservation with no row, older than the grace period: its message never arrived (or
+    ///   never will). It is given back through the arbiter ([`giveback::give_back`]): the
+    ///   claim makes a late consumer's commit fail as a duplicate.
+    /// - A cancel older than the grace period: finished when the order row names its cancel
+    ///   id, dropped otherwise (that attempt never committed).
+    /// - An orphan check's mark older than the grace period: its check crashed; dropped.
     async fn repair_ledger(
         &self,
         id: i64,
@@ -403,29 +416,117 @@ impl Reconcile {
         now: DateTime<Utc>,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
+        let request_ids: Vec<Uuid> = snap.ledger.iter().filter_map(|e| e.request_id()).collect();
+        let rows: HashMap<Uuid, Order> = order::by_requests(&self.pool, &request_ids)
+            .await
+            .context("failed to look up the orders of pending reservations")?
+            .into_iter()
+            .map(|o| (o.request_id, o))
+            .collect();
+        for e in snap
+            .ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Reservation)
+        {
+            let Some(request_id) = e.request_id() else {
+                tracing::error!(user = %e.user_id, entry_id = %e.id, "unreadable reservation entry left alone");
+                continue;
+            };
+            match rows.get(&request_id) {
+                Some(row) => self.apply_decided(row, r).await?,
+                None if is_stale(e, now, self.config.reconcile_grace) => {
+                    self.give_back_stale(id, e, request_id, now, r).await?
+                }
+                None => {}
+            }
+        }
         let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
-        if stale.is_empty() {
+        self.repair_cancels(id, &stale, now, r).await?;
+        for e in stale.iter().filter(|e| e.kind == EntryKind::Check) {
+            if sale::settle(&self.redis, id, &e.user_id, &e.id).await? {
+                tracing::warn!(user = %e.user_id, repair = "check_dropped", "crashed orphan check's mark dropped");
+                r.settled += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A reservation the database has decided: a `failed` row gives its units back (once), a
+    /// live one drops the entry.
+    async fn apply_decided(&self, row: &Order, r: &mut ActivityReport) -> anyhow::Result<()> {
+        let user = row.user_id.as_str();
+        let request_id = row.request_id;
+        match giveback::apply(&self.redis, row).await? {
+            Some(qty) => {
+                tracing::warn!(user, %request_id, quantity = qty, reason = ?row.failure_reason, repair = "compensated", "failed request's units given back");
+                r.compensated += 1;
+            }
+            None if row.status != OrderStatus::Failed.as_str() => {
+                tracing::info!(user, %request_id, repair = "settled", "reservation with an order dropped");
+                r.settled += 1;
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// A reservation older than the grace period with no row: claim and give it back.
+    async fn give_back_stale(
+        &self,
+        id: i64,
+        e: &LedgerEntry,
+        request_id: Uuid,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let reservation = OrderMessage {
+            request_id,
+            activity_id: id,
+            user_id: e.user_id.clone(),
+            quantity: e.quantity as i32,
+            reserved_at_ms: e.at_ms,
+        };
+        let age_ms = now.timestamp_millis() - e.at_ms;
+        let done = giveback::give_back(
+            &self.pool,
+            &self.redis,
+            &reservation,
+            reason::RESERVATION_EXPIRED,
+        )
+        .await?;
+        match done {
+            GiveBack::GivenBack(Some(qty)) | GiveBack::UnknownActivity(Some(qty)) => {
+                tracing::warn!(user = %e.user_id, %request_id, quantity = qty, age_ms, repair = "compensated", "stale reservation given back");
+                r.compensated += 1;
+            }
+            // The consumer committed (or refused) it between our read and our claim.
+            GiveBack::Decided(_) => r.settled += 1,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Stale cancel entries: finished when the order row names the entry's cancel id (that
+    /// attempt committed and crashed before its Redis half), dropped otherwise.
+    async fn repair_cancels(
+        &self,
+        id: i64,
+        stale: &[&LedgerEntry],
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let cancels: Vec<&LedgerEntry> = stale
+            .iter()
+            .copied()
+            .filter(|e| e.kind == EntryKind::Cancel)
+            .collect();
+        if cancels.is_empty() {
             return Ok(());
         }
-
-        let request_ids: Vec<Uuid> = stale.iter().filter_map(|e| e.request_id()).collect();
-        let with_order: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
-            "select request_id from orders where request_id = any($1)",
-        )
-        .bind(&request_ids)
-        .fetch_all(&self.pool)
-        .await
-        .context("failed to look up the orders of stale reservations")?
-        .into_iter()
-        .collect();
-
-        let order_ids: Vec<i64> = stale
-            .iter()
-            .filter(|e| e.kind == EntryKind::Cancel)
-            .filter_map(|e| e.id.parse().ok())
-            .collect();
-        let cancelled: HashSet<i64> = sqlx::query_scalar::<_, i64>(
-            "select id from orders where id = any($1) and status = 'cancelled'",
+        let order_ids: Vec<i64> = cancels.iter().filter_map(|e| e.order_id).collect();
+        let committed: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
+            "select cancel_id from orders
+             where id = any($1) and status = 'cancelled' and cancel_id is not null",
         )
         .bind(&order_ids)
         .fetch_all(&self.pool)
@@ -433,50 +534,19 @@ impl Reconcile {
         .context("failed to look up the orders of stale cancels")?
         .into_iter()
         .collect();
-
-        for e in stale {
+        for e in cancels {
             let age_ms = now.timestamp_millis() - e.at_ms;
             let user = e.user_id.as_str();
-            match e.kind {
-                EntryKind::Reservation => {
-                    let Some(request_id) = e.request_id() else {
-                        tracing::error!(user, entry_id = %e.id, "unreadable reservation entry left alone");
-                        continue;
-                    };
-                    if with_order.contains(&request_id) {
-                        // The consumer committed (or refused) it and crashed before dropping
-                        // the entry: the database decided, nothing to give back.
-                        if sale::settle(&self.redis, id, user, &e.id).await? {
-                            tracing::info!(user, %request_id, age_ms, repair = "settled", "stale reservation with an order dropped");
-                            r.settled += 1;
-                        }
-                    } else if let Some(qty) =
-                        sale::compensate(&self.redis, id, user, request_id, Compensation::Full)
-                            .await?
+            match e.cancel_id().filter(|c| committed.contains(c)) {
+                Some(cancel_id) => {
+                    if let Some(qty) = sale::cancel_finish(&self.redis, id, user, cancel_id).await?
                     {
-                        // Script ran, but the order message never arrived (or never will).
-                        tracing::warn!(user, %request_id, quantity = qty, age_ms, repair = "compensated", "stale reservation given back");
-                        r.compensated += 1;
+                        tracing::warn!(user, %cancel_id, quantity = qty, age_ms, repair = "cancel_finished", "committed cancel finished in redis");
+                        r.cancels_finished += 1;
                     }
                 }
-                EntryKind::Cancel => {
-                    let order_id: Option<i64> = e.id.parse().ok();
-                    if order_id.is_some_and(|o| cancelled.contains(&o)) {
-                        let order_id = order_id.unwrap_or_default();
-                        if let Some(qty) =
-                            sale::cancel_finish(&self.redis, id, user, order_id).await?
-                        {
-                            tracing::warn!(
-                                user,
-                                order_id,
-                                quantity = qty,
-                                age_ms,
-                                repair = "cancel_finished",
-                                "committed cancel finished in redis"
-                            );
-                            r.cancels_finished += 1;
-                        }
-                    } else if sale::settle(&self.redis, id, user, &e.id).await? {
+                None => {
+                    if sale::settle(&self.redis, id, user, &e.id).await? {
                         tracing::warn!(user, entry_id = %e.id, age_ms, repair = "cancel_dropped", "cancel that never committed dropped");
                         r.settled += 1;
                     }
@@ -486,11 +556,14 @@ impl Reconcile {
         Ok(())
     }
 
-    /// Step 3: removes users in the set with neither a ledger entry nor an active order.
+    /// Step 3: removes users in the set with neither a ledger entry nor a live order.
     ///
-    /// The set is scanned first, the ledger read after it, the database queried last: a user
-    /// whose reservation was settled before the ledger read has an order the query sees.
-    async fn drop_orphan_users(&self, id: i64) -> anyhow::Result<usize> {
+    /// The set is scanned first and the ledger read after it; each candidate then gets a mark
+    /// in the ledger (`lua/mark_users.lua`) *before* the database is read, and is removed only
+    /// if the mark is still there (`lua/drop_user.lua`). Anything the user does meanwhile (a
+    /// cancel, which begins by overwriting the mark, and so any re-purchase after it) removes
+    /// the mark, and the user is kept.
+    async fn drop_orphan_users(&self, id: i64, now: DateTime<Utc>) -> anyhow::Result<usize> {
         let users = scan_users(&self.redis, id)
             .await
             .context("failed to scan the user set")?;
@@ -506,23 +579,28 @@ impl Reconcile {
         let ledger: HashSet<String> = ledger.into_iter().collect();
         let candidates: Vec<String> = users.into_iter().filter(|u| !ledger.contains(u)).collect();
 
+        let token = Uuid::new_v4().simple().to_string();
         let mut dropped = 0;
-        seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
         for chunk in candidates.chunks(USER_CHUNK) {
+            let marked = sale::mark_users(&self.redis, id, &token, now.timestamp_millis(), chunk)
+                .await
+                .context("failed to mark the orphan candidates")?;
+            seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
             let active: HashSet<String> = sqlx::query_scalar::<_, String>(
                 "select user_id from orders
                  where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
             )
             .bind(id)
-            .bind(chunk)
+            .bind(&marked)
             .fetch_all(&self.pool)
             .await
             .context("failed to look up the orders of users in the set")?
             .into_iter()
             .collect();
             seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
-            for user in chunk.iter().filter(|u| !active.contains(*u)) {
-                if drop_user(&self.redis, id, user).await? {
+            for user in &marked {
+                let orphan = !active.contains(user);
+                if sale::drop_user(&self.redis, id, user, &token, orphan).await? {
                     tracing::warn!(
                         user = user.as_str(),
                         repair = "user_dropped",
@@ -640,8 +718,7 @@ impl Reconcile {
         if snap.stock == Some(target) {
             return Ok(StockCheck::InSync);
         }
-        let observed = snap.stock.unwrap_or(-1);
-        if !fix_stock(&self.redis, id, owner, observed, target).await? {
+        if !sale::fix_stock(&self.redis, id, owner, snap.seq, target).await? {
             return Ok(StockCheck::Moved);
         }
         if snap.stock.is_none() {
@@ -750,14 +827,18 @@ pub fn drift(redis_stock: i64, pending_qty: i64, sold: i64, total: i64) -> i64 {
     redis_stock + pending_qty + sold - total
 }
 
-/// Ledger entries older than `grace` at `now` (their timestamps are Redis server time).
+/// Whether a ledger entry is older than `grace` at `now` (its timestamp is Redis server time).
+pub fn is_stale(entry: &LedgerEntry, now: DateTime<Utc>, grace: Duration) -> bool {
+    entry.at_ms < now.timestamp_millis() - grace.as_millis() as i64
+}
+
+/// Ledger entries older than `grace` at `now`.
 pub fn stale_entries(
     ledger: &[LedgerEntry],
     now: DateTime<Utc>,
     grace: Duration,
 ) -> Vec<&LedgerEntry> {
-    let cutoff = now.timestamp_millis() - grace.as_millis() as i64;
-    ledger.iter().filter(|e| e.at_ms < cutoff).collect()
+    ledger.iter().filter(|e| is_stale(e, now, grace)).collect()
 }
 
 /// Every member of the activity's user set, by `SSCAN` (never one huge `SMEMBERS` reply).
@@ -787,36 +868,6 @@ async fn scan_users(redis: &Redis, id: i64) -> Result<Vec<String>, CacheError> {
     Ok(users)
 }
 
-/// `lua/drop_user.lua`: removes the user unless a ledger entry appeared meanwhile.
-async fn drop_user(redis: &Redis, id: i64, user: &str) -> Result<bool, CacheError> {
-    let keys = redis.keys(id);
-    let mut inv = scripts::DROP_USER.prepare_invoke();
-    inv.key(&keys.users).key(&keys.ledger).arg(user);
-    let removed: i64 = redis.script(&inv).await?;
-    Ok(removed == 1)
-}
-
-/// `lua/fix_stock.lua`: sets the stock to `target` only for the lock `owner`, with the ledger
-/// empty and the stock still `observed` (-1: the key is missing).
-async fn fix_stock(
-    redis: &Redis,
-    id: i64,
-    owner: &str,
-    observed: i64,
-    target: i64,
-) -> Result<bool, CacheError> {
-    let keys = redis.keys(id);
-    let mut inv = scripts::FIX_STOCK.prepare_invoke();
-    inv.key(&keys.stock)
-        .key(&keys.ledger)
-        .key(&keys.lock)
-        .arg(owner)
-        .arg(observed)
-        .arg(target);
-    let fixed: i64 = redis.script(&inv).await?;
-    Ok(fixed == 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -824,7 +875,7 @@ mod tests {
     #[test]
     fn only_entries_older_than_the_grace_period_are_stale() {
         let now = DateTime::from_timestamp_millis(1_000_000).unwrap();
-        let entry = |user: &str, at: i64| LedgerEntry::parse(user, &format!("c|1|1|{at}")).unwrap();
+        let entry = |user: &str, at: i64| LedgerEntry::parse(user, &format!("x|t|0|{at}")).unwrap();
         let ledger = vec![
             entry("old", 1_000_000 - 5_001),
             entry("young", 1_000_000 - 4_999),

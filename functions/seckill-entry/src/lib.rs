@@ -4,8 +4,14 @@
 //! within the limit, stock left, user not yet holding an order. An accepted purchase leaves a
 //! pending reservation in the activity's ledger and is sent to SQS as an [`OrderMessage`]; the
 //! caller gets 202 at once and the order consumer writes the order. If the send fails the
-//! reservation is compensated (guarded by its ledger entry, so at most once) and the caller
-//! gets 503: nothing was sold, retrying is safe.
+//! reservation is given back through the database's arbiter (`seckill_shared::giveback`): the
+//! request is claimed as `failed` first, so a consumer that got the message anyway can no
+//! longer commit it, and the caller gets 503: nothing was sold, retrying is safe. If the
+//! consumer committed first, the caller gets the 202 it earned.
+//!
+//! A 503 means nothing happened, also when Redis stalls: the script carries the caller's
+//! deadline on the Redis clock ([`ClockSkew`] estimates the offset) and refuses to act after
+//! it, and a script whose answer arrived too late is given back through the arbiter at once.
 //!
 //! In front of Redis sit two cheap guards, both per container: a sold-out cache (once Redis
 //! said `sold_out`, the same answer comes from memory for `sold_out_cache_ttl`, so a sold-out
@@ -21,10 +27,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use seckill_shared::activity::{self, MAX_PER_ORDER_LIMIT};
 use seckill_shared::auth::Identity;
-use seckill_shared::cache::Redis;
+use seckill_shared::cache::{CacheError, Redis};
+use seckill_shared::giveback::{self, Claim, GiveBackError};
 use seckill_shared::http::{ActivityId, JsonBody, OrderId};
 use seckill_shared::lifecycle::{self, CancelOutcome};
-use seckill_shared::order::{self, OrderStatus};
+use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Compensation, Decision, EntryKind};
 use seckill_shared::{db, ApiError, Config};
@@ -32,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgPool;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Span;
@@ -53,7 +60,9 @@ struct Inner {
     pool: PgPool,
     queue: OrderQueue,
     sold_out: SoldOutCache,
+    unloaded: UnloadedCache,
     breaker: Breaker,
+    skew: ClockSkew,
     counters: Counters,
 }
 
@@ -63,6 +72,8 @@ impl EntryState {
         Self {
             inner: Arc::new(Inner {
                 sold_out: SoldOutCache::new(config.sold_out_cache_ttl),
+                unloaded: UnloadedCache::default(),
+                skew: ClockSkew::default(),
                 config,
                 redis,
                 pool,
@@ -201,89 +212,203 @@ async fn purchase(
 
     let request_id = Uuid::now_v7();
     span.record("request_id", tracing::field::display(request_id));
-    let decision = match sale::purchase(
-        &s.redis,
-        activity_id,
-        &identity.user_id,
-        quantity,
+    let reservation = OrderMessage {
         request_id,
-    )
-    .await
-    {
-        Ok(d) => {
-            s.breaker.success();
-            d
-        }
-        Err(e) => {
-            s.breaker.failure();
-            s.counters.reject(Rejection::Unavailable);
-            span.record("outcome", "unavailable");
-            tracing::info!("purchase refused");
-            return Err(e.into());
-        }
+        activity_id,
+        user_id: identity.user_id,
+        quantity: quantity as i32,
+        reserved_at_ms: 0,
     };
-    span.record("outcome", decision.outcome());
-
-    let (stock_left, now_ms) = match decision {
+    let (stock_left, now_ms) = match decide(&state, &reservation).await? {
         Decision::Accepted { stock_left, now_ms } => (stock_left, now_ms),
-        refused => {
-            if let Decision::SoldOut { stock_left } = refused {
-                s.sold_out.remember(activity_id, stock_left);
-            }
-            s.counters.reject(Rejection::from(refused));
-            // Refusals are the bulk of a sale's traffic: they are counted (EMF, every 10 s),
-            // and logged one by one only at debug, so a flood does not pay for a log line each.
-            tracing::debug!("purchase refused");
-            return Err(refusal(refused));
-        }
+        refused => return Err(refuse(&state, activity_id, refused).await),
     };
+    span.record("outcome", "accepted");
     if stock_left == 0 {
         // The next request would be refused by Redis anyway: answer it from memory.
         s.sold_out.remember(activity_id, 0);
     }
-
     let message = OrderMessage {
-        request_id,
-        activity_id,
-        user_id: identity.user_id.clone(),
-        quantity: quantity as i32,
         reserved_at_ms: now_ms,
+        ..reservation
     };
     if let Err(send_error) = s.queue.send(&message).await {
-        span.record("outcome", "compensated");
         seckill_shared::pause::point("entry.after_send_error", activity_id).await;
-        // The message may or may not be on the queue; either way the reservation is given
-        // back once (the ledger entry guards it) and a late consumer finds no reservation.
-        let compensated = sale::compensate(
-            &s.redis,
-            activity_id,
-            &identity.user_id,
-            request_id,
-            Compensation::Full,
-        )
-        .await;
-        s.sold_out.forget(activity_id);
-        s.counters.compensation();
-        match compensated {
-            Ok(qty) => {
-                tracing::warn!(error = %send_error, given_back = ?qty, "send failed; reservation compensated")
-            }
-            Err(e) => tracing::error!(error = %send_error, compensation_error = %e,
-                "send failed and compensation failed; reconcile returns the reservation after its grace period"),
-        }
-        return Err(ApiError::unavailable("order queue", send_error));
+        return after_send_error(&state, &message, send_error).await;
     }
-
     s.counters.accept();
     tracing::info!(quantity, stock_left, "purchase accepted");
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(Accepted {
-            request_id,
-            status: "pending",
-        }),
+    Ok(accepted(request_id))
+}
+
+/// The 202 of a purchase the database has or will have.
+fn accepted(request_id: Uuid) -> Response {
+    let body = Accepted {
+        request_id,
+        status: "pending",
+    };
+    (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
+/// Runs the purchase script with the caller's deadline. A Redis error or timeout is a 503,
+/// and since the script may have run (its answer lost or late), the reservation is claimed
+/// for a give-back before the 503 goes out.
+async fn decide(state: &EntryState, reservation: &OrderMessage) -> Result<Decision, ApiError> {
+    let s = &state.inner;
+    let r = reservation;
+    let sent_ms = chrono::Utc::now().timestamp_millis();
+    let deadline = s.skew.deadline(sent_ms, s.config.redis_timeout);
+    let decided = sale::purchase(
+        &s.redis,
+        r.activity_id,
+        &r.user_id,
+        i64::from(r.quantity),
+        r.request_id,
+        deadline,
     )
-        .into_response())
+    .await;
+    let decided = match decided {
+        Ok(_) if seckill_shared::pause::fail("entry.purchase.reply_lost", r.activity_id) => {
+            Err(CacheError::Timeout(s.config.redis_timeout))
+        }
+        other => other,
+    };
+    match decided {
+        Ok(d) => {
+            s.breaker.success();
+            if let Decision::Accepted { now_ms, .. } | Decision::Expired { now_ms } = d {
+                s.skew.observe(sent_ms, now_ms);
+            }
+            Ok(d)
+        }
+        Err(e) => {
+            s.breaker.failure();
+            s.counters.reject(Rejection::Unavailable);
+            Span::current().record("outcome", "unavailable");
+            tracing::info!(error = %e, "purchase script unanswered; giving back whatever it did");
+            give_back_unanswered(state, reservation.clone()).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// A script whose answer never arrived may still have run: claim the request in the database
+/// (a `failed` row, so nothing can ever commit it) and give back what the ledger holds for it.
+/// The claim is awaited (it is what makes the coming 503 true); the Redis half, which may be
+/// what is stalled, is tried once and then retried in the background for a few seconds, and
+/// reconcile gives back a `failed` row's reservation on its next run whatever happens here.
+async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
+    let s = &state.inner;
+    match giveback::claim(&s.pool, &reservation, reason::UNAVAILABLE).await {
+        Ok(Claim::Won) | Ok(Claim::UnknownActivity) => {}
+        // The request id is fresh: nobody else can have decided it.
+        Ok(Claim::Decided(row)) => {
+            tracing::error!(status = %row.status, "fresh request id already decided");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not claim the unanswered purchase; reconcile gives it back after its grace period");
+            return;
+        }
+    }
+    // One attempt now, bounded by half the timeout: a lost answer from a healthy Redis is
+    // undone before the 503 goes out. A stalled Redis gets the rest in the background.
+    let first = tokio::time::timeout(
+        s.config.redis_timeout / 2,
+        compensate_unanswered(state, &reservation),
+    );
+    if matches!(first.await, Ok(Ok(()))) {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        for attempt in 1..=GIVE_BACK_ATTEMPTS {
+            tokio::time::sleep(GIVE_BACK_RETRY).await;
+            match compensate_unanswered(&state, &reservation).await {
+                Ok(()) => return,
+                Err(e) if attempt == GIVE_BACK_ATTEMPTS => {
+                    tracing::warn!(request_id = %reservation.request_id, error = %e, "give-back left to reconcile");
+                }
+                Err(_) => {}
+            }
+        }
+    });
+}
+
+/// The Redis half of [`give_back_unanswered`], after the claim.
+async fn compensate_unanswered(state: &EntryState, r: &OrderMessage) -> Result<(), CacheError> {
+    let s = &state.inner;
+    let mode = Compensation::Full;
+    let units = sale::compensate(&s.redis, r.activity_id, &r.user_id, r.request_id, mode).await?;
+    if units.is_some() {
+        s.sold_out.forget(r.activity_id);
+        tracing::warn!(request_id = %r.request_id, ?units, "late purchase script given back");
+    }
+    Ok(())
+}
+
+/// How often, and how far apart, the entry retries giving back an unanswered script's units.
+const GIVE_BACK_ATTEMPTS: u32 = 10;
+const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
+
+/// The answer to a refused purchase: counted, cached when sold out, logged only at debug.
+async fn refuse(state: &EntryState, activity_id: i64, refused: Decision) -> ApiError {
+    let s = &state.inner;
+    Span::current().record("outcome", refused.outcome());
+    if let Decision::SoldOut { stock_left } = refused {
+        s.sold_out.remember(activity_id, stock_left);
+    }
+    s.counters.reject(Rejection::from(refused));
+    // Refusals are the bulk of a sale's traffic: they are counted (EMF, every 10 s), and
+    // logged one by one only at debug, so a flood does not pay for a log line each.
+    tracing::debug!("purchase refused");
+    match refused {
+        Decision::NotFound => not_loaded(state, activity_id).await,
+        other => refusal(other),
+    }
+}
+
+/// The send failed or timed out; the message may be on the queue all the same. The request
+/// is given back through the arbiter: if this call claims it, nothing can commit it any
+/// more and the caller gets 503; if the consumer committed first, the caller gets 202; if the
+/// database cannot be reached, the outcome is not this call's to tell and the caller gets 202
+/// with the request id to follow (the consumer commits it, or reconcile gives it back).
+async fn after_send_error(
+    state: &EntryState,
+    message: &OrderMessage,
+    send_error: queue::QueueError,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let span = Span::current();
+    match giveback::give_back(&s.pool, &s.redis, message, reason::SEND_FAILED).await {
+        Ok(done) if done.order().is_some() => {
+            tracing::info!(error = %send_error, "send reported a failure but the order is in");
+            s.counters.accept();
+            Ok(accepted(message.request_id))
+        }
+        Ok(done) => {
+            span.record("outcome", "compensated");
+            s.sold_out.forget(message.activity_id);
+            s.counters.compensation();
+            tracing::warn!(error = %send_error, ?done, "send failed; reservation given back");
+            Err(ApiError::unavailable("order queue", send_error))
+        }
+        Err(e @ GiveBackError::Cache(_)) => {
+            // Claimed, the Redis half pending: the `failed` row makes the 503 true, and
+            // reconcile applies it on its next run.
+            span.record("outcome", "compensated");
+            s.counters.compensation();
+            tracing::warn!(error = %send_error, compensation_error = %e, "send failed; units go back with reconcile's next run");
+            Err(ApiError::unavailable("order queue", send_error))
+        }
+        Err(e) => {
+            span.record("outcome", "undecided");
+            tracing::error!(error = %send_error, claim_error = %e,
+                "send failed and the database is out of reach; the request stays pending");
+            s.counters.accept();
+            Ok(accepted(message.request_id))
+        }
+    }
 }
 
 /// The documented error of each refusal.
@@ -295,9 +420,44 @@ fn refusal(decision: Decision) -> ApiError {
         Decision::QuantityExceedsLimit => ApiError::QuantityOverLimit,
         Decision::SoldOut { .. } => ApiError::SoldOut,
         Decision::AlreadyPurchased => ApiError::AlreadyPurchased,
+        Decision::Expired { .. } => {
+            ApiError::Unavailable("redis answered too late; nothing was done, retry".into())
+        }
         Decision::Accepted { .. } => {
             ApiError::Internal(anyhow::anyhow!("an accepted purchase is not a refusal"))
         }
+    }
+}
+
+/// A sale Redis does not hold answers as the database says its window stands: not started,
+/// ended, or (running, about to be loaded by preheat or reconcile) unavailable. Only unknown
+/// or draft ids are 404. The answer is cached per container, so a flood for an unloaded or
+/// unknown id costs the database one read per id and cache period.
+async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
+    let s = &state.inner;
+    let window = match s.unloaded.get(activity_id) {
+        Some(window) => window,
+        None => match activity::get(&s.pool, activity_id).await {
+            Ok(row) => {
+                let window = row
+                    .filter(|a| a.state == "published")
+                    .map(|a| (a.start_at, a.end_at));
+                s.unloaded.put(activity_id, window);
+                window
+            }
+            Err(e) => return ApiError::unavailable("database", e),
+        },
+    };
+    let Some((start_at, end_at)) = window else {
+        return ApiError::NotFound("no such activity on sale".into());
+    };
+    let now = chrono::Utc::now();
+    if now < start_at {
+        ApiError::NotStarted
+    } else if now >= end_at {
+        ApiError::Ended
+    } else {
+        ApiError::Unavailable("the sale is being loaded; retry shortly".into())
     }
 }
 
@@ -501,6 +661,98 @@ impl SoldOutCache {
     }
 }
 
+/// Per-container memory of the window of sales Redis does not hold (`None`: no such published
+/// sale), kept for [`UnloadedCache::TTL`].
+#[derive(Default)]
+struct UnloadedCache {
+    seen: Mutex<HashMap<i64, (Window, Instant)>>,
+}
+
+type Window = Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>;
+
+impl UnloadedCache {
+    const TTL: Duration = Duration::from_secs(1);
+
+    fn get(&self, activity_id: i64) -> Option<Window> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.get(&activity_id) {
+            Some((window, at)) if at.elapsed() < Self::TTL => Some(*window),
+            _ => None,
+        }
+    }
+
+    fn put(&self, activity_id: i64, window: Window) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 1024 {
+            seen.retain(|_, (_, at)| at.elapsed() < Self::TTL);
+        }
+        seen.insert(activity_id, (window, Instant::now()));
+    }
+}
+
+/// The offset of the Redis server's clock from this container's, estimated from the
+/// purchase script's answers: each answer carries the server's `TIME` when the script ran,
+/// which is at least (send time + offset), so the smallest `serverNow - sentAt` seen is the
+/// offset plus the fastest one-way trip. The estimate is the minimum over the current and
+/// the previous [`ClockSkew::WINDOW`], so it follows a clock that drifts.
+struct ClockSkew {
+    base: Instant,
+    window_start_ms: AtomicU64,
+    current_min: AtomicI64,
+    previous_min: AtomicI64,
+}
+
+impl Default for ClockSkew {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            window_start_ms: AtomicU64::new(0),
+            current_min: AtomicI64::new(i64::MAX),
+            previous_min: AtomicI64::new(i64::MAX),
+        }
+    }
+}
+
+impl ClockSkew {
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn offset_ms(&self) -> i64 {
+        let best = self
+            .current_min
+            .load(Ordering::Relaxed)
+            .min(self.previous_min.load(Ordering::Relaxed));
+        // No answer yet: trust the clocks (NTP-synchronised in AWS).
+        if best == i64::MAX {
+            0
+        } else {
+            best
+        }
+    }
+
+    /// The deadline on the Redis clock for a script sent at `sent_ms` (this clock) by a caller
+    /// that waits `timeout`: half of it, so that an answer sent just before the deadline still
+    /// has the other half to arrive.
+    fn deadline(&self, sent_ms: i64, timeout: Duration) -> i64 {
+        sent_ms + self.offset_ms() + (timeout.as_millis() as i64 / 2).max(1)
+    }
+
+    fn observe(&self, sent_ms: i64, server_now_ms: i64) {
+        let sample = server_now_ms - sent_ms;
+        self.current_min.fetch_min(sample, Ordering::Relaxed);
+        let now = self.base.elapsed().as_millis() as u64;
+        let start = self.window_start_ms.load(Ordering::Relaxed);
+        if now >= start + Self::WINDOW.as_millis() as u64
+            && self
+                .window_start_ms
+                .compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let finished = self.current_min.swap(sample, Ordering::Relaxed);
+            self.previous_min.store(finished, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A small circuit breaker in front of Redis: after [`Breaker::THRESHOLD`] failures in a row it
 /// opens for a cooldown, during which requests get 503 at once instead of each waiting out the
 /// Redis timeout (which would pile up concurrent Lambda invocations, each billed for the wait).
@@ -600,6 +852,7 @@ impl From<Decision> for Rejection {
             Decision::Ended => Rejection::Ended,
             Decision::NotFound => Rejection::NotFound,
             Decision::QuantityExceedsLimit => Rejection::QuantityExceedsLimit,
+            Decision::Expired { .. } => Rejection::Unavailable,
         }
     }
 }
@@ -680,6 +933,21 @@ mod tests {
         assert!(!cache.refuses(2, 1), "other activities are unaffected");
         std::thread::sleep(Duration::from_millis(60));
         assert!(!cache.refuses(1, 3), "stale memory asks Redis again");
+    }
+
+    #[test]
+    fn clock_skew_follows_the_fastest_answer_and_leaves_half_the_timeout() {
+        let skew = ClockSkew::default();
+        let timeout = Duration::from_millis(300);
+        assert_eq!(
+            skew.deadline(1_000, timeout),
+            1_150,
+            "no answer yet: clocks trusted"
+        );
+        // Redis runs 5 s ahead; answers took 40 ms and 2 ms to get there.
+        skew.observe(1_000, 6_040);
+        skew.observe(2_000, 7_002);
+        assert_eq!(skew.deadline(3_000, timeout), 3_000 + 5_002 + 150);
     }
 
     #[test]

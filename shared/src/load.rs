@@ -1,0 +1,104 @@
+//! Loading a sale into Redis, fenced like every admin write.
+//!
+//! A load computes Redis state from a database row, so it must not interleave with an admin
+//! change of the same row: a load from a row read before an admin lower commits would put the
+//! old, higher stock into Redis. So every loader (preheat, reconcile's reload of a running
+//! sale, an admin creating or changing a sale inside the preheat lead) holds the sale's lock,
+//! records its fencing token in the database in the same transaction that reads the row
+//! (a paused admin with an older token is then refused), and `lua/preheat.lua` writes only
+//! for the lock's current owner.
+//!
+//! A sale that is not loaded gets its user set rebuilt from the database's live orders before
+//! the meta appears, so that after Redis lost a running sale (a restart with no data) nobody
+//! who bought can buy again in Redis.
+
+use crate::activity::Activity;
+use crate::cache::{CacheError, Redis};
+use crate::config::Config;
+use crate::lock::{self, LockError, LockGuard};
+use crate::order;
+use crate::sale::{self, PreheatOutcome};
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// How long a loader waits for the sale's lock before leaving the load to its next run.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// Users added to the set per `SADD` when it is rebuilt.
+const SADD_CHUNK: usize = 1000;
+
+/// Why a load did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Takes the sale's lock, records its token while reading the row, and loads the row into
+/// Redis. `Err(LoadError::Lock(LockError::Busy))`: someone is changing the sale; a later run
+/// loads it.
+pub async fn load_under_lock(
+    redis: &Redis,
+    pool: &PgPool,
+    config: &Config,
+    activity_id: i64,
+) -> Result<(PreheatOutcome, Activity), LoadError> {
+    let wait = LOCK_WAIT.min(config.lock_wait);
+    let guard = lock::acquire(redis, pool, activity_id, config.lock_ttl, wait).await?;
+    let loaded = async {
+        let row = fence_and_read(pool, &guard).await?;
+        crate::pause::point("preheat.before_load", activity_id).await;
+        let outcome = load_fenced(redis, pool, &guard.owner, &row, config.expiry_buffer).await?;
+        Ok::<_, LoadError>((outcome, row))
+    };
+    let result = match guard.run(loaded).await {
+        Ok(result) => result,
+        Err(lost) => Err(lost.into()),
+    };
+    if let Err(e) = guard.release().await {
+        tracing::warn!(activity_id, error = %e, "lock release failed; it expires by itself");
+    }
+    result
+}
+
+/// Records the guard's token and reads the row, in one transaction: an admin write with an
+/// older token is refused from here on, and one that committed before is in the row.
+pub async fn fence_and_read(pool: &PgPool, guard: &LockGuard) -> Result<Activity, LoadError> {
+    let mut tx = pool.begin().await?;
+    lock::fenced_update(&mut tx, guard.activity_id, guard.token).await?;
+    let row = crate::activity::get_in(&mut tx, guard.activity_id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Loads `row` for the lock `owner`: when the sale is not in Redis, the user set is rebuilt
+/// from the live orders first; then `lua/preheat.lua` writes stock, meta and expiry.
+pub async fn load_fenced(
+    redis: &Redis,
+    pool: &PgPool,
+    owner: &str,
+    row: &Activity,
+    buffer: Duration,
+) -> Result<PreheatOutcome, LoadError> {
+    if sale::loaded_version(redis, row.id).await?.is_none() {
+        let holders = order::live_holders(pool, row.id).await?;
+        let users = redis.keys(row.id).users;
+        for chunk in holders.chunks(SADD_CHUNK) {
+            let _: i64 = redis.cmd(redis::cmd("SADD").arg(&users).arg(chunk)).await?;
+        }
+        if !holders.is_empty() {
+            tracing::info!(
+                activity_id = row.id,
+                holders = holders.len(),
+                "user set rebuilt from the live orders"
+            );
+        }
+    }
+    Ok(sale::preheat(redis, row, buffer, owner).await?)
+}
