@@ -2,7 +2,7 @@
 //!
 //! Every key of an activity carries the hash tag `{<activityId>}`, so all keys one Lua script
 //! touches live in one cluster slot: the same scripts run on a single Redis and on Redis
-//! Cluster without `CROSSSLOT` errors (design invariant 6).
+//! Cluster without `CROSSSLOT` errors.
 
 /// The keys of one activity.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -306,7 +306,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Idempotency (invariant 4)
+// Idempotency: a message delivered N times yields one order
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -705,7 +705,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
 }
 
 // ---------------------------------------------------------------------------------------------
-// End to end: a crowd through sale::purchase, the queue and the consumer (issue 2)
+// End to end: a crowd through sale::purchase, the queue and the consumer
 // ---------------------------------------------------------------------------------------------
 
 async fn crowd_sells_exactly_the_stock(kind: RedisKind) {

@@ -1,28 +1,30 @@
-//! Reconcile: keeps Redis honest against the database (design invariant 3).
+//! Reconcile: keeps Redis honest against the database (`docs/invariants.md`, "Reconcile").
 //!
 //! On its schedule, for every activity running or ended within the key expiry buffer
 //! ([`activity::due_for_reconcile`]), [`Reconcile::run`]:
 //!
 //! 1. **Snapshots** the activity's Redis state in one script (`lua/snapshot.lua`). A running
-//!    sale missing from Redis is loaded here with the same idempotent `SET NX` script preheat
-//!    uses (`sale::preheat`), so a flushed or failed-over cache does not wait for the next
-//!    preheat; an upcoming sale is left to preheat.
-//! 2. **Repairs the ledger.** Entries older than `reconcile_grace` are what a crash left:
-//!    - a reservation `r|requestId` whose order row exists (any status) is dropped
-//!      (`sale::settle`): the database already decided, and a compensation would hand the
-//!      units out twice; with no order row it is given back (`sale::compensate`, full: stock
-//!      back, user removed). Both scripts act only while that exact entry is there, so this
-//!      happens at most once whoever else (consumer, a second reconcile) races it;
-//!    - a cancel `c|orderId` whose order the database holds as cancelled is finished
-//!      (`sale::cancel_finish`: stock and quota back); otherwise the cancel never committed and
-//!      the entry is dropped.
-//! 3. **Drops orphan users**: in the Redis set with neither a ledger entry nor an active
-//!    (confirmed/paid) order. `lua/drop_user.lua` re-checks the ledger, so a purchase made in
-//!    the meantime is never undone.
+//!    sale missing from Redis is loaded here, fenced under its lock and with its user set
+//!    rebuilt from the live orders (`seckill_shared::load`), so a flushed or failed-over cache
+//!    does not wait for the next preheat; an upcoming sale is left to preheat.
+//! 2. **Repairs the ledger**:
+//!    - a reservation `r|requestId` whose request has a row, at any age, gets what the row
+//!      says (`giveback::apply`): a `failed` row's units go back (its claimer may have crashed
+//!      before giving them back), a live row's entry is dropped;
+//!    - a reservation older than `reconcile_grace` with no row is given back through the
+//!      arbiter (`giveback::give_back`, `reservation_expired`): the claim makes a late
+//!      consumer's commit fail as a duplicate;
+//!    - a stale cancel `c|cancelId|..|orderId` is finished (`sale::cancel_finish`) when the
+//!      order row records that cancel id, and dropped otherwise (that attempt never
+//!      committed); a stale orphan-check mark is dropped.
+//! 3. **Drops orphan users**: in the Redis set with neither a ledger entry nor a live order.
+//!    Candidates are marked in the ledger before the database is read, and removed only while
+//!    the mark is still there (`lua/mark_users.lua`, `lua/drop_user.lua`).
 //! 4. **Checks the database against itself**: under `select ... for update` on the activity
 //!    row, `remaining_stock` must equal `total_stock - sold`; if not, the database is fixed.
 //! 5. **Corrects Redis stock** from the database, but only when the ledger is quiet, under the
-//!    activity's lock, with a compare-and-set on the stock it observed (`lua/fix_stock.lua`).
+//!    activity's lock, and only if the stock sequence is still the one read with the stock
+//!    (`lua/fix_stock.lua`).
 //! 6. **Persists** the numbers to `activity_stats` and 7. **reports** drift and repairs as
 //!    structured logs and an EMF metric line per activity.
 //!
@@ -31,26 +33,26 @@
 //!
 //! # Why it is safe while purchases run, and against itself
 //!
-//! Reconcile never decides anything from a Redis read that a purchase could have invalidated
-//! in between: every Redis change it makes is one script that re-checks its precondition
-//! atomically.
+//! Reconcile never decides anything from a Redis read that another actor could have
+//! invalidated in between: every Redis change it makes is one script that re-checks its
+//! precondition atomically, and every give-back is claimed in the database first.
 //!
 //! - Compensate, settle and cancel-finish are guarded by the exact ledger entry and remove it,
 //!   so two reconciles, or reconcile and the consumer, apply each at most once. The grace period
-//!   keeps reconcile away from reservations whose message is simply still on its way.
-//! - An orphan user is dropped only if, in the same script, the user still has no ledger entry.
-//!   The set is scanned *before* the ledger is read and the database queried, so a user whose
-//!   reservation settled before the ledger read has its order visible to the query.
+//!   keeps reconcile away from reservations whose message is simply still on its way; the
+//!   claim keeps it from racing a consumer that is committing one.
+//! - An orphan user is dropped only if its mark, written before the database was read, is
+//!   still there: a cancel overwrites it, so a user who cancelled and bought again meanwhile
+//!   is kept.
 //! - The stock is corrected only while the ledger is empty: then nothing is between Redis and
 //!   the database, and the database's remaining stock is exactly what Redis may sell. The
-//!   order of reads matters: Redis first, then the database, then a script that writes only if
-//!   the ledger is still empty and the stock is still what was read. Any purchase or cancel
-//!   that touched Redis in between either left an entry or moved the stock, and the write is
-//!   skipped; one that completed entirely in between committed to the database first, so the
-//!   database read already includes it. So reconcile can never raise Redis stock above what
-//!   the database says is available. The activity's lock keeps an admin's stock change (a
-//!   delta applied under the same lock) from interleaving, and a second reconcile that finds
-//!   the lock busy skips the step for this run.
+//!   order of reads matters: Redis (stock and sequence) first, then the database, then a
+//!   script that writes only if the ledger is still empty and the sequence unchanged. Any
+//!   purchase, give-back or cancel finish in between bumped the sequence, even when the stock
+//!   value came back to what was read, and the write is skipped. So reconcile can never set
+//!   Redis stock from a database read that a concurrent move made stale. The activity's lock
+//!   keeps an admin's stock change from interleaving, and a second reconcile that finds the
+//!   lock busy skips the step for this run.
 //! - The database fix holds the activity row lock while it sums the orders, so a consumer or a
 //!   cancel committing concurrently is either fully counted or not at all.
 

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The demo's knobs (issue 5's defaults).
+/// The demo's knobs.
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
     pub stock: i64,
