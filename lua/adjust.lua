@@ -8,7 +8,10 @@
 -- KEYS[1] stock   KEYS[2] meta   KEYS[3] lock   KEYS[4] users   KEYS[5] ledger
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
--- ARGV[8] expireAtMs
+-- ARGV[8] expireAtMs   ARGV[9] change id (the fencing token, plus "-revert" for a revert)
+--
+-- A change is applied once: a script delivered twice (a cluster client re-sends after a
+-- dropped connection) finds its change id in the meta and only answers.
 --
 -- Returns {code, stock}:
 --   0 applied (stock = new Redis stock)      1 not the lock owner (nothing changed)
@@ -17,6 +20,7 @@
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return {1, -1} end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {2, -1} end
 local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
+if redis.call('HGET', KEYS[2], 'change') == ARGV[9] then return {0, stock} end
 local delta = tonumber(ARGV[2])
 if stock + delta < 0 then return {3, stock} end
 if delta ~= 0 then
@@ -24,7 +28,7 @@ if delta ~= 0 then
   redis.call('HINCRBY', KEYS[2], 'seq', 1)
 end
 redis.call('HSET', KEYS[2], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
-  'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8])
+  'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9])
 for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4], KEYS[5]}) do
   if redis.call('EXISTS', key) == 1 then redis.call('PEXPIREAT', key, ARGV[8]) end
 end

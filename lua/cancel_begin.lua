@@ -11,16 +11,19 @@
 -- ARGV[6] the order's request id
 --
 -- Entry written: "c|<cancelId>|<qty>|<ms>|<orderId>".
--- Returns 1 = recorded, 0 = another entry of the user is in flight (retry later; a second
--- canceller never adopts the first one's entry), 2 = activity not loaded in Redis.
-if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
+-- Returns {code, epoch}: code 1 = recorded, 0 = another entry of the user is in flight (retry
+-- later; a second canceller never adopts the first one's entry), 2 = activity not loaded in
+-- Redis. epoch = the sale's load epoch: the database commit requires it unchanged, so a
+-- cancel whose entry was lost with a Redis that has since been reloaded cannot commit.
+if redis.call('EXISTS', KEYS[1]) == 0 then return {2, 0} end
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v then
   local kind, id = string.match(v, '^(%a)|([^|]+)|')
   -- An orphan check's mark gives way: the check sees its mark gone and leaves the user be.
   -- The order's own reservation gives way too: the order row proves the database holds it.
-  if not (kind == 'x' or (kind == 'r' and id == ARGV[6])) then return 0 end
+  if not (kind == 'x' or (kind == 'r' and id == ARGV[6])) then return {0, epoch} end
 end
 redis.call('HSET', KEYS[2], ARGV[1],
   'c|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5])
-return 1
+return {1, epoch}

@@ -3,15 +3,19 @@
 -- Loading is fenced like every admin write: only the current lock owner loads, so a load
 -- computed from a database row that an admin change has since replaced cannot land (the
 -- loader reads the row after taking the lock and recording its token in the database).
--- Never resets the stock of a sale already loaded (SET NX, never INCR): running twice, or
--- concurrently with purchases, changes nothing but a newer meta version and the expiry.
--- The user set is rebuilt by the caller (SADD of the database's live order holders) before
--- this script creates the meta, so no purchase runs against a half-built set.
+-- Never touches the stock of a sale already loaded (never INCR, never a reset): running
+-- twice, or concurrently with purchases, changes nothing but a newer meta version and the
+-- expiry. A sale that is not loaded (new, or lost by Redis) is loaded from scratch: stock =
+-- the database's remaining stock, and a new load epoch from the database. Reservations made
+-- under an earlier epoch were lost with it; their units are in the remaining stock again, so
+-- the database refuses to commit them (the consumer's stock update requires the epoch).
+-- The user set is rebuilt by the caller first (rebuild_users.lua), so no purchase runs
+-- against a half-built set.
 --
 -- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger   KEYS[5] lock
 -- ARGV[1] stock to load (DB remaining stock)   ARGV[2] total stock
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
--- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner
+-- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
 --
 -- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry), 2 = already loaded,
 -- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
@@ -32,9 +36,9 @@ if version then
   expire_all()
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
+redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
-  'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7])
+  'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9])
 redis.call('HINCRBY', KEYS[2], 'seq', 1)
 expire_all()
 return 1

@@ -138,12 +138,13 @@ async fn consumer_run(
                 match sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
                     .await?
                 {
-                    Decision::Accepted { now_ms, .. } => Ok(OrderMessage {
+                    Decision::Accepted { now_ms, epoch, .. } => Ok(OrderMessage {
                         request_id,
                         activity_id: a.id,
                         user_id: user,
                         quantity: 1,
                         reserved_at_ms: now_ms,
+                        load_epoch: Some(epoch),
                     }),
                     other => Err(anyhow::anyhow!("reservation refused: {other:?}")),
                 }

@@ -637,6 +637,7 @@ async fn accepted(
         user_id: b.users[0].clone(),
         quantity: 1,
         reserved_at_ms: chrono::Utc::now().timestamp_millis(),
+        load_epoch: Some(1),
     })?);
     let (client, url) = (sqs.clone(), Arc::new(bare_url.clone()));
     let run = util::run_tasks(c, n, move |_| {

@@ -191,6 +191,7 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         state: "published".into(),
         config_version: 1,
         last_fence_token: 0,
+        load_epoch: 1,
         created_at: now,
         updated_at: now,
     }

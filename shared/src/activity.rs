@@ -25,6 +25,8 @@ pub struct Activity {
     pub state: String,
     pub config_version: i64,
     pub last_fence_token: i64,
+    /// Bumped each time Redis loads the sale from scratch (`seckill_shared::load`).
+    pub load_epoch: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -150,7 +152,7 @@ pub fn validate_fields(
 macro_rules! activity_columns {
     () => {
         "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
-         state, config_version, last_fence_token, created_at, updated_at"
+         state, config_version, last_fence_token, load_epoch, created_at, updated_at"
     };
 }
 

@@ -135,7 +135,12 @@ pub async fn give_back(
             GiveBack::GivenBack(units)
         }
         Claim::Decided(row) => {
-            apply(redis, &row).await?;
+            // The decision is the row, whether or not its Redis half lands now: a failed
+            // apply is left to whoever reads the row next (reconcile applies decided rows at
+            // any age), and must not hide that the request may have become an order.
+            if let Err(e) = apply(redis, &row).await {
+                tracing::warn!(error = %e, status = %row.status, "decided row not applied in redis yet");
+            }
             GiveBack::Decided(row)
         }
         Claim::UnknownActivity => {

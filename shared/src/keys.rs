@@ -9,11 +9,13 @@
 pub struct Keys {
     /// Units left in Redis (string integer).
     pub stock: String,
-    /// Hash: startMs, endMs, limit, total, version, expireAtMs.
+    /// Hash: startMs, endMs, limit, total, version, expireAtMs, seq (the stock sequence),
+    /// epoch (the load epoch), change (the last admin change applied).
     pub meta: String,
     /// Set of user ids holding a reservation or an order.
     pub users: String,
-    /// Hash user id -> in-flight entry (`r|requestId|qty|ms` reservation, `c|orderId|qty|ms` cancel).
+    /// Hash user id -> in-flight entry: `r|requestId|qty|ms` reservation,
+    /// `c|cancelId|qty|ms|orderId` cancel attempt, `x|token|0|ms` orphan check mark.
     pub ledger: String,
     /// The admin lock (value: owner).
     pub lock: String,

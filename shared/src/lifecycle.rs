@@ -100,48 +100,76 @@ pub async fn cancel_order(
         cancel_id: Uuid::now_v7(),
     };
     crate::pause::point("cancel.before_begin", activity_id).await;
-    let begin = sale::cancel_begin(redis, &attempt, now.timestamp_millis()).await?;
+    let (begin, epoch) = sale::cancel_begin(redis, &attempt, now.timestamp_millis()).await?;
     crate::pause::point("cancel.after_begin", activity_id).await;
-    if begin == CancelBegin::Busy {
-        return other_attempt(pool, redis, order).await;
-    }
-    let in_redis = begin == CancelBegin::Recorded;
+    let epoch = match begin {
+        CancelBegin::Busy => return other_attempt(pool, redis, order).await,
+        CancelBegin::Recorded => Some(epoch),
+        CancelBegin::NotLoaded => {
+            // Only a sale no loader will load again may change in the database alone: a load
+            // in progress would write a stock read before this commit, and the unit would be
+            // lost to Redis. A running sale missing from Redis is reloaded within a reconcile
+            // run; until then the cancel is retried.
+            if !sale_is_over(pool, activity_id, now).await? {
+                return Ok(CancelOutcome::Busy);
+            }
+            None
+        }
+    };
 
     // If this fails the `c` entry stays: the commit may or may not have happened, and only
-    // reconcile (reading the order row's cancel id later) decides.
-    let quantity = commit_cancel(pool, order.id, attempt.cancel_id, now).await?;
-
-    match quantity {
-        Some(quantity) => {
-            if in_redis {
+    // reconcile (reading the order row's cancel id later, or aborting this attempt) decides.
+    let committed = commit_cancel(pool, order.id, attempt.cancel_id, epoch, now).await?;
+    let cancel_id = attempt.cancel_id;
+    match committed {
+        Committed::Cancelled(quantity) => {
+            if epoch.is_some() {
                 // The database is the system of record and holds the cancel now: a Redis hiccup
                 // here leaves the `c` entry for reconcile, it does not undo the cancel.
-                if let Err(e) =
-                    sale::cancel_finish(redis, activity_id, user, attempt.cancel_id).await
-                {
+                if let Err(e) = sale::cancel_finish(redis, activity_id, user, cancel_id).await {
                     tracing::warn!(error = %e, "cancel committed; redis half left to reconcile");
                 }
             }
             tracing::info!(quantity, outcome = "cancelled", "order cancelled");
             Ok(CancelOutcome::Cancelled { quantity })
         }
-        None => {
-            // Another attempt, a pay or a failure decided first: this attempt only drops its
-            // own announcement.
-            if in_redis {
-                sale::settle(redis, activity_id, user, &attempt.cancel_id.to_string()).await?;
+        Committed::NotConfirmed => {
+            // Someone decided first: another attempt, a pay, or reconcile on this attempt's
+            // behalf. Only the attempt the row names may finish; any other drops its entry.
+            let row = crate::order::get(pool, order.id).await?;
+            let status = row.as_ref().map(|o| o.status.clone()).unwrap_or_default();
+            if epoch.is_some() {
+                if row.as_ref().and_then(|o| o.cancel_id) == Some(cancel_id) {
+                    sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
+                } else {
+                    sale::settle(redis, activity_id, user, &cancel_id.to_string()).await?;
+                }
             }
-            let status = crate::order::get(pool, order.id)
-                .await?
-                .map(|o| o.status)
-                .unwrap_or_default();
             if status == OrderStatus::Cancelled.as_str() {
                 Ok(CancelOutcome::AlreadyCancelled)
+            } else if status == OrderStatus::Confirmed.as_str() {
+                // Reconcile aborted this attempt (its announcement went stale): try again.
+                Ok(CancelOutcome::Busy)
             } else {
                 Ok(CancelOutcome::NotCancellable(status))
             }
         }
+        Committed::EpochMoved => {
+            // Redis lost the sale (and this attempt's entry) and reloaded it meanwhile: the
+            // reloaded stock was read without this cancel. Nothing changed; retry.
+            Ok(CancelOutcome::Busy)
+        }
     }
+}
+
+/// Whether the sale has ended: no loader loads it again, so its Redis state is not needed.
+async fn sale_is_over(
+    pool: &PgPool,
+    activity_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool, ApiError> {
+    let a = crate::activity::get(pool, activity_id).await?;
+    Ok(a.is_none_or(|a| a.phase(now) == crate::activity::Phase::Ended))
 }
 
 /// Another entry of the user was in flight. When it is another attempt to cancel this very
@@ -172,19 +200,32 @@ async fn other_attempt(
 /// How long a cancel waits for another attempt at the same order to commit.
 const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Step 2: one transaction. Returns the quantity given back, or `None` when the order was not
-/// `confirmed` any more (the condition makes a second cancel, or a cancel racing a pay, a no-op).
+/// What the cancel's transaction did.
+enum Committed {
+    /// This attempt cancelled the order; the quantity went back to the database.
+    Cancelled(i64),
+    /// The order was not `confirmed` any more, or reconcile aborted this attempt.
+    NotConfirmed,
+    /// The sale was loaded into Redis from scratch since the announcement.
+    EpochMoved,
+}
+
+/// Step 2: one transaction, conditional on the order being `confirmed`, on this attempt not
+/// being aborted by reconcile, and (when the attempt was announced in Redis) on the sale's load
+/// epoch being the one the announcement saw.
 async fn commit_cancel(
     pool: &PgPool,
     order_id: i64,
     cancel_id: Uuid,
+    epoch: Option<i64>,
     now: DateTime<Utc>,
-) -> Result<Option<i64>, ApiError> {
+) -> Result<Committed, ApiError> {
     let mut tx = pool.begin().await?;
     let row: Option<(i32, i64)> = sqlx::query_as(
         "update orders set status = 'cancelled', cancel_id = $3, cancelled_at = $2,
              updated_at = $2
-         where id = $1 and status = 'confirmed' returning quantity, activity_id",
+         where id = $1 and status = 'confirmed' and not ($3 = any(aborted_cancel_ids))
+         returning quantity, activity_id",
     )
     .bind(order_id)
     .bind(now)
@@ -193,24 +234,43 @@ async fn commit_cancel(
     .await?;
     let Some((quantity, activity_id)) = row else {
         tx.rollback().await?;
-        return Ok(None);
+        return Ok(Committed::NotConfirmed);
     };
     let updated = sqlx::query(
         "update activities set remaining_stock = remaining_stock + $2, updated_at = $3
-         where id = $1",
+         where id = $1 and ($4::bigint is null or load_epoch = $4)",
     )
     .bind(activity_id)
     .bind(quantity)
     .bind(now)
+    .bind(epoch)
     .execute(&mut *tx)
     .await?;
     if updated.rows_affected() != 1 {
-        return Err(ApiError::Internal(anyhow::anyhow!(
-            "activity {activity_id} of order {order_id} is missing"
-        )));
+        tx.rollback().await?;
+        return Ok(Committed::EpochMoved);
     }
     tx.commit().await?;
-    Ok(Some(i64::from(quantity)))
+    Ok(Committed::Cancelled(i64::from(quantity)))
+}
+
+/// Reconcile's verdict on a cancel attempt whose announcement went stale: from now on it may
+/// not commit. Returns false when the order is no longer `confirmed` (the attempt, or another
+/// one, committed first, or it was paid): the row then says what happened.
+pub async fn abort_cancel(
+    pool: &PgPool,
+    order_id: i64,
+    cancel_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let aborted = sqlx::query(
+        "update orders set aborted_cancel_ids = array_append(aborted_cancel_ids, $2)
+         where id = $1 and status = 'confirmed'",
+    )
+    .bind(order_id)
+    .bind(cancel_id)
+    .execute(pool)
+    .await?;
+    Ok(aborted.rows_affected() == 1)
 }
 
 /// Pays a `confirmed` order of `user_id`. Paying a paid order again answers the order (200,

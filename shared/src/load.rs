@@ -24,7 +24,7 @@ use std::time::Duration;
 /// How long a loader waits for the sale's lock before leaving the load to its next run.
 const LOCK_WAIT: Duration = Duration::from_millis(500);
 
-/// Users added to the set per `SADD` when it is rebuilt.
+/// Users added to the set per script call when it is rebuilt.
 const SADD_CHUNK: usize = 1000;
 
 /// Why a load did not happen.
@@ -50,7 +50,9 @@ pub async fn load_under_lock(
     let wait = LOCK_WAIT.min(config.lock_wait);
     let guard = lock::acquire(redis, pool, activity_id, config.lock_ttl, wait).await?;
     let loaded = async {
-        let row = fence_and_read(pool, &guard).await?;
+        // Under the lock nobody else loads: whether Redis holds the sale cannot change.
+        let fresh = sale::loaded_version(redis, activity_id).await?.is_none();
+        let row = fence_and_read(pool, &guard, fresh).await?;
         crate::pause::point("preheat.before_load", activity_id).await;
         let outcome = load_fenced(redis, pool, &guard.owner, &row, config.expiry_buffer).await?;
         Ok::<_, LoadError>((outcome, row))
@@ -66,10 +68,23 @@ pub async fn load_under_lock(
 }
 
 /// Records the guard's token and reads the row, in one transaction: an admin write with an
-/// older token is refused from here on, and one that committed before is in the row.
-pub async fn fence_and_read(pool: &PgPool, guard: &LockGuard) -> Result<Activity, LoadError> {
+/// older token is refused from here on, and one that committed before is in the row. With
+/// `new_epoch` (a load from scratch) the row's load epoch is bumped in the same transaction:
+/// an order or a cancel made under the old epoch either committed before (and is in the row
+/// read here) or is refused after.
+pub async fn fence_and_read(
+    pool: &PgPool,
+    guard: &LockGuard,
+    new_epoch: bool,
+) -> Result<Activity, LoadError> {
     let mut tx = pool.begin().await?;
     lock::fenced_update(&mut tx, guard.activity_id, guard.token).await?;
+    if new_epoch {
+        sqlx::query("update activities set load_epoch = load_epoch + 1 where id = $1")
+            .bind(guard.activity_id)
+            .execute(&mut *tx)
+            .await?;
+    }
     let row = crate::activity::get_in(&mut tx, guard.activity_id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
@@ -78,7 +93,9 @@ pub async fn fence_and_read(pool: &PgPool, guard: &LockGuard) -> Result<Activity
 }
 
 /// Loads `row` for the lock `owner`: when the sale is not in Redis, the user set is rebuilt
-/// from the live orders first; then `lua/preheat.lua` writes stock, meta and expiry.
+/// from the live orders first (what a lost sale left of its set and ledger goes); then
+/// `lua/preheat.lua` writes stock, meta and expiry. A load from scratch needs a `row` read by
+/// [`fence_and_read`] with a new epoch.
 pub async fn load_fenced(
     redis: &Redis,
     pool: &PgPool,
@@ -88,9 +105,14 @@ pub async fn load_fenced(
 ) -> Result<PreheatOutcome, LoadError> {
     if sale::loaded_version(redis, row.id).await?.is_none() {
         let holders = order::live_holders(pool, row.id).await?;
-        let users = redis.keys(row.id).users;
-        for chunk in holders.chunks(SADD_CHUNK) {
-            let _: i64 = redis.cmd(redis::cmd("SADD").arg(&users).arg(chunk)).await?;
+        let mut chunks = holders.chunks(SADD_CHUNK).peekable();
+        if chunks.peek().is_none() {
+            sale::rebuild_users(redis, row.id, owner, true, &[]).await?;
+        }
+        for (i, chunk) in chunks.enumerate() {
+            if !sale::rebuild_users(redis, row.id, owner, i == 0, chunk).await? {
+                return Ok(PreheatOutcome::NotOwner);
+            }
         }
         if !holders.is_empty() {
             tracing::info!(
@@ -101,4 +123,30 @@ pub async fn load_fenced(
         }
     }
     Ok(sale::preheat(redis, row, buffer, owner).await?)
+}
+
+/// A load from scratch by a holder whose token the database already recorded (an admin change
+/// that found the sale not loaded): the epoch is bumped only while the row still carries the
+/// guard's token, i.e. no newer holder wrote since. `None`: one did; the load is theirs.
+pub async fn load_after_change(
+    redis: &Redis,
+    pool: &PgPool,
+    guard: &LockGuard,
+    buffer: Duration,
+) -> Result<Option<PreheatOutcome>, LoadError> {
+    let row: Option<Activity> = sqlx::query_as(concat!(
+        "update activities set load_epoch = load_epoch + 1
+         where id = $1 and last_fence_token = $2 returning ",
+        crate::activity_columns!()
+    ))
+    .bind(guard.activity_id)
+    .bind(guard.token)
+    .fetch_optional(pool)
+    .await?;
+    match row {
+        Some(row) => Ok(Some(
+            load_fenced(redis, pool, &guard.owner, &row, buffer).await?,
+        )),
+        None => Ok(None),
+    }
 }

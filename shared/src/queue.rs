@@ -15,6 +15,11 @@ pub struct OrderMessage {
     pub quantity: i32,
     /// Redis server time of the reservation, in ms since the epoch.
     pub reserved_at_ms: i64,
+    /// The sale's load epoch the reservation was made under; the order commits only while the
+    /// database's is the same (a reload since means Redis lost this reservation). Absent in
+    /// messages from before epochs existed: no check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_epoch: Option<i64>,
 }
 
 /// Builds an SQS client from the standard AWS environment. `AWS_ENDPOINT_URL_SQS` points it

@@ -14,6 +14,8 @@ pub enum Decision {
     Accepted {
         stock_left: i64,
         now_ms: i64,
+        /// The sale's load epoch, for the order message.
+        epoch: i64,
     },
     NotFound,
     NotStarted,
@@ -67,11 +69,12 @@ pub async fn purchase(
         .arg(quantity)
         .arg(request_id.to_string())
         .arg(deadline_ms);
-    let (code, stock, now_ms): (i64, i64, i64) = redis.script(&inv).await?;
+    let (code, stock, now_ms, epoch): (i64, i64, i64, i64) = redis.script(&inv).await?;
     Ok(match code {
         0 => Decision::Accepted {
             stock_left: stock,
             now_ms,
+            epoch,
         },
         1 => Decision::NotFound,
         2 => Decision::NotStarted,
@@ -169,12 +172,13 @@ pub struct CancelAttempt<'a> {
     pub cancel_id: Uuid,
 }
 
-/// Announces a cancel attempt in the ledger (`c|<cancelId>|qty|ms|<orderId>`).
+/// Announces a cancel attempt in the ledger (`c|<cancelId>|qty|ms|<orderId>`). Returns what
+/// the script answered and the sale's load epoch, which the database commit must still find.
 pub async fn cancel_begin(
     redis: &Redis,
     attempt: &CancelAttempt<'_>,
     now_ms: i64,
-) -> Result<CancelBegin, CacheError> {
+) -> Result<(CancelBegin, i64), CacheError> {
     let k = redis.keys(attempt.activity_id);
     let mut inv = scripts::CANCEL_BEGIN.prepare_invoke();
     inv.key(&k.meta)
@@ -185,12 +189,13 @@ pub async fn cancel_begin(
         .arg(now_ms)
         .arg(attempt.order_id)
         .arg(attempt.request_id.to_string());
-    let code: i64 = redis.script(&inv).await?;
-    Ok(match code {
+    let (code, epoch): (i64, i64) = redis.script(&inv).await?;
+    let begin = match code {
         1 => CancelBegin::Recorded,
         2 => CancelBegin::NotLoaded,
         _ => CancelBegin::Busy,
-    })
+    };
+    Ok((begin, epoch))
 }
 
 /// Gives a cancelled order's units and quota back, at most once, for the attempt `cancel_id`
@@ -382,7 +387,8 @@ pub async fn preheat(
         .arg(activity.per_order_limit)
         .arg(activity.config_version)
         .arg(activity.expire_at(buffer).timestamp_millis())
-        .arg(owner);
+        .arg(owner)
+        .arg(activity.load_epoch);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         1 => PreheatOutcome::Loaded,
@@ -398,6 +404,31 @@ pub async fn loaded_version(redis: &Redis, activity_id: i64) -> Result<Option<i6
     redis
         .cmd(redis::cmd("HGET").arg(&k.meta).arg("version"))
         .await
+}
+
+/// `lua/rebuild_users.lua`: one chunk of the user set of a sale that is not loaded, for the
+/// lock `owner`; the first chunk empties the set and the ledger first. Returns false when
+/// refused (not the owner, or the sale is loaded).
+pub async fn rebuild_users(
+    redis: &Redis,
+    activity_id: i64,
+    owner: &str,
+    first: bool,
+    users: &[String],
+) -> Result<bool, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut inv = scripts::REBUILD_USERS.prepare_invoke();
+    inv.key(&k.users)
+        .key(&k.ledger)
+        .key(&k.meta)
+        .key(&k.lock)
+        .arg(owner)
+        .arg(if first { "first" } else { "more" });
+    for u in users {
+        inv.arg(u);
+    }
+    let done: i64 = redis.script(&inv).await?;
+    Ok(done == 1)
 }
 
 /// `lua/mark_users.lua`: marks the candidates of an orphan check; returns those marked.

@@ -28,3 +28,4 @@ script!(SNAPSHOT, "snapshot.lua");
 script!(FIX_STOCK, "fix_stock.lua");
 script!(DROP_USER, "drop_user.lua");
 script!(MARK_USERS, "mark_users.lua");
+script!(REBUILD_USERS, "rebuild_users.lua");

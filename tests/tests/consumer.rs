@@ -83,7 +83,7 @@ async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> 
     )
     .await
     .expect("redis answers");
-    let Decision::Accepted { now_ms, .. } = decision else {
+    let Decision::Accepted { now_ms, epoch, .. } = decision else {
         panic!("reservation for {user} refused: {decision:?}");
     };
     OrderMessage {
@@ -92,6 +92,7 @@ async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> 
         user_id: user.to_string(),
         quantity,
         reserved_at_ms: now_ms,
+        load_epoch: Some(epoch),
     }
 }
 
@@ -730,13 +731,14 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
             let decision = sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
                 .await
                 .unwrap();
-            if let Decision::Accepted { now_ms, .. } = decision {
+            if let Decision::Accepted { now_ms, epoch, .. } = decision {
                 let m = OrderMessage {
                     request_id,
                     activity_id: a.id,
                     user_id: user,
                     quantity: 1,
                     reserved_at_ms: now_ms,
+                    load_epoch: Some(epoch),
                 };
                 queue.send(&m).await.unwrap();
                 true

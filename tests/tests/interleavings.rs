@@ -12,10 +12,11 @@ use axum::Router;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use order_consumer::{Consumer, Outcome};
 use preheat::Preheat;
-use reconcile::Reconcile;
+use reconcile::{Reconcile, StockCheck};
 use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
 use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::lock;
 use seckill_shared::on_both_redis;
 use seckill_shared::order::{self, Order};
 use seckill_shared::pause;
@@ -23,6 +24,7 @@ use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale;
 use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
 use serde_json::Value;
+use sqlx::Connection;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use uuid::Uuid;
@@ -43,6 +45,10 @@ on_both_redis!(
     orphan_cleanup_never_drops_a_user_who_bought_again_meanwhile,
     reloading_a_lost_running_sale_rebuilds_its_buyers,
     a_purchase_reply_lost_to_a_timeout_is_given_back_at_once,
+    a_slow_cancel_is_aborted_before_reconcile_drops_its_entry,
+    a_reservation_lost_with_redis_is_not_committed_after_the_reload,
+    a_cancel_during_a_reload_waits_for_it,
+    the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out,
 );
 
 const GRACE: Duration = Duration::from_secs(5);
@@ -128,17 +134,22 @@ impl World {
         Ok(out)
     }
 
-    /// A purchase the consumer has confirmed (order row, DB stock, ledger entry dropped).
-    async fn confirmed(&self, user: &str, qty: i64) -> anyhow::Result<Order> {
+    /// An accepted purchase whose message is on the queue, not consumed.
+    async fn pending(&self, user: &str, qty: i64) -> anyhow::Result<OrderMessage> {
         let (status, body) = self.buy(user, qty).await;
         anyhow::ensure!(status == StatusCode::ACCEPTED, "{user}: {status} {body}");
         let request_id: Uuid = body["requestId"].as_str().unwrap_or_default().parse()?;
-        let message = self
-            .messages()
+        self.messages()
             .await?
             .into_iter()
             .find(|m| m.request_id == request_id)
-            .ok_or_else(|| anyhow::anyhow!("message of {request_id} not on the queue"))?;
+            .ok_or_else(|| anyhow::anyhow!("message of {request_id} not on the queue"))
+    }
+
+    /// A purchase the consumer has confirmed (order row, DB stock, ledger entry dropped).
+    async fn confirmed(&self, user: &str, qty: i64) -> anyhow::Result<Order> {
+        let message = self.pending(user, qty).await?;
+        let request_id = message.request_id;
         let done = self.consumer().handle_message(&message).await?;
         anyhow::ensure!(done.outcome == Outcome::Committed, "{done:?}");
         self.order_of(request_id)
@@ -216,21 +227,34 @@ impl World {
     /// order; the database's remaining stock is the total minus the live orders; and the
     /// Redis user set holds exactly the users behind a live order or a pending reservation.
     async fn assert_conserved(&self) -> anyhow::Result<()> {
+        verdict(self.violations().await?)
+    }
+
+    /// What `docs/invariants.md` promises at a quiet moment, as a list of violations.
+    async fn violations(&self) -> anyhow::Result<Vec<String>> {
+        let mut out = Vec::new();
         let snap = sale::snapshot(&self.env.redis, self.id()).await?;
         let row = self.db_row().await?;
         let sold = order::sold_quantity(&self.env.pool, self.id()).await?;
         let total = i64::from(row.total_stock);
         let stock = snap.stock.unwrap_or(-1);
-        anyhow::ensure!(
-            stock + snap.pending_quantity() + sold == total,
-            "redis {stock} + pending {} + sold {sold} != total {total}",
-            snap.pending_quantity()
-        );
-        anyhow::ensure!(
-            i64::from(row.remaining_stock) == total - sold,
-            "db remaining {} != total {total} - sold {sold}",
-            row.remaining_stock
-        );
+        let pending = snap.pending_quantity();
+        if stock + pending + sold != total {
+            out.push(format!(
+                "conservation: redis {stock} + pending {pending} + sold {sold} != total {total}"
+            ));
+        }
+        if pending + sold > total {
+            out.push(format!(
+                "oversell: pending {pending} + sold {sold} > total {total}"
+            ));
+        }
+        if stock > i64::from(row.remaining_stock) - pending {
+            out.push(format!(
+                "redis offers {stock} units, the database has {} minus {pending} pending",
+                row.remaining_stock
+            ));
+        }
         let mut expected = self.holders().await?;
         expected.extend(
             snap.ledger
@@ -239,12 +263,23 @@ impl World {
                 .map(|e| e.user_id.clone()),
         );
         let users = self.users().await?;
-        anyhow::ensure!(
-            users == expected,
-            "redis users {users:?} != holders {expected:?}"
-        );
-        Ok(())
+        if users != expected {
+            out.push(format!(
+                "user set {users:?} != live holders + pending {expected:?}"
+            ));
+        }
+        Ok(out)
     }
+}
+
+/// Fails with every violation listed, or passes.
+fn verdict(violations: Vec<String>) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        violations.is_empty(),
+        "invariants broken:\n  - {}",
+        violations.join("\n  - ")
+    );
+    Ok(())
 }
 
 /// A moment past the reconcile grace of everything done so far.
@@ -845,4 +880,296 @@ async fn a_redis_stall_leaves_no_phantom_reservation() {
         }
     }
     assert!(accepted, "u0 was told to retry and must be able to");
+}
+
+/// The send times out after storing; the consumer commits; the entry's give-back finds the
+/// live row (`Claim::Decided`) and `giveback::apply` drops the ledger entry with `settle.lua`.
+/// That Redis call may fail (Redis slow or away for a moment: the same trouble that made the
+/// send time out); the answer must still follow the row: 202, never 503 with an order behind
+/// it. Standalone only: Redis is paused with SIGSTOP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_send_error_after_the_consumer_committed_never_answers_503() {
+    let private = PrivateRedis::start().await;
+    let mut env = private
+        .env(Duration::from_millis(300), Duration::from_secs(1))
+        .await;
+    env.config.reconcile_grace = GRACE;
+    let sale = env.open_sale(10, 5).await.unwrap();
+    let w = World::new(env, sale);
+
+    let _lost = pause::arm_failure("queue.send.lost_reply", w.id(), 1);
+    let entry_paused = pause::arm("entry.after_send_error", w.id());
+    let app = w.app.clone();
+    let path = format!("/activities/{}/orders", w.id());
+    let entry =
+        tokio::spawn(
+            async move { call(&app, request("POST", &path, Some(("alice", "")), None)).await },
+        );
+    within("the entry's send", entry_paused.reached())
+        .await
+        .unwrap();
+    let message = w
+        .messages()
+        .await
+        .unwrap()
+        .pop()
+        .expect("the stored message");
+    let done = w.consumer().handle_message(&message).await.unwrap();
+    assert_eq!(done.outcome, Outcome::Committed);
+
+    // Redis stops answering for a moment, just as the entry applies the row it found.
+    private.signal("-STOP");
+    entry_paused.resume();
+    let answer = within("the entry", entry).await;
+    private.signal("-CONT");
+    let (status, body) = answer.unwrap().unwrap();
+
+    let row = w.order_of(message.request_id).await.unwrap();
+    let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
+    assert!(sold, "the consumer committed: {row:?}");
+    assert_ne!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "alice was told 503 ({body}) yet holds confirmed order {row:?}"
+    );
+}
+
+/// Canceller A announced `c|A` and is on its way to the database (slow: a stalled connection,
+/// a wait on the hot activity row, a paused process) when reconcile, past the grace period,
+/// finds the row not cancelled. Were it to drop `c|A` as "never committed", A's commit would
+/// give the unit to the database but never to Redis, and alice would stay in the set holding
+/// nothing. Reconcile aborts A in the database first: A's commit is refused, and a retried
+/// cancel goes through both.
+async fn a_slow_cancel_is_aborted_before_reconcile_drops_its_entry(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bought = w.confirmed("alice", 1).await?;
+
+    let paused = pause::arm("cancel.after_begin", w.id());
+    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
+    let a =
+        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    within("canceller A announcing", paused.reached()).await?;
+    let report = w.reconcile().run(after_grace()).await?;
+    let r = report.activity(w.id()).expect("reconciled");
+    assert_eq!(
+        r.settled, 1,
+        "reconcile dropped A's entry as never committed"
+    );
+    paused.resume();
+    // Reconcile aborted A before dropping its entry: A's commit is refused, nothing changed.
+    let late = joined("canceller A", a).await?;
+    let mut broken = w.violations().await?;
+    if late != CancelOutcome::Busy {
+        broken.push(format!("the aborted attempt answered {late:?}"));
+    }
+    // Retried, the cancel goes through and alice may buy again.
+    let retried = w.cancel(bought.id).await?;
+    if retried != (CancelOutcome::Cancelled { quantity: 1 }) {
+        broken.push(format!("the retried cancel answered {retried:?}"));
+    }
+    broken.extend(w.violations().await?);
+    let (status, body) = w.buy("alice", 1).await;
+    if status != StatusCode::ACCEPTED {
+        broken.push(format!(
+            "alice cancelled her only order and is refused: {status} {body}"
+        ));
+    }
+    // With traffic (bob's young reservation) the next reconcile cannot correct the stock.
+    w.pending("bob", 1).await?;
+    let report = w.reconcile().run(Utc::now()).await?;
+    let r = report.activity(w.id()).expect("reconciled");
+    if r.stock_check == StockCheck::LedgerBusy && r.drift != 0 {
+        broken.push(format!(
+            "next reconcile with traffic: {:?}, drift {} stays (unit unsellable)",
+            r.stock_check, r.drift
+        ));
+    }
+    verdict(broken)
+}
+
+/// The consumer read alice's `r` entry and is about to write. Redis loses the sale; reconcile
+/// reloads it: stock = DB remaining (10, alice's unit included, since it is not committed),
+/// users = live holders (not alice). Were the consumer to commit now, the unit would count
+/// twice (Redis 10, DB 9) and alice would hold an order outside the set. The reload's new load
+/// epoch makes the commit fail: the reservation ends `reservation_expired`.
+async fn a_reservation_lost_with_redis_is_not_committed_after_the_reload(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let message = w.pending("alice", 1).await?;
+
+    let paused = pause::arm("consumer.before_write", w.id());
+    let consumer = w.consumer();
+    let m = message.clone();
+    let late = tokio::spawn(async move { consumer.handle_message(&m).await });
+    within("the consumer's ledger check", paused.reached()).await?;
+    w.unload().await?;
+    let report = w.reconcile().run(Utc::now()).await?;
+    assert!(report.activity(w.id()).is_some_and(|r| r.preheated));
+    paused.resume();
+    let processed = joined("the consumer", late).await?;
+
+    let mut broken = Vec::new();
+    if processed.outcome == Outcome::Committed {
+        broken.push("the consumer committed a reservation Redis no longer held".into());
+    }
+    broken.extend(w.violations().await?);
+    let alice_holds = w.holders().await?.contains("alice");
+    let (status, body) = w.buy("alice", 1).await;
+    let mut accepted = 0;
+    if status == StatusCode::ACCEPTED {
+        accepted += 1;
+        if alice_holds {
+            broken.push(format!("alice holds an order and got a second 202: {body}"));
+        }
+    }
+    // Ten other buyers for the nine units the database has left.
+    for i in 0..10 {
+        if w.buy(&format!("u{i}"), 1).await.0 == StatusCode::ACCEPTED {
+            accepted += 1;
+        }
+    }
+    let remaining = i64::from(w.db_row().await?.remaining_stock);
+    if accepted > remaining {
+        broken.push(format!(
+            "{accepted} buyers told 202 after the reload for {remaining} units the database had"
+        ));
+    }
+    verdict(broken)
+}
+
+/// The same from the cancel side: a load read the row (remaining 9); a cancel that committed
+/// in the database alone now (the sale is not loaded) would be lost to Redis when the load
+/// writes stock 9. A running sale missing from Redis takes no cancel until it is reloaded.
+/// (Pause point `preheat.before_load` sits between the load's read and its write.)
+async fn a_cancel_during_a_reload_waits_for_it(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bought = w.confirmed("alice", 1).await?;
+    w.unload().await?;
+
+    // Preheat reloads it (reconcile's reload would fix the stock in the same run while the
+    // ledger is still empty; with any traffic it cannot, as shown below).
+    let paused = pause::arm("preheat.before_load", w.id());
+    let preheat = w.preheat();
+    let reload = tokio::spawn(async move { preheat.run(Utc::now()).await });
+    within("the reload's read", paused.reached()).await?;
+    let outcome = lifecycle::cancel_order(&w.env.pool, &w.env.redis, &bought, Utc::now()).await?;
+    paused.resume();
+    joined("the reload", reload).await?;
+
+    let mut broken = w.violations().await?;
+    // A running sale missing from Redis takes no cancel in the database alone: retried after
+    // the reload, it goes through both.
+    if outcome != CancelOutcome::Busy {
+        broken.push(format!("a cancel during the reload answered {outcome:?}"));
+    }
+    let retried = w.cancel(bought.id).await?;
+    if retried != (CancelOutcome::Cancelled { quantity: 1 }) {
+        broken.push(format!("the retried cancel answered {retried:?}"));
+    }
+    broken.extend(w.violations().await?);
+    w.pending("bob", 1).await?;
+    let report = w.reconcile().run(Utc::now()).await?;
+    let r = report.activity(w.id()).expect("reconciled");
+    if r.drift != 0 {
+        broken.push(format!(
+            "next reconcile with traffic: {:?}, drift {} stays",
+            r.stock_check, r.drift
+        ));
+    }
+    verdict(broken)
+}
+
+/// Admin A lowers the stock 10 -> 5: fence + row lock, `adjust.lua` (Redis 5), then the row
+/// update and COMMIT. Between the adjust and the commit A's lease runs out (A paused, or its
+/// renewals lost while the COMMIT is already on the wire), and reconcile's stock fix takes the
+/// free lock. Were it to read the remaining stock unfenced (10, A's lower not committed) and
+/// A's COMMIT to land after, Redis would offer 10 units for the database's 5. The fix reads in
+/// the transaction that records its token: it waits on A's row and reads the lower.
+
+async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let id = w.id();
+
+    // Hold A between adjust.lua and its commit.
+    sqlx::query(
+        "create function review_hold() returns trigger language plpgsql as $$
+         begin perform pg_advisory_xact_lock(4242); return new; end $$",
+    )
+    .execute(&w.env.pool)
+    .await?;
+    sqlx::query(
+        "create trigger review_hold before update of total_stock on activities for each row
+         when (old.total_stock is distinct from new.total_stock) execute function review_hold()",
+    )
+    .execute(&w.env.pool)
+    .await?;
+    let mut holder = sqlx::PgConnection::connect(&w.env.config.database_url).await?;
+    sqlx::query("select pg_advisory_lock(4242)")
+        .execute(&mut holder)
+        .await?;
+
+    // Reconcile gets past its database check, then waits before its stock step.
+    let fixing = pause::arm("reconcile.stock.before_lock", id);
+    let reconcile = w.reconcile();
+    let run = tokio::spawn(async move { reconcile.run(Utc::now()).await });
+    within("reconcile's stock step", fixing.reached()).await?;
+
+    let mut guard = lock::acquire(
+        &w.env.redis,
+        &w.env.pool,
+        id,
+        w.env.config.lock_ttl,
+        w.env.config.lock_wait,
+    )
+    .await?;
+    guard.stop_watchdog();
+    let state = w.admin();
+    let lower = tokio::spawn(async move {
+        let patch = ActivityPatch {
+            total_stock: Some(5),
+            ..ActivityPatch::default()
+        };
+        let out = admin::update_with_guard(&state, &guard, &patch).await;
+        drop(guard);
+        out
+    });
+    within("A's adjust", async {
+        while sale::stock(&w.env.redis, id).await.ok().flatten() != Some(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await?;
+    // A's lease runs out.
+    let lock_key = w.env.redis.keys(id).lock;
+    let _: i64 = w.env.redis.cmd(redis::cmd("DEL").arg(&lock_key)).await?;
+
+    // Reconcile's stock step, from its cheap look on, while A holds the row: its fenced read
+    // waits for A's transaction, and reads what A committed.
+    fixing.resume();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A's commit goes through.
+    sqlx::query("select pg_advisory_unlock(4242)")
+        .execute(&mut holder)
+        .await?;
+    let updated = joined("A's lower", lower).await;
+    let report = joined("reconcile", run).await?;
+
+    let mut broken = Vec::new();
+    let row = w.db_row().await?;
+    let stock = sale::stock(&w.env.redis, id).await?;
+    if stock != Some(i64::from(row.remaining_stock)) {
+        broken.push(format!(
+            "redis {stock:?} vs database {} after {:?} (A answered {updated:?})",
+            row.remaining_stock,
+            report.activity(id).map(|r| r.stock_check)
+        ));
+    }
+    broken.extend(w.violations().await?);
+    verdict(broken)
 }

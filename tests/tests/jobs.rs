@@ -477,7 +477,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         quantity: 2,
         cancel_id: alice_cancel,
     };
-    let begun = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
+    let (begun, _) = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(begun, CancelBegin::Recorded);
     sqlx::query(
         "update orders set status = 'cancelled', cancelled_at = now(), cancel_id = $2

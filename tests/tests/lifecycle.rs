@@ -374,6 +374,23 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
         .await
         .unwrap();
 
+    // While the sale runs, Redis lost it and a reload is due: the cancel waits for it.
+    let (status, body) = w.cancel(id, "alice").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("busy"))
+    );
+    assert_eq!(w.db_stock().await, 8);
+
+    // Ended: no loader loads it again, and the database alone changes.
+    sqlx::query(
+        "update activities set start_at = now() - interval '2 hours',
+             end_at = now() - interval '1 hour' where id = $1",
+    )
+    .bind(w.sale.id)
+    .execute(&w.env.pool)
+    .await
+    .unwrap();
     let (status, body) = w.cancel(id, "alice").await;
 
     assert_eq!(status, StatusCode::OK, "{body}");

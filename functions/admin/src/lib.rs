@@ -46,7 +46,10 @@
 //! - lowered in Redis, DB unchanged (crash or lost lease before the commit, or the revert
 //!   failed; the request answers 409 or 503, or never answers): Redis
 //!   stock is *lower* than the DB allows. Nothing oversells; reconcile sees the drift and,
-//!   when the ledger is quiet, sets Redis stock back to the DB's remaining stock.
+//!   when the ledger is quiet, sets Redis stock back to the DB's remaining stock, reading it
+//!   in the transaction that records its own token: a holder whose lease ran out between its
+//!   Redis step and its commit either commits first (reconcile waits on the row and reads the
+//!   lower) or is refused after (`stale_token`), never commits behind the fix.
 //!   Redis meta already carries the new values and version; the next admin change rewrites it.
 //! - raised in the DB, Redis unchanged (crash or Redis error after the commit, or the lease
 //!   lost after the commit): Redis offers fewer units and an older meta. Reconcile corrects the
@@ -253,6 +256,7 @@ async fn adjust(
     guard: &LockGuard,
     delta: i64,
     meta: &RedisMeta,
+    change: &str,
 ) -> Result<Adjust, ApiError> {
     let keys = state.redis.keys(guard.activity_id);
     let expire_at = meta.end_at
@@ -271,7 +275,8 @@ async fn adjust(
         .arg(meta.end_at.timestamp_millis())
         .arg(meta.per_order_limit)
         .arg(meta.version)
-        .arg(expire_at.timestamp_millis());
+        .arg(expire_at.timestamp_millis())
+        .arg(change);
     let (code, stock): (i64, i64) = state.redis.script(&inv).await?;
     Ok(match code {
         0 => Adjust::Applied,
@@ -319,7 +324,8 @@ pub async fn update_with_guard(
     };
     if delta < 0 {
         // Lowering: Redis first, so units already reserved there are never taken back.
-        let adjusted = adjust(state, guard, delta, &new_meta).await?;
+        let change = guard.token.to_string();
+        let adjusted = adjust(state, guard, delta, &new_meta, &change).await?;
         match adjusted {
             Adjust::Applied | Adjust::NotLoaded => {}
             Adjust::NotOwner => return Err(LockError::Lost.into()),
@@ -368,7 +374,8 @@ pub async fn update_with_guard(
                         end_at: current.end_at,
                         version: current.config_version,
                     };
-                    let reverted = adjust(state, guard, -delta, &old_meta).await;
+                    let revert = format!("{}-revert", guard.token);
+                    let reverted = adjust(state, guard, -delta, &old_meta, &revert).await;
                     if !matches!(reverted, Ok(Adjust::Applied)) {
                         tracing::error!(
                             activity_id = id,
@@ -385,7 +392,7 @@ pub async fn update_with_guard(
         // Raising or meta only: the DB first, so Redis never offers units the DB lacks.
         let updated = write_update(&mut tx, id, &m, delta, version).await?;
         tx.commit().await?;
-        match adjust(state, guard, delta, &new_meta).await {
+        match adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await {
             Ok(adjusted @ (Adjust::Applied | Adjust::NotLoaded)) => {
                 loaded_if_due(state, guard, adjusted, updated).await
             }
@@ -417,7 +424,7 @@ async fn loaded_if_due(
         return Ok(updated);
     }
     let buffer = state.config.expiry_buffer;
-    match load::load_fenced(&state.redis, &state.pool, &guard.owner, &updated, buffer).await {
+    match load::load_after_change(&state.redis, &state.pool, guard, buffer).await {
         Ok(outcome) => tracing::info!(activity_id = updated.id, ?outcome, "changed sale loaded"),
         Err(e) => {
             tracing::warn!(activity_id = updated.id, error = %e, "changed sale not loaded; preheat will")

@@ -47,6 +47,14 @@ use sqlx::PgPool;
 use std::collections::{BTreeMap, HashSet};
 use uuid::Uuid;
 
+/// The conditional stock decrement of an order (or a batch of them): enough stock, and the
+/// sale not loaded from scratch since the reservations were made (`$3`, the load epoch; null
+/// for messages that carry none).
+const TAKE_STOCK: &str =
+    "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
+     where id = $1 and remaining_stock >= $2 and ($3::bigint is null or load_epoch = $3)
+     returning remaining_stock";
+
 /// The function name used in metrics.
 pub const FUNCTION: &str = "order-consumer";
 
@@ -125,6 +133,9 @@ impl From<CacheError> for ConsumeError {
 /// What the order transaction decided.
 enum TxOutcome {
     Committed,
+    /// Redis lost the reservation and loaded the sale from scratch since: its units are in
+    /// the reloaded stock, so the order must not take them again.
+    Reloaded,
     /// A concurrent delivery of the same message committed first.
     Duplicate,
     SoldOut,
@@ -396,6 +407,11 @@ impl Consumer {
         activity_id: i64,
         messages: &[&OrderMessage],
     ) -> Result<Option<HashSet<Uuid>>, sqlx::Error> {
+        // One epoch per transaction; a group that spans a reload goes one by one.
+        let epoch = messages[0].load_epoch;
+        if messages.iter().any(|m| m.load_epoch != epoch) {
+            return Ok(None);
+        }
         let request_ids: Vec<Uuid> = messages.iter().map(|m| m.request_id).collect();
         let users: Vec<&str> = messages.iter().map(|m| m.user_id.as_str()).collect();
         let quantities: Vec<i32> = messages.iter().map(|m| m.quantity).collect();
@@ -428,14 +444,12 @@ impl Consumer {
             return Ok(Some(HashSet::new()));
         }
         let units: i64 = inserted.iter().map(|(_, q)| i64::from(*q)).sum();
-        let left: Option<i32> = sqlx::query_scalar(
-            "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
-             where id = $1 and remaining_stock >= $2 returning remaining_stock",
-        )
-        .bind(activity_id)
-        .bind(units)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let left: Option<i32> = sqlx::query_scalar(TAKE_STOCK)
+            .bind(activity_id)
+            .bind(units)
+            .bind(epoch)
+            .fetch_optional(&mut *tx)
+            .await?;
         if left.is_none() {
             tx.rollback().await?;
             return Ok(None);
@@ -478,6 +492,7 @@ impl Consumer {
                 ))),
             },
             TxOutcome::SoldOut => self.refuse(m, reason::SOLD_OUT).await,
+            TxOutcome::Reloaded => self.expired(m).await,
             TxOutcome::AlreadyPurchased => self.refuse(m, reason::ALREADY_PURCHASED).await,
             TxOutcome::UnknownActivity => {
                 let given_back = self.compensate(m, Compensation::Full).await?;
@@ -538,19 +553,25 @@ impl Consumer {
                 Err(e)
             };
         }
-        let left: Option<i32> = sqlx::query_scalar(
-            "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
-             where id = $1 and remaining_stock >= $2 returning remaining_stock",
-        )
-        .bind(m.activity_id)
-        // Same statement text as the batch path, so the same parameter type: a connection
-        // caches the prepared statement by its text.
-        .bind(i64::from(m.quantity))
-        .fetch_optional(&mut *tx)
-        .await?;
+        let left: Option<i32> = sqlx::query_scalar(TAKE_STOCK)
+            .bind(m.activity_id)
+            // Same statement text as the batch path, so the same parameter type: a connection
+            // caches the prepared statement by its text.
+            .bind(i64::from(m.quantity))
+            .bind(m.load_epoch)
+            .fetch_optional(&mut *tx)
+            .await?;
         if left.is_none() {
-            // The foreign key proved the activity exists: it is sold out in the database.
+            // The foreign key proved the activity exists: it is sold out in the database, or
+            // Redis lost this reservation and loaded the sale again since.
+            let epoch: i64 = sqlx::query_scalar("select load_epoch from activities where id = $1")
+                .bind(m.activity_id)
+                .fetch_one(&mut *tx)
+                .await?;
             tx.rollback().await?;
+            if m.load_epoch.is_some_and(|e| e != epoch) {
+                return Ok(TxOutcome::Reloaded);
+            }
             return Ok(TxOutcome::SoldOut);
         }
         // A commit that fails with the connection lost may or may not have applied: the

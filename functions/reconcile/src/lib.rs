@@ -487,6 +487,7 @@ impl Reconcile {
             user_id: e.user_id.clone(),
             quantity: e.quantity as i32,
             reserved_at_ms: e.at_ms,
+            load_epoch: None,
         };
         let age_ms = now.timestamp_millis() - e.at_ms;
         let done = giveback::give_back(
@@ -537,23 +538,42 @@ impl Reconcile {
         .into_iter()
         .collect();
         for e in cancels {
-            let age_ms = now.timestamp_millis() - e.at_ms;
-            let user = e.user_id.as_str();
-            match e.cancel_id().filter(|c| committed.contains(c)) {
-                Some(cancel_id) => {
-                    if let Some(qty) = sale::cancel_finish(&self.redis, id, user, cancel_id).await?
-                    {
-                        tracing::warn!(user, %cancel_id, quantity = qty, age_ms, repair = "cancel_finished", "committed cancel finished in redis");
-                        r.cancels_finished += 1;
-                    }
-                }
-                None => {
-                    if sale::settle(&self.redis, id, user, &e.id).await? {
-                        tracing::warn!(user, entry_id = %e.id, age_ms, repair = "cancel_dropped", "cancel that never committed dropped");
-                        r.settled += 1;
-                    }
-                }
+            self.repair_cancel(id, e, &committed, now, r).await?;
+        }
+        Ok(())
+    }
+
+    /// One stale cancel entry. Reconcile cannot tell a crashed attempt from a slow one, so
+    /// before dropping the entry it aborts the attempt in the database (the attempt's commit
+    /// then finds itself aborted); if the abort finds the order no longer confirmed, the row
+    /// says whether this very attempt committed meanwhile, and then its half is finished.
+    async fn repair_cancel(
+        &self,
+        id: i64,
+        e: &LedgerEntry,
+        committed: &HashSet<Uuid>,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let age_ms = now.timestamp_millis() - e.at_ms;
+        let user = e.user_id.as_str();
+        let (Some(cancel_id), Some(order_id)) = (e.cancel_id(), e.order_id) else {
+            tracing::error!(user, entry_id = %e.id, "unreadable cancel entry left alone");
+            return Ok(());
+        };
+        let finish = committed.contains(&cancel_id)
+            || (!lifecycle::abort_cancel(&self.pool, order_id, cancel_id).await?
+                && order::get(&self.pool, order_id)
+                    .await?
+                    .is_some_and(|o| o.cancel_id == Some(cancel_id)));
+        if finish {
+            if let Some(qty) = sale::cancel_finish(&self.redis, id, user, cancel_id).await? {
+                tracing::warn!(user, %cancel_id, quantity = qty, age_ms, repair = "cancel_finished", "committed cancel finished in redis");
+                r.cancels_finished += 1;
             }
+        } else if sale::settle(&self.redis, id, user, &e.id).await? {
+            tracing::warn!(user, %cancel_id, age_ms, repair = "cancel_dropped", "cancel that never committed aborted and dropped");
+            r.settled += 1;
         }
         Ok(())
     }
@@ -669,6 +689,7 @@ impl Reconcile {
     /// Step 5: Redis stock := database remaining stock, only while nothing is in flight.
     async fn correct_stock(&self, a: &Activity) -> anyhow::Result<StockCheck> {
         let id = a.id;
+        seckill_shared::pause::point("reconcile.stock.before_lock", id).await;
         // A cheap look first, so the lock is taken only when there is something to correct.
         let snap = sale::snapshot(&self.redis, id).await?;
         if !snap.loaded {
@@ -697,14 +718,18 @@ impl Reconcile {
             }
             Err(e) => return Err(e).context("failed to take the activity lock"),
         };
-        let outcome = self.correct_stock_locked(a, &guard.owner).await;
+        let outcome = self.correct_stock_locked(a, &guard).await;
         if let Err(e) = guard.release().await {
             tracing::warn!(error = %e, "failed to release the activity lock; it expires by itself");
         }
         outcome
     }
 
-    async fn correct_stock_locked(&self, a: &Activity, owner: &str) -> anyhow::Result<StockCheck> {
+    async fn correct_stock_locked(
+        &self,
+        a: &Activity,
+        guard: &lock::LockGuard,
+    ) -> anyhow::Result<StockCheck> {
         let id = a.id;
         // Redis first, then the database: see the module docs for why this order.
         let snap = sale::snapshot(&self.redis, id).await?;
@@ -715,12 +740,20 @@ impl Reconcile {
         if !snap.ledger.is_empty() {
             return Ok(StockCheck::LedgerBusy);
         }
-        let target = self.db_remaining(id).await?;
+        // Fenced like an admin write: a holder whose lease ran out (an admin lower between its
+        // Redis step and its commit, say) can no longer commit once this token is recorded,
+        // so the remaining stock read here stays the truth the fix writes.
+        let target = i64::from(
+            load::fence_and_read(&self.pool, guard, false)
+                .await
+                .context("failed to fence and read the activity")?
+                .remaining_stock,
+        );
         seckill_shared::pause::point("reconcile.stock.before_fix", id).await;
         if snap.stock == Some(target) {
             return Ok(StockCheck::InSync);
         }
-        if !sale::fix_stock(&self.redis, id, owner, snap.seq, target).await? {
+        if !sale::fix_stock(&self.redis, id, &guard.owner, snap.seq, target).await? {
             return Ok(StockCheck::Moved);
         }
         if snap.stock.is_none() {

@@ -11,7 +11,9 @@
 //!
 //! A 503 means nothing happened, also when Redis stalls: the script carries the caller's
 //! deadline on the Redis clock ([`ClockSkew`] estimates the offset) and refuses to act after
-//! it, and a script whose answer arrived too late is given back through the arbiter at once.
+//! it, and a script whose answer arrived too late is claimed through the arbiter before the
+//! 503 and given back at once (or, if Redis is still stalled, by a background retry while the
+//! container runs, and by reconcile's next run at the latest).
 //!
 //! In front of Redis sit two cheap guards, both per container: a sold-out cache (once Redis
 //! said `sold_out`, the same answer comes from memory for `sold_out_cache_ttl`, so a sold-out
@@ -218,9 +220,14 @@ async fn purchase(
         user_id: identity.user_id,
         quantity: quantity as i32,
         reserved_at_ms: 0,
+        load_epoch: None,
     };
-    let (stock_left, now_ms) = match decide(&state, &reservation).await? {
-        Decision::Accepted { stock_left, now_ms } => (stock_left, now_ms),
+    let (stock_left, now_ms, epoch) = match decide(&state, &reservation).await? {
+        Decision::Accepted {
+            stock_left,
+            now_ms,
+            epoch,
+        } => (stock_left, now_ms, epoch),
         refused => return Err(refuse(&state, activity_id, refused).await),
     };
     span.record("outcome", "accepted");
@@ -230,6 +237,7 @@ async fn purchase(
     }
     let message = OrderMessage {
         reserved_at_ms: now_ms,
+        load_epoch: Some(epoch),
         ..reservation
     };
     if let Err(send_error) = s.queue.send(&message).await {
