@@ -9,6 +9,8 @@
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
+#   make chaos        the seeded chaos test over many seeds: make chaos SEEDS=1..200 MINUTES=20
+#                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
 #   make clean-stack  stop the cluster nodes and moto_server that `make stack` started
@@ -33,8 +35,11 @@ USER_ID ?= alice
 ADMIN ?=
 DEMO_ARGS ?=
 BENCH_ARGS ?=
+# `make chaos`: the seeds (`1,5,9`, `1..200` with 200 excluded, `1..=200`) and the time bound.
+SEEDS ?= 1..1000
+MINUTES ?= 10
 
-.PHONY: help stack test fmt clippy lint-template demo serve token build tools-lambda bench clean-stack stack-status
+.PHONY: help stack test fmt clippy lint-template demo serve token build tools-lambda bench chaos clean-stack stack-status
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -100,6 +105,13 @@ build:
 # The Lambda binaries are built first so the bench can report their size and time to ready.
 bench: stack
 	$(ENV) cargo build --release -p seckill-entry -p order-consumer -p preheat -p reconcile -p admin && cargo run --release -p seckill-bench -- $(BENCH_ARGS)
+
+# tests/tests/chaos.rs with many seeds. Its four tests (standalone / cluster, reconcile off / on)
+# run side by side under the `chaos` nextest profile; each starts no new seed after MINUTES and
+# ends with a line `chaos: N seeds passed in T s`. A failure names its seed: replay it with
+# CHAOS_SEEDS=<seed> cargo nextest run -p seckill-tests --test chaos
+chaos: stack
+	$(ENV) CHAOS_SEEDS='$(SEEDS)' CHAOS_MINUTES='$(MINUTES)' cargo nextest run -p seckill-tests --test chaos --profile chaos
 
 clean-stack:
 	bash scripts/stack.sh stop
