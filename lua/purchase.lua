@@ -1,8 +1,9 @@
 -- purchase.lua: decide one purchase atomically (the seckill-entry hot path).
 --
 -- Every check runs before any write, so a refused request changes nothing.
--- Order of checks: loaded -> the user's entry in flight -> caller's deadline -> window ->
--- per-order limit -> stock -> one order per user.
+-- Order of checks: loaded -> caller's deadline -> window -> per-order limit -> stock -> the
+-- user's entry in flight -> one order per user. Refusals before the stock check cost three
+-- commands (HMGET, TIME, GET): they are the bulk of a sale's traffic.
 --
 -- KEYS[1] stock   string, units left in Redis          ({<activityId>} hash tag on every key)
 -- KEYS[2] meta    hash: startMs, endMs, limit, expireAtMs, total, version, seq, epoch
@@ -16,7 +17,9 @@
 -- Returns {code, stock, nowMs, epoch} (epoch: the load epoch of the sale, see preheat.lua):
 --   0 accepted: stock decremented, user added, reservation recorded, seq bumped;
 --     stock = units left. Also the answer when this request's reservation is already there
---     (the same script delivered twice, as a cluster client may after a dropped connection).
+--     (the same script delivered twice, as a cluster client may after a dropped connection),
+--     unless that first run took the last units: the second then answers sold_out, and the
+--     reservation is given back after reconcile's grace period like any unsent one.
 --   1 not_found: the activity is not loaded in Redis
 --   2 not_started   3 ended   (window checked against Redis server TIME)
 --   4 quantity_exceeds_limit
@@ -29,6 +32,13 @@ if not meta[1] then return {1, -1, 0, 0} end
 local epoch = tonumber(meta[5] or '0')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now > tonumber(ARGV[4]) then return {7, -1, now, epoch} end
+if now < tonumber(meta[1]) then return {2, -1, now, epoch} end
+if now >= tonumber(meta[2]) then return {3, -1, now, epoch} end
+local qty = tonumber(ARGV[2])
+if qty > tonumber(meta[3]) then return {4, -1, now, epoch} end
+local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
+if stock < qty then return {5, stock, now, epoch} end
 -- An entry of the user in flight is never overwritten; this request's own means it already ran.
 local entry = redis.call('HGET', KEYS[4], ARGV[1])
 if entry then
@@ -37,13 +47,6 @@ if entry then
   end
   return {6, -1, now, epoch}
 end
-if now > tonumber(ARGV[4]) then return {7, -1, now, epoch} end
-if now < tonumber(meta[1]) then return {2, -1, now, epoch} end
-if now >= tonumber(meta[2]) then return {3, -1, now, epoch} end
-local qty = tonumber(ARGV[2])
-if qty > tonumber(meta[3]) then return {4, -1, now, epoch} end
-local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
-if stock < qty then return {5, stock, now, epoch} end
 -- SADD of a member changes nothing: its answer is the one-order-per-user check.
 if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return {6, stock, now, epoch} end
 stock = redis.call('DECRBY', KEYS[1], qty)

@@ -13,7 +13,7 @@ use seckill_entry::EntryState;
 use seckill_shared::auth::{mint, JwtVerifier};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::{scripts, testing, Config};
+use seckill_shared::{sale, scripts, testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -471,7 +471,7 @@ async fn bare_loop(
         let sha = sha.clone();
         let request_ids = request_ids.clone();
         async move {
-            let r: redis::RedisResult<(i64, i64, i64)> = redis::cmd("EVALSHA")
+            let r: redis::RedisResult<(i64, i64, i64, i64)> = redis::cmd("EVALSHA")
                 .arg(sha.as_str())
                 .arg(4)
                 .arg(&k.stock)
@@ -481,11 +481,12 @@ async fn bare_loop(
                 .arg(&users[i % user_count])
                 .arg(1)
                 .arg(&request_ids[i])
+                .arg(sale::far_deadline())
                 .query_async(&mut cm)
                 .await;
             match r {
-                Ok((c, _, _)) if c == code => Outcome::Refused,
-                Ok((c, _, _)) => Outcome::Error(format!("script answered {c}, expected {code}")),
+                Ok((c, _, _, _)) if c == code => Outcome::Refused,
+                Ok((c, _, _, _)) => Outcome::Error(format!("script answered {c}, expected {code}")),
                 Err(e) => Outcome::Error(e.to_string()),
             }
         }

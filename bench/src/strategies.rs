@@ -491,7 +491,7 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
 async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     let mut cm = c.cm.clone();
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let (code, _, _): (i64, i64, i64) = redis::cmd("EVALSHA")
+    let (code, _, _, _): (i64, i64, i64, i64) = redis::cmd("EVALSHA")
         .arg(&c.purchase_sha)
         .arg(4)
         .arg(&c.keys.stock)
@@ -501,6 +501,7 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         .arg(&c.users[i])
         .arg(1)
         .arg(&c.request_ids[i])
+        .arg(sale::far_deadline())
         .query_async(&mut cm)
         .await?;
     Ok(if code == 0 {
