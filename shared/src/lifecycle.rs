@@ -182,14 +182,26 @@ async fn other_attempt(
     redis: &Redis,
     order: &Order,
 ) -> Result<CancelOutcome, ApiError> {
+    let cancelled = || async {
+        let status = crate::order::get(pool, order.id).await?.map(|o| o.status);
+        Ok::<_, ApiError>(status.as_deref() == Some(OrderStatus::Cancelled.as_str()))
+    };
+    // The other attempt may have finished (and its entry gone) since our announcement failed.
+    if cancelled().await? {
+        return Ok(CancelOutcome::AlreadyCancelled);
+    }
     let entry = sale::ledger_entry(redis, order.activity_id, &order.user_id).await?;
     if !entry.is_some_and(|e| e.kind == EntryKind::Cancel && e.order_id == Some(order.id)) {
-        return Ok(CancelOutcome::Busy);
+        // Gone now, or something else: one last look at the row decides.
+        return Ok(if cancelled().await? {
+            CancelOutcome::AlreadyCancelled
+        } else {
+            CancelOutcome::Busy
+        });
     }
     let waited = std::time::Instant::now();
     while waited.elapsed() < OTHER_ATTEMPT_WAIT {
-        let status = crate::order::get(pool, order.id).await?.map(|o| o.status);
-        if status.as_deref() == Some(OrderStatus::Cancelled.as_str()) {
+        if cancelled().await? {
             return Ok(CancelOutcome::AlreadyCancelled);
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
@@ -198,7 +210,7 @@ async fn other_attempt(
 }
 
 /// How long a cancel waits for another attempt at the same order to commit.
-const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the cancel's transaction did.
 enum Committed {

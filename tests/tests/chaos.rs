@@ -237,7 +237,9 @@ async fn campaign(v: Variant) -> anyhow::Result<()> {
             Ok(Ok(findings)) => findings,
             Ok(Err(e)) => vec![format!("seed={seed} [{v}] harness error: {e:#}")],
             Err(_) => vec![format!(
-                "seed={seed} [{v}] harness: the seed did not finish within {limit:?}"
+                "seed={seed} [{v}] harness: the seed did not finish within {limit:?}; \
+                 database sessions not idle: {}",
+                busy_sessions().await
             )],
         };
         if findings.is_empty() {
@@ -272,6 +274,29 @@ async fn campaign(v: Variant) -> anyhow::Result<()> {
         }
     }
     anyhow::bail!(summary)
+}
+
+/// What the test databases' sessions are doing (for a seed that hangs: a lock wait, a
+/// transaction left open), from `pg_stat_activity`.
+async fn busy_sessions() -> String {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into());
+    let rows: Result<Vec<(String, String, String, String)>, _> = async {
+        let mut conn = PgConnection::connect(&url).await?;
+        sqlx::query_as(
+            "select datname::text, coalesce(state, ''),
+                    coalesce(wait_event_type || '/' || wait_event, ''), left(query, 100)
+             from pg_stat_activity
+             where datname like 'seckill_test_%' and state <> 'idle'",
+        )
+        .fetch_all(&mut conn)
+        .await
+    }
+    .await;
+    match rows {
+        Ok(rows) => format!("{rows:?}"),
+        Err(e) => format!("unreadable: {e}"),
+    }
 }
 
 /// One seed, start to finish. Returns its findings (empty: it passed).
