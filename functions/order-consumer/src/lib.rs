@@ -17,7 +17,10 @@
 //!    remaining_stock >= q`. After commit, drop the ledger entry. The insert is the claim: if
 //!    anyone claimed the request meanwhile it fails as a duplicate, and step 1 applies.
 //!    The ledger read of step 2 is no guard against that: it may be stale by the time the
-//!    transaction commits; the claim is what holds.
+//!    transaction commits; the claim is what holds. The stock update also requires the sale's
+//!    load epoch to be the message's: if Redis lost the sale and loaded it again meanwhile, the
+//!    reservation's units are in the reloaded stock and the request fails
+//!    `reservation_expired` instead.
 //! 4. **Business refusals** roll back and give the reservation back through the arbiter: claim
 //!    the request as `failed`, and only if this delivery won, compensate Redis: sold out ->
 //!    full compensation; the user already holds another order -> stock only.
@@ -469,9 +472,10 @@ impl Consumer {
 
         // 2. A reservation that is not in the ledger was never granted, or Redis lost it (a
         //    restart with no data, or keys expired long after the sale): its units are not
-        //    held in Redis, so committing would sell them twice. It fails. The read is safe
-        //    without being atomic with anything: an entry never comes back once gone, and any
-        //    give-back claims first (so step 1 or the claim below sees its row).
+        //    held in Redis, so committing would sell them twice. It fails. This read is a
+        //    shortcut, not a guard: what holds is the claim (the order insert below) against
+        //    every give-back, and the load epoch in the stock update against a Redis that lost
+        //    the entry after this read.
         let entry = sale::ledger_entry(&self.redis, m.activity_id, &m.user_id).await?;
         if entry.and_then(|e| e.request_id()) != Some(m.request_id) {
             return self.expired(m).await;
