@@ -276,6 +276,9 @@ async fn campaign(v: Variant) -> anyhow::Result<()> {
     anyhow::bail!(summary)
 }
 
+/// Bound on one call of the harness to the SQS emulator.
+const SQS_CALL_LIMIT: Duration = Duration::from_secs(20);
+
 /// What the test databases' sessions are doing (for a seed that hangs: a lock wait, a
 /// transaction left open), from `pg_stat_activity`.
 async fn busy_sessions() -> String {
@@ -862,15 +865,18 @@ async fn consumer(c: Arc<Chaos>, index: u64) -> anyhow::Result<()> {
 
 impl Chaos {
     async fn receive(&self) -> anyhow::Result<Vec<Message>> {
-        let resp = self
+        let receive = self
             .env
             .sqs
             .receive_message()
             .queue_url(&self.env.queue.url)
             .max_number_of_messages(10)
             .wait_time_seconds(1)
-            .send()
+            .send();
+        // The emulator can stall under load; a stalled call must not hold the seed forever.
+        let resp = tokio::time::timeout(SQS_CALL_LIMIT, receive)
             .await
+            .context("receive from the order queue timed out")?
             .context("receive from the order queue")?;
         Ok(resp.messages.unwrap_or_default())
     }
@@ -929,18 +935,18 @@ impl Chaos {
                 self.count(|r| r.reported_failed += 1);
                 continue;
             }
-            let deleted = self
+            let delete = self
                 .env
                 .sqs
                 .delete_message()
                 .queue_url(&self.env.queue.url)
                 .receipt_handle(m.receipt_handle().unwrap_or_default())
-                .send()
-                .await;
+                .send();
+            let deleted = tokio::time::timeout(SQS_CALL_LIMIT, delete).await;
             // A failed delete is one more redelivery, which the consumer must absorb.
             self.count(|r| match deleted {
-                Ok(_) => r.acked += 1,
-                Err(_) => r.sqs_errors += 1,
+                Ok(Ok(_)) => r.acked += 1,
+                _ => r.sqs_errors += 1,
             });
         }
     }
@@ -1341,13 +1347,15 @@ impl Chaos {
 }
 
 async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> anyhow::Result<(u64, u64)> {
-    let attrs = sqs
+    let read_attrs = sqs
         .get_queue_attributes()
         .queue_url(url)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
+        .send();
+    let attrs = tokio::time::timeout(SQS_CALL_LIMIT, read_attrs)
         .await
+        .context("queue attributes timed out")?
         .context("queue attributes")?;
     let read = |name: &QueueAttributeName| {
         attrs
