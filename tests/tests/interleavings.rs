@@ -161,6 +161,17 @@ impl World {
         Ok(order::by_request(&self.env.pool, request_id).await?)
     }
 
+    /// A cancel of `order` (as read then), running on its own task.
+    fn spawn_cancel(
+        &self,
+        order: &Order,
+    ) -> tokio::task::JoinHandle<Result<CancelOutcome, seckill_shared::ApiError>> {
+        let (pool, redis, order) = (self.env.pool.clone(), self.env.redis.clone(), order.clone());
+        tokio::spawn(
+            async move { lifecycle::cancel_order(&pool, &redis, &order, Utc::now()).await },
+        )
+    }
+
     async fn cancel(&self, order_id: i64) -> anyhow::Result<CancelOutcome> {
         let order = order::get(&self.env.pool, order_id)
             .await?
@@ -327,11 +338,8 @@ async fn a_late_second_cancel_gives_the_units_back_once(kind: RedisKind) -> anyh
     let first = w.confirmed("alice", 2).await?;
 
     let paused = pause::arm("cancel.before_begin", w.id());
-    let (pool, redis, stale) = (w.env.pool.clone(), w.env.redis.clone(), first.clone());
-    let b =
-        tokio::spawn(
-            async move { lifecycle::cancel_order(&pool, &redis, &stale, Utc::now()).await },
-        );
+    // B read the order as confirmed, before A's cancel.
+    let b = w.spawn_cancel(&first);
     within("canceller B reaching its pause", paused.reached()).await?;
 
     assert_eq!(
@@ -363,9 +371,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
 
     // Canceller A announces, then dies before its database step.
     let crash = pause::arm("cancel.after_begin", w.id());
-    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
-    let a =
-        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    let a = w.spawn_cancel(&bought);
     within("canceller A announcing", crash.reached()).await?;
     a.abort();
     let _ = a.await;
@@ -373,9 +379,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
 
     // Canceller B stops after its own announcement; reconcile then runs past the grace.
     let paused = pause::arm("cancel.after_begin", w.id());
-    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
-    let b =
-        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    let b = w.spawn_cancel(&bought);
     within("canceller B announcing", paused.reached()).await?;
     w.reconcile().run(after_grace()).await?;
     paused.resume();
@@ -963,9 +967,7 @@ async fn a_slow_cancel_is_aborted_before_reconcile_drops_its_entry(
     let bought = w.confirmed("alice", 1).await?;
 
     let paused = pause::arm("cancel.after_begin", w.id());
-    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), bought.clone());
-    let a =
-        tokio::spawn(async move { lifecycle::cancel_order(&pool, &redis, &o, Utc::now()).await });
+    let a = w.spawn_cancel(&bought);
     within("canceller A announcing", paused.reached()).await?;
     let report = w.reconcile().run(after_grace()).await?;
     let r = report.activity(w.id()).expect("reconciled");
