@@ -22,7 +22,7 @@ use seckill_shared::order::{self, Order};
 use seckill_shared::pause;
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale;
-use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
+use seckill_shared::testing::{self, call, request, PrivateRedis, RedisKind, TestEnv};
 use serde_json::Value;
 use sqlx::Connection;
 use std::collections::BTreeSet;
@@ -213,19 +213,7 @@ impl World {
 
     /// Redis loses the sale, as after a restart with no data.
     async fn unload(&self) -> anyhow::Result<()> {
-        let k = self.env.redis.keys(self.id());
-        let _: i64 = self
-            .env
-            .redis
-            .cmd(
-                redis::cmd("DEL")
-                    .arg(&k.stock)
-                    .arg(&k.meta)
-                    .arg(&k.users)
-                    .arg(&k.ledger),
-            )
-            .await?;
-        Ok(())
+        testing::lose_sale(&self.env.redis, self.id()).await
     }
 
     async fn db_row(&self) -> anyhow::Result<Activity> {

@@ -360,17 +360,7 @@ on_both_redis!(a_retried_cancel_finishes_what_a_crash_left_half_done);
 async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
     let w = world(RedisKind::Standalone, 10).await;
     let id = w.confirmed("alice", 2).await;
-    let k = w.env.redis.keys(w.sale.id);
-    let _: i64 = w
-        .env
-        .redis
-        .cmd(
-            redis::cmd("DEL")
-                .arg(&k.stock)
-                .arg(&k.meta)
-                .arg(&k.users)
-                .arg(&k.ledger),
-        )
+    seckill_shared::testing::lose_sale(&w.env.redis, w.sale.id)
         .await
         .unwrap();
 
