@@ -15,7 +15,7 @@ use order_consumer::Consumer;
 use seckill_shared::activity::{self, NewActivity};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale::{self, Decision};
+use seckill_shared::sale::{self, Reservation};
 use seckill_shared::{testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -138,7 +138,7 @@ async fn consumer_run(
                 match sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
                     .await?
                 {
-                    Decision::Accepted { now_ms, epoch, .. } => Ok(OrderMessage {
+                    Ok(Reservation { now_ms, epoch, .. }) => Ok(OrderMessage {
                         request_id,
                         activity_id: a.id,
                         user_id: user,

@@ -22,7 +22,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::cache::{Redis, RedisConn};
 use seckill_shared::keys::Keys;
-use seckill_shared::sale::{self, Decision};
+use seckill_shared::sale;
 use seckill_shared::scripts;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -375,7 +375,7 @@ async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
         // The script is one step: the only place to die is after it (with the reservation,
         // if any, already in the ledger).
         _ if die => Outcome::Died,
-        Decision::Accepted { .. } => Outcome::Sold,
+        Ok(_) => Outcome::Sold,
         _ => Outcome::Refused,
     })
 }

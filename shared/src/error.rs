@@ -8,17 +8,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use crate::refusal::Refusal;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400 `bad_request`: malformed JSON, wrong types, unknown fields, bad ids, oversized body.
     #[error("{0}")]
     BadRequest(String),
-    /// 400 `quantity_exceeds_limit`: more than the activity's per-order limit.
-    #[error("quantity {quantity} exceeds the per-order limit of {limit}")]
-    QuantityExceedsLimit { quantity: i64, limit: i64 },
-    /// 400 `quantity_exceeds_limit` when the limit is only known to the Lua script.
-    #[error("quantity exceeds the per-order limit")]
-    QuantityOverLimit,
     /// 401 `unauthorized`: no, malformed, expired or badly signed token.
     #[error("{0}")]
     Unauthorized(String),
@@ -28,18 +24,12 @@ pub enum ApiError {
     /// 404 `not_found`: unknown activity or order, or someone else's order.
     #[error("{0}")]
     NotFound(String),
-    /// 409 `not_started`.
-    #[error("the sale has not started yet")]
-    NotStarted,
-    /// 409 `ended`.
-    #[error("the sale has ended")]
-    Ended,
-    /// 409 `sold_out`.
-    #[error("sold out")]
-    SoldOut,
-    /// 409 `already_purchased`: one order per user per activity.
-    #[error("you already hold an order for this activity")]
-    AlreadyPurchased,
+    /// The purchase script's refusal: 409 `not_started`, `ended`, `sold_out` or
+    /// `already_purchased`, 400 `quantity_exceeds_limit`, 404 `not_found`, and 503
+    /// `unavailable` for a script that ran after its caller stopped waiting (it changed
+    /// nothing; to the client that is Redis being unavailable).
+    #[error(transparent)]
+    Refused(Refusal),
     /// 409 `busy`: the activity's admin lock is held by someone else.
     #[error("the activity is being changed by someone else; retry shortly")]
     Busy,
@@ -68,16 +58,11 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadRequest(_) => "bad_request",
-            ApiError::QuantityExceedsLimit { .. } | ApiError::QuantityOverLimit => {
-                "quantity_exceeds_limit"
-            }
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
-            ApiError::NotStarted => "not_started",
-            ApiError::Ended => "ended",
-            ApiError::SoldOut => "sold_out",
-            ApiError::AlreadyPurchased => "already_purchased",
+            ApiError::Refused(Refusal::Expired { .. }) => "unavailable",
+            ApiError::Refused(refusal) => refusal.code(),
             ApiError::Busy => "busy",
             ApiError::StaleToken(_) => "stale_token",
             ApiError::Conflict(_) => "conflict",
@@ -88,20 +73,24 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_)
-            | ApiError::QuantityExceedsLimit { .. }
-            | ApiError::QuantityOverLimit => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::Refused(Refusal::QuantityExceedsLimit) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::NotStarted
-            | ApiError::Ended
-            | ApiError::SoldOut
-            | ApiError::AlreadyPurchased
+            ApiError::NotFound(_) | ApiError::Refused(Refusal::NotFound) => StatusCode::NOT_FOUND,
+            ApiError::Refused(
+                Refusal::NotStarted
+                | Refusal::Ended
+                | Refusal::SoldOut { .. }
+                | Refusal::AlreadyPurchased,
+            )
             | ApiError::Busy
             | ApiError::StaleToken(_)
             | ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Refused(Refusal::Expired { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -110,6 +99,13 @@ impl ApiError {
     pub fn unavailable(what: &str, cause: impl std::fmt::Display) -> Self {
         tracing::warn!(dependency = what, error = %cause, "dependency unavailable");
         ApiError::Unavailable(format!("{what} is unavailable; retry shortly"))
+    }
+}
+
+/// A refusal is answered with its own code and status (see [`ApiError::code`]).
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        ApiError::Refused(refusal)
     }
 }
 

@@ -8,7 +8,10 @@
 //! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
 //! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
 //! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
-//! - [`sale`]: typed wrappers around the scripts: purchase, compensation, settle, cancel, preheat.
+//! - [`sale`]: typed wrappers around every script of the sale: purchase, compensation, settle,
+//!   cancel, preheat, admin adjust, reconcile's repairs.
+//! - [`refusal`]: why a purchase was refused, the one list the script, logs, metrics and HTTP
+//!   answers share.
 //! - [`giveback`]: the database as the one arbiter of each reservation's fate: whoever gives
 //!   units back claims the request id first.
 //! - [`load`]: loading a sale into Redis under its fenced lock, rebuilding the user set.
@@ -41,6 +44,7 @@ pub mod metrics;
 pub mod order;
 pub mod pause;
 pub mod queue;
+pub mod refusal;
 pub mod sale;
 pub mod scripts;
 pub mod secrets;
@@ -49,6 +53,7 @@ pub mod testing;
 
 pub use config::Config;
 pub use error::ApiError;
+pub use refusal::Refusal;
 
 /// Sets up tracing once per process: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON` (as Lambda
 /// sets it), human-readable text otherwise; the level comes from `RUST_LOG` / `LOG_LEVEL`.

@@ -3,53 +3,26 @@
 
 use crate::activity::Activity;
 use crate::cache::{CacheError, Redis};
+use crate::refusal::Refusal;
 use crate::scripts;
+use chrono::{DateTime, Utc};
 use std::time::Duration;
 use uuid::Uuid;
 
-/// What `purchase.lua` decided.
+/// A purchase `purchase.lua` made: stock decremented, user added, reservation recorded in the
+/// ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Stock decremented, user added, reservation recorded in the ledger.
-    Accepted {
-        stock_left: i64,
-        now_ms: i64,
-        /// The sale's load epoch, for the order message.
-        epoch: i64,
-    },
-    NotFound,
-    NotStarted,
-    Ended,
-    QuantityExceedsLimit,
-    SoldOut {
-        stock_left: i64,
-    },
-    AlreadyPurchased,
-    /// The script ran after the caller's deadline and changed nothing: the caller had already
-    /// given up on the answer (a stalled or slow Redis). `now_ms` is when it ran.
-    Expired {
-        now_ms: i64,
-    },
-}
-
-impl Decision {
-    /// The outcome name used in logs, metrics and the load generator.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            Decision::Accepted { .. } => "accepted",
-            Decision::NotFound => "not_found",
-            Decision::NotStarted => "not_started",
-            Decision::Ended => "ended",
-            Decision::QuantityExceedsLimit => "quantity_exceeds_limit",
-            Decision::SoldOut { .. } => "sold_out",
-            Decision::AlreadyPurchased => "already_purchased",
-            Decision::Expired { .. } => "expired",
-        }
-    }
+pub struct Reservation {
+    /// Units left after this one.
+    pub stock_left: i64,
+    /// The Redis server's clock when the script ran: the reservation's time.
+    pub now_ms: i64,
+    /// The sale's load epoch, for the order message.
+    pub epoch: i64,
 }
 
 /// Runs the purchase script for one user and quantity. `deadline_ms` is on the Redis server's
-/// clock: a script that only gets to run after it refuses ([`Decision::Expired`]), so a caller
+/// clock: a script that only gets to run after it refuses ([`Refusal::Expired`]), so a caller
 /// that timed out and answered 503 leaves nothing behind. [`far_deadline`] never expires.
 pub async fn purchase(
     redis: &Redis,
@@ -58,7 +31,7 @@ pub async fn purchase(
     quantity: i64,
     request_id: Uuid,
     deadline_ms: i64,
-) -> Result<Decision, CacheError> {
+) -> Result<Result<Reservation, Refusal>, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::PURCHASE.prepare_invoke();
     inv.key(&k.stock)
@@ -70,27 +43,36 @@ pub async fn purchase(
         .arg(request_id.to_string())
         .arg(deadline_ms);
     let (code, stock, now_ms, epoch): (i64, i64, i64, i64) = redis.script(&inv).await?;
-    Ok(match code {
-        0 => Decision::Accepted {
+    if code == 0 {
+        return Ok(Ok(Reservation {
             stock_left: stock,
             now_ms,
             epoch,
-        },
-        1 => Decision::NotFound,
-        2 => Decision::NotStarted,
-        3 => Decision::Ended,
-        4 => Decision::QuantityExceedsLimit,
-        5 => Decision::SoldOut { stock_left: stock },
-        6 => Decision::AlreadyPurchased,
-        7 => Decision::Expired { now_ms },
-        other => {
-            return Err(CacheError::Redis(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "unexpected purchase.lua code",
-                other.to_string(),
-            ))))
-        }
-    })
+        }));
+    }
+    match Refusal::from_script(code, stock, now_ms) {
+        Some(refusal) => Ok(Err(refusal)),
+        None => Err(unknown_answer("purchase.lua", code)),
+    }
+}
+
+/// A script answered a code its wrapper does not know: the script and this file disagree.
+/// That is a bug to surface, never a default outcome.
+fn unknown_answer(script: &'static str, code: i64) -> CacheError {
+    CacheError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected script answer",
+        format!("{script} answered {code}"),
+    )))
+}
+
+/// A script's 1 / 0 answer (done / not done).
+fn flag(script: &'static str, answer: i64) -> Result<bool, CacheError> {
+    match answer {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(unknown_answer(script, other)),
+    }
 }
 
 /// A purchase deadline that never passes, for callers with no timeout of their own to honour
@@ -130,7 +112,7 @@ pub async fn compensate(
             Compensation::StockOnly => "stock",
         });
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
-    Ok((applied == 1).then_some(qty))
+    Ok(flag("compensate.lua", applied)?.then_some(qty))
 }
 
 /// Drops the ledger entry carrying `id` (a request id, a cancel id or a check token) once the
@@ -145,7 +127,7 @@ pub async fn settle(
     let mut inv = scripts::SETTLE.prepare_invoke();
     inv.key(&k.ledger).arg(user_id).arg(id);
     let dropped: i64 = redis.script(&inv).await?;
-    Ok(dropped == 1)
+    flag("settle.lua", dropped)
 }
 
 /// What `cancel_begin.lua` answered.
@@ -191,9 +173,10 @@ pub async fn cancel_begin(
         .arg(attempt.request_id.to_string());
     let (code, epoch): (i64, i64) = redis.script(&inv).await?;
     let begin = match code {
+        0 => CancelBegin::Busy,
         1 => CancelBegin::Recorded,
         2 => CancelBegin::NotLoaded,
-        _ => CancelBegin::Busy,
+        other => return Err(unknown_answer("cancel_begin.lua", other)),
     };
     Ok((begin, epoch))
 }
@@ -215,7 +198,7 @@ pub async fn cancel_finish(
         .arg(user_id)
         .arg(cancel_id.to_string());
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
-    Ok((applied == 1).then_some(qty))
+    Ok(flag("cancel_finish.lua", applied)?.then_some(qty))
 }
 
 /// What a ledger entry stands for.
@@ -391,10 +374,73 @@ pub async fn preheat(
         .arg(activity.load_epoch);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
+        0 => PreheatOutcome::AlreadyLoaded,
         1 => PreheatOutcome::Loaded,
         2 => PreheatOutcome::MetaRefreshed,
         3 => PreheatOutcome::NotOwner,
-        _ => PreheatOutcome::AlreadyLoaded,
+        other => return Err(unknown_answer("preheat.lua", other)),
+    })
+}
+
+/// What `adjust.lua` answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adjust {
+    Applied,
+    /// The lock changed hands before the script ran: nothing was written.
+    NotOwner,
+    /// Redis does not hold the sale: the caller loads it.
+    NotLoaded,
+    /// The Redis stock would go below 0: units are sold or reserved.
+    WouldGoNegative {
+        stock: i64,
+    },
+}
+
+/// The activity's meta as `adjust.lua` writes it to Redis.
+#[derive(Clone, Copy, Debug)]
+pub struct SaleMeta {
+    pub total: i64,
+    pub per_order_limit: i64,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub version: i64,
+    /// When the sale's keys expire: end plus the expiry buffer.
+    pub expire_at: DateTime<Utc>,
+}
+
+/// `lua/adjust.lua`: applies an admin change to a loaded sale, for the lock `owner` only:
+/// the stock `delta` and the new `meta`, once per `change` id.
+pub async fn adjust(
+    redis: &Redis,
+    activity_id: i64,
+    owner: &str,
+    delta: i64,
+    meta: &SaleMeta,
+    change: &str,
+) -> Result<Adjust, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut inv = scripts::ADJUST.prepare_invoke();
+    inv.key(&k.stock)
+        .key(&k.meta)
+        .key(&k.lock)
+        .key(&k.users)
+        .key(&k.ledger)
+        .arg(owner)
+        .arg(delta)
+        .arg(meta.total)
+        .arg(meta.start_at.timestamp_millis())
+        .arg(meta.end_at.timestamp_millis())
+        .arg(meta.per_order_limit)
+        .arg(meta.version)
+        .arg(meta.expire_at.timestamp_millis())
+        .arg(change);
+    let (code, stock): (i64, i64) = redis.script(&inv).await?;
+    Ok(match code {
+        0 => Adjust::Applied,
+        1 => Adjust::NotOwner,
+        2 => Adjust::NotLoaded,
+        3 => Adjust::WouldGoNegative { stock },
+        other => return Err(unknown_answer("adjust.lua", other)),
     })
 }
 
@@ -428,7 +474,7 @@ pub async fn rebuild_users(
         inv.arg(u);
     }
     let done: i64 = redis.script(&inv).await?;
-    Ok(done == 1)
+    flag("rebuild_users.lua", done)
 }
 
 /// `lua/mark_users.lua`: marks the candidates of an orphan check; returns those marked.
@@ -465,7 +511,7 @@ pub async fn drop_user(
         .arg(token)
         .arg(if drop { "drop" } else { "keep" });
     let removed: i64 = redis.script(&inv).await?;
-    Ok(removed == 1)
+    flag("drop_user.lua", removed)
 }
 
 /// `lua/fix_stock.lua`: sets the stock to `target` only for the lock `owner`, with the ledger
@@ -487,12 +533,20 @@ pub async fn fix_stock(
         .arg(observed_seq)
         .arg(target);
     let fixed: i64 = redis.script(&inv).await?;
-    Ok(fixed == 1)
+    flag("fix_stock.lua", fixed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_a_wrapper_does_not_know_is_an_error_not_an_outcome() {
+        assert!(matches!(flag("settle.lua", 0), Ok(false)));
+        assert!(matches!(flag("settle.lua", 1), Ok(true)));
+        let e = flag("settle.lua", 2).unwrap_err();
+        assert!(e.to_string().contains("settle.lua answered 2"), "{e}");
+    }
 
     #[test]
     fn ledger_entries_parse_both_kinds() {

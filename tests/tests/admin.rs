@@ -9,8 +9,9 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::activity::{self, Activity, ActivityPatch};
 use seckill_shared::lock::{self, LockError};
 use seckill_shared::on_both_redis;
-use seckill_shared::sale::{self, Decision};
+use seckill_shared::sale::{self, Reservation};
 use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -344,11 +345,11 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKin
     let mut accepted = 0;
     for b in buyers {
         match b.await.unwrap() {
-            Decision::Accepted { stock_left, .. } => {
+            Ok(Reservation { stock_left, .. }) => {
                 assert!(stock_left >= 0);
                 accepted += 1;
             }
-            Decision::SoldOut { .. } => {}
+            Err(Refusal::SoldOut { .. }) => {}
             other => panic!("unexpected {other:?}"),
         }
     }

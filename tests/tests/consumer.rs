@@ -13,7 +13,7 @@ use seckill_shared::activity::Activity;
 use seckill_shared::giveback;
 use seckill_shared::order::reason;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Decision, Snapshot};
+use seckill_shared::sale::{self, Reservation, Snapshot};
 use seckill_shared::testing::{self, RedisKind, TestEnv};
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
@@ -83,7 +83,7 @@ async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> 
     )
     .await
     .expect("redis answers");
-    let Decision::Accepted { now_ms, epoch, .. } = decision else {
+    let Ok(Reservation { now_ms, epoch, .. }) = decision else {
         panic!("reservation for {user} refused: {decision:?}");
     };
     OrderMessage {
@@ -731,7 +731,7 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
             let decision = sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
                 .await
                 .unwrap();
-            if let Decision::Accepted { now_ms, epoch, .. } = decision {
+            if let Ok(Reservation { now_ms, epoch, .. }) = decision {
                 let m = OrderMessage {
                     request_id,
                     activity_id: a.id,

@@ -3,7 +3,7 @@
 
 use seckill_shared::cache::Redis;
 use seckill_shared::config::RedisTopology;
-use seckill_shared::sale::{self, Decision};
+use seckill_shared::sale::{self, Reservation};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -158,7 +158,7 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() {
     .await
     .unwrap();
     assert!(
-        matches!(decision, Decision::Accepted { stock_left: 0, .. }),
+        matches!(decision, Ok(Reservation { stock_left: 0, .. })),
         "{decision:?}"
     );
 

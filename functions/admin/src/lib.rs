@@ -68,7 +68,8 @@ use seckill_shared::auth::Admin;
 use seckill_shared::cache::Redis;
 use seckill_shared::http::{ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
-use seckill_shared::{activity_columns, db, load, order, sale, scripts, ApiError, Config};
+use seckill_shared::sale::{self, Adjust, SaleMeta};
+use seckill_shared::{activity_columns, db, load, order, ApiError, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -233,57 +234,68 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
     Ok(merged)
 }
 
-/// What `adjust.lua` answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Adjust {
-    Applied,
-    NotOwner,
-    NotLoaded,
-    WouldGoNegative { stock: i64 },
+/// The Redis meta of a sale with these settings, expiring `expiry_buffer` after its end.
+fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
+    let buffer = chrono::Duration::from_std(state.config.expiry_buffer)
+        .unwrap_or(chrono::Duration::hours(2));
+    SaleMeta {
+        total: m.total_stock,
+        per_order_limit: m.per_order_limit,
+        start_at: m.start_at,
+        end_at: m.end_at,
+        version,
+        expire_at: m.end_at + buffer,
+    }
 }
 
-/// The activity's meta as `adjust.lua` writes it to Redis.
-struct RedisMeta {
-    total: i64,
-    per_order_limit: i64,
-    start_at: DateTime<Utc>,
-    end_at: DateTime<Utc>,
-    version: i64,
-}
-
+/// `adjust.lua` for the holder of `guard`.
 async fn adjust(
     state: &AdminState,
     guard: &LockGuard,
     delta: i64,
-    meta: &RedisMeta,
+    meta: &SaleMeta,
     change: &str,
 ) -> Result<Adjust, ApiError> {
-    let keys = state.redis.keys(guard.activity_id);
-    let expire_at = meta.end_at
-        + chrono::Duration::from_std(state.config.expiry_buffer)
-            .unwrap_or(chrono::Duration::hours(2));
-    let mut inv = scripts::ADJUST.prepare_invoke();
-    inv.key(&keys.stock)
-        .key(&keys.meta)
-        .key(&keys.lock)
-        .key(&keys.users)
-        .key(&keys.ledger)
-        .arg(&guard.owner)
-        .arg(delta)
-        .arg(meta.total)
-        .arg(meta.start_at.timestamp_millis())
-        .arg(meta.end_at.timestamp_millis())
-        .arg(meta.per_order_limit)
-        .arg(meta.version)
-        .arg(expire_at.timestamp_millis())
-        .arg(change);
-    let (code, stock): (i64, i64) = state.redis.script(&inv).await?;
-    Ok(match code {
-        0 => Adjust::Applied,
-        1 => Adjust::NotOwner,
-        2 => Adjust::NotLoaded,
-        _ => Adjust::WouldGoNegative { stock },
-    })
+    let id = guard.activity_id;
+    Ok(sale::adjust(&state.redis, id, &guard.owner, delta, meta, change).await?)
+}
+
+/// One merge update, computed from the row as the fenced transaction read it.
+struct Change {
+    before: Activity,
+    merged: Merged,
+    /// Units added (positive) or taken away (negative).
+    delta: i64,
+    version: i64,
+}
+
+impl Change {
+    fn new(before: Activity, patch: &ActivityPatch) -> Result<Self, ApiError> {
+        let merged = merge(&before, patch)?;
+        let delta = merged.total_stock - before.total_stock as i64;
+        if before.remaining_stock as i64 + delta < 0 {
+            return Err(below_sold(merged.total_stock));
+        }
+        let version = before.config_version + 1;
+        Ok(Self {
+            before,
+            merged,
+            delta,
+            version,
+        })
+    }
+
+    /// The settings before the change, to give Redis back what a failed lower took.
+    fn before_merged(&self) -> Merged {
+        let a = &self.before;
+        Merged {
+            title: a.title.clone(),
+            total_stock: a.total_stock as i64,
+            per_order_limit: a.per_order_limit as i64,
+            start_at: a.start_at,
+            end_at: a.end_at,
+        }
+    }
 }
 
 /// The body of an update, for a caller that already holds the lock. Public so tests can play
@@ -309,102 +321,114 @@ pub async fn update_with_guard(
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
-    let m = merge(&current, patch)?;
-    let delta = m.total_stock - current.total_stock as i64;
-    if current.remaining_stock as i64 + delta < 0 {
-        return Err(below_sold(m.total_stock));
-    }
-    let version = current.config_version + 1;
-    let new_meta = RedisMeta {
-        total: m.total_stock,
-        per_order_limit: m.per_order_limit,
-        start_at: m.start_at,
-        end_at: m.end_at,
-        version,
-    };
-    if delta < 0 {
-        // Lowering: Redis first, so units already reserved there are never taken back.
-        let change = guard.token.to_string();
-        let adjusted = adjust(state, guard, delta, &new_meta, &change).await?;
-        match adjusted {
-            Adjust::Applied | Adjust::NotLoaded => {}
-            Adjust::NotOwner => return Err(LockError::Lost.into()),
-            Adjust::WouldGoNegative { stock } => {
-                tracing::info!(
-                    activity_id = id,
-                    stock,
-                    delta,
-                    "stock lower refused by Redis"
-                );
-                return Err(below_sold(m.total_stock));
-            }
-        }
-        let committed = async {
-            let updated = write_update(&mut tx, id, &m, delta, version).await?;
-            tx.commit().await?;
-            if seckill_shared::pause::fail("admin.commit.lost_reply", id) {
-                // Committed, but the connection dropped before COMMIT's answer arrived.
-                return Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
-            }
-            Ok::<_, sqlx::Error>(updated)
-        }
-        .await;
-        match committed {
-            Ok(updated) => loaded_if_due(state, guard, adjusted, updated).await,
-            Err(e) => {
-                match committed_under(state, guard).await {
-                    // COMMIT's answer was lost, not the commit: the change is in.
-                    Ok(Some(updated)) => {
-                        return loaded_if_due(state, guard, adjusted, updated).await
-                    }
-                    Ok(None) => {}
-                    Err(read) => {
-                        // Unknown whether it committed: Redis stays lower than the database may
-                        // allow (never oversells); reconcile corrects it once the ledger is quiet.
-                        tracing::error!(activity_id = id, delta, error = %e, read_error = %read,
-                            "commit outcome unknown; redis left lowered for reconcile");
-                        return Err(e.into());
-                    }
-                }
-                if adjusted == Adjust::Applied {
-                    let old_meta = RedisMeta {
-                        total: current.total_stock as i64,
-                        per_order_limit: current.per_order_limit as i64,
-                        start_at: current.start_at,
-                        end_at: current.end_at,
-                        version: current.config_version,
-                    };
-                    let revert = format!("{}-revert", guard.token);
-                    let reverted = adjust(state, guard, -delta, &old_meta, &revert).await;
-                    if !matches!(reverted, Ok(Adjust::Applied)) {
-                        tracing::error!(
-                            activity_id = id,
-                            delta,
-                            ?reverted,
-                            "could not give Redis its units back; reconcile will repair"
-                        );
-                    }
-                }
-                Err(e.into())
-            }
-        }
+    let change = Change::new(current, patch)?;
+    if change.delta < 0 {
+        lower(state, guard, tx, change).await
     } else {
-        // Raising or meta only: the DB first, so Redis never offers units the DB lacks.
-        let updated = write_update(&mut tx, id, &m, delta, version).await?;
+        raise(state, guard, tx, change).await
+    }
+}
+
+/// Lowering: Redis first, so units already reserved there are never taken back.
+async fn lower(
+    state: &AdminState,
+    guard: &LockGuard,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    change: Change,
+) -> Result<Activity, ApiError> {
+    let (id, delta) = (guard.activity_id, change.delta);
+    let new_meta = sale_meta(state, &change.merged, change.version);
+    let adjusted = adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await?;
+    match adjusted {
+        Adjust::Applied | Adjust::NotLoaded => {}
+        Adjust::NotOwner => return Err(LockError::Lost.into()),
+        Adjust::WouldGoNegative { stock } => {
+            tracing::info!(
+                activity_id = id,
+                stock,
+                delta,
+                "stock lower refused by Redis"
+            );
+            return Err(below_sold(change.merged.total_stock));
+        }
+    }
+    let committed = async {
+        let updated = write_update(&mut tx, id, &change.merged, delta, change.version).await?;
         tx.commit().await?;
-        match adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await {
-            Ok(adjusted @ (Adjust::Applied | Adjust::NotLoaded)) => {
-                loaded_if_due(state, guard, adjusted, updated).await
-            }
-            other => {
-                tracing::warn!(
-                    activity_id = id,
-                    delta,
-                    ?other,
-                    "DB committed but Redis not adjusted; reconcile and preheat will catch up"
-                );
-                Ok(updated)
-            }
+        if seckill_shared::pause::fail("admin.commit.lost_reply", id) {
+            // Committed, but the connection dropped before COMMIT's answer arrived.
+            return Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        Ok::<_, sqlx::Error>(updated)
+    }
+    .await;
+    match committed {
+        Ok(updated) => loaded_if_due(state, guard, adjusted, updated).await,
+        Err(e) => after_failed_lower(state, guard, &change, adjusted, e).await,
+    }
+}
+
+/// A lower whose commit reported an error: the change may be in all the same (COMMIT's
+/// answer lost). Redis gets its units back only when the database proves it is not.
+async fn after_failed_lower(
+    state: &AdminState,
+    guard: &LockGuard,
+    change: &Change,
+    adjusted: Adjust,
+    e: sqlx::Error,
+) -> Result<Activity, ApiError> {
+    let (id, delta) = (guard.activity_id, change.delta);
+    match committed_under(state, guard).await {
+        // COMMIT's answer was lost, not the commit: the change is in.
+        Ok(Some(updated)) => return loaded_if_due(state, guard, adjusted, updated).await,
+        Ok(None) => {}
+        Err(read) => {
+            // Unknown whether it committed: Redis stays lower than the database may
+            // allow (never oversells); reconcile corrects it once the ledger is quiet.
+            tracing::error!(activity_id = id, delta, error = %e, read_error = %read,
+                "commit outcome unknown; redis left lowered for reconcile");
+            return Err(e.into());
+        }
+    }
+    if adjusted == Adjust::Applied {
+        let old_meta = sale_meta(state, &change.before_merged(), change.before.config_version);
+        let revert = format!("{}-revert", guard.token);
+        let reverted = adjust(state, guard, -delta, &old_meta, &revert).await;
+        if !matches!(reverted, Ok(Adjust::Applied)) {
+            tracing::error!(
+                activity_id = id,
+                delta,
+                ?reverted,
+                "could not give Redis its units back; reconcile will repair"
+            );
+        }
+    }
+    Err(e.into())
+}
+
+/// Raising or meta only: the DB first, so Redis never offers units the DB lacks.
+async fn raise(
+    state: &AdminState,
+    guard: &LockGuard,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    change: Change,
+) -> Result<Activity, ApiError> {
+    let (id, delta) = (guard.activity_id, change.delta);
+    let updated = write_update(&mut tx, id, &change.merged, delta, change.version).await?;
+    tx.commit().await?;
+    let new_meta = sale_meta(state, &change.merged, change.version);
+    match adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await {
+        Ok(adjusted @ (Adjust::Applied | Adjust::NotLoaded)) => {
+            loaded_if_due(state, guard, adjusted, updated).await
+        }
+        other => {
+            tracing::warn!(
+                activity_id = id,
+                delta,
+                ?other,
+                "DB committed but Redis not adjusted; reconcile and preheat will catch up"
+            );
+            Ok(updated)
         }
     }
 }

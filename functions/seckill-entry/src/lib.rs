@@ -35,8 +35,8 @@ use seckill_shared::http::{ActivityId, JsonBody, OrderId};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Compensation, Decision, EntryKind};
-use seckill_shared::{db, ApiError, Config};
+use seckill_shared::sale::{self, Compensation, EntryKind, Reservation};
+use seckill_shared::{db, ApiError, Config, Refusal};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgPool;
@@ -192,29 +192,12 @@ async fn purchase(
 ) -> Result<Response, ApiError> {
     let span = Span::current();
     span.record("activity_id", activity_id);
-    let quantity = body.quantity;
-    if !(1..=MAX_PER_ORDER_LIMIT).contains(&quantity) {
-        return Err(ApiError::BadRequest(format!(
-            "quantity must be an integer between 1 and {MAX_PER_ORDER_LIMIT}, got {quantity}"
-        )));
-    }
-    let s = &state.inner;
-
-    if s.sold_out.refuses(activity_id, quantity) {
-        // A sold-out flood is the common case here: keep it to a counter, not a log line.
-        s.counters.reject(Rejection::SoldOutCached);
-        return Err(ApiError::SoldOut);
-    }
-    if s.breaker.is_open() {
-        s.counters.reject(Rejection::Unavailable);
-        return Err(ApiError::Unavailable(
-            "redis is unavailable; retry shortly".into(),
-        ));
-    }
+    let quantity = checked_quantity(body.quantity)?;
+    answer_from_memory(&state, activity_id, quantity)?;
 
     let request_id = Uuid::now_v7();
     span.record("request_id", tracing::field::display(request_id));
-    let reservation = OrderMessage {
+    let attempt = OrderMessage {
         request_id,
         activity_id,
         user_id: identity.user_id,
@@ -222,31 +205,66 @@ async fn purchase(
         reserved_at_ms: 0,
         load_epoch: None,
     };
-    let (stock_left, now_ms, epoch) = match decide(&state, &reservation).await? {
-        Decision::Accepted {
-            stock_left,
-            now_ms,
-            epoch,
-        } => (stock_left, now_ms, epoch),
-        refused => return Err(refuse(&state, activity_id, refused).await),
+    let reservation = match decide(&state, &attempt).await? {
+        Ok(reservation) => reservation,
+        Err(refusal) => return Err(refuse(&state, activity_id, refusal).await),
     };
     span.record("outcome", "accepted");
-    if stock_left == 0 {
+    if reservation.stock_left == 0 {
         // The next request would be refused by Redis anyway: answer it from memory.
-        s.sold_out.remember(activity_id, 0);
+        state.inner.sold_out.remember(activity_id, 0);
     }
     let message = OrderMessage {
-        reserved_at_ms: now_ms,
-        load_epoch: Some(epoch),
-        ..reservation
+        reserved_at_ms: reservation.now_ms,
+        load_epoch: Some(reservation.epoch),
+        ..attempt
     };
-    if let Err(send_error) = s.queue.send(&message).await {
-        seckill_shared::pause::point("entry.after_send_error", activity_id).await;
-        return after_send_error(&state, &message, send_error).await;
+    send(&state, &message, reservation.stock_left).await
+}
+
+/// The quantity of a purchase body, within the range any activity's limit can take.
+fn checked_quantity(quantity: i64) -> Result<i64, ApiError> {
+    if (1..=MAX_PER_ORDER_LIMIT).contains(&quantity) {
+        return Ok(quantity);
+    }
+    Err(ApiError::BadRequest(format!(
+        "quantity must be an integer between 1 and {MAX_PER_ORDER_LIMIT}, got {quantity}"
+    )))
+}
+
+/// The answers a container gives without asking Redis: sold out (Redis said so a moment ago)
+/// and unavailable (the circuit breaker is open).
+fn answer_from_memory(state: &EntryState, activity_id: i64, quantity: i64) -> Result<(), ApiError> {
+    let s = &state.inner;
+    if s.sold_out.refuses(activity_id, quantity) {
+        // A sold-out flood is the common case here: keep it to a counter, not a log line.
+        s.counters.sold_out_cached();
+        return Err(Refusal::SoldOut { stock_left: 0 }.into());
+    }
+    if s.breaker.is_open() {
+        s.counters.unavailable();
+        return Err(ApiError::Unavailable(
+            "redis is unavailable; retry shortly".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Sends the accepted purchase's order message: 202 once it is on the queue, and the
+/// give-back protocol when the send failed.
+async fn send(
+    state: &EntryState,
+    message: &OrderMessage,
+    stock_left: i64,
+) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    if let Err(send_error) = s.queue.send(message).await {
+        seckill_shared::pause::point("entry.after_send_error", message.activity_id).await;
+        return after_send_error(state, message, send_error).await;
     }
     s.counters.accept();
-    tracing::info!(quantity, stock_left, "purchase accepted");
-    Ok(accepted(request_id))
+    tracing::info!(quantity = message.quantity, stock_left, "purchase accepted");
+    Ok(accepted(message.request_id))
 }
 
 /// The 202 of a purchase the database has or will have.
@@ -261,7 +279,10 @@ fn accepted(request_id: Uuid) -> Response {
 /// Runs the purchase script with the caller's deadline. A Redis error or timeout is a 503,
 /// and since the script may have run (its answer lost or late), the reservation is claimed
 /// for a give-back before the 503 goes out.
-async fn decide(state: &EntryState, reservation: &OrderMessage) -> Result<Decision, ApiError> {
+async fn decide(
+    state: &EntryState,
+    reservation: &OrderMessage,
+) -> Result<Result<Reservation, Refusal>, ApiError> {
     let s = &state.inner;
     let r = reservation;
     let sent_ms = chrono::Utc::now().timestamp_millis();
@@ -284,14 +305,14 @@ async fn decide(state: &EntryState, reservation: &OrderMessage) -> Result<Decisi
     match decided {
         Ok(d) => {
             s.breaker.success();
-            if let Decision::Accepted { now_ms, .. } | Decision::Expired { now_ms } = d {
+            if let Ok(Reservation { now_ms, .. }) | Err(Refusal::Expired { now_ms }) = d {
                 s.skew.observe(sent_ms, now_ms);
             }
             Ok(d)
         }
         Err(e) => {
             s.breaker.failure();
-            s.counters.reject(Rejection::Unavailable);
+            s.counters.unavailable();
             Span::current().record("outcome", "unavailable");
             tracing::info!(error = %e, "purchase script unanswered; giving back whatever it did");
             give_back_unanswered(state, reservation.clone()).await;
@@ -360,19 +381,19 @@ const GIVE_BACK_ATTEMPTS: u32 = 10;
 const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
 /// The answer to a refused purchase: counted, cached when sold out, logged only at debug.
-async fn refuse(state: &EntryState, activity_id: i64, refused: Decision) -> ApiError {
+async fn refuse(state: &EntryState, activity_id: i64, refusal: Refusal) -> ApiError {
     let s = &state.inner;
-    Span::current().record("outcome", refused.outcome());
-    if let Decision::SoldOut { stock_left } = refused {
+    Span::current().record("outcome", refusal.code());
+    if let Refusal::SoldOut { stock_left } = refusal {
         s.sold_out.remember(activity_id, stock_left);
     }
-    s.counters.reject(Rejection::from(refused));
+    s.counters.refuse(refusal);
     // Refusals are the bulk of a sale's traffic: they are counted (EMF, every 10 s), and
     // logged one by one only at debug, so a flood does not pay for a log line each.
     tracing::debug!("purchase refused");
-    match refused {
-        Decision::NotFound => not_loaded(state, activity_id).await,
-        other => refusal(other),
+    match refusal {
+        Refusal::NotFound => not_loaded(state, activity_id).await,
+        other => other.into(),
     }
 }
 
@@ -419,24 +440,6 @@ async fn after_send_error(
     }
 }
 
-/// The documented error of each refusal.
-fn refusal(decision: Decision) -> ApiError {
-    match decision {
-        Decision::NotFound => ApiError::NotFound("no such activity on sale".into()),
-        Decision::NotStarted => ApiError::NotStarted,
-        Decision::Ended => ApiError::Ended,
-        Decision::QuantityExceedsLimit => ApiError::QuantityOverLimit,
-        Decision::SoldOut { .. } => ApiError::SoldOut,
-        Decision::AlreadyPurchased => ApiError::AlreadyPurchased,
-        Decision::Expired { .. } => {
-            ApiError::Unavailable("redis answered too late; nothing was done, retry".into())
-        }
-        Decision::Accepted { .. } => {
-            ApiError::Internal(anyhow::anyhow!("an accepted purchase is not a refusal"))
-        }
-    }
-}
-
 /// A sale Redis does not hold answers as the database says its window stands: not started,
 /// ended, or (running, about to be loaded by preheat or reconcile) unavailable. Only unknown
 /// or draft ids are 404. The answer is cached per container, so a flood for an unloaded or
@@ -457,13 +460,13 @@ async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
         },
     };
     let Some((start_at, end_at)) = window else {
-        return ApiError::NotFound("no such activity on sale".into());
+        return Refusal::NotFound.into();
     };
     let now = chrono::Utc::now();
     if now < start_at {
-        ApiError::NotStarted
+        Refusal::NotStarted.into()
     } else if now >= end_at {
-        ApiError::Ended
+        Refusal::Ended.into()
     } else {
         ApiError::Unavailable("the sale is being loaded; retry shortly".into())
     }
@@ -811,60 +814,6 @@ impl Breaker {
     }
 }
 
-/// Why a purchase was refused, for the aggregated metrics.
-#[derive(Clone, Copy, Debug)]
-enum Rejection {
-    SoldOut,
-    SoldOutCached,
-    AlreadyPurchased,
-    NotStarted,
-    Ended,
-    NotFound,
-    QuantityExceedsLimit,
-    Unavailable,
-}
-
-impl Rejection {
-    const ALL: [Rejection; 8] = [
-        Rejection::SoldOut,
-        Rejection::SoldOutCached,
-        Rejection::AlreadyPurchased,
-        Rejection::NotStarted,
-        Rejection::Ended,
-        Rejection::NotFound,
-        Rejection::QuantityExceedsLimit,
-        Rejection::Unavailable,
-    ];
-
-    fn metric(self) -> &'static str {
-        match self {
-            Rejection::SoldOut => "RejectedSoldOut",
-            Rejection::SoldOutCached => "RejectedSoldOutCached",
-            Rejection::AlreadyPurchased => "RejectedAlreadyPurchased",
-            Rejection::NotStarted => "RejectedNotStarted",
-            Rejection::Ended => "RejectedEnded",
-            Rejection::NotFound => "RejectedNotFound",
-            Rejection::QuantityExceedsLimit => "RejectedQuantityExceedsLimit",
-            Rejection::Unavailable => "RejectedUnavailable",
-        }
-    }
-}
-
-impl From<Decision> for Rejection {
-    fn from(d: Decision) -> Self {
-        match d {
-            // `Accepted` is never a rejection; it is listed only to keep the match exhaustive.
-            Decision::SoldOut { .. } | Decision::Accepted { .. } => Rejection::SoldOut,
-            Decision::AlreadyPurchased => Rejection::AlreadyPurchased,
-            Decision::NotStarted => Rejection::NotStarted,
-            Decision::Ended => Rejection::Ended,
-            Decision::NotFound => Rejection::NotFound,
-            Decision::QuantityExceedsLimit => Rejection::QuantityExceedsLimit,
-            Decision::Expired { .. } => Rejection::Unavailable,
-        }
-    }
-}
-
 /// Purchase counters, aggregated in memory and written as one EMF line at most every
 /// [`Counters::FLUSH_EVERY`] (by whichever request notices), so a flood of refusals costs an
 /// atomic increment each, not a log line each.
@@ -872,7 +821,10 @@ impl From<Decision> for Rejection {
 struct Counters {
     accepted: AtomicU64,
     compensations: AtomicU64,
-    rejected: [AtomicU64; Rejection::ALL.len()],
+    /// Per [`Refusal::index`].
+    refused: [AtomicU64; Refusal::CODES.len()],
+    sold_out_cached: AtomicU64,
+    unavailable: AtomicU64,
     last_flush_ms: AtomicU64,
     base: std::sync::OnceLock<Instant>,
 }
@@ -890,8 +842,20 @@ impl Counters {
         self.maybe_flush();
     }
 
-    fn reject(&self, why: Rejection) {
-        self.rejected[why as usize].fetch_add(1, Ordering::Relaxed);
+    fn refuse(&self, refusal: Refusal) {
+        self.refused[refusal.index()].fetch_add(1, Ordering::Relaxed);
+        self.maybe_flush();
+    }
+
+    /// A sold-out answer from the container's memory, not from Redis.
+    fn sold_out_cached(&self) {
+        self.sold_out_cached.fetch_add(1, Ordering::Relaxed);
+        self.maybe_flush();
+    }
+
+    /// A 503 for Redis: the breaker is open or the script's answer did not come in time.
+    fn unavailable(&self) {
+        self.unavailable.fetch_add(1, Ordering::Relaxed);
         self.maybe_flush();
     }
 
@@ -909,28 +873,60 @@ impl Counters {
         {
             return;
         }
+        let taken = |n: &AtomicU64| n.swap(0, Ordering::Relaxed) as f64;
         let mut counters = vec![
-            ("Accepted", self.accepted.swap(0, Ordering::Relaxed) as f64),
+            ("Accepted".to_string(), taken(&self.accepted)),
+            ("Compensations".to_string(), taken(&self.compensations)),
             (
-                "Compensations",
-                self.compensations.swap(0, Ordering::Relaxed) as f64,
+                "RejectedSoldOutCached".to_string(),
+                taken(&self.sold_out_cached),
             ),
+            ("RejectedUnavailable".to_string(), taken(&self.unavailable)),
         ];
-        for why in Rejection::ALL {
-            counters.push((
-                why.metric(),
-                self.rejected[why as usize].swap(0, Ordering::Relaxed) as f64,
-            ));
+        for (code, n) in Refusal::CODES.iter().zip(&self.refused) {
+            counters.push((refusal_metric(code), taken(n)));
         }
+        let counters: Vec<(&str, f64)> = counters.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         if counters.iter().any(|(_, n)| *n > 0.0) {
             seckill_shared::metrics::emit(FUNCTION, &counters, &[]);
         }
     }
 }
 
+/// A refusal's metric name: `Rejected` and its code in upper camel case (`sold_out` →
+/// `RejectedSoldOut`).
+fn refusal_metric(code: &str) -> String {
+    let mut name = String::from("Rejected");
+    for word in code.split('_') {
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            name.extend(first.to_uppercase());
+            name.push_str(chars.as_str());
+        }
+    }
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusal_metrics_are_named_after_their_codes() {
+        let names: Vec<String> = Refusal::CODES.iter().map(|c| refusal_metric(c)).collect();
+        assert_eq!(
+            names,
+            [
+                "RejectedNotFound",
+                "RejectedNotStarted",
+                "RejectedEnded",
+                "RejectedQuantityExceedsLimit",
+                "RejectedSoldOut",
+                "RejectedAlreadyPurchased",
+                "RejectedExpired",
+            ]
+        );
+    }
 
     #[test]
     fn sold_out_memory_refuses_only_what_it_cannot_serve_and_only_while_fresh() {
