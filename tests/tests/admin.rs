@@ -465,6 +465,16 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind)
 on_both_redis!(lowering_below_db_sold_is_refused_even_when_not_loaded);
 
 /// Every way to get an admin request wrong, through the router; none of them changes the DB.
+/// One refused admin request: method, path, token, body, status, error code.
+type BadRequest<'a> = (
+    &'a str,
+    String,
+    Option<(&'a str, &'a str)>,
+    Option<String>,
+    u16,
+    &'a str,
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_admin_requests_are_refused_and_change_nothing() {
     let (env, state) = setup(RedisKind::Standalone, 2000, 500).await;
@@ -495,135 +505,105 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
     let path = format!("/admin/activities/{id}");
     let before = db_activity(&env, id).await;
 
-    let expect = |status: StatusCode, code: &str, got: (StatusCode, Value), what: &str| {
-        assert_eq!(got.0, status, "{what}: {}", got.1);
-        assert_eq!(got.1["error"], json!(code), "{what}: {}", got.1);
-        assert!(got.1["message"].as_str().is_some_and(|m| !m.is_empty()));
-    };
+    // Every refused request, one row each: method, path, token, body, status, code.
+    let unknown = format!("/admin/activities/{}", id + 1000);
+    let (p, u) = (path.as_str(), unknown.as_str());
+    let oversized = format!("{{\"title\": \"{}\"}}", "x".repeat(5000));
+    let body = valid.to_string();
+    let v = Some(body.as_str());
+    let t = Some(r#"{"title":"x"}"#);
+    let (bad, none, auth, forbidden) = (400, 404, 401, 403);
+    #[rustfmt::skip]
+    let mut cases: Vec<BadRequest> = [
+        ("POST", "/admin/activities", None, v, auth, "unauthorized"),
+        ("GET", "/admin/activities", None, v, auth, "unauthorized"),
+        ("GET", p, None, v, auth, "unauthorized"),
+        ("PUT", p, None, v, auth, "unauthorized"),
+        ("POST", "/admin/activities", Some(USER), v, forbidden, "forbidden"),
+        ("GET", "/admin/activities", Some(USER), v, forbidden, "forbidden"),
+        ("GET", p, Some(USER), v, forbidden, "forbidden"),
+        ("PUT", p, Some(USER), v, forbidden, "forbidden"),
+        ("PUT", p, Some(ADMIN), Some(""), bad, "bad_request"),
+        ("PUT", p, Some(ADMIN), Some("{}"), bad, "bad_request"),
+        ("PUT", p, Some(ADMIN), Some("{\"title\": "), bad, "bad_request"),
+        ("PUT", p, Some(ADMIN), Some("[1,2]"), bad, "bad_request"),
+        ("PUT", p, Some(ADMIN), Some(oversized.as_str()), bad, "bad_request"),
+        ("POST", "/admin/activities", Some(ADMIN), Some("{\"title\": \"x\"}"), bad, "bad_request"),
+        ("GET", "/admin/activities/abc", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities/0", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities/-1", Some(ADMIN), None, bad, "bad_request"),
+        ("PUT", "/admin/activities/abc", Some(ADMIN), t, bad, "bad_request"),
+        ("PUT", "/admin/activities/0", Some(ADMIN), t, bad, "bad_request"),
+        ("PUT", "/admin/activities/-1", Some(ADMIN), t, bad, "bad_request"),
+        ("GET", u, Some(ADMIN), None, none, "not_found"),
+        ("PUT", u, Some(ADMIN), t, none, "not_found"),
+        ("GET", "/admin/activities?limit=0", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities?limit=101", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities?limit=abc", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities?offset=-1", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities?offset=x", Some(ADMIN), None, bad, "bad_request"),
+        ("GET", "/admin/activities?page=2", Some(ADMIN), None, bad, "bad_request"),
+    ]
+    .into_iter()
+    .map(|(m, p, who, b, status, code)| (m, p.to_string(), who, b.map(String::from), status, code))
+    .collect();
 
-    // Auth: none 401, user 403, on every route.
-    for (method, p) in [
-        ("POST", "/admin/activities"),
-        ("GET", "/admin/activities"),
-        ("GET", path.as_str()),
-        ("PUT", path.as_str()),
-    ] {
-        let body = valid.to_string();
-        let got = call(&app, request(method, p, None, Some(&body))).await;
-        expect(StatusCode::UNAUTHORIZED, "unauthorized", got, p);
-        let got = call(&app, request(method, p, Some(USER), Some(&body))).await;
-        expect(StatusCode::FORBIDDEN, "forbidden", got, p);
-    }
-
-    // Bad fields, on create and on update.
-    let mut bad: Vec<(&str, Value)> = vec![
-        ("empty title", json!({"title": ""})),
-        ("blank title", json!({"title": "   "})),
-        ("long title", json!({"title": "x".repeat(201)})),
-        ("zero stock", json!({"totalStock": 0})),
-        ("negative stock", json!({"totalStock": -5})),
-        ("huge stock", json!({"totalStock": 1_000_000_000_000i64})),
-        ("string stock", json!({"totalStock": "10"})),
-        ("zero limit", json!({"perOrderLimit": 0})),
-        ("start after end", json!({"startAt": end, "endAt": start})),
-        (
-            "start equals end",
-            json!({"startAt": start, "endAt": start}),
-        ),
-        ("non-RFC 3339", json!({"startAt": "tomorrow at noon"})),
-        ("unknown field", json!({"price": 10})),
+    // Bad fields, one row each, tried on create (merged into a valid body) and on update.
+    let bad_fields: Vec<Value> = vec![
+        json!({"title": ""}),
+        json!({"title": "   "}),
+        json!({"title": "x".repeat(201)}),
+        json!({"totalStock": 0}),
+        json!({"totalStock": -5}),
+        json!({"totalStock": 1_000_000_000_000i64}),
+        json!({"totalStock": "10"}),
+        json!({"perOrderLimit": 0}),
+        json!({"startAt": end, "endAt": start}),
+        json!({"startAt": start, "endAt": start}),
+        json!({"startAt": "tomorrow at noon"}),
+        json!({"price": 10}),
     ];
-    for (what, field) in bad.drain(..) {
+    for field in bad_fields {
         let mut create = valid.clone();
         for (k, v) in field.as_object().unwrap() {
             create[k] = v.clone();
         }
-        let got = call(
-            &app,
-            request(
-                "POST",
-                "/admin/activities",
-                Some(ADMIN),
-                Some(&create.to_string()),
-            ),
-        )
-        .await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
-        let got = call(
-            &app,
-            request("PUT", &path, Some(ADMIN), Some(&field.to_string())),
-        )
-        .await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
-    }
-    for (what, body) in [
-        ("empty body", ""),
-        ("empty object", "{}"),
-        ("malformed", "{\"title\": "),
-        ("not an object", "[1,2]"),
-        (
-            "oversized",
-            &format!("{{\"title\": \"{}\"}}", "x".repeat(5000)),
-        ),
-    ] {
-        let got = call(&app, request("PUT", &path, Some(ADMIN), Some(body))).await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, what);
-    }
-    let missing = call(
-        &app,
-        request(
+        let admin = Some(ADMIN);
+        cases.push((
             "POST",
-            "/admin/activities",
-            Some(ADMIN),
-            Some("{\"title\": \"x\"}"),
-        ),
-    )
-    .await;
-    expect(
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        missing,
-        "missing fields",
-    );
-
-    // Ids and paging.
-    for p in [
-        "/admin/activities/abc",
-        "/admin/activities/0",
-        "/admin/activities/-1",
-    ] {
-        let got = call(&app, request("GET", p, Some(ADMIN), None)).await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
-        let got = call(
-            &app,
-            request("PUT", p, Some(ADMIN), Some("{\"title\":\"x\"}")),
-        )
-        .await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, p);
+            "/admin/activities".into(),
+            admin,
+            Some(create.to_string()),
+            bad,
+            "bad_request",
+        ));
+        cases.push((
+            "PUT",
+            path.clone(),
+            admin,
+            Some(field.to_string()),
+            bad,
+            "bad_request",
+        ));
     }
-    let unknown = format!("/admin/activities/{}", id + 1000);
-    let got = call(&app, request("GET", &unknown, Some(ADMIN), None)).await;
-    expect(StatusCode::NOT_FOUND, "not_found", got, "GET unknown");
-    let got = call(
-        &app,
-        request("PUT", &unknown, Some(ADMIN), Some("{\"title\":\"x\"}")),
-    )
-    .await;
-    expect(StatusCode::NOT_FOUND, "not_found", got, "PUT unknown");
-    for q in [
-        "limit=0",
-        "limit=101",
-        "limit=abc",
-        "offset=-1",
-        "offset=x",
-        "page=2",
-    ] {
-        let got = call(
-            &app,
-            request("GET", &format!("/admin/activities?{q}"), Some(ADMIN), None),
-        )
-        .await;
-        expect(StatusCode::BAD_REQUEST, "bad_request", got, q);
+
+    for (method, p, who, body, want_status, want_code) in cases {
+        let (status, json) = call(&app, request(method, &p, who, body.as_deref())).await;
+        let shown = body.as_deref().map(|b| &b[..b.len().min(60)]);
+        assert_eq!(
+            status.as_u16(),
+            want_status,
+            "{method} {p} {shown:?}: {json}"
+        );
+        assert_eq!(
+            json["error"],
+            json!(want_code),
+            "{method} {p} {shown:?}: {json}"
+        );
+        assert!(
+            json["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{method} {p}: a message says what is wrong"
+        );
     }
 
     // Nothing changed: one activity, exactly as created.
