@@ -5,7 +5,8 @@
 -- Every key of the sale is given the new expiry (end + buffer): a window moved later must
 -- keep the user set and the ledger as long as the stock.
 --
--- KEYS[1] stock   KEYS[2] meta   KEYS[3] lock   KEYS[4] users   KEYS[5] ledger
+-- KEYS[1] stock   KEYS[2] meta   KEYS[3] lock (a hash of its holder's holds, see
+-- lock_acquire.lua)   KEYS[4] users   KEYS[5] ledger
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id (the fencing token, plus "-revert" for a revert)
@@ -17,7 +18,7 @@
 --   0 applied (stock = new Redis stock)      1 not the lock owner (nothing changed)
 --   2 not loaded in Redis (the caller loads it)
 --   3 refused: Redis stock would go below 0 (units are sold or reserved)
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return {1, -1} end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {1, -1} end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {2, -1} end
 local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
 if redis.call('HGET', KEYS[2], 'change') == ARGV[9] then return {0, stock} end

@@ -12,14 +12,15 @@
 -- The user set is rebuilt by the caller first (rebuild_users.lua), so no purchase runs
 -- against a half-built set.
 --
--- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger   KEYS[5] lock
+-- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger
+-- KEYS[5] lock (a hash of its holder's holds, see lock_acquire.lua)
 -- ARGV[1] stock to load (DB remaining stock)   ARGV[2] total stock
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
 --
 -- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry), 2 = already loaded,
 -- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
-if redis.call('GET', KEYS[5]) ~= ARGV[8] then return 3 end
+if redis.call('HEXISTS', KEYS[5], ARGV[8]) == 0 then return 3 end
 local function expire_all()
   for i = 1, 4 do
     if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('PEXPIREAT', KEYS[i], ARGV[7]) end

@@ -5,8 +5,8 @@
 //!   ledger: one round trip).
 //! - `hincrby`: seed 001's HINCRBY -1, client-side check, compensating HINCRBY +1 on a
 //!   negative result (two round trips on failure).
-//! - `lock`: seed 001's lock sketch: SET NX PX (retry every 1 ms for up to 1 s), GET, DECR,
-//!   owner-checked release (`lua/lock_release.lua`).
+//! - `lock`: seed 001's lock sketch on our lock's scripts: take it (`lua/lock_acquire.lua`,
+//!   retry every 1 ms for up to 1 s), GET, DECR, owner-checked release (`lua/lock_release.lua`).
 //! - `db-only`: conditional update + order insert, one transaction per attempt.
 //! - `limit`: the purchase script by raw EVALSHA, arguments prepared beforehand: no
 //!   application around it.
@@ -273,10 +273,9 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
         .prepare_invoke()
         .load_async(&mut con)
         .await?;
-    let _: String = scripts::LOCK_RELEASE
-        .prepare_invoke()
-        .load_async(&mut con)
-        .await?;
+    for script in [&scripts::LOCK_ACQUIRE, &scripts::LOCK_RELEASE] {
+        let _: String = script.prepare_invoke().load_async(&mut con).await?;
+    }
     let mut pool = None;
     let mut activity_id = activity_id;
     match s {
@@ -413,15 +412,15 @@ async fn lock(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
     loop {
         c.calls.fetch_add(1, Ordering::Relaxed);
-        let got: Option<String> = redis::cmd("SET")
-            .arg(&c.keys.lock)
+        let token: i64 = scripts::LOCK_ACQUIRE
+            .key(&c.keys.lock)
+            .key(&c.keys.fence)
             .arg(&owner)
-            .arg("NX")
-            .arg("PX")
             .arg(LOCK_LEASE_MS)
-            .query_async(&mut cm)
+            .arg(0)
+            .invoke_async(&mut cm)
             .await?;
-        if got.is_some() {
+        if token > 0 {
             break;
         }
         if tokio::time::Instant::now() >= deadline {

@@ -23,8 +23,8 @@
 //!
 //! # Where tokens come from
 //!
-//! `lua/lock_acquire.lua` takes the lock (`SET NX PX`) and `INCR`s a counter of the same hash
-//! tag in one script, so a token is issued only with the lock. The counter alone is not
+//! `lua/lock_acquire.lua` takes a free lock and `INCR`s a counter of the same hash tag in one
+//! script, so a token is issued only with the lock. The counter alone is not
 //! trusted: a failover to a replica that missed the last `INCR`, or a flush, would hand out
 //! tokens the database has already seen, and every later write would be refused (or worse,
 //! with a counter reset below a paused holder's token, the order of two holders would be
@@ -42,12 +42,37 @@
 //! Redis cannot confirm the lease before it would run out, the guard is marked lost and
 //! [`LockGuard::run`] abandons the work with [`LockError::Lost`]. This is an optimisation (stop
 //! early, don't waste a write); the fencing check is the guarantee.
+//!
+//! # Re-entrance
+//!
+//! The lock key is a hash with a lease, as Redisson's re-entrant lock: the holder's owner field
+//! counts its holds, and a `token` field keeps the token of the outermost acquisition.
+//! [`LockGuard::reenter`] adds a hold for the same holder and returns a [`NestedGuard`]: same
+//! owner, same token, the outer guard's lease and watchdog (a nested guard starts none). The
+//! nested guard borrows the outer one, so it cannot outlive it; its release gives its hold back
+//! and never deletes the key, which goes only with the last hold. A nested guard dropped
+//! without [`NestedGuard::release`] gives its hold back with the outermost release, so the
+//! outermost release still deletes the key, with no background task racing it. Renewals
+//! leave the count as it is. A re-entry by a holder whose lease ran out is refused
+//! ([`LockError::Lost`]): it never comes back with its old token, and its releases find no
+//! hold of theirs in the next holder's lock.
+//!
+//! A re-entry issues no token, so the nested step shares the outer one's single fenced write:
+//! after the outer holder has written, a fenced write under the nested guard is refused.
+//!
+//! Nothing in production re-enters today. The steps that run under a held lock are handed the
+//! guard (admin's update path loads a sale through `load::load_after_change(&guard)`,
+//! reconcile's stock fix takes the `&LockGuard`), and `load::load_under_lock` takes a lock of
+//! its own because its callers (preheat, reconcile's reload, admin's create) hold none. Only
+//! the tests use it. Re-entrance is for a helper that must hold the lock whether or not its
+//! caller does: given the caller's guard it re-enters, where a fresh [`acquire`] would wait
+//! for its own caller's lock until [`LockError::Busy`].
 
 use crate::cache::{CacheError, Redis};
 use crate::error::ApiError;
 use crate::scripts;
 use sqlx::{PgConnection, PgPool};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -86,11 +111,12 @@ impl From<LockError> for ApiError {
     }
 }
 
-/// A held lock. Release it with [`LockGuard::release`]; dropping it stops the watchdog and
-/// releases on a best-effort background task.
+/// A held lock (the outermost hold). Release it with [`LockGuard::release`]; dropping it stops
+/// the watchdog and releases on a best-effort background task.
 pub struct LockGuard {
-    /// This holder's identity in Redis (a fresh UUID v4 per acquisition); scripts that change
-    /// an activity under the lock (`adjust.lua`, `fix_stock.lua`) take it as their owner check.
+    /// This holder's identity in Redis (a fresh UUID v4 per outermost acquisition); scripts
+    /// that change an activity under the lock (`adjust.lua`, `fix_stock.lua`) take it as their
+    /// owner check, which nested holds pass too.
     pub owner: String,
     /// The fencing token; pass it to [`fenced_update`].
     pub token: i64,
@@ -103,6 +129,8 @@ pub struct LockGuard {
     lost: Arc<AtomicBool>,
     lost_rx: watch::Receiver<bool>,
     watchdog: Option<JoinHandle<()>>,
+    /// Nested holds dropped without their own release; the outermost release gives them back.
+    dropped_holds: AtomicU32,
     released: bool,
 }
 
@@ -174,6 +202,7 @@ pub async fn acquire(
         lost,
         lost_rx,
         watchdog: Some(watchdog),
+        dropped_holds: AtomicU32::new(0),
         released: false,
     })
 }
@@ -210,8 +239,9 @@ async fn watchdog(
         match redis.script::<i64>(&inv).await {
             Ok(1) => {
                 // The lease runs from when we *sent* the renewal, not when it was answered.
+                // `fetch_max`: a re-entry sent later may already have extended it further.
                 let until = (sent - acquired_at).as_millis() as u64 + ttl_ms;
-                valid_until_ms.store(until, Ordering::SeqCst);
+                valid_until_ms.fetch_max(until, Ordering::SeqCst);
             }
             Ok(_) => return mark_lost("renewal refused: no longer the owner"),
             Err(e) => {
@@ -273,27 +303,112 @@ impl LockGuard {
         }
     }
 
-    /// Stops the watchdog and deletes the lock if we still own it (owner-checked in
-    /// `lua/lock_release.lua`, so a holder whose lease expired cannot delete the next
+    /// Adds a hold to this lock for the same holder: the returned guard has the same owner
+    /// and the same token, lives on this guard's lease and watchdog, and refreshes the lease.
+    /// [`LockError::Lost`] when the lease already ran out (nothing changed in Redis).
+    pub async fn reenter(&self) -> Result<NestedGuard<'_>, LockError> {
+        let keys = self.redis.keys(self.activity_id);
+        let ttl_ms = self.ttl.as_millis().max(1) as u64;
+        let sent = Instant::now();
+        let mut inv = scripts::LOCK_ACQUIRE.prepare_invoke();
+        // The floor is not read by a re-entry: it issues no token.
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&self.owner)
+            .arg(ttl_ms)
+            .arg(0)
+            .arg("reenter");
+        let token: i64 = self.redis.script(&inv).await?;
+        if token == 0 {
+            tracing::warn!(
+                activity_id = self.activity_id,
+                "re-entry refused: lease lost"
+            );
+            return Err(LockError::Lost);
+        }
+        debug_assert_eq!(token, self.token, "a re-entry answers the outermost token");
+        let until = (sent - self.acquired_at).as_millis() as u64 + ttl_ms;
+        self.valid_until_ms.fetch_max(until, Ordering::SeqCst);
+        Ok(NestedGuard {
+            outer: self,
+            released: false,
+        })
+    }
+
+    /// Stops the watchdog and gives back this hold (and those of nested guards dropped
+    /// unreleased), which deletes the lock if we still own it (owner-checked in
+    /// `lua/lock_release.lua`, so a holder whose lease expired cannot touch the next
     /// holder's lock). Returns whether the lock was ours to release.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.stop_watchdog();
         self.released = true;
-        Ok(release_owned(&self.redis, self.activity_id, &self.owner).await?)
+        let holds = 1 + self.dropped_holds.load(Ordering::SeqCst);
+        Ok(release_holds(&self.redis, self.activity_id, &self.owner, holds).await?)
     }
 }
 
-/// Deletes the activity's lock only if `owner` holds it. Returns whether it did.
+/// A hold added by [`LockGuard::reenter`]. It derefs to the outer guard, whose owner, token,
+/// [`LockGuard::run`] and [`LockGuard::is_lost`] it shares, so helpers that take a
+/// `&LockGuard` take it too. Release it with [`NestedGuard::release`]; dropped unreleased,
+/// its hold is given back by the outer guard's release.
+pub struct NestedGuard<'a> {
+    outer: &'a LockGuard,
+    released: bool,
+}
+
+impl NestedGuard<'_> {
+    /// Gives back this hold. The lock stays with the outer guard (`lua/lock_release.lua`
+    /// deletes it only with the last hold). Returns whether the hold was ours: false when the
+    /// lease ran out and the lock is gone or someone else's (nothing changed). On an error
+    /// the hold is left to the outer guard's release.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        let outer = self.outer;
+        let ours = release_holds(&outer.redis, outer.activity_id, &outer.owner, 1).await?;
+        self.released = true;
+        Ok(ours)
+    }
+}
+
+impl std::ops::Deref for NestedGuard<'_> {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        self.outer
+    }
+}
+
+impl Drop for NestedGuard<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            // Not a background release: it could land after the outer guard's and leave the
+            // key behind. The outer guard is still holding the lock anyway.
+            self.outer.dropped_holds.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Gives back one hold of the activity's lock, only if `owner` holds it (the lock goes with
+/// its last hold). Returns whether `owner` held it.
 pub async fn release_owned(
     redis: &Redis,
     activity_id: i64,
     owner: &str,
 ) -> Result<bool, CacheError> {
+    release_holds(redis, activity_id, owner, 1).await
+}
+
+/// Gives back `holds` holds of `owner`'s; see [`release_owned`].
+async fn release_holds(
+    redis: &Redis,
+    activity_id: i64,
+    owner: &str,
+    holds: u32,
+) -> Result<bool, CacheError> {
     let keys = redis.keys(activity_id);
     let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
-    inv.key(&keys.lock).arg(owner);
+    inv.key(&keys.lock).arg(owner).arg(holds);
     let released: i64 = redis.script(&inv).await?;
-    Ok(released == 1)
+    Ok(released != 0)
 }
 
 impl Drop for LockGuard {
@@ -308,8 +423,9 @@ impl Drop for LockGuard {
             let redis = self.redis.clone();
             let owner = std::mem::take(&mut self.owner);
             let activity_id = self.activity_id;
+            let holds = 1 + self.dropped_holds.load(Ordering::SeqCst);
             rt.spawn(async move {
-                if let Err(e) = release_owned(&redis, activity_id, &owner).await {
+                if let Err(e) = release_holds(&redis, activity_id, &owner, holds).await {
                     tracing::warn!(activity_id, error = %e, "best-effort lock release failed");
                 }
             });

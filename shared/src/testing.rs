@@ -424,29 +424,59 @@ fn rand_port() -> u16 {
 }
 
 /// Loads `activity` into Redis as preheat would, for tests and the benchmark, which may load
-/// activities the database does not hold: the lock is taken directly in Redis (no fencing
-/// token, no database), held for the one script, and released.
+/// activities the database does not hold: the lock is taken directly in Redis by
+/// `lua/lock_acquire.lua` with no database floor (its token fences nothing), held for the one
+/// script, and released.
 pub async fn load_without_db(
     redis: &Redis,
     activity: &Activity,
     buffer: Duration,
 ) -> anyhow::Result<crate::sale::PreheatOutcome> {
     let owner = uuid::Uuid::new_v4().to_string();
-    let lock = redis.keys(activity.id).lock;
-    let taken: Option<String> = redis
-        .cmd(
-            redis::cmd("SET")
-                .arg(&lock)
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(10_000),
-        )
-        .await?;
-    anyhow::ensure!(taken.is_some(), "activity {} is locked", activity.id);
+    let keys = redis.keys(activity.id);
+    let mut inv = crate::scripts::LOCK_ACQUIRE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.fence)
+        .arg(&owner)
+        .arg(10_000)
+        .arg(0);
+    let token: i64 = redis.script(&inv).await?;
+    anyhow::ensure!(token > 0, "activity {} is locked", activity.id);
     let outcome = crate::sale::preheat(redis, activity, buffer, &owner).await;
     crate::lock::release_owned(redis, activity.id, &owner).await?;
     Ok(outcome?)
+}
+
+/// The activity's lock as Redis holds it (`lua/lock_acquire.lua`): who holds it, how many
+/// holds they have, and the fencing token of their outermost acquisition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockHold {
+    pub owner: String,
+    pub holds: i64,
+    pub token: i64,
+}
+
+/// Reads the activity's lock; `None` when nobody holds it.
+pub async fn lock_hold(redis: &Redis, activity_id: i64) -> anyhow::Result<Option<LockHold>> {
+    let lock = redis.keys(activity_id).lock;
+    let fields: std::collections::HashMap<String, i64> =
+        redis.cmd(redis::cmd("HGETALL").arg(&lock)).await?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let token = *fields
+        .get("token")
+        .ok_or_else(|| anyhow::anyhow!("{lock} has no token"))?;
+    let mut owners = fields.into_iter().filter(|(field, _)| field != "token");
+    let (owner, holds) = owners
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{lock} has no owner"))?;
+    anyhow::ensure!(owners.next().is_none(), "{lock} has two owners");
+    Ok(Some(LockHold {
+        owner,
+        holds,
+        token,
+    }))
 }
 
 /// Redis loses a sale, as after a restart with no data: its stock, meta, user set and ledger

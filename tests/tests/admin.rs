@@ -10,7 +10,7 @@ use seckill_shared::activity::{self, Activity, ActivityPatch};
 use seckill_shared::lock::{self, LockError};
 use seckill_shared::on_both_redis;
 use seckill_shared::sale::{self, Reservation};
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::testing::{self, call, request, RedisKind, TestEnv};
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,10 +39,10 @@ async fn redis_stock(env: &TestEnv, id: i64) -> Option<i64> {
 }
 
 async fn lock_value(env: &TestEnv, id: i64) -> Option<String> {
-    env.redis
-        .cmd(redis::cmd("GET").arg(env.redis.keys(id).lock))
+    testing::lock_hold(&env.redis, id)
         .await
         .unwrap()
+        .map(|hold| hold.owner)
 }
 
 fn patch(v: Value) -> ActivityPatch {

@@ -1,0 +1,248 @@
+//! The re-entrant admin lock against real Redis (standalone and cluster) and real PostgreSQL:
+//! nested holds keep the lock until the last release under one fencing token, a non-owner's
+//! release changes nothing, the hold count survives the watchdog's renewals, and a paused
+//! holder's nested release after its lease ran out leaves the next holder's lock alone while
+//! the database refuses its token.
+
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::activity::{self, NewActivity};
+use seckill_shared::lock::{self, LockError};
+use seckill_shared::on_both_redis;
+use seckill_shared::testing::{self, LockHold, RedisKind, TestEnv};
+use std::time::Duration;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A test env and an activity row (not loaded into Redis: the lock is all these tests use).
+async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
+    let env = TestEnv::new(kind).await?;
+    let now = Utc::now();
+    let a = activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "lock test".into(),
+            total_stock: 10,
+            per_order_limit: 1,
+            start_at: now - ChronoDuration::minutes(1),
+            end_at: now + ChronoDuration::hours(1),
+        },
+    )
+    .await?;
+    Ok((env, a.id))
+}
+
+fn hold(owner: &str, holds: i64, token: i64) -> Option<LockHold> {
+    Some(LockHold {
+        owner: owner.to_string(),
+        holds,
+        token,
+    })
+}
+
+async fn fence_counter(env: &TestEnv, id: i64) -> anyhow::Result<Option<i64>> {
+    Ok(env
+        .redis
+        .cmd(redis::cmd("GET").arg(env.redis.keys(id).fence))
+        .await?)
+}
+
+/// A fenced database write with `token`, committed when the fence accepts it.
+async fn fenced_write(env: &TestEnv, id: i64, token: i64) -> Result<(), LockError> {
+    let mut tx = env.pool.begin().await?;
+    lock::fenced_update(&mut tx, id, token).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn is_busy(env: &TestEnv, id: i64) -> bool {
+    matches!(
+        lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(50)).await,
+        Err(LockError::Busy)
+    )
+}
+
+async fn nested_holds_keep_the_lock_until_the_last_release_under_one_token(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    // Arrange: an outer hold and two nested ones.
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    let issued = fence_counter(&env, id).await?;
+    let first = outer.reenter().await?;
+    let second = first.reenter().await?;
+
+    // Assert: one holder, three holds, the outermost token and no new one issued.
+    assert_eq!((first.token, second.token), (outer.token, outer.token));
+    assert_eq!((&first.owner, &second.owner), (&outer.owner, &outer.owner));
+    let owner = outer.owner.clone();
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 3, outer.token)
+    );
+    assert_eq!(fence_counter(&env, id).await?, issued);
+    assert!(is_busy(&env, id).await);
+
+    // Act + Assert: each nested release gives back one hold; the key stays with the outer one.
+    assert!(second.release().await?);
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 2, outer.token)
+    );
+    assert!(first.release().await?);
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 1, outer.token)
+    );
+    assert!(is_busy(&env, id).await);
+    fenced_write(&env, id, outer.token).await?;
+
+    // The outermost release works as before: the lock goes, the next holder gets a new token.
+    let token = outer.token;
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    let next = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    assert!(next.token > token, "{} > {token}", next.token);
+    assert!(next.release().await?);
+    Ok(())
+}
+on_both_redis!(nested_holds_keep_the_lock_until_the_last_release_under_one_token);
+
+async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let (env, id) = setup(kind).await?;
+
+    // A nested guard dropped (an early `?` in a helper) leaves its hold to the outer guard,
+    // whose release still deletes the key.
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    drop(outer.reenter().await?);
+    drop(outer.reenter().await?);
+    let owner = outer.owner.clone();
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 3, outer.token)
+    );
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+
+    // The same when the outer guard is dropped too: its background release gives back all.
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    drop(outer.reenter().await?);
+    drop(outer);
+    let mut gone = false;
+    for _ in 0..100 {
+        if testing::lock_hold(&env.redis, id).await?.is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert!(
+        gone,
+        "the dropped guards' holds were given back well before the lease ran out"
+    );
+    Ok(())
+}
+on_both_redis!(nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release);
+
+async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
+    // Arrange: the lock held twice.
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    let nested = outer.reenter().await?;
+    let before = testing::lock_hold(&env.redis, id).await?;
+    assert_eq!(before, hold(&outer.owner, 2, outer.token));
+
+    // Act: releases by owners that do not hold it, once and repeatedly.
+    for stranger in ["someone-else", &uuid::Uuid::new_v4().to_string()] {
+        for _ in 0..3 {
+            assert!(!lock::release_owned(&env.redis, id, stranger).await?);
+        }
+    }
+
+    // Assert: not one hold given back, the lease untouched, the holder still the only one.
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, before);
+    assert!(is_busy(&env, id).await);
+    assert!(nested.release().await?);
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    Ok(())
+}
+on_both_redis!(a_release_by_a_non_owner_changes_nothing);
+
+async fn the_hold_count_survives_renewals(kind: RedisKind) -> anyhow::Result<()> {
+    // Arrange: a 300 ms lease (renewed every 100 ms), held twice.
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(300), ms(100)).await?;
+    let nested = outer.reenter().await?;
+    let owner = outer.owner.clone();
+
+    // Act: three lease lengths pass; only the watchdog's renewals keep the lock.
+    tokio::time::sleep(ms(900)).await;
+
+    // Assert: still held, both holds counted.
+    assert!(!outer.is_lost());
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 2, outer.token)
+    );
+
+    // The nested release leaves one hold, which the renewals keep alive in turn.
+    assert!(nested.release().await?);
+    tokio::time::sleep(ms(600)).await;
+    assert!(!outer.is_lost());
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 1, outer.token)
+    );
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    Ok(())
+}
+on_both_redis!(the_hold_count_survives_renewals);
+
+async fn a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next_holder_alone(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    // Arrange: A holds the lock twice with a 300 ms lease, then "pauses": nothing renews it.
+    let (env, id) = setup(kind).await?;
+    let mut a = lock::acquire(&env.redis, &env.pool, id, ms(300), ms(100)).await?;
+    a.stop_watchdog();
+    let a_nested = a.reenter().await?;
+    tokio::time::sleep(ms(450)).await;
+    assert!(a.is_lost(), "A's lease ran out while it was paused");
+
+    // A re-entry after the lease ran out does not take the free lock with A's old token.
+    assert!(matches!(a.reenter().await, Err(LockError::Lost)));
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+
+    // B takes the lock and writes.
+    let b = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(1000)).await?;
+    assert!(b.token > a.token);
+    fenced_write(&env, id, b.token).await?;
+    let b_holds = hold(&b.owner, 1, b.token);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+
+    // Act: A resumes, unaware, and releases its nested hold, then tries its fenced write.
+    let nested_ours = a_nested.release().await?;
+    let a_token = a.token;
+    let write = fenced_write(&env, id, a_token).await;
+
+    // Assert: B's lock is untouched (not decremented, not deleted), A's write is refused.
+    assert!(!nested_ours);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+    assert!(
+        matches!(write, Err(LockError::StaleToken { token, seen }) if token == a_token && seen == b.token),
+        "{write:?}"
+    );
+    assert!(!a.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+    assert!(b.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    Ok(())
+}
+on_both_redis!(
+    a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next_holder_alone
+);
