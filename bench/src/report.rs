@@ -520,3 +520,6 @@ absence of a `.symtab` section), and time from spawning each binary, with
 `GET /2018-06-01/runtime/invocation/next` (includes connecting to Redis; pools are lazy where the
 function makes them lazy). `make bench` builds them first.
 "#;
+
+#[cfg(test)]
+mod tests;
