@@ -1,5 +1,5 @@
-//! The report's text for fixed results, compared byte for byte with the committed golden files
-//! in `golden/`. A change to what RESULTS.md says shows up here as a failing test; when the change
+//! The report's text (RESULTS.md, results.json) for fixed results, compared byte for byte with
+//! the committed golden files in `golden/`. A change to what they say fails here; when the change
 //! is meant, regenerate them with `UPDATE_GOLDEN=1 cargo test -p seckill-bench report` and commit
 //! the new files on their own.
 
@@ -305,6 +305,13 @@ fn results_md_for_a_full_run_matches_the_golden_file() {
 fn results_md_for_a_run_with_no_sections_matches_the_golden_file() {
     let doc = Document::new(machine(), sizes(), Results::default());
     assert_golden("no-sections.md", &doc.markdown());
+}
+
+#[test]
+fn results_json_for_a_full_run_matches_the_golden_file() {
+    let doc = Document::new(machine(), sizes(), full_results());
+    let json = serde_json::to_string_pretty(&doc.json()).expect("results serialize");
+    assert_golden("full-run.json", &json);
 }
 
 #[test]
