@@ -1,9 +1,10 @@
-//! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): the seeds' comparison of
-//! stock-deduction strategies, measured side by side in one run on the real local Redis,
-//! PostgreSQL and SQS emulator, plus the entry handler's cost, the sold-out cache, accepted
-//! purchases with their SQS send, the order consumer, Redis memory per participant and the
-//! Lambda binaries. Prints one table (stdout), progress on stderr, and writes `RESULTS.md` and
-//! `results.json` (to `bench/` for a full run, `target/bench/` for `--quick`).
+//! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): stock-deduction
+//! strategies (Lua script, HINCRBY with compensation, lock, database only), measured side by
+//! side in one run on the real local Redis, PostgreSQL and SQS emulator, plus the entry
+//! handler's cost, the sold-out cache, accepted purchases with their SQS send, the order
+//! consumer, Redis memory per participant and the Lambda binaries. Prints one table (stdout),
+//! progress on stderr, and writes `RESULTS.md` and `results.json` (to `bench/` for a full run,
+//! `target/bench/` for `--quick`).
 //!
 //! Benchmarks print figures; nothing here asserts a timing.
 //!
