@@ -31,7 +31,10 @@ use std::sync::Arc;
 
 /// Command-line options.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "seckill-bench", about = "The seeds' comparison, measured")]
+#[command(
+    name = "seckill-bench",
+    about = "Stock-deduction strategies and the functions' costs, measured"
+)]
 pub struct Args {
     /// A ~30 s smoke run with small sizes (writes to target/bench/ unless --out is given).
     #[arg(long)]
