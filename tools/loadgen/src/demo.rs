@@ -636,3 +636,6 @@ pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<Stor
         pending_count: snap.pending_count(),
     })
 }
+
+#[cfg(test)]
+mod tests;
