@@ -17,6 +17,7 @@ use seckill_shared::{sale, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -103,9 +104,14 @@ impl DemoReport {
 
     /// The human report.
     pub fn text(&self) -> String {
-        use std::fmt::Write;
         let mut o = String::new();
-        let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
+        self.write_crowd(&mut o);
+        self.write_outcome(&mut o);
+        o
+    }
+
+    /// What the crowd sent and how the entry function answered it.
+    fn write_crowd(&self, o: &mut String) {
         let _ = writeln!(o, "\n== flash sale: activity {} ==", self.activity_id);
         let _ = writeln!(
             o,
@@ -127,6 +133,11 @@ impl DemoReport {
             "latency         p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
             self.p50_ms, self.p95_ms, self.p99_ms, self.max_ms
         );
+    }
+
+    /// What the stores hold afterwards, each check with its verdict.
+    fn write_outcome(&self, o: &mut String) {
+        let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
         let _ = writeln!(
             o,
             "queue drained   {} in {:.1} s after the crowd",
@@ -168,7 +179,6 @@ impl DemoReport {
         );
         let _ = writeln!(o, "reconcile       {}", self.reconcile);
         let _ = writeln!(o, "chart           {}", self.chart);
-        o
     }
 }
 
@@ -379,23 +389,7 @@ fn build_report(
     chart: String,
 ) -> DemoReport {
     let total = store.db_total_stock;
-    let redis_stock = store.redis_stock.unwrap_or(0);
-    let left = redis_stock + store.pending_qty + store.units_sold;
-    let conservation_ok = store.redis_stock.is_some()
-        && left == total
-        && store.db_remaining_stock == total - store.units_sold;
-    let conservation = format!(
-        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
-        store
-            .redis_stock
-            .map_or_else(|| "missing".to_string(), |s| s.to_string()),
-        store.pending_qty,
-        store.units_sold,
-        left,
-        total,
-        store.db_remaining_stock,
-        total - store.units_sold
-    );
+    let (conservation_ok, conservation) = conservation(&store);
     DemoReport {
         activity_id,
         stock: total,
@@ -429,6 +423,30 @@ fn build_report(
         stock_samples,
         chart,
     }
+}
+
+/// Whether every unit is accounted for, and the sum that says so: Redis stock + pending
+/// reservations + confirmed units = total stock, and PostgreSQL's remaining = total - confirmed.
+fn conservation(store: &StoreFacts) -> (bool, String) {
+    let total = store.db_total_stock;
+    let redis_stock = store.redis_stock.unwrap_or(0);
+    let left = redis_stock + store.pending_qty + store.units_sold;
+    let ok = store.redis_stock.is_some()
+        && left == total
+        && store.db_remaining_stock == total - store.units_sold;
+    let sum = format!(
+        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
+        store
+            .redis_stock
+            .map_or_else(|| "missing".to_string(), |s| s.to_string()),
+        store.pending_qty,
+        store.units_sold,
+        left,
+        total,
+        store.db_remaining_stock,
+        total - store.units_sold
+    );
+    (ok, sum)
 }
 
 /// Step lines go to stderr, beside the progress bar; stdout carries the report.
