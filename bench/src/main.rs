@@ -1,9 +1,10 @@
-//! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): the seeds' comparison of
-//! stock-deduction strategies, measured side by side in one run on the real local Redis,
-//! PostgreSQL and SQS emulator, plus the entry handler's cost, the sold-out cache, accepted
-//! purchases with their SQS send, the order consumer, Redis memory per participant and the
-//! Lambda binaries. Prints one table (stdout), progress on stderr, and writes `RESULTS.md` and
-//! `results.json` (to `bench/` for a full run, `target/bench/` for `--quick`).
+//! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): stock-deduction
+//! strategies (Lua script, HINCRBY with compensation, lock, database only), measured side by
+//! side in one run on the real local Redis, PostgreSQL and SQS emulator, plus the entry
+//! handler's cost, the sold-out cache, accepted purchases with their SQS send, the order
+//! consumer, Redis memory per participant and the Lambda binaries. Prints one table (stdout),
+//! progress on stderr, and writes `RESULTS.md` and `results.json` (to `bench/` for a full run,
+//! `target/bench/` for `--quick`).
 //!
 //! Benchmarks print figures; nothing here asserts a timing.
 //!
@@ -30,7 +31,10 @@ use std::sync::Arc;
 
 /// Command-line options.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "seckill-bench", about = "The seeds' comparison, measured")]
+#[command(
+    name = "seckill-bench",
+    about = "Stock-deduction strategies and the functions' costs, measured"
+)]
 pub struct Args {
     /// A ~30 s smoke run with small sizes (writes to target/bench/ unless --out is given).
     #[arg(long)]
@@ -149,122 +153,196 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "seckill-bench: {} cores, load {}, sizes {:?}",
         machine.nproc, machine.load_start, sizes
     );
-    let want = |s: &str| args.sections.iter().any(|x| x == s);
+    let mut stores = Stores::set_up(&sizes).await?;
 
-    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let client = redis::Client::open(redis_url.as_str())?;
-    let mut admin = client.get_multiplexed_async_connection().await?;
-    // Setup, INFO and MEMORY USAGE of a 1M-member key can take a while on a busy machine.
-    admin.set_response_timeout(std::time::Duration::from_secs(120));
-    let clients_at_start = report::redis_clients(&mut admin).await;
-    eprintln!("creating a fresh database ...");
-    let (database_url, pool) = seckill_shared::testing::fresh_database().await?;
-    let user_count = sizes
-        .attempts
-        .max(sizes.sqs_sends)
-        .max(sizes.consumer_orders)
-        .max(10_000);
-    let users: Arc<Vec<String>> =
-        Arc::new((0..user_count).map(|i| format!("user-{i:07}")).collect());
-
-    let mut results = Results::default();
     // The functions write their metrics (EMF lines) to stdout, as in Lambda; while measuring,
     // stdout goes to /dev/null (the write still happens) so only the table reaches it.
     let quiet = QuietStdout::new();
-    let outcome = async {
-        if want("strategies") {
-            eprintln!(
-                "== strategies ({} tasks, one ConnectionManager)",
-                sizes.concurrency
-            );
-            let mut env = strategies::Env {
-                client: client.clone(),
-                admin: admin.clone(),
-                pool: pool.clone(),
-                database_url: database_url.clone(),
-                users: users.clone(),
-                concurrency: sizes.concurrency,
-                db_pool_size: sizes.db_pool,
-            };
-            for wl in [
-                strategies::Workload::success_heavy(sizes.attempts),
-                strategies::Workload::failure_heavy(sizes.attempts),
-            ] {
-                let rows = strategies::run_workload(&mut env, wl, sizes.kill_attempts).await?;
-                results.rows.extend(rows);
-            }
-        }
-        if want("entry") {
-            eprintln!("== entry handler");
-            results.entry = Some(
-                entry::run(
-                    &client,
-                    &database_url,
-                    &pool,
-                    users.clone(),
-                    &entry::Sizes {
-                        concurrency: sizes.concurrency,
-                        rejections: sizes.rejections,
-                        sold_out: sizes.sold_out,
-                        http: sizes.http,
-                        sqs_sends: sizes.sqs_sends,
-                        sqs_concurrency: sizes.sqs_concurrency,
-                    },
-                )
-                .await?,
-            );
-        }
-        if want("consumer") {
-            eprintln!(
-                "== order consumer ({} orders, {} instances x {} connections, batches of 10)",
-                sizes.consumer_orders, sizes.consumer_instances, sizes.consumer_connections
-            );
-            results.consumer = Some(
-                consumer::run(
-                    &database_url,
-                    &pool,
-                    sizes.consumer_orders,
-                    sizes.consumer_instances,
-                    sizes.consumer_connections,
-                )
-                .await?,
-            );
-        }
-        if want("memory") {
-            eprintln!("== Redis memory per participant");
-            for &n in &sizes.memory_users {
-                for uuid_ids in [false, true] {
-                    match memory::measure(&mut admin, n, uuid_ids).await {
-                        Ok(row) => results.memory.push(row),
-                        Err(e) => eprintln!("  ! memory for {n} users failed: {e:#}"),
-                    }
-                }
-            }
-        }
-        if want("binaries") {
-            eprintln!("== Lambda binaries ({})", binaries::release_dir().display());
-            for name in binaries::FUNCTIONS {
-                results
-                    .binaries
-                    .push(binaries::measure(name, sizes.init_repeats).await);
-            }
-        }
-        Ok::<_, anyhow::Error>(())
-    }
-    .await;
+    let outcome = measure(&args, &sizes, &mut stores).await;
     drop(quiet);
-
-    pool.close().await;
-    if let Err(e) = drop_database(&database_url).await {
-        eprintln!("could not drop the bench database: {e:#}");
-    }
-    outcome?;
+    let clients_at_start = stores.tear_down().await;
+    let results = outcome?;
 
     let machine = machine
         .finish(started, wall.elapsed(), clients_at_start)
         .await;
     let doc = report::Document::new(machine, sizes, results);
     println!("{}", doc.table());
+    write(&args, &doc)
+}
+
+/// What every section measures against: Redis, the run's own fresh database, the users.
+struct Stores {
+    client: redis::Client,
+    admin: redis::aio::MultiplexedConnection,
+    clients_at_start: (Option<i64>, String),
+    database_url: String,
+    pool: sqlx::PgPool,
+    users: Arc<Vec<String>>,
+}
+
+impl Stores {
+    async fn set_up(sizes: &Sizes) -> anyhow::Result<Self> {
+        let redis_url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let client = redis::Client::open(redis_url.as_str())?;
+        let mut admin = client.get_multiplexed_async_connection().await?;
+        // Setup, INFO and MEMORY USAGE of a 1M-member key can take a while on a busy machine.
+        admin.set_response_timeout(std::time::Duration::from_secs(120));
+        let clients_at_start = report::redis_clients(&mut admin).await;
+        eprintln!("creating a fresh database ...");
+        let (database_url, pool) = seckill_shared::testing::fresh_database().await?;
+        let user_count = sizes
+            .attempts
+            .max(sizes.sqs_sends)
+            .max(sizes.consumer_orders)
+            .max(10_000);
+        let users: Arc<Vec<String>> =
+            Arc::new((0..user_count).map(|i| format!("user-{i:07}")).collect());
+        Ok(Self {
+            client,
+            admin,
+            clients_at_start,
+            database_url,
+            pool,
+            users,
+        })
+    }
+
+    /// Closes the pool and drops the run's database; answers Redis's figures from the start.
+    async fn tear_down(self) -> (Option<i64>, String) {
+        self.pool.close().await;
+        if let Err(e) = drop_database(&self.database_url).await {
+            eprintln!("could not drop the bench database: {e:#}");
+        }
+        self.clients_at_start
+    }
+}
+
+/// Runs the sections asked for, in a fixed order.
+async fn measure(args: &Args, sizes: &Sizes, stores: &mut Stores) -> anyhow::Result<Results> {
+    let want = |s: &str| args.sections.iter().any(|x| x == s);
+    let mut results = Results::default();
+    if want("strategies") {
+        results.rows = measure_strategies(sizes, stores).await?;
+    }
+    if want("entry") {
+        results.entry = Some(measure_entry(sizes, stores).await?);
+    }
+    if want("consumer") {
+        results.consumer = Some(measure_consumer(sizes, stores).await?);
+    }
+    if want("memory") {
+        results.memory = measure_memory(sizes, &mut stores.admin).await;
+    }
+    if want("binaries") {
+        results.binaries = measure_binaries(sizes).await;
+    }
+    Ok(results)
+}
+
+async fn measure_strategies(
+    sizes: &Sizes,
+    stores: &Stores,
+) -> anyhow::Result<Vec<strategies::Row>> {
+    eprintln!(
+        "== strategies ({} tasks, one ConnectionManager)",
+        sizes.concurrency
+    );
+    let Stores {
+        client,
+        admin,
+        pool,
+        database_url,
+        users,
+        ..
+    } = stores;
+    let mut env = strategies::Env {
+        client: client.clone(),
+        admin: admin.clone(),
+        pool: pool.clone(),
+        database_url: database_url.clone(),
+        users: users.clone(),
+        concurrency: sizes.concurrency,
+        db_pool_size: sizes.db_pool,
+    };
+    let mut rows = Vec::new();
+    for wl in [
+        strategies::Workload::success_heavy(sizes.attempts),
+        strategies::Workload::failure_heavy(sizes.attempts),
+    ] {
+        rows.extend(strategies::run_workload(&mut env, wl, sizes.kill_attempts).await?);
+    }
+    Ok(rows)
+}
+
+async fn measure_entry(sizes: &Sizes, stores: &Stores) -> anyhow::Result<entry::EntryResults> {
+    eprintln!("== entry handler");
+    entry::run(
+        &stores.client,
+        &stores.database_url,
+        &stores.pool,
+        stores.users.clone(),
+        &entry::Sizes {
+            concurrency: sizes.concurrency,
+            rejections: sizes.rejections,
+            sold_out: sizes.sold_out,
+            http: sizes.http,
+            sqs_sends: sizes.sqs_sends,
+            sqs_concurrency: sizes.sqs_concurrency,
+        },
+    )
+    .await
+}
+
+async fn measure_consumer(
+    sizes: &Sizes,
+    stores: &Stores,
+) -> anyhow::Result<consumer::ConsumerResults> {
+    eprintln!(
+        "== order consumer ({} orders, {} instances x {} connections, batches of 10)",
+        sizes.consumer_orders, sizes.consumer_instances, sizes.consumer_connections
+    );
+    consumer::run(
+        &stores.database_url,
+        &stores.pool,
+        sizes.consumer_orders,
+        sizes.consumer_instances,
+        sizes.consumer_connections,
+    )
+    .await
+}
+
+/// A size that fails is reported on stderr and left out; the others still run.
+async fn measure_memory(
+    sizes: &Sizes,
+    admin: &mut redis::aio::MultiplexedConnection,
+) -> Vec<memory::MemoryRow> {
+    eprintln!("== Redis memory per participant");
+    let mut rows = Vec::new();
+    for &n in &sizes.memory_users {
+        for uuid_ids in [false, true] {
+            match memory::measure(admin, n, uuid_ids).await {
+                Ok(row) => rows.push(row),
+                Err(e) => eprintln!("  ! memory for {n} users failed: {e:#}"),
+            }
+        }
+    }
+    rows
+}
+
+async fn measure_binaries(sizes: &Sizes) -> Vec<binaries::BinaryRow> {
+    eprintln!("== Lambda binaries ({})", binaries::release_dir().display());
+    let mut rows = Vec::new();
+    for name in binaries::FUNCTIONS {
+        rows.push(binaries::measure(name, sizes.init_repeats).await);
+    }
+    rows
+}
+
+/// Writes RESULTS.md and results.json to `--out`, else to `bench/` (`target/bench/` for
+/// `--quick`).
+fn write(args: &Args, doc: &report::Document) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         if args.quick {

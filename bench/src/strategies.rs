@@ -1,12 +1,13 @@
-//! The seeds' comparison: five ways to take one unit of stock, each under the same workload
-//! (same users, stock, attempt count and concurrency) on the same Redis and PostgreSQL.
+//! Five ways to take one unit of stock, compared under the same workload (same users, stock,
+//! attempt count and concurrency) on the same Redis and PostgreSQL.
 //!
 //! - `lua`: our purchase script through `sale::purchase` (window, limit, stock, user set,
 //!   ledger: one round trip).
-//! - `hincrby`: seed 001's HINCRBY -1, client-side check, compensating HINCRBY +1 on a
-//!   negative result (two round trips on failure).
-//! - `lock`: seed 001's lock sketch on our lock's scripts: take it (`lua/lock_acquire.lua`,
-//!   retry every 1 ms for up to 1 s), GET, DECR, owner-checked release (`lua/lock_release.lua`).
+//! - `hincrby`: HINCRBY -1 on the goods hash, a client-side check, and a compensating
+//!   HINCRBY +1 on a negative result (two round trips on failure).
+//! - `lock`: a Redis lock around a read and a decrement, on our lock's scripts: take it
+//!   (`lua/lock_acquire.lua`, retry every 1 ms for up to 1 s), GET, DECR, owner-checked
+//!   release (`lua/lock_release.lua`).
 //! - `db-only`: conditional update + order insert, one transaction per attempt.
 //! - `limit`: the purchase script by raw EVALSHA, arguments prepared beforehand: no
 //!   application around it.
@@ -32,10 +33,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Lease of the `lock` strategy's lock (seed 001 uses 10 s; a short lease keeps a dead
-/// holder's stall short in the kill run, and is generous to the lock).
+/// Lease of the `lock` strategy's lock: 200 ms, not seconds, so a holder that dies in the kill
+/// run stalls the others only briefly (generous to the lock).
 pub const LOCK_LEASE_MS: u64 = 200;
-/// How long a `lock` attempt waits for the lock before answering busy (seed 001: 1 s).
+/// How long a `lock` attempt waits for the lock before answering busy.
 pub const LOCK_WAIT: Duration = Duration::from_secs(1);
 /// Sleep between two lock tries.
 pub const LOCK_RETRY: Duration = Duration::from_millis(1);
@@ -165,7 +166,7 @@ struct Ctx {
     redis: Redis,
     cm: ConnectionManager,
     keys: Keys,
-    /// `hincrby`: the hash holding the stock field (seed 001's goods hash).
+    /// `hincrby`: the goods hash, whose stock field HINCRBY decrements.
     goods: String,
     users: Arc<Vec<String>>,
     request_ids: Arc<Vec<String>>,

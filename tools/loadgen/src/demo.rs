@@ -17,6 +17,7 @@ use seckill_shared::{sale, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -103,9 +104,14 @@ impl DemoReport {
 
     /// The human report.
     pub fn text(&self) -> String {
-        use std::fmt::Write;
         let mut o = String::new();
-        let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
+        self.write_crowd(&mut o);
+        self.write_outcome(&mut o);
+        o
+    }
+
+    /// What the crowd sent and how the entry function answered it.
+    fn write_crowd(&self, o: &mut String) {
         let _ = writeln!(o, "\n== flash sale: activity {} ==", self.activity_id);
         let _ = writeln!(
             o,
@@ -127,6 +133,11 @@ impl DemoReport {
             "latency         p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
             self.p50_ms, self.p95_ms, self.p99_ms, self.max_ms
         );
+    }
+
+    /// What the stores hold afterwards, each check with its verdict.
+    fn write_outcome(&self, o: &mut String) {
+        let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
         let _ = writeln!(
             o,
             "queue drained   {} in {:.1} s after the crowd",
@@ -168,127 +179,18 @@ impl DemoReport {
         );
         let _ = writeln!(o, "reconcile       {}", self.reconcile);
         let _ = writeln!(o, "chart           {}", self.chart);
-        o
     }
 }
 
 /// Runs the whole show.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
-    let mut config = Config::from_env()?;
-    config.sqs_timeout = opts.sqs_timeout;
-    std::fs::create_dir_all(&opts.out_dir)
-        .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
-
-    let mut dev = DevConfig::new(config.clone(), opts.jwt_secret.clone());
-    dev.addr = ([127, 0, 0, 1], 0).into();
-    dev.preheat_every = Some(Duration::from_millis(500));
-    // Reconcile runs once, after the drain, so the report shows what it found.
-    dev.reconcile_every = None;
-    let server = seckill_devserver::start(dev)
-        .await
-        .context("failed to start the dev server (is the stack up? `make stack`)")?;
-    let base = server.url();
-    say(&opts, &format!("dev server on {base}"));
-
-    let pool = seckill_shared::db::connect(&config).await?;
-    let redis = Redis::connect(&config).await?;
-    let http = reqwest::Client::new();
-
-    // An admin creates the sale, opening a few seconds from now.
-    let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
-    let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
-    let end_at = start_at + chrono::Duration::minutes(30);
-    let activity_id = create_activity(&http, &base, &admin, &opts, start_at, end_at).await?;
-    say(
-        &opts,
-        &format!(
-            "activity {activity_id}: {} units, {} per user, opens at {}",
-            opts.stock,
-            opts.per_order_limit,
-            start_at.format("%H:%M:%S%.3f")
-        ),
-    );
-    wait_for_preheat(&http, &base, activity_id).await?;
-    say(&opts, "preheated into Redis");
-
-    let plan = Plan::crowd(&CrowdSpec {
-        activity_id,
-        users: opts.users,
-        requests: opts.requests,
-        quantity: 1,
-        bad_ratio: opts.bad_ratio,
-        seed: opts.seed,
-        secret: opts.jwt_secret.clone(),
-        user_prefix: format!("demo{activity_id}-user"),
-    })?;
-
-    // The crowd arrives a moment before the window opens.
-    let fire_at_utc = start_at - chrono::Duration::from_std(opts.early)?;
-    let wait = (fire_at_utc - Utc::now()).to_std().unwrap_or_default();
-    let fire_at = Instant::now() + wait;
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = tokio::spawn(sample_stock(
-        redis.clone(),
-        activity_id,
-        fire_at,
-        samples.clone(),
-        sampling.clone(),
-    ));
-    tokio::time::sleep_until(fire_at.into()).await;
-    say(
-        &opts,
-        &format!(
-            "crowd: {} requests from {} users",
-            opts.requests, opts.users
-        ),
-    );
-    let load = load::run(
-        &plan,
-        &RunOptions {
-            base_url: base.clone(),
-            concurrency: opts.concurrency,
-            timeout: Duration::from_secs(30),
-            quiet: opts.quiet,
-        },
-    )
-    .await?;
-
-    let accepted = load
-        .requests_by_outcome
-        .get("accepted")
-        .copied()
-        .unwrap_or(0);
-    let drain_started = Instant::now();
-    let drained = wait_for_drain(&pool, &redis, activity_id, accepted, opts.drain_timeout).await?;
-    let drain_secs = drain_started.elapsed().as_secs_f64();
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = sampler.await;
-
-    // Only this activity's part: the real database holds earlier demos too.
-    let reconcile = match server.functions().reconcile(Utc::now()).await {
-        Ok(r) => serde_json::to_value(r.activity(activity_id)).unwrap_or_default(),
-        Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
-    };
-    let store = facts(&pool, &redis, activity_id).await?;
-    server.shutdown().await?;
-
-    let samples = samples.lock().expect("sampler finished").clone();
-    let chart_path = opts.out_dir.join("chart.png");
-    let chart = match chart::draw(
-        &chart_path,
-        &format!(
-            "seckill demo: {} units, {} requests, {} concurrent",
-            opts.stock, load.requests, opts.concurrency
-        ),
-        &load.timeline,
-        &samples,
-        store.db_total_stock,
-    ) {
-        Ok(()) => display_path(&chart_path),
-        Err(e) => format!("not written: {e:#}"),
-    };
-
+    let stage = Stage::set_up(&opts).await?;
+    let (activity_id, start_at) = open_sale(&stage, &opts).await?;
+    let (load, sampler) = let_crowd_in(&stage, &opts, activity_id, start_at).await?;
+    let (drained, drain_secs) = drain(&stage, &opts, activity_id, &load).await?;
+    let samples = sampler.stop().await;
+    let (reconcile, store) = read_back(stage, activity_id).await?;
+    let chart = draw_chart(&opts, &load, &samples, store.db_total_stock);
     let report = build_report(
         activity_id,
         &opts,
@@ -306,6 +208,174 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     Ok(report)
 }
 
+/// The dev server the crowd calls, and the demo's own clients of the stores.
+struct Stage {
+    server: seckill_devserver::DevServer,
+    base: String,
+    pool: PgPool,
+    redis: Redis,
+    http: reqwest::Client,
+}
+
+impl Stage {
+    async fn set_up(opts: &DemoOptions) -> anyhow::Result<Self> {
+        let mut config = Config::from_env()?;
+        config.sqs_timeout = opts.sqs_timeout;
+        std::fs::create_dir_all(&opts.out_dir)
+            .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;
+
+        let mut dev = DevConfig::new(config.clone(), opts.jwt_secret.clone());
+        dev.addr = ([127, 0, 0, 1], 0).into();
+        dev.preheat_every = Some(Duration::from_millis(500));
+        // Reconcile runs once, after the drain, so the report shows what it found.
+        dev.reconcile_every = None;
+        let server = seckill_devserver::start(dev)
+            .await
+            .context("failed to start the dev server (is the stack up? `make stack`)")?;
+        let base = server.url();
+        say(opts, &format!("dev server on {base}"));
+
+        let pool = seckill_shared::db::connect(&config).await?;
+        let redis = Redis::connect(&config).await?;
+        let http = reqwest::Client::new();
+        Ok(Self {
+            server,
+            base,
+            pool,
+            redis,
+            http,
+        })
+    }
+}
+
+/// An admin creates the sale, opening a few seconds from now; answers once it is preheated.
+async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<(i64, DateTime<Utc>)> {
+    let Stage { base, http, .. } = stage;
+    let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
+    let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
+    let end_at = start_at + chrono::Duration::minutes(30);
+    let activity_id = create_activity(http, base, &admin, opts, start_at, end_at).await?;
+    say(
+        opts,
+        &format!(
+            "activity {activity_id}: {} units, {} per user, opens at {}",
+            opts.stock,
+            opts.per_order_limit,
+            start_at.format("%H:%M:%S%.3f")
+        ),
+    );
+    wait_for_preheat(http, base, activity_id).await?;
+    say(opts, "preheated into Redis");
+    Ok((activity_id, start_at))
+}
+
+/// The crowd arrives a moment before the window opens; the stock sampler runs from then on
+/// and keeps running (through the drain) until stopped.
+async fn let_crowd_in(
+    stage: &Stage,
+    opts: &DemoOptions,
+    activity_id: i64,
+    start_at: DateTime<Utc>,
+) -> anyhow::Result<(LoadReport, StockSampler)> {
+    let plan = Plan::crowd(&CrowdSpec {
+        activity_id,
+        users: opts.users,
+        requests: opts.requests,
+        quantity: 1,
+        bad_ratio: opts.bad_ratio,
+        seed: opts.seed,
+        secret: opts.jwt_secret.clone(),
+        user_prefix: format!("demo{activity_id}-user"),
+    })?;
+
+    let fire_at_utc = start_at - chrono::Duration::from_std(opts.early)?;
+    let wait = (fire_at_utc - Utc::now()).to_std().unwrap_or_default();
+    let fire_at = Instant::now() + wait;
+    let sampler = StockSampler::start(stage.redis.clone(), activity_id, fire_at);
+    tokio::time::sleep_until(fire_at.into()).await;
+    say(
+        opts,
+        &format!(
+            "crowd: {} requests from {} users",
+            opts.requests, opts.users
+        ),
+    );
+    let load = load::run(
+        &plan,
+        &RunOptions {
+            base_url: stage.base.clone(),
+            concurrency: opts.concurrency,
+            timeout: Duration::from_secs(30),
+            quiet: opts.quiet,
+        },
+    )
+    .await?;
+    Ok((load, sampler))
+}
+
+/// Waits for the consumer to turn the accepted purchases into orders; answers whether it
+/// drained within the timeout, and how long that took.
+async fn drain(
+    stage: &Stage,
+    opts: &DemoOptions,
+    activity_id: i64,
+    load: &LoadReport,
+) -> anyhow::Result<(bool, f64)> {
+    let accepted = load
+        .requests_by_outcome
+        .get("accepted")
+        .copied()
+        .unwrap_or(0);
+    let drain_started = Instant::now();
+    let drained = wait_for_drain(
+        &stage.pool,
+        &stage.redis,
+        activity_id,
+        accepted,
+        opts.drain_timeout,
+    )
+    .await?;
+    Ok((drained, drain_started.elapsed().as_secs_f64()))
+}
+
+/// Runs reconcile once, reads the outcome back from the stores, and stops the dev server.
+async fn read_back(
+    stage: Stage,
+    activity_id: i64,
+) -> anyhow::Result<(serde_json::Value, StoreFacts)> {
+    // Only this activity's part: the real database holds earlier demos too.
+    let reconcile = match stage.server.functions().reconcile(Utc::now()).await {
+        Ok(r) => serde_json::to_value(r.activity(activity_id)).unwrap_or_default(),
+        Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+    };
+    let store = facts(&stage.pool, &stage.redis, activity_id).await?;
+    stage.server.shutdown().await?;
+    Ok((reconcile, store))
+}
+
+/// Writes chart.png; answers its path, or why it was not written.
+fn draw_chart(
+    opts: &DemoOptions,
+    load: &LoadReport,
+    samples: &[StockSample],
+    total_stock: i64,
+) -> String {
+    let chart_path = opts.out_dir.join("chart.png");
+    match chart::draw(
+        &chart_path,
+        &format!(
+            "seckill demo: {} units, {} requests, {} concurrent",
+            opts.stock, load.requests, opts.concurrency
+        ),
+        &load.timeline,
+        samples,
+        total_stock,
+    ) {
+        Ok(()) => display_path(&chart_path),
+        Err(e) => format!("not written: {e:#}"),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn build_report(
     activity_id: i64,
@@ -319,23 +389,7 @@ fn build_report(
     chart: String,
 ) -> DemoReport {
     let total = store.db_total_stock;
-    let redis_stock = store.redis_stock.unwrap_or(0);
-    let left = redis_stock + store.pending_qty + store.units_sold;
-    let conservation_ok = store.redis_stock.is_some()
-        && left == total
-        && store.db_remaining_stock == total - store.units_sold;
-    let conservation = format!(
-        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
-        store
-            .redis_stock
-            .map_or_else(|| "missing".to_string(), |s| s.to_string()),
-        store.pending_qty,
-        store.units_sold,
-        left,
-        total,
-        store.db_remaining_stock,
-        total - store.units_sold
-    );
+    let (conservation_ok, conservation) = conservation(&store);
     DemoReport {
         activity_id,
         stock: total,
@@ -369,6 +423,30 @@ fn build_report(
         stock_samples,
         chart,
     }
+}
+
+/// Whether every unit is accounted for, and the sum that says so: Redis stock + pending
+/// reservations + confirmed units = total stock, and PostgreSQL's remaining = total - confirmed.
+fn conservation(store: &StoreFacts) -> (bool, String) {
+    let total = store.db_total_stock;
+    let redis_stock = store.redis_stock.unwrap_or(0);
+    let left = redis_stock + store.pending_qty + store.units_sold;
+    let ok = store.redis_stock.is_some()
+        && left == total
+        && store.db_remaining_stock == total - store.units_sold;
+    let sum = format!(
+        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
+        store
+            .redis_stock
+            .map_or_else(|| "missing".to_string(), |s| s.to_string()),
+        store.pending_qty,
+        store.units_sold,
+        left,
+        total,
+        store.db_remaining_stock,
+        total - store.units_sold
+    );
+    (ok, sum)
 }
 
 /// Step lines go to stderr, beside the progress bar; stdout carries the report.
@@ -432,6 +510,41 @@ async fn wait_for_preheat(http: &reqwest::Client, base: &str, id: i64) -> anyhow
             "activity {id} was not preheated within 30 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The Redis stock, sampled every 100 ms in a task of its own, for the chart.
+struct StockSampler {
+    samples: Arc<Mutex<Vec<StockSample>>>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StockSampler {
+    fn start(redis: Redis, activity_id: i64, fire_at: Instant) -> Self {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let task = tokio::spawn(sample_stock(
+            redis,
+            activity_id,
+            fire_at,
+            samples.clone(),
+            running.clone(),
+        ));
+        Self {
+            samples,
+            running,
+            task,
+        }
+    }
+
+    /// Takes one more sample, stops, and answers all of them.
+    async fn stop(self) -> Vec<StockSample> {
+        self.running
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.task.await;
+        let samples = self.samples.lock().expect("sampler finished").clone();
+        samples
     }
 }
 
@@ -541,3 +654,6 @@ pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<Stor
         pending_count: snap.pending_count(),
     })
 }
+
+#[cfg(test)]
+mod tests;

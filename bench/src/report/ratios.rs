@@ -1,0 +1,124 @@
+//! The ratios between figures of one run: computed once (results.json keeps them) and printed
+//! as a table beside the goal each one is held to.
+
+use super::round;
+use crate::entry::EntryResults;
+use crate::strategies::Row;
+use crate::Results;
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+/// Every ratio, in the order the table prints them, with its goal (or what it shows).
+const GOALS: [(&str, &str); 14] = [
+    (
+        "entryVsLimit",
+        "≥ 0.8 (router + handler; requests built beforehand)",
+    ),
+    (
+        "entryVsLimitWithRequestBuild",
+        "(each attempt also builds its API Gateway-shaped request)",
+    ),
+    ("soldOutCacheVsLimit", "≥ 5 (requests built beforehand)"),
+    (
+        "soldOutCacheVsLimitWithRequestBuild",
+        "(each attempt also builds its request)",
+    ),
+    ("acceptedVsSqs", "(shows our overhead over the emulator)"),
+    ("consumerVsBaseline", "≥ 2"),
+    ("luaVsHincrbyFailureHeavy", ""),
+    ("luaVsLock", "(success-heavy)"),
+    ("luaVsLockFailureHeavy", ""),
+    ("luaVsHincrbySuccessHeavy", ""),
+    (
+        "luaVsLimit",
+        "(success-heavy: cost of the application around the script)",
+    ),
+    ("luaVsLimitFailureHeavy", ""),
+    ("luaVsDbOnly", "(success-heavy)"),
+    ("httpEntryVsTrivial", "(reported)"),
+];
+
+/// All ratios of `results` (rounded to 3 digits), `null` where a side was not measured.
+pub fn measured(results: &Results) -> Map<String, Value> {
+    let mut ratios = entry(results.entry.as_ref());
+    ratios.insert(
+        "consumerVsBaseline".into(),
+        results
+            .consumer
+            .as_ref()
+            .map_or(Value::Null, |c| json!(round(c.consumer_vs_baseline, 3))),
+    );
+    ratios.extend(strategies(&results.rows));
+    ratios
+}
+
+/// The entry section's ratios, as it measured them.
+fn entry(e: Option<&EntryResults>) -> Map<String, Value> {
+    let ratio = |v: Option<f64>| v.map_or(Value::Null, |v| json!(round(v, 3)));
+    let mut ratios = Map::new();
+    ratios.insert("entryVsLimit".into(), ratio(e.map(|e| e.entry_vs_limit)));
+    ratios.insert(
+        "entryVsLimitWithRequestBuild".into(),
+        ratio(e.map(|e| e.entry_vs_limit_with_request_build)),
+    );
+    ratios.insert(
+        "soldOutCacheVsLimitWithRequestBuild".into(),
+        ratio(e.map(|e| e.sold_out_cache_vs_limit_with_request_build)),
+    );
+    ratios.insert(
+        "soldOutCacheVsLimit".into(),
+        ratio(e.map(|e| e.sold_out_cache_vs_limit)),
+    );
+    ratios.insert(
+        "acceptedVsSqs".into(),
+        ratio(e.and_then(|e| e.accepted_vs_sqs)),
+    );
+    ratios.insert(
+        "httpEntryVsTrivial".into(),
+        ratio(e.and_then(|e| e.http_entry_vs_trivial)),
+    );
+    ratios
+}
+
+/// `lua` against each other strategy, by attempts/s under the same workload.
+fn strategies(rows: &[Row]) -> Map<String, Value> {
+    let (sh, fh) = ("success-heavy", "failure-heavy");
+    let vs = |other: &str, wl: &str| div(rate(rows, "lua", wl), rate(rows, other, wl));
+    let mut ratios = Map::new();
+    ratios.insert("luaVsHincrbyFailureHeavy".into(), vs("hincrby", fh));
+    ratios.insert("luaVsLock".into(), vs("lock", sh));
+    ratios.insert("luaVsLockFailureHeavy".into(), vs("lock", fh));
+    ratios.insert("luaVsHincrbySuccessHeavy".into(), vs("hincrby", sh));
+    ratios.insert("luaVsLimit".into(), vs("limit", sh));
+    ratios.insert("luaVsLimitFailureHeavy".into(), vs("limit", fh));
+    ratios.insert("luaVsDbOnly".into(), vs("db-only", sh));
+    ratios
+}
+
+fn rate(rows: &[Row], name: &str, wl: &str) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.name == name && r.workload == wl)
+        .map(|r| r.attempts_per_s)
+}
+
+fn div(a: Option<f64>, b: Option<f64>) -> Value {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => json!(round(a / b, 3)),
+        _ => Value::Null,
+    }
+}
+
+pub fn table(s: &mut String, ratios: &Map<String, Value>) {
+    s.push_str("Ratios (each measured in this run)\n\n| ratio | value | goal |\n|---|---:|---|\n");
+    for (key, goal) in GOALS {
+        let _ = writeln!(s, "| {key} | {} | {goal} |", shown(ratios, key));
+    }
+    s.push('\n');
+}
+
+fn shown(ratios: &Map<String, Value>, key: &str) -> String {
+    match ratios.get(key).and_then(Value::as_f64) {
+        Some(v) => format!("{v:.2}×"),
+        None => "not measured".into(),
+    }
+}

@@ -1,0 +1,323 @@
+//! The report's text (RESULTS.md, results.json) for fixed results, compared byte for byte with
+//! the committed golden files in `golden/`. A change to what they say fails here; when the change
+//! is meant, regenerate them with `UPDATE_GOLDEN=1 cargo test -p seckill-bench report` and commit
+//! the new files on their own.
+
+use super::{Document, Machine};
+use crate::binaries::BinaryRow;
+use crate::consumer::{ConsumerResults, ConsumerRun};
+use crate::entry::{EntryResults, Measure};
+use crate::memory::MemoryRow;
+use crate::strategies::{KillRun, Row};
+use crate::{Results, Sizes};
+use std::path::PathBuf;
+
+fn machine() -> Machine {
+    Machine {
+        uname: "Linux bench 6.1.0 x86_64 GNU/Linux".into(),
+        cpu: "Example CPU @ 2.00GHz".into(),
+        nproc: 2,
+        load_start: "0.50 0.40 0.30".into(),
+        load_end: "1.50 1.20 0.90".into(),
+        redis_version: "7.2.4".into(),
+        redis_clients_at_start: Some(3),
+        date: "2025-01-02T03:04:05Z".into(),
+        command: "cargo run --release -p seckill-bench -- --quick".into(),
+        seconds: 123.456,
+    }
+}
+
+fn sizes() -> Sizes {
+    Sizes {
+        attempts: 3_000,
+        kill_attempts: 1_000,
+        concurrency: 64,
+        db_pool: 16,
+        rejections: 10_000,
+        sold_out: 20_000,
+        http: 3_000,
+        sqs_sends: 40,
+        sqs_concurrency: 16,
+        consumer_orders: 400,
+        consumer_instances: 4,
+        consumer_connections: 4,
+        memory_users: vec![10_000, 100_000],
+        init_repeats: 1,
+    }
+}
+
+/// A strategy row; the caller sets what makes it different.
+fn row(name: &'static str, workload: &'static str, attempts_per_s: f64) -> Row {
+    Row {
+        name,
+        workload,
+        attempts: 3_000,
+        stock: 3_000,
+        concurrency: 64,
+        seconds: 1.234,
+        attempts_per_s,
+        p50_ms: 1.2345,
+        p99_ms: 9.8765,
+        redis_commands_per_attempt: 4.005,
+        round_trips_per_attempt: 1.0,
+        command_detail: [("evalsha".to_string(), 3_000)].into(),
+        sold: 3_000,
+        busy: 0,
+        oversell: 0,
+        final_stock: 0,
+        negative_seen: false,
+        negative_observed_by_clients: 0,
+        min_stock_sampled: Some(0),
+        stock_samples: 250,
+        leaked: None,
+        kill: None,
+        errors: 0,
+    }
+}
+
+fn kill(leaked: i64) -> KillRun {
+    KillRun {
+        attempts: 1_000,
+        stock: 1_000,
+        died: 10,
+        sold: 985,
+        pending_in_ledger: 5,
+        final_stock: 10 - leaked,
+        leaked,
+    }
+}
+
+/// Every branch of the strategies table: negative stock with and without a sampled minimum,
+/// kill runs and none, busy answers, and no `db-only` row (its ratio is "not measured").
+fn rows() -> Vec<Row> {
+    let lua = Row {
+        leaked: Some(0),
+        kill: Some(kill(0)),
+        ..row("lua", "success-heavy", 20_123.456)
+    };
+    let hincrby = Row {
+        negative_seen: true,
+        negative_observed_by_clients: 17,
+        min_stock_sampled: Some(-3),
+        leaked: Some(4),
+        kill: Some(kill(4)),
+        ..row("hincrby", "success-heavy", 15_000.5)
+    };
+    let lock = Row {
+        sold: 2_900,
+        busy: 100,
+        leaked: Some(2),
+        kill: Some(kill(2)),
+        ..row("lock", "success-heavy", 3_456.7)
+    };
+    let limit = row("limit", "success-heavy", 25_000.0);
+    let lua_fh = Row {
+        stock: 30,
+        sold: 30,
+        ..row("lua", "failure-heavy", 30_000.0)
+    };
+    let hincrby_fh = Row {
+        stock: 30,
+        sold: 30,
+        negative_seen: true,
+        negative_observed_by_clients: 2_970,
+        min_stock_sampled: None,
+        ..row("hincrby", "failure-heavy", 12_000.0)
+    };
+    let lock_fh = Row {
+        stock: 30,
+        sold: 30,
+        ..row("lock", "failure-heavy", 0.0)
+    };
+    vec![lua, hincrby, lock, limit, lua_fh, hincrby_fh, lock_fh]
+}
+
+fn measure(what: &str, per_s: f64, commands: Option<f64>) -> Measure {
+    Measure {
+        what: what.into(),
+        attempts: 3_000,
+        concurrency: 64,
+        per_s,
+        p50_ms: 0.5555,
+        p99_ms: 2.0005,
+        redis_commands_per_attempt: commands,
+        errors: 0,
+    }
+}
+
+/// The HTTP pair measured, the accepted / SQS pair not (those rows and that ratio are absent).
+fn entry() -> EntryResults {
+    EntryResults {
+        request_build_us: 3.456,
+        in_process: measure("router (already_purchased)", 18_000.0, Some(5.0)),
+        in_process_with_build: measure("router + request build", 15_000.0, Some(5.0)),
+        bare_script: measure("bare EVALSHA (already_purchased)", 20_000.0, Some(4.9996)),
+        entry_vs_limit: 0.9,
+        entry_vs_limit_with_request_build: 0.75,
+        sold_out_router: measure("router (sold-out flood)", 200_000.0, Some(0.0)),
+        sold_out_router_with_build: measure("router + request build (sold out)", 90_000.0, None),
+        sold_out_bare_script: measure("bare EVALSHA (sold out)", 25_000.0, Some(1.0)),
+        sold_out_cache_vs_limit: 8.0,
+        sold_out_cache_vs_limit_with_request_build: 3.6,
+        http_entry: Some(measure("HTTP entry", 5_000.0, None)),
+        http_trivial: Some(measure("HTTP trivial route", 8_000.0, None)),
+        http_entry_vs_trivial: Some(0.625),
+        accepted_router: None,
+        sqs_bare_send: None,
+        accepted_vs_sqs: None,
+    }
+}
+
+fn consumer_run(what: &str, orders_per_s: f64, batched: u64) -> ConsumerRun {
+    ConsumerRun {
+        what: what.into(),
+        orders: 400,
+        committed: 400,
+        failed_or_retried: 3,
+        batched,
+        seconds: 0.4,
+        orders_per_s,
+        db_orders: 400,
+        db_remaining_stock: 0,
+    }
+}
+
+fn consumer() -> ConsumerResults {
+    ConsumerResults {
+        instances: 4,
+        connections_per_instance: 4,
+        batch_size: 10,
+        handle_batch: consumer_run("handle_batch", 2_500.4, 390),
+        handle_batch_per_message: consumer_run("handle_batch, one message per batch", 900.0, 0),
+        baseline: consumer_run("baseline: one transaction per order", 1_000.0, 0),
+        consumer_vs_baseline: 2.5004,
+    }
+}
+
+fn memory(users: usize, id_format: &'static str) -> MemoryRow {
+    MemoryRow {
+        users,
+        id_format,
+        user_set_bytes: 64 * users as u64,
+        user_set_encoding: "hashtable".into(),
+        ledger_bytes: 123 * users as u64 + 45,
+        ledger_encoding: "hashtable".into(),
+        user_set_bytes_per_participant: 64.0,
+        ledger_bytes_per_participant: 123.0045,
+        bytes_per_participant: 187.0045,
+    }
+}
+
+fn binary(name: &'static str) -> BinaryRow {
+    BinaryRow {
+        name,
+        path: format!("target/release/{name}"),
+        built: true,
+        size_bytes: Some(12_345_678),
+        stripped: Some(true),
+        init_ms: vec![10.04, 12.25, 11.0],
+        init_ms_median: Some(11.0),
+        error: None,
+    }
+}
+
+/// Built and stripped, built but not stripped and failing to start (with and without an error
+/// message), and not built at all.
+fn binaries() -> Vec<BinaryRow> {
+    let unstripped_failing = BinaryRow {
+        stripped: Some(false),
+        init_ms: Vec::new(),
+        init_ms_median: None,
+        error: Some("no request within 10 s".into()),
+        ..binary("order-consumer")
+    };
+    let unknown_failure = BinaryRow {
+        stripped: None,
+        init_ms: vec![1.0],
+        init_ms_median: None,
+        ..binary("preheat")
+    };
+    let not_built = BinaryRow {
+        built: false,
+        size_bytes: None,
+        stripped: None,
+        init_ms: Vec::new(),
+        init_ms_median: None,
+        ..binary("admin")
+    };
+    vec![
+        binary("seckill-entry"),
+        unstripped_failing,
+        unknown_failure,
+        not_built,
+    ]
+}
+
+fn full_results() -> Results {
+    Results {
+        rows: rows(),
+        entry: Some(entry()),
+        consumer: Some(consumer()),
+        memory: vec![memory(10_000, "user-0000001"), memory(100_000, "uuid")],
+        binaries: binaries(),
+    }
+}
+
+/// Compares `actual` with `golden/<name>`, or writes it there under `UPDATE_GOLDEN=1`.
+fn assert_golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/report/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().expect("golden dir")).expect("create golden dir");
+        std::fs::write(&path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    if let Some((i, (want, got))) = expected
+        .lines()
+        .zip(actual.lines())
+        .enumerate()
+        .find(|(_, (want, got))| want != got)
+    {
+        panic!(
+            "{} differs at line {}:\n  golden: {want}\n  now:    {got}",
+            path.display(),
+            i + 1
+        );
+    }
+    assert_eq!(
+        expected,
+        actual,
+        "{} differs (length or line endings)",
+        path.display()
+    );
+}
+
+#[test]
+fn results_md_for_a_full_run_matches_the_golden_file() {
+    let doc = Document::new(machine(), sizes(), full_results());
+    assert_golden("full-run.md", &doc.markdown());
+}
+
+#[test]
+fn results_md_for_a_run_with_no_sections_matches_the_golden_file() {
+    let doc = Document::new(machine(), sizes(), Results::default());
+    assert_golden("no-sections.md", &doc.markdown());
+}
+
+#[test]
+fn results_json_for_a_full_run_matches_the_golden_file() {
+    let doc = Document::new(machine(), sizes(), full_results());
+    let json = serde_json::to_string_pretty(&doc.json()).expect("results serialize");
+    assert_golden("full-run.json", &json);
+}
+
+#[test]
+fn printed_table_is_the_middle_of_results_md() {
+    let doc = Document::new(machine(), sizes(), full_results());
+    let (table, markdown) = (doc.table(), doc.markdown());
+    assert!(table.starts_with("Stock deduction, 3000 attempts per row"));
+    assert!(markdown.contains(&format!(")\n\n{table}## How it was measured\n")));
+}

@@ -1,0 +1,136 @@
+//! The demo's report (printed text, report.json) built from fixed figures, compared byte for
+//! byte with the committed files in `golden/`. When a change to the text is meant, regenerate them with
+//! `UPDATE_GOLDEN=1 cargo test -p seckill-loadgen demo` and commit the new files on their own.
+
+use super::{build_report, DemoOptions, DemoReport, StoreFacts};
+use crate::chart::StockSample;
+use crate::load::{Latency, LoadReport, Second};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn opts() -> DemoOptions {
+    DemoOptions {
+        stock: 500,
+        per_order_limit: 1,
+        users: 5_000,
+        requests: 20_000,
+        concurrency: 256,
+        opens_in: Duration::from_secs(3),
+        early: Duration::from_millis(150),
+        bad_ratio: 0.01,
+        seed: 42,
+        jwt_secret: "secret".into(),
+        out_dir: PathBuf::from("/tmp/demo"),
+        drain_timeout: Duration::from_secs(180),
+        sqs_timeout: Duration::from_secs(15),
+        quiet: true,
+    }
+}
+
+fn load() -> LoadReport {
+    LoadReport {
+        requests: 20_000,
+        concurrency: 256,
+        elapsed_secs: 4.6275,
+        throughput: 4_321.987,
+        requests_by_outcome: [
+            ("accepted".to_string(), 500),
+            ("not_started".to_string(), 256),
+            ("sold_out".to_string(), 19_044),
+            ("unauthorized".to_string(), 200),
+        ]
+        .into(),
+        requests_by_kind: [("no_token".to_string(), 200), ("valid".to_string(), 19_800)].into(),
+        latency: Latency {
+            p50_ms: 12.345,
+            p95_ms: 45.678,
+            p99_ms: 99.999,
+            max_ms: 250.5,
+            mean_ms: 20.0,
+        },
+        timeline: vec![Second {
+            second: 0,
+            requests: 4_000,
+            accepted: 500,
+            p99_ms: 120.5,
+        }],
+        started_at: "2025-01-02T03:04:05Z".into(),
+    }
+}
+
+fn store() -> StoreFacts {
+    StoreFacts {
+        orders: 500,
+        units_sold: 500,
+        failed_orders: 2,
+        duplicate_users: 0,
+        db_total_stock: 500,
+        db_remaining_stock: 0,
+        redis_stock: Some(0),
+        redis_participants: 500,
+        pending_qty: 0,
+        pending_count: 0,
+    }
+}
+
+fn report(store: StoreFacts, drained: bool) -> DemoReport {
+    build_report(
+        42,
+        &opts(),
+        load(),
+        store,
+        drained,
+        1.25,
+        serde_json::json!({ "activityId": 42, "drift": 0 }),
+        vec![
+            StockSample {
+                t: -0.1,
+                stock: 500,
+            },
+            StockSample { t: 0.9, stock: 0 },
+        ],
+        "/tmp/demo/chart.png".into(),
+    )
+}
+
+/// Compares `actual` with `golden/<name>`, or writes it there under `UPDATE_GOLDEN=1`.
+fn assert_golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/demo/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().expect("golden dir")).expect("create golden dir");
+        std::fs::write(&path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    assert_eq!(expected, actual, "{} differs", path.display());
+}
+
+#[test]
+fn report_of_a_sale_that_came_out_right_matches_the_golden_files() {
+    let report = report(store(), true);
+    assert!(report.ok());
+    assert_golden("sale-ok.txt", &report.text());
+    let json = serde_json::to_string_pretty(&report).expect("report serializes");
+    assert_golden("sale-ok.json", &json);
+}
+
+/// Oversold, a user with two orders, the Redis stock gone, the queue not drained.
+#[test]
+fn report_of_a_sale_that_went_wrong_matches_the_golden_file() {
+    let store = StoreFacts {
+        orders: 502,
+        units_sold: 503,
+        duplicate_users: 1,
+        db_remaining_stock: -3,
+        redis_stock: None,
+        pending_qty: 2,
+        pending_count: 2,
+        ..store()
+    };
+    let report = report(store, false);
+    assert!(!report.ok());
+    assert_golden("sale-failed.txt", &report.text());
+}
