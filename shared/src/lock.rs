@@ -168,6 +168,9 @@ pub async fn acquire(
         if token > 0 {
             break (token, acquired_at);
         }
+        if token < 0 {
+            return Err(scripts::unknown_answer("lock_acquire.lua", token).into());
+        }
         let waited = started.elapsed();
         if waited >= wait {
             tracing::info!(activity_id, "lock busy");
@@ -243,7 +246,14 @@ async fn watchdog(
                 let until = (sent - acquired_at).as_millis() as u64 + ttl_ms;
                 valid_until_ms.fetch_max(until, Ordering::SeqCst);
             }
-            Ok(_) => return mark_lost("renewal refused: no longer the owner"),
+            Ok(0) => return mark_lost("renewal refused: no longer the owner"),
+            Ok(other) => {
+                tracing::error!(
+                    answer = other,
+                    "lock_renew.lua answered a code it does not have"
+                );
+                return mark_lost("renewal answered an unknown code");
+            }
             Err(e) => {
                 // Keep trying while the lease we last confirmed still runs; give up before
                 // it could have expired unnoticed.
@@ -319,6 +329,9 @@ impl LockGuard {
             .arg(0)
             .arg("reenter");
         let token: i64 = self.redis.script(&inv).await?;
+        if token < 0 {
+            return Err(scripts::unknown_answer("lock_acquire.lua", token).into());
+        }
         if token == 0 {
             tracing::warn!(
                 activity_id = self.activity_id,
@@ -407,8 +420,11 @@ async fn release_holds(
     let keys = redis.keys(activity_id);
     let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
     inv.key(&keys.lock).arg(owner).arg(holds);
-    let released: i64 = redis.script(&inv).await?;
-    Ok(released != 0)
+    match redis.script::<i64>(&inv).await? {
+        0 => Ok(false),
+        1 | 2 => Ok(true),
+        other => Err(scripts::unknown_answer("lock_release.lua", other)),
+    }
 }
 
 impl Drop for LockGuard {

@@ -52,26 +52,7 @@ pub async fn purchase(
     }
     match Refusal::from_script(code, stock, now_ms) {
         Some(refusal) => Ok(Err(refusal)),
-        None => Err(unknown_answer("purchase.lua", code)),
-    }
-}
-
-/// A script answered a code its wrapper does not know: the script and this file disagree.
-/// That is a bug to surface, never a default outcome.
-fn unknown_answer(script: &'static str, code: i64) -> CacheError {
-    CacheError::Redis(redis::RedisError::from((
-        redis::ErrorKind::Parse,
-        "unexpected script answer",
-        format!("{script} answered {code}"),
-    )))
-}
-
-/// A script's 1 / 0 answer (done / not done).
-fn flag(script: &'static str, answer: i64) -> Result<bool, CacheError> {
-    match answer {
-        0 => Ok(false),
-        1 => Ok(true),
-        other => Err(unknown_answer(script, other)),
+        None => Err(scripts::unknown_answer("purchase.lua", code)),
     }
 }
 
@@ -112,7 +93,7 @@ pub async fn compensate(
             Compensation::StockOnly => "stock",
         });
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
-    Ok(flag("compensate.lua", applied)?.then_some(qty))
+    Ok(scripts::flag("compensate.lua", applied)?.then_some(qty))
 }
 
 /// Drops the ledger entry carrying `id` (a request id, a cancel id or a check token) once the
@@ -127,7 +108,7 @@ pub async fn settle(
     let mut inv = scripts::SETTLE.prepare_invoke();
     inv.key(&k.ledger).arg(user_id).arg(id);
     let dropped: i64 = redis.script(&inv).await?;
-    flag("settle.lua", dropped)
+    scripts::flag("settle.lua", dropped)
 }
 
 /// What `cancel_begin.lua` answered.
@@ -176,7 +157,7 @@ pub async fn cancel_begin(
         0 => CancelBegin::Busy,
         1 => CancelBegin::Recorded,
         2 => CancelBegin::NotLoaded,
-        other => return Err(unknown_answer("cancel_begin.lua", other)),
+        other => return Err(scripts::unknown_answer("cancel_begin.lua", other)),
     };
     Ok((begin, epoch))
 }
@@ -198,7 +179,7 @@ pub async fn cancel_finish(
         .arg(user_id)
         .arg(cancel_id.to_string());
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
-    Ok(flag("cancel_finish.lua", applied)?.then_some(qty))
+    Ok(scripts::flag("cancel_finish.lua", applied)?.then_some(qty))
 }
 
 /// What a ledger entry stands for.
@@ -378,7 +359,7 @@ pub async fn preheat(
         1 => PreheatOutcome::Loaded,
         2 => PreheatOutcome::MetaRefreshed,
         3 => PreheatOutcome::NotOwner,
-        other => return Err(unknown_answer("preheat.lua", other)),
+        other => return Err(scripts::unknown_answer("preheat.lua", other)),
     })
 }
 
@@ -440,7 +421,7 @@ pub async fn adjust(
         1 => Adjust::NotOwner,
         2 => Adjust::NotLoaded,
         3 => Adjust::WouldGoNegative { stock },
-        other => return Err(unknown_answer("adjust.lua", other)),
+        other => return Err(scripts::unknown_answer("adjust.lua", other)),
     })
 }
 
@@ -474,7 +455,7 @@ pub async fn rebuild_users(
         inv.arg(u);
     }
     let done: i64 = redis.script(&inv).await?;
-    flag("rebuild_users.lua", done)
+    scripts::flag("rebuild_users.lua", done)
 }
 
 /// `lua/mark_users.lua`: marks the candidates of an orphan check; returns those marked.
@@ -511,7 +492,7 @@ pub async fn drop_user(
         .arg(token)
         .arg(if drop { "drop" } else { "keep" });
     let removed: i64 = redis.script(&inv).await?;
-    flag("drop_user.lua", removed)
+    scripts::flag("drop_user.lua", removed)
 }
 
 /// `lua/fix_stock.lua`: sets the stock to `target` only for the lock `owner`, with the ledger
@@ -533,7 +514,7 @@ pub async fn fix_stock(
         .arg(observed_seq)
         .arg(target);
     let fixed: i64 = redis.script(&inv).await?;
-    flag("fix_stock.lua", fixed)
+    scripts::flag("fix_stock.lua", fixed)
 }
 
 #[cfg(test)]
@@ -542,9 +523,9 @@ mod tests {
 
     #[test]
     fn an_answer_a_wrapper_does_not_know_is_an_error_not_an_outcome() {
-        assert!(matches!(flag("settle.lua", 0), Ok(false)));
-        assert!(matches!(flag("settle.lua", 1), Ok(true)));
-        let e = flag("settle.lua", 2).unwrap_err();
+        assert!(matches!(scripts::flag("settle.lua", 0), Ok(false)));
+        assert!(matches!(scripts::flag("settle.lua", 1), Ok(true)));
+        let e = scripts::flag("settle.lua", 2).unwrap_err();
         assert!(e.to_string().contains("settle.lua answered 2"), "{e}");
     }
 

@@ -3,6 +3,7 @@
 //! `redis::Script` runs them by EVALSHA and reloads on `NOSCRIPT` (on every cluster node), so
 //! a failover or a `SCRIPT FLUSH` costs one extra round trip, never an error.
 
+use crate::cache::CacheError;
 use redis::Script;
 use std::sync::LazyLock;
 
@@ -29,3 +30,22 @@ script!(FIX_STOCK, "fix_stock.lua");
 script!(DROP_USER, "drop_user.lua");
 script!(MARK_USERS, "mark_users.lua");
 script!(REBUILD_USERS, "rebuild_users.lua");
+
+/// A script answered a code its wrapper does not know: the script and its wrapper disagree.
+/// That is a bug to surface, never a default outcome.
+pub(crate) fn unknown_answer(script: &'static str, code: i64) -> CacheError {
+    CacheError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected script answer",
+        format!("{script} answered {code}"),
+    )))
+}
+
+/// A script's 1 / 0 answer (done / not done).
+pub(crate) fn flag(script: &'static str, answer: i64) -> Result<bool, CacheError> {
+    match answer {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(unknown_answer(script, other)),
+    }
+}
