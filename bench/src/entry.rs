@@ -155,120 +155,14 @@ async fn sections(
     queue_url: &str,
     sizes: &Sizes,
 ) -> anyhow::Result<EntryResults> {
-    let c = sizes.concurrency;
     let request_build_us = request_build_cost();
     eprintln!("  building one API Gateway-shaped request: {request_build_us:.2} µs");
-
-    // 1. Rejections that reach Redis: already_purchased (not short-circuited by the sold-out
-    //    cache: the activity has plenty of stock). 10k users, all already in the user set.
-    let rejected_users = b.users.len().min(10_000);
     let open_id = 1;
-    seckill_shared::testing::load_without_db(
-        &b.redis,
-        &open_activity(open_id, 1_000_000),
-        Duration::from_secs(3600),
-    )
-    .await?;
-    add_users(b, open_id, rejected_users).await?;
-    // Warm-up (discarded): the router's connection, the script cache, runtime threads.
-    let warm = sizes.rejections.min(10_000);
-    router_loop(
-        b,
-        "warm-up: router",
-        open_id,
-        rejected_users,
-        warm,
-        c,
-        "already_purchased",
-        false,
-    )
-    .await?;
-    bare_loop(
-        b,
-        "warm-up: bare EVALSHA",
-        open_id,
-        rejected_users,
-        warm,
-        c,
-        6,
-    )
-    .await?;
-    let in_process = router_loop(
-        b,
-        "entry in-process (already_purchased)",
-        open_id,
-        rejected_users,
-        sizes.rejections,
-        c,
-        "already_purchased",
-        true,
-    )
-    .await?;
-    let in_process_with_build = router_loop(
-        b,
-        "entry in-process + request build (already_purchased)",
-        open_id,
-        rejected_users,
-        sizes.rejections,
-        c,
-        "already_purchased",
-        false,
-    )
-    .await?;
-    let bare_script = bare_loop(
-        b,
-        "bare EVALSHA (already_purchased)",
-        open_id,
-        rejected_users,
-        sizes.rejections,
-        c,
-        6,
-    )
-    .await?;
-
-    // 2. The sold-out flood: an activity with no stock left.
-    let sold_out_id = 2;
-    seckill_shared::testing::load_without_db(
-        &b.redis,
-        &open_activity(sold_out_id, 0),
-        Duration::from_secs(3600),
-    )
-    .await?;
-    let sold_out_router = router_loop(
-        b,
-        "entry in-process, sold out (cache warm)",
-        sold_out_id,
-        b.users.len(),
-        sizes.sold_out,
-        c,
-        "sold_out",
-        true,
-    )
-    .await?;
-    let sold_out_router_with_build = router_loop(
-        b,
-        "entry in-process + request build, sold out",
-        sold_out_id,
-        b.users.len(),
-        sizes.sold_out,
-        c,
-        "sold_out",
-        false,
-    )
-    .await?;
-    let sold_out_bare_script = bare_loop(
-        b,
-        "bare EVALSHA (sold_out)",
-        sold_out_id,
-        b.users.len(),
-        sizes.sold_out,
-        c,
-        5,
-    )
-    .await?;
+    let rejected = rejections(b, open_id, sizes).await?;
+    let sold_out = sold_out(b, sizes).await?;
 
     // 3. HTTP on the dev server's app (authorizer middleware + routers), with a trivial route.
-    let (http_entry, http_trivial) = match http(b, open_id, rejected_users, sizes).await {
+    let (http_entry, http_trivial) = match http(b, open_id, rejected.users, sizes).await {
         Ok((e, t)) => (Some(e), Some(t)),
         Err(e) => {
             eprintln!("  ! HTTP section failed: {e:#}");
@@ -287,13 +181,14 @@ async fn sections(
 
     Ok(EntryResults {
         request_build_us,
-        entry_vs_limit: in_process.per_s / bare_script.per_s,
-        entry_vs_limit_with_request_build: in_process_with_build.per_s / bare_script.per_s,
-        sold_out_cache_vs_limit: sold_out_router.per_s / sold_out_bare_script.per_s,
-        sold_out_cache_vs_limit_with_request_build: sold_out_router_with_build.per_s
-            / sold_out_bare_script.per_s,
-        in_process_with_build,
-        sold_out_router_with_build,
+        entry_vs_limit: rejected.in_process.per_s / rejected.bare_script.per_s,
+        entry_vs_limit_with_request_build: rejected.in_process_with_build.per_s
+            / rejected.bare_script.per_s,
+        sold_out_cache_vs_limit: sold_out.router.per_s / sold_out.bare_script.per_s,
+        sold_out_cache_vs_limit_with_request_build: sold_out.router_with_build.per_s
+            / sold_out.bare_script.per_s,
+        in_process_with_build: rejected.in_process_with_build,
+        sold_out_router_with_build: sold_out.router_with_build,
         http_entry_vs_trivial: match (&http_entry, &http_trivial) {
             (Some(e), Some(t)) => Some(e.per_s / t.per_s),
             _ => None,
@@ -302,14 +197,76 @@ async fn sections(
             (Some(a), Some(s)) => Some(a.per_s / s.per_s),
             _ => None,
         },
-        in_process,
-        bare_script,
-        sold_out_router,
-        sold_out_bare_script,
+        in_process: rejected.in_process,
+        bare_script: rejected.bare_script,
+        sold_out_router: sold_out.router,
+        sold_out_bare_script: sold_out.bare_script,
         http_entry,
         http_trivial,
         accepted_router,
         sqs_bare_send,
+    })
+}
+
+/// Section 1's rows: refusals that reach Redis.
+struct Rejections {
+    /// Users already in the sale's user set.
+    users: usize,
+    in_process: Measure,
+    in_process_with_build: Measure,
+    bare_script: Measure,
+}
+
+/// 1. Rejections that reach Redis: already_purchased (not short-circuited by the sold-out
+///    cache: the activity has plenty of stock). 10k users, all already in the user set.
+async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Rejections> {
+    let (c, n) = (sizes.concurrency, sizes.rejections);
+    let users = b.users.len().min(10_000);
+    let sale = open_activity(open_id, 1_000_000);
+    seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    add_users(b, open_id, users).await?;
+    // Warm-up (discarded): the router's connection, the script cache, runtime threads.
+    let warm = n.min(10_000);
+    let code = "already_purchased";
+    router_loop(b, "warm-up: router", open_id, users, warm, c, code, false).await?;
+    bare_loop(b, "warm-up: bare EVALSHA", open_id, users, warm, c, 6).await?;
+    let what = "entry in-process (already_purchased)";
+    let in_process = router_loop(b, what, open_id, users, n, c, code, true).await?;
+    let what = "entry in-process + request build (already_purchased)";
+    let in_process_with_build = router_loop(b, what, open_id, users, n, c, code, false).await?;
+    let what = "bare EVALSHA (already_purchased)";
+    let bare_script = bare_loop(b, what, open_id, users, n, c, 6).await?;
+    Ok(Rejections {
+        users,
+        in_process,
+        in_process_with_build,
+        bare_script,
+    })
+}
+
+/// Section 2's rows: the sold-out flood.
+struct SoldOut {
+    router: Measure,
+    router_with_build: Measure,
+    bare_script: Measure,
+}
+
+/// 2. The sold-out flood: an activity with no stock left.
+async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
+    let (c, n, users) = (sizes.concurrency, sizes.sold_out, b.users.len());
+    let id = 2;
+    let sale = open_activity(id, 0);
+    seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    let what = "entry in-process, sold out (cache warm)";
+    let router = router_loop(b, what, id, users, n, c, "sold_out", true).await?;
+    let what = "entry in-process + request build, sold out";
+    let router_with_build = router_loop(b, what, id, users, n, c, "sold_out", false).await?;
+    let what = "bare EVALSHA (sold_out)";
+    let bare_script = bare_loop(b, what, id, users, n, c, 5).await?;
+    Ok(SoldOut {
+        router,
+        router_with_build,
+        bare_script,
     })
 }
 
