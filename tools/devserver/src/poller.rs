@@ -98,27 +98,7 @@ where
     F: FnOnce(SqsEvent) -> Fut,
     Fut: Future<Output = SqsBatchResponse> + Send + 'static,
 {
-    // The SDK has no deadline of its own: bound every call, so a hung queue endpoint makes a
-    // poll fail (and back off) instead of holding the poller, and shutdown, forever.
-    let deadline = source.wait + CALL_TIMEOUT;
-    let receive = source
-        .client
-        .receive_message()
-        .queue_url(&source.url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(source.wait.as_secs().clamp(0, 20) as i32)
-        .message_system_attribute_names(MessageSystemAttributeName::All)
-        .send();
-    let resp = tokio::time::timeout(deadline, receive)
-        .await
-        .map_err(|_| anyhow::anyhow!("receive from the order queue timed out after {deadline:?}"))?
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "receive from the order queue failed: {}",
-                aws_sdk_sqs::error::DisplayErrorContext(&e)
-            )
-        })?;
-    let messages = resp.messages.unwrap_or_default();
+    let messages = receive(source).await?;
     if messages.is_empty() {
         return Ok(PollOutcome::default());
     }
@@ -144,7 +124,45 @@ where
             });
         }
     };
+    let deleted = delete_handled(source, &messages, &failed).await?;
+    Ok(PollOutcome {
+        received,
+        deleted,
+        retried: received - deleted,
+    })
+}
 
+/// One long-poll receive of up to 10 messages.
+async fn receive(source: &QueueSource) -> anyhow::Result<Vec<Message>> {
+    // The SDK has no deadline of its own: bound every call, so a hung queue endpoint makes a
+    // poll fail (and back off) instead of holding the poller, and shutdown, forever.
+    let deadline = source.wait + CALL_TIMEOUT;
+    let receive = source
+        .client
+        .receive_message()
+        .queue_url(&source.url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(source.wait.as_secs().clamp(0, 20) as i32)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .send();
+    let resp = tokio::time::timeout(deadline, receive)
+        .await
+        .map_err(|_| anyhow::anyhow!("receive from the order queue timed out after {deadline:?}"))?
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "receive from the order queue failed: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            )
+        })?;
+    Ok(resp.messages.unwrap_or_default())
+}
+
+/// Deletes the messages the handler did not report as failed; returns how many went.
+async fn delete_handled(
+    source: &QueueSource,
+    messages: &[Message],
+    failed: &HashSet<String>,
+) -> anyhow::Result<usize> {
     let entries: Vec<DeleteMessageBatchRequestEntry> = messages
         .iter()
         .enumerate()
@@ -161,40 +179,35 @@ where
                 .ok()
         })
         .collect();
-    let mut deleted = 0;
-    if !entries.is_empty() {
-        let delete = source
-            .client
-            .delete_message_batch()
-            .queue_url(&source.url)
-            .set_entries(Some(entries))
-            .send();
-        // A delete that times out is not lost work: the messages come back after the
-        // visibility timeout and the consumer's idempotency absorbs the redelivery.
-        let resp = tokio::time::timeout(CALL_TIMEOUT, delete)
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!("delete from the order queue timed out after {CALL_TIMEOUT:?}")
-            })?
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "delete from the order queue failed: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(&e)
-                )
-            })?;
-        deleted = resp.successful().len();
-        for f in resp.failed() {
-            // Not fatal: the message comes back and the consumer's idempotency absorbs it.
-            tracing::warn!(
-                id = f.id(),
-                code = f.code(),
-                "delete failed; message will be redelivered"
-            );
-        }
+    if entries.is_empty() {
+        return Ok(0);
     }
-    Ok(PollOutcome {
-        received,
-        deleted,
-        retried: received - deleted,
-    })
+    let delete = source
+        .client
+        .delete_message_batch()
+        .queue_url(&source.url)
+        .set_entries(Some(entries))
+        .send();
+    // A delete that times out is not lost work: the messages come back after the
+    // visibility timeout and the consumer's idempotency absorbs the redelivery.
+    let resp = tokio::time::timeout(CALL_TIMEOUT, delete)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("delete from the order queue timed out after {CALL_TIMEOUT:?}")
+        })?
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "delete from the order queue failed: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            )
+        })?;
+    for f in resp.failed() {
+        // Not fatal: the message comes back and the consumer's idempotency absorbs it.
+        tracing::warn!(
+            id = f.id(),
+            code = f.code(),
+            "delete failed; message will be redelivered"
+        );
+    }
+    Ok(resp.successful().len())
 }
