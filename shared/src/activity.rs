@@ -12,7 +12,7 @@ pub const MAX_TOTAL_STOCK: i64 = 100_000_000;
 pub const MAX_PER_ORDER_LIMIT: i64 = 10_000;
 
 /// One sale as the database stores it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Activity {
     pub id: i64,
@@ -22,6 +22,7 @@ pub struct Activity {
     pub per_order_limit: i32,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
+    /// `draft`, `published` or `closed`; only a published sale is sold.
     pub state: String,
     pub config_version: i64,
     pub last_fence_token: i64,
@@ -74,7 +75,7 @@ impl Activity {
 }
 
 /// The fields an admin creates an activity with (`POST /admin/activities`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewActivity {
     pub title: String,
@@ -85,7 +86,7 @@ pub struct NewActivity {
 }
 
 /// A merge update (`PUT /admin/activities/{id}`): any subset of the create fields.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ActivityPatch {
     pub title: Option<String>,

@@ -25,9 +25,12 @@ pub enum ApiError {
     /// 403 `forbidden`: a valid token without the needed scope.
     #[error("{0}")]
     Forbidden(String),
-    /// 404 `not_found`: unknown activity or order, or someone else's order.
+    /// 404 `not_found`: unknown activity or order, or someone else's order, or no such route.
     #[error("{0}")]
     NotFound(String),
+    /// 405 `method_not_allowed`: the route exists, the method does not (e.g. `DELETE /health`).
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
     /// 409 `not_started`.
     #[error("the sale has not started yet")]
     NotStarted,
@@ -57,13 +60,47 @@ pub enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: &'a str,
-    message: String,
+/// The body of every error answer, whatever the status.
+// The OpenAPI document describes it from this type, `error` restricted to `ApiError::CODES`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The stable machine-readable code clients switch on.
+    #[schema(schema_with = error_code_schema)]
+    pub error: &'static str,
+    /// What went wrong, for a human.
+    pub message: String,
+}
+
+fn error_code_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(ApiError::CODES.iter().map(|(_, code)| *code)))
+        .description(Some("The stable machine-readable code clients switch on."))
+        .build()
 }
 
 impl ApiError {
+    /// Every code an error body can carry, with its status: the list the OpenAPI document
+    /// gives for `error`. A test checks it against [`ApiError::code`] and [`ApiError::status`].
+    pub const CODES: &[(StatusCode, &str)] = &[
+        (StatusCode::BAD_REQUEST, "bad_request"),
+        (StatusCode::BAD_REQUEST, "quantity_exceeds_limit"),
+        (StatusCode::UNAUTHORIZED, "unauthorized"),
+        (StatusCode::FORBIDDEN, "forbidden"),
+        (StatusCode::NOT_FOUND, "not_found"),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        (StatusCode::CONFLICT, "not_started"),
+        (StatusCode::CONFLICT, "ended"),
+        (StatusCode::CONFLICT, "sold_out"),
+        (StatusCode::CONFLICT, "already_purchased"),
+        (StatusCode::CONFLICT, "busy"),
+        (StatusCode::CONFLICT, "stale_token"),
+        (StatusCode::CONFLICT, "conflict"),
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    ];
+
     /// The stable machine-readable code clients switch on.
     pub fn code(&self) -> &'static str {
         match self {
@@ -74,6 +111,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::NotStarted => "not_started",
             ApiError::Ended => "ended",
             ApiError::SoldOut => "sold_out",
@@ -94,6 +132,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::NotStarted
             | ApiError::Ended
             | ApiError::SoldOut
@@ -135,7 +174,7 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             tracing::error!(error = ?e, "internal error");
         }
-        let body = Body {
+        let body = ErrorBody {
             error: self.code(),
             message: self.to_string(),
         };
@@ -146,4 +185,76 @@ impl IntoResponse for ApiError {
 /// Turns axum's JSON and path rejections into our 400 with a message saying what is wrong.
 pub fn rejection_to_bad_request(rejection: impl std::fmt::Display) -> ApiError {
     ApiError::BadRequest(rejection.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of each variant. The match below has no wildcard, so a new variant does not
+    /// compile until it is added here too, and then the test checks it is in [`ApiError::CODES`].
+    fn one_of_each() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::BadRequest("x".into()),
+            ApiError::QuantityExceedsLimit {
+                quantity: 2,
+                limit: 1,
+            },
+            ApiError::QuantityOverLimit,
+            ApiError::Unauthorized("x".into()),
+            ApiError::Forbidden("x".into()),
+            ApiError::NotFound("x".into()),
+            ApiError::MethodNotAllowed,
+            ApiError::NotStarted,
+            ApiError::Ended,
+            ApiError::SoldOut,
+            ApiError::AlreadyPurchased,
+            ApiError::Busy,
+            ApiError::StaleToken("x".into()),
+            ApiError::Conflict("x".into()),
+            ApiError::Unavailable("x".into()),
+            ApiError::Internal(anyhow::anyhow!("x")),
+        ];
+        for e in &all {
+            match e {
+                ApiError::BadRequest(_)
+                | ApiError::QuantityExceedsLimit { .. }
+                | ApiError::QuantityOverLimit
+                | ApiError::Unauthorized(_)
+                | ApiError::Forbidden(_)
+                | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::NotStarted
+                | ApiError::Ended
+                | ApiError::SoldOut
+                | ApiError::AlreadyPurchased
+                | ApiError::Busy
+                | ApiError::StaleToken(_)
+                | ApiError::Conflict(_)
+                | ApiError::Unavailable(_)
+                | ApiError::Internal(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_code_list_is_exactly_what_the_variants_answer() {
+        let answered: Vec<(StatusCode, &str)> = one_of_each()
+            .iter()
+            .map(|e| (e.status(), e.code()))
+            .collect();
+        for pair in &answered {
+            assert!(
+                ApiError::CODES.contains(pair),
+                "{pair:?} is answered but missing from ApiError::CODES"
+            );
+        }
+        for pair in ApiError::CODES {
+            assert!(
+                answered.contains(pair),
+                "{pair:?} is in ApiError::CODES but no variant answers it"
+            );
+        }
+    }
 }
