@@ -530,6 +530,16 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
             json!({"startAt": start, "endAt": start}),
         ),
         ("non-RFC 3339", json!({"startAt": "tomorrow at noon"})),
+        ("NUL in title", json!({"title": "a\u{0}b"})),
+        ("newline in title", json!({"title": "a\nb"})),
+        (
+            "start before 1970",
+            json!({"startAt": "1969-12-31T23:59:59Z"}),
+        ),
+        (
+            "end past year 9999 in UTC",
+            json!({"endAt": "9999-12-31T23:59:59-23:59"}),
+        ),
         ("unknown field", json!({"price": 10})),
     ];
     for (what, field) in bad.drain(..) {

@@ -162,3 +162,23 @@ fn every_reference_names_a_schema_of_the_document() {
         );
     }
 }
+
+#[test]
+fn the_documented_bounds_are_the_validated_ones() {
+    use seckill_shared::activity::{MAX_PER_ORDER_LIMIT, MAX_TOTAL_STOCK};
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    for schema in ["NewActivity", "ActivityPatch"] {
+        let p = &schemas[schema]["properties"];
+        assert_eq!(p["totalStock"]["maximum"], MAX_TOTAL_STOCK, "{schema}");
+        assert_eq!(
+            p["perOrderLimit"]["maximum"], MAX_PER_ORDER_LIMIT,
+            "{schema}"
+        );
+        assert_eq!(p["title"]["maxLength"], 200, "{schema}");
+    }
+    assert_eq!(
+        schemas["PurchaseBody"]["properties"]["quantity"]["maximum"],
+        MAX_PER_ORDER_LIMIT
+    );
+}
