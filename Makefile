@@ -4,7 +4,8 @@
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
 #   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
-#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke)
+#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke),
+#                     then schemathesis against a dev server (scripts/schemathesis.sh)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
@@ -60,6 +61,7 @@ test: stack
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
+	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
 
 fmt:
 	cargo fmt --all
