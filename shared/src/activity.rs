@@ -1,7 +1,7 @@
 //! Activities (sales): the domain type, validation of admin input, and database access.
 
 use crate::error::ApiError;
-use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use chrono::{DateTime, Datelike, Duration as ChronoDuration, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::time::Duration;
@@ -12,7 +12,7 @@ pub const MAX_TOTAL_STOCK: i64 = 100_000_000;
 pub const MAX_PER_ORDER_LIMIT: i64 = 10_000;
 
 /// One sale as the database stores it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Activity {
     pub id: i64,
@@ -22,6 +22,7 @@ pub struct Activity {
     pub per_order_limit: i32,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
+    /// `draft`, `published` or `closed`; only a published sale is sold.
     pub state: String,
     pub config_version: i64,
     pub last_fence_token: i64,
@@ -74,22 +75,32 @@ impl Activity {
 }
 
 /// The fields an admin creates an activity with (`POST /admin/activities`).
-#[derive(Clone, Debug, Deserialize)]
+// The schema's bounds are literals (utoipa takes no constants there); tests/tests/openapi.rs
+// checks them against MAX_TOTAL_STOCK and MAX_PER_ORDER_LIMIT.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewActivity {
+    /// 1 to 200 characters (after trimming), no control characters.
+    #[schema(min_length = 1, max_length = 200)]
     pub title: String,
+    #[schema(minimum = 1, maximum = 100_000_000)]
     pub total_stock: i64,
+    #[schema(minimum = 1, maximum = 10_000)]
     pub per_order_limit: i64,
+    /// Before `endAt`; the window lies between 1970-01-01 and 9999-12-31 (UTC).
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
 }
 
 /// A merge update (`PUT /admin/activities/{id}`): any subset of the create fields.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ActivityPatch {
+    #[schema(min_length = 1, max_length = 200)]
     pub title: Option<String>,
+    #[schema(minimum = 1, maximum = 100_000_000)]
     pub total_stock: Option<i64>,
+    #[schema(minimum = 1, maximum = 10_000)]
     pub per_order_limit: Option<i64>,
     pub start_at: Option<DateTime<Utc>>,
     pub end_at: Option<DateTime<Utc>>,
@@ -131,6 +142,10 @@ pub fn validate_fields(
     if title_len == 0 || title_len > 200 {
         return bad("title must be 1 to 200 characters");
     }
+    // PostgreSQL text cannot hold NUL; a title is one line of text anyway.
+    if title.chars().any(char::is_control) {
+        return bad("title must not contain control characters");
+    }
     if !(1..=MAX_TOTAL_STOCK).contains(&total_stock) {
         return bad(&format!(
             "totalStock must be between 1 and {MAX_TOTAL_STOCK}"
@@ -143,6 +158,11 @@ pub fn validate_fields(
     }
     if start_at >= end_at {
         return bad("startAt must be before endAt");
+    }
+    // Redis holds the window as milliseconds since 1970, and answers write it as RFC 3339,
+    // whose years have four digits (an offset can push a valid 9999-12-31 into year 10000).
+    if start_at < DateTime::UNIX_EPOCH || end_at.year() > 9999 {
+        return bad("startAt and endAt must lie between 1970-01-01 and 9999-12-31 (UTC)");
     }
     Ok(())
 }

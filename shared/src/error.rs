@@ -21,9 +21,12 @@ pub enum ApiError {
     /// 403 `forbidden`: a valid token without the needed scope.
     #[error("{0}")]
     Forbidden(String),
-    /// 404 `not_found`: unknown activity or order, or someone else's order.
+    /// 404 `not_found`: unknown activity or order, or someone else's order, or no such route.
     #[error("{0}")]
     NotFound(String),
+    /// 405 `method_not_allowed`: the route exists, the method does not (e.g. `DELETE /health`).
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
     /// The purchase script's refusal: 409 `not_started`, `ended`, `sold_out` or
     /// `already_purchased`, 400 `quantity_exceeds_limit`, 404 `not_found`, and 503
     /// `unavailable` for a script that ran after its caller stopped waiting (it changed
@@ -47,13 +50,52 @@ pub enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: &'a str,
-    message: String,
+/// The body of every error answer, whatever the status.
+// The OpenAPI document describes it from this type, `error` restricted to `ApiError::codes`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The stable machine-readable code clients switch on.
+    #[schema(schema_with = error_code_schema)]
+    pub error: &'static str,
+    /// What went wrong, for a human.
+    pub message: String,
+}
+
+fn error_code_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(ApiError::codes().into_iter().map(|(_, code)| code)))
+        .description(Some("The stable machine-readable code clients switch on."))
+        .build()
 }
 
 impl ApiError {
+    /// Every code an error body can carry, with its status: the list the OpenAPI document
+    /// gives for `error`. A test checks it against [`ApiError::code`] and [`ApiError::status`].
+    pub fn codes() -> Vec<(StatusCode, &'static str)> {
+        let mut codes: Vec<(StatusCode, &'static str)> = vec![
+            (StatusCode::BAD_REQUEST, "bad_request"),
+            (StatusCode::UNAUTHORIZED, "unauthorized"),
+            (StatusCode::FORBIDDEN, "forbidden"),
+            (StatusCode::NOT_FOUND, "not_found"),
+            (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            (StatusCode::CONFLICT, "busy"),
+            (StatusCode::CONFLICT, "stale_token"),
+            (StatusCode::CONFLICT, "conflict"),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        ];
+        for refusal in Refusal::ALL {
+            let e = ApiError::from(refusal);
+            let pair = (e.status(), e.code());
+            if !codes.contains(&pair) {
+                codes.push(pair);
+            }
+        }
+        codes
+    }
+
     /// The stable machine-readable code clients switch on.
     pub fn code(&self) -> &'static str {
         match self {
@@ -61,6 +103,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Refused(Refusal::Expired { .. }) => "unavailable",
             ApiError::Refused(refusal) => refusal.code(),
             ApiError::Busy => "busy",
@@ -79,6 +122,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::Refused(Refusal::NotFound) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Refused(
                 Refusal::NotStarted
                 | Refusal::Ended
@@ -131,7 +175,7 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             tracing::error!(error = ?e, "internal error");
         }
-        let body = Body {
+        let body = ErrorBody {
             error: self.code(),
             message: self.to_string(),
         };
@@ -142,4 +186,64 @@ impl IntoResponse for ApiError {
 /// Turns axum's JSON and path rejections into our 400 with a message saying what is wrong.
 pub fn rejection_to_bad_request(rejection: impl std::fmt::Display) -> ApiError {
     ApiError::BadRequest(rejection.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of each variant. The match below has no wildcard, so a new variant does not
+    /// compile until it is added here too, and then the test checks it is in [`ApiError::codes`].
+    fn one_of_each() -> Vec<ApiError> {
+        let mut all = vec![
+            ApiError::BadRequest("x".into()),
+            ApiError::Unauthorized("x".into()),
+            ApiError::Forbidden("x".into()),
+            ApiError::NotFound("x".into()),
+            ApiError::MethodNotAllowed,
+            ApiError::Busy,
+            ApiError::StaleToken("x".into()),
+            ApiError::Conflict("x".into()),
+            ApiError::Unavailable("x".into()),
+            ApiError::Internal(anyhow::anyhow!("x")),
+        ];
+        all.extend(Refusal::ALL.map(ApiError::from));
+        for e in &all {
+            match e {
+                ApiError::BadRequest(_)
+                | ApiError::Unauthorized(_)
+                | ApiError::Forbidden(_)
+                | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::Refused(_)
+                | ApiError::Busy
+                | ApiError::StaleToken(_)
+                | ApiError::Conflict(_)
+                | ApiError::Unavailable(_)
+                | ApiError::Internal(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_code_list_is_exactly_what_the_variants_answer() {
+        let codes = ApiError::codes();
+        let answered: Vec<(StatusCode, &str)> = one_of_each()
+            .iter()
+            .map(|e| (e.status(), e.code()))
+            .collect();
+        for pair in &answered {
+            assert!(
+                codes.contains(pair),
+                "{pair:?} is answered but missing from ApiError::codes"
+            );
+        }
+        for pair in &codes {
+            assert!(
+                answered.contains(pair),
+                "{pair:?} is in ApiError::codes but no variant answers it"
+            );
+        }
+    }
 }

@@ -1,10 +1,12 @@
 //! Request extractors every HTTP function shares, so bad input is refused the same way
 //! everywhere: a 400 `bad_request` that says what is wrong, before any handler logic runs.
+//! Also the answers for requests no route takes ([`with_fallbacks`]), the same JSON error.
 
 use crate::error::ApiError;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
+use axum::Router;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 
@@ -72,6 +74,57 @@ pub struct ActivityId(pub i64);
 /// `{orderId}` from the path, as a positive integer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OrderId(pub i64);
+
+/// The OpenAPI description of a path id as [`positive_id`] reads it.
+fn id_parameter(name: &str, description: &str) -> utoipa::openapi::path::Parameter {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    use utoipa::openapi::Required;
+    let schema = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+        .minimum(Some(1));
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
+}
+
+impl utoipa::IntoParams for ActivityId {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![id_parameter("activityId", "The activity (sale) id.")]
+    }
+}
+
+impl utoipa::IntoParams for OrderId {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![id_parameter("orderId", "The order id.")]
+    }
+}
+
+/// Answers what no route takes with the error JSON: 404 `not_found` for an unknown path, 405
+/// `method_not_allowed` (with axum's `Allow` header) for a known path and another method.
+/// Call it on the finished router: axum gives the 405 answer to the routes present then.
+pub fn with_fallbacks<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn no_such_route() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
 
 async fn path_params<S: Send + Sync>(
     parts: &mut Parts,

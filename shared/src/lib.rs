@@ -23,7 +23,8 @@
 //! - [`queue`]: the SQS order message and its client.
 //! - [`auth`]: the caller's identity, read from the API Gateway request context.
 //! - [`error`]: the HTTP error enum every API function answers with.
-//! - [`http`]: request extractors (bounded JSON body, positive-integer path ids).
+//! - [`http`]: request extractors (bounded JSON body, positive-integer path ids) and the
+//!   404 / 405 answers of every router.
 //! - [`metrics`]: CloudWatch Embedded Metric Format lines.
 //! - [`pause`]: named pause points between protocol steps, for the interleaving tests
 //!   (compiled out without the `failpoints` feature).

@@ -55,7 +55,8 @@ pub mod reason {
     pub const UNAVAILABLE: &str = "unavailable";
 }
 
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+/// One order row, as its owner sees it after paying.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Order {
     pub id: i64,
@@ -63,6 +64,7 @@ pub struct Order {
     pub activity_id: i64,
     pub user_id: String,
     pub quantity: i32,
+    /// `confirmed`, `paid`, `cancelled` or `failed`.
     pub status: String,
     pub failure_reason: Option<String>,
     pub created_at: DateTime<Utc>,

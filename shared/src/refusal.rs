@@ -33,6 +33,17 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// One of each refusal, in [`index`](Refusal::index) order.
+    pub const ALL: [Refusal; 7] = [
+        Refusal::NotFound,
+        Refusal::NotStarted,
+        Refusal::Ended,
+        Refusal::QuantityExceedsLimit,
+        Refusal::SoldOut { stock_left: 0 },
+        Refusal::AlreadyPurchased,
+        Refusal::Expired { now_ms: 0 },
+    ];
+
     /// Every refusal's [`code`](Refusal::code), in [`index`](Refusal::index) order.
     pub const CODES: [&'static str; 7] = [
         "not_found",
@@ -87,6 +98,9 @@ mod tests {
         for (n, code) in Refusal::CODES.iter().enumerate() {
             let refusal = Refusal::from_script(n as i64 + 1, 0, 0).unwrap();
             assert_eq!((refusal.index(), refusal.code()), (n, *code));
+        }
+        for (n, refusal) in Refusal::ALL.iter().enumerate() {
+            assert_eq!(refusal.index(), n);
         }
         assert_eq!(Refusal::from_script(0, 0, 0), None);
         assert_eq!(Refusal::from_script(8, 0, 0), None);

@@ -561,6 +561,10 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
         json!({"startAt": end, "endAt": start}),
         json!({"startAt": start, "endAt": start}),
         json!({"startAt": "tomorrow at noon"}),
+        json!({"title": "a\u{0}b"}),
+        json!({"title": "a\nb"}),
+        json!({"startAt": "1969-12-31T23:59:59Z"}),
+        json!({"endAt": "9999-12-31T23:59:59-23:59"}),
         json!({"price": 10}),
     ];
     for field in bad_fields {

@@ -1,6 +1,9 @@
 //! The local dev server over real TCP: the entry and admin routers behind the JWT authorizer,
 //! the queue poller and the consumer, against real Redis, PostgreSQL and the SQS emulator.
 //!
+//! Also the answers no route gives (404, 405) from both routers, in Lambda (the routers called
+//! in-process) and behind the dev server, and the OpenAPI document it serves.
+//!
 //! Each test starts its own server on an ephemeral port with its own database, key prefix and
 //! queue. Requests are written by hand on a `TcpStream` so nothing between the test and the
 //! server (no client library) can add or fix up headers.
@@ -35,6 +38,18 @@ async fn http(
     authorization: Option<&str>,
     body: &str,
 ) -> (u16, Value) {
+    let (status, _, json) = http_with_head(server, method, path, authorization, body).await;
+    (status, json)
+}
+
+/// [`http`], also returning the response head (status line and headers) as text.
+async fn http_with_head(
+    server: &DevServer,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &str,
+) -> (u16, String, Value) {
     let mut stream = TcpStream::connect(server.addr()).await.expect("connect");
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
@@ -65,7 +80,7 @@ async fn http(
     } else {
         serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()))
     };
-    (status, json)
+    (status, head.to_string(), json)
 }
 
 fn bearer(user: &str, scope: &str) -> String {
@@ -254,5 +269,181 @@ async fn health_answers_ok_without_a_token() {
     let server = start(&env).await;
     let (status, body) = http(&server, "GET", "/health", None, "").await;
     assert_eq!(status, 200, "{body}");
+    server.shutdown().await.unwrap();
+}
+
+/// Requests no route takes, one row each: (method, path, status, code, `Allow` for a 405).
+/// The first rows reach the entry router, the others the admin router.
+const UNROUTED: &[(&str, &str, u16, &str, Option<&str>)] = &[
+    ("GET", "/no/such/route", 404, "not_found", None),
+    ("GET", "/activities", 404, "not_found", None),
+    ("POST", "/orders/1", 404, "not_found", None),
+    (
+        "DELETE",
+        "/health",
+        405,
+        "method_not_allowed",
+        Some("GET,HEAD"),
+    ),
+    (
+        "GET",
+        "/activities/1/orders",
+        405,
+        "method_not_allowed",
+        Some("POST"),
+    ),
+    (
+        "PUT",
+        "/activities/1",
+        405,
+        "method_not_allowed",
+        Some("GET,HEAD"),
+    ),
+    (
+        "GET",
+        "/orders/1/pay",
+        405,
+        "method_not_allowed",
+        Some("POST"),
+    ),
+    (
+        "DELETE",
+        "/orders/1/cancel",
+        405,
+        "method_not_allowed",
+        Some("POST"),
+    ),
+    ("GET", "/admin", 404, "not_found", None),
+    ("GET", "/admin/activities/1/stats", 404, "not_found", None),
+    (
+        "DELETE",
+        "/admin/activities",
+        405,
+        "method_not_allowed",
+        Some("GET,HEAD,POST"),
+    ),
+    (
+        "PATCH",
+        "/admin/activities/1",
+        405,
+        "method_not_allowed",
+        Some("GET,HEAD,PUT"),
+    ),
+];
+
+/// The `Allow` header's methods, sorted, from a response head.
+fn allow(head: &str) -> Option<String> {
+    let line = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("allow:"))?;
+    let mut methods: Vec<&str> = line[6..].split(',').map(str::trim).collect();
+    methods.sort();
+    Some(methods.join(","))
+}
+
+fn assert_error_body(what: &str, json: &Value, code: &str) {
+    assert_eq!(json["error"], code, "{what}: {json}");
+    assert!(
+        json["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{what}: a message says what is wrong: {json}"
+    );
+    assert_eq!(
+        json.as_object().map(|o| o.len()),
+        Some(2),
+        "{what}: only error and message: {json}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_routers() {
+    use tower::ServiceExt;
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let entry = seckill_entry::router(seckill_entry::EntryState::new(
+        env.config.clone(),
+        env.redis.clone(),
+        env.pool.clone(),
+        env.queue.clone(),
+    ));
+    let admin = admin::router(admin::AdminState::new(
+        env.config.clone(),
+        env.pool.clone(),
+        env.redis.clone(),
+    ));
+    for (router, name) in [(&entry, "entry"), (&admin, "admin")] {
+        for (method, path, status, code, allowed) in UNROUTED {
+            // Each Lambda sees only its own routes: every other path is its 404.
+            let own = path.starts_with("/admin") == (name == "admin");
+            let (status, code, allowed) = if own {
+                (*status, *code, *allowed)
+            } else {
+                (404, "not_found", None)
+            };
+            let req =
+                seckill_shared::testing::request(method, path, Some(("alice", ADMIN_SCOPE)), None);
+            let resp = router.clone().oneshot(req).await.unwrap();
+            let what = format!("{name}: {method} {path}");
+            assert_eq!(resp.status().as_u16(), status, "{what}");
+            let got_allow = resp.headers().get("allow").map(|v| {
+                let mut m: Vec<&str> = v.to_str().unwrap().split(',').map(str::trim).collect();
+                m.sort();
+                m.join(",")
+            });
+            assert_eq!(got_allow.as_deref(), allowed, "{what}: Allow");
+            assert_eq!(
+                resp.headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok()),
+                Some("application/json"),
+                "{what}"
+            );
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            assert_error_body(&what, &json, code);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_server() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let server = start(&env).await;
+    let admin_token = bearer("root", ADMIN_SCOPE);
+    for (method, path, status, code, allowed) in UNROUTED {
+        for auth in [None, Some(admin_token.as_str())] {
+            let (got, head, json) = http_with_head(&server, method, path, auth, "").await;
+            let what = format!("{method} {path} (token: {})", auth.is_some());
+            assert_eq!(got, *status, "{what}: {json}");
+            assert_eq!(allow(&head).as_deref(), *allowed, "{what}: Allow in {head}");
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains("content-type: application/json"),
+                "{what}: {head}"
+            );
+            assert_error_body(&what, &json, code);
+        }
+    }
+    // The dev server's own route answers the same way.
+    let (status, head, json) = http_with_head(&server, "POST", "/openapi.json", None, "").await;
+    assert_eq!(status, 405, "{head}");
+    assert_error_body("POST /openapi.json", &json, "method_not_allowed");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dev_server_serves_the_generated_openapi_document() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let server = start(&env).await;
+    let (status, head, served) = http_with_head(&server, "GET", "/openapi.json", None, "").await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{head}"
+    );
+    let generated: Value =
+        serde_json::from_str(&seckill_devserver::openapi::render()).expect("JSON");
+    assert_eq!(served, generated);
     server.shutdown().await.unwrap();
 }

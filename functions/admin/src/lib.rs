@@ -60,19 +60,21 @@
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
 use seckill_shared::auth::Admin;
 use seckill_shared::cache::Redis;
-use seckill_shared::http::{ActivityId, JsonBody};
+use seckill_shared::error::ErrorBody;
+use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
 use seckill_shared::sale::{self, Adjust, SaleMeta};
 use seckill_shared::{activity_columns, db, load, order, ApiError, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// What every handler needs, built once per cold start.
 #[derive(Clone)]
@@ -99,14 +101,37 @@ impl AdminState {
     }
 }
 
-/// The admin routes, for `lambda_http::run` and the local dev server alike.
+/// The admin routes, for `lambda_http::run` and the local dev server alike. Unknown routes
+/// answer 404 and wrong methods 405, both as error JSON.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/admin/activities", post(create).get(list))
-        .route("/admin/activities/{activityId}", get(show).put(update))
-        .with_state(state)
+    let (routes, _) = api().split_for_parts();
+    with_fallbacks(routes).with_state(state)
 }
 
+/// The routes of [`router`] with their OpenAPI description (`docs/openapi.json`).
+pub fn api() -> OpenApiRouter<AdminState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(show, update))
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/activities",
+    tag = "admin",
+    operation_id = "createActivity",
+    summary = "Create a published sale; one starting within the preheat lead is loaded into Redis at once",
+    request_body = NewActivity,
+    security(("bearer" = ["seckill:admin"])),
+    responses(
+        (status = 201, description = "Created", body = Activity),
+        (status = 400, description = "A field is missing, unknown or out of range (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The token lacks the `seckill:admin` scope", body = ErrorBody),
+        (status = 503, description = "The database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn create(
     Admin(who): Admin,
     State(state): State<AdminState>,
@@ -138,6 +163,26 @@ pub async fn create_activity(state: &AdminState, new: &NewActivity) -> Result<Ac
     }
 }
 
+#[utoipa::path(
+    put,
+    path = "/admin/activities/{activityId}",
+    tag = "admin",
+    operation_id = "updateActivity",
+    summary = "Merge update under the activity's fenced lock",
+    params(ActivityId),
+    request_body = ActivityPatch,
+    security(("bearer" = ["seckill:admin"])),
+    responses(
+        (status = 200, description = "The activity after the change", body = Activity),
+        (status = 400, description = "Empty patch, or a field unknown or out of range (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The token lacks the `seckill:admin` scope", body = ErrorBody),
+        (status = 404, description = "No such activity", body = ErrorBody),
+        (status = 409, description = "The lock is held (`busy`), a newer holder wrote (`stale_token`), or stock below what is sold (`conflict`)", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn update(
     Admin(who): Admin,
     State(state): State<AdminState>,
@@ -495,7 +540,7 @@ fn below_sold(total: i64) -> ApiError {
 }
 
 /// Live numbers of one activity, for the admin's view.
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Stats {
     pub db_remaining: i64,
@@ -511,7 +556,7 @@ pub struct Stats {
 }
 
 /// An activity with its live stats (`GET /admin/activities/{id}`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ActivityDetail {
     #[serde(flatten)]
@@ -519,6 +564,24 @@ pub struct ActivityDetail {
     pub stats: Stats,
 }
 
+#[utoipa::path(
+    get,
+    path = "/admin/activities/{activityId}",
+    tag = "admin",
+    operation_id = "showActivity",
+    summary = "The activity as stored, plus live stats from the database and Redis",
+    params(ActivityId),
+    security(("bearer" = ["seckill:admin"])),
+    responses(
+        (status = 200, description = "The activity and its stats", body = ActivityDetail),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The token lacks the `seckill:admin` scope", body = ErrorBody),
+        (status = 404, description = "No such activity", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn show(
     Admin(_): Admin,
     State(state): State<AdminState>,
@@ -549,7 +612,7 @@ pub async fn activity_detail(state: &AdminState, id: i64) -> Result<ActivityDeta
 }
 
 /// One page of activities.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Page {
     pub items: Vec<Activity>,
     pub limit: i64,
@@ -575,6 +638,26 @@ fn query_number(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/admin/activities",
+    tag = "admin",
+    operation_id = "listActivities",
+    summary = "A page of activities, newest first",
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Page size (default 20)"),
+        ("offset" = Option<i64>, Query, minimum = 0, maximum = 1000000, description = "Rows to skip (default 0)"),
+    ),
+    security(("bearer" = ["seckill:admin"])),
+    responses(
+        (status = 200, description = "The page", body = Page),
+        (status = 400, description = "A query parameter unknown or out of range (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The token lacks the `seckill:admin` scope", body = ErrorBody),
+        (status = 503, description = "The database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn list(
     Admin(_): Admin,
     State(state): State<AdminState>,

@@ -20,31 +20,33 @@
 //! flood does not reach Redis) and a small circuit breaker (after a run of Redis failures,
 //! answer 503 at once for a moment instead of waiting out a timeout per request).
 //!
-//! The same [`router`] runs in Lambda (`lambda_http::run`) and in the local dev server.
+//! The same [`router`] runs in Lambda (`lambda_http::run`) and in the local dev server; [`api`]
+//! is its routes with their OpenAPI description, from each handler's `#[utoipa::path]`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use seckill_shared::activity::{self, MAX_PER_ORDER_LIMIT};
 use seckill_shared::auth::Identity;
 use seckill_shared::cache::{CacheError, Redis};
+use seckill_shared::error::ErrorBody;
 use seckill_shared::giveback::{self, Claim, GiveBackError};
-use seckill_shared::http::{ActivityId, JsonBody, OrderId};
+use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody, OrderId};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Compensation, EntryKind, Reservation};
 use seckill_shared::{db, ApiError, Config, Refusal};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Span;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 /// The name this function reports its metrics under.
@@ -109,22 +111,27 @@ impl EntryState {
     }
 }
 
+/// The schemas a handler names by reference rather than by type.
+#[derive(utoipa::OpenApi)]
+#[openapi(components(schemas(PurchaseBody)))]
+struct Schemas;
+
 /// The function's HTTP API (paths as API Gateway routes them). Unknown routes answer 404 and
 /// wrong methods 405, both as error JSON.
 pub fn router(state: EntryState) -> Router {
-    Router::new()
-        .route("/activities/{activityId}/orders", post(purchase))
-        .route("/activities/{activityId}/orders/me", get(my_order))
-        .route("/activities/{activityId}", get(public_activity))
-        .route("/orders/{orderId}/pay", post(pay))
-        .route("/orders/{orderId}/cancel", post(cancel))
-        .route("/health", get(health))
-        .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .method_not_allowed_fallback(|| async {
-            let body = json!({"error": "method_not_allowed", "message": "method not allowed on this route"});
-            (StatusCode::METHOD_NOT_ALLOWED, Json(body))
-        })
-        .with_state(state)
+    let (routes, _) = api().split_for_parts();
+    with_fallbacks(routes).with_state(state)
+}
+
+/// The routes of [`router`] with their OpenAPI description (`docs/openapi.json`).
+pub fn api() -> OpenApiRouter<EntryState> {
+    OpenApiRouter::with_openapi(<Schemas as utoipa::OpenApi>::openapi())
+        .routes(routes!(purchase))
+        .routes(routes!(my_order))
+        .routes(routes!(public_activity))
+        .routes(routes!(pay))
+        .routes(routes!(cancel))
+        .routes(routes!(health))
 }
 
 /// The purchase body: `{"quantity": n}`, `quantity` optional (default 1). A `userId` is
@@ -175,14 +182,72 @@ impl<'de> Deserialize<'de> for PurchaseBody {
     }
 }
 
+/// The OpenAPI schema of [`PurchaseBody`], written out because its `Deserialize` is.
+impl utoipa::PartialSchema for PurchaseBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            AdditionalProperties, KnownFormat, ObjectBuilder, SchemaFormat, SchemaType, Type,
+        };
+        let quantity = ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .maximum(Some(MAX_PER_ORDER_LIMIT as isize))
+            .default(Some(1.into()))
+            .description(Some(
+                "Units to buy, at most the activity's per-order limit (400 \
+                 `quantity_exceeds_limit` above it).",
+            ));
+        let user_id = ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some(
+                "Accepted and ignored: the buyer is the token's `sub`, never the body.",
+            ));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("quantity", quantity)
+            .property("userId", user_id)
+            .additional_properties(Some(
+                AdditionalProperties::<utoipa::openapi::schema::Schema>::FreeForm(false),
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for PurchaseBody {}
+
 /// 202 body of an accepted purchase.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct Accepted {
+pub struct Accepted {
+    /// Follow it with `GET /activities/{activityId}/orders/me`.
     request_id: Uuid,
+    /// `pending`: reserved in Redis, the order is being written.
+    #[schema(example = "pending")]
     status: &'static str,
 }
 
+#[utoipa::path(
+    post,
+    path = "/activities/{activityId}/orders",
+    tag = "purchase",
+    operation_id = "purchase",
+    summary = "Buy: one Redis script decides at once, the order is written behind the queue",
+    params(ActivityId),
+    // A ref, not the type: the body is optional (empty means `{"quantity": 1}`), and naming
+    // `Option<PurchaseBody>` would document a JSON `null` as accepted, which it is not.
+    request_body(content = ref("#/components/schemas/PurchaseBody"), description = "Optional: an empty body means `{\"quantity\": 1}`."),
+    security(("bearer" = [])),
+    responses(
+        (status = 202, description = "Reserved; the order consumer writes the order", body = Accepted),
+        (status = 400, description = "Bad body or id (`bad_request`), or more than the per-order limit (`quantity_exceeds_limit`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such published activity", body = ErrorBody),
+        (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased`", body = ErrorBody),
+        (status = 503, description = "Redis, the queue or the database is out of reach, or the sale is being loaded: nothing was reserved, retry", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 #[tracing::instrument(skip_all, fields(activity_id, request_id, outcome))]
 async fn purchase(
     State(state): State<EntryState>,
@@ -473,9 +538,12 @@ async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
 }
 
 /// `GET /activities/{id}/orders/me`: where the caller's purchase is.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MyOrder {
+    /// `none`, `pending` (reserved, the order is being written), `confirmed`, `paid`,
+    /// `cancelled` or `failed` (with a `reason`).
+    #[schema(example = "confirmed")]
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<Uuid>,
@@ -487,6 +555,22 @@ pub struct MyOrder {
     pub reason: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/activities/{activityId}/orders/me",
+    tag = "purchase",
+    operation_id = "myOrder",
+    summary = "Where the caller's purchase of this activity is",
+    params(ActivityId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The caller's reservation or latest order, or `none`", body = MyOrder),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn my_order(
     State(state): State<EntryState>,
     identity: Identity,
@@ -522,7 +606,7 @@ async fn my_order(
 }
 
 /// `GET /activities/{id}`: what anyone may see of a sale.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PublicActivity {
     pub id: i64,
@@ -530,9 +614,27 @@ pub struct PublicActivity {
     pub start_at: chrono::DateTime<chrono::Utc>,
     pub end_at: chrono::DateTime<chrono::Utc>,
     pub remaining_stock: i64,
+    /// `upcoming`, `running` or `ended`.
+    #[schema(example = "running")]
     pub state: &'static str,
 }
 
+#[utoipa::path(
+    get,
+    path = "/activities/{activityId}",
+    tag = "purchase",
+    operation_id = "publicActivity",
+    summary = "The public view of a sale (no token needed)",
+    params(ActivityId),
+    security(()),
+    responses(
+        (status = 200, description = "The sale, with the live remaining stock", body = PublicActivity),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 404, description = "No such activity, or a draft", body = ErrorBody),
+        (status = 503, description = "The database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn public_activity(
     State(state): State<EntryState>,
     ActivityId(activity_id): ActivityId,
@@ -562,6 +664,24 @@ async fn public_activity(
     }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{orderId}/pay",
+    tag = "orders",
+    operation_id = "pay",
+    summary = "Pay a confirmed order (paying twice answers the paid order)",
+    params(OrderId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The paid order", body = seckill_shared::order::Order),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such order, or someone else's", body = ErrorBody),
+        (status = 409, description = "The order is cancelled or failed (`conflict`)", body = ErrorBody),
+        (status = 503, description = "The database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn pay(
     State(state): State<EntryState>,
     identity: Identity,
@@ -578,14 +698,33 @@ async fn pay(
 }
 
 /// 200 body of a cancel: `releasedQuantity` is 0 for a repeated cancel.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct Cancelled {
+pub struct Cancelled {
     order_id: i64,
+    #[schema(example = "cancelled")]
     status: &'static str,
     released_quantity: i64,
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{orderId}/cancel",
+    tag = "orders",
+    operation_id = "cancel",
+    summary = "Cancel a confirmed order: stock and the user's quota come back, exactly once",
+    params(OrderId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Cancelled (`releasedQuantity` 0 when it already was)", body = Cancelled),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such order, or someone else's", body = ErrorBody),
+        (status = 409, description = "Paid or failed (`conflict`), or another cancel of it is running (`busy`)", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
 async fn cancel(
     State(state): State<EntryState>,
     identity: Identity,
@@ -615,8 +754,27 @@ async fn cancel(
     }))
 }
 
+/// 200 body of `GET /health`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
 /// `GET /health`: 200 when Redis and the database answer, 503 otherwise.
-async fn health(State(state): State<EntryState>) -> Result<Json<serde_json::Value>, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "health",
+    operation_id = "health",
+    summary = "200 once Redis and the database answer (no token needed)",
+    security(()),
+    responses(
+        (status = 200, description = "Redis and the database answer", body = Health),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+    )
+)]
+async fn health(State(state): State<EntryState>) -> Result<Json<Health>, ApiError> {
     let s = &state.inner;
     let _: String = s.redis.cmd(&redis::cmd("PING")).await?;
     let db = tokio::time::timeout(
@@ -625,7 +783,7 @@ async fn health(State(state): State<EntryState>) -> Result<Json<serde_json::Valu
     )
     .await;
     match db {
-        Ok(Ok(_)) => Ok(Json(json!({"status": "ok"}))),
+        Ok(Ok(_)) => Ok(Json(Health { status: "ok" })),
         Ok(Err(e)) => Err(ApiError::unavailable("database", e)),
         Err(_) => Err(ApiError::unavailable("database", "timed out")),
     }

@@ -7,17 +7,32 @@
 //! missing or invalid, so the handlers' `Identity` extractor answers 401 exactly as it would in
 //! AWS), and strip the `Authorization` header so no handler can be tempted to read it.
 
+use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use axum::routing::get;
 use axum::Router;
 use seckill_shared::auth::{request_context, JwtVerifier};
+use seckill_shared::http::with_fallbacks;
 use std::sync::Arc;
 
-/// The one local app: the entry and admin routers merged, behind the authorizer.
+/// The one local app: the entry and admin routers merged, plus `GET /openapi.json`, behind the
+/// authorizer. Each router brings its own 404 answer (axum merges only one): they are reset and
+/// the same one is put on the whole, so an unknown path is the error JSON whichever router
+/// would have had it.
 pub fn app(entry: Router, admin: Router, verifier: JwtVerifier) -> Router {
-    entry.merge(admin).layer(middleware::from_fn_with_state(
+    let document = Bytes::from(crate::openapi::render());
+    let serve_document = get(move || {
+        let document = document.clone();
+        async move { ([(CONTENT_TYPE, "application/json")], document) }
+    });
+    let merged = entry
+        .reset_fallback()
+        .merge(admin.reset_fallback())
+        .route("/openapi.json", serve_document);
+    with_fallbacks(merged).layer(middleware::from_fn_with_state(
         Arc::new(verifier),
         authorize,
     ))

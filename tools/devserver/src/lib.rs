@@ -2,7 +2,8 @@
 //!
 //! - The HTTP API: the entry and admin functions' axum routers, the *same* routers their
 //!   Lambdas run under `lambda_http`, merged and put behind [`auth::authorize`], which plays
-//!   API Gateway's JWT authorizer (HS256 tokens signed with `SECKILL_JWT_SECRET`).
+//!   API Gateway's JWT authorizer (HS256 tokens signed with `SECKILL_JWT_SECRET`), plus their
+//!   OpenAPI document at `/openapi.json`.
 //! - The SQS event source mapping: a few [`poller`]s long-poll the order queue and hand batches
 //!   to the consumer's handler, deleting only what it did not report as failed.
 //! - The two EventBridge schedules: preheat and reconcile, every few seconds.
@@ -15,9 +16,11 @@
 //! - [`auth`]: the authorizer middleware and the merged app.
 //! - [`poller`]: the queue poller (Lambda's partial-batch semantics).
 //! - [`functions`]: builds the five functions from one config.
+//! - [`openapi`]: the OpenAPI document of both routers, served at `/openapi.json`.
 
 pub mod auth;
 pub mod functions;
+pub mod openapi;
 pub mod poller;
 
 use chrono::Utc;

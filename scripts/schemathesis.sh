@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Fuzzes the HTTP API with schemathesis against docs/openapi.json (`make test` runs it).
+#
+# Starts a dev server (target/debug/seckill-devserver) on a free loopback port against the
+# local stack, on a fresh database, Redis key prefix and queue, so nothing of `make serve`'s
+# data is touched and nothing is left behind. Seeds one running, published sale and the user's
+# confirmed order in it (both id 1 of the fresh database, so the generated ids reach real ones),
+# then runs schemathesis once with a user token and once with an admin token:
+#   checks  not_a_server_error, status_code_conformance, content_type_conformance,
+#           response_schema_conformance
+#   phases  coverage, fuzzing
+# Any finding fails the script. The server is always stopped, the database dropped and the
+# queues deleted, also on failure or Ctrl-C.
+#
+# Usage: bash scripts/schemathesis.sh   (after `make stack`; builds the dev server if needed)
+#   SCHEMATHESIS_MAX_EXAMPLES=N   fuzzing examples per operation (default 100: ≈1,100 requests
+#                                 and 20-30 s per token on a 2-core machine)
+#   SCHEMATHESIS_SEED=N           a fixed seed, to replay a run (default: random, printed)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+VENV="$REPO/.tools/venv"
+ST="$VENV/bin/schemathesis"
+MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-100}"
+SEED="${SCHEMATHESIS_SEED:-$RANDOM$RANDOM}"
+RUN_ID="$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
+DB="seckill_test_fuzz_$RUN_ID"
+WORK="$REPO/target/schemathesis"
+LOG="$WORK/devserver.log"
+
+log() { printf '[schemathesis] %s\n' "$*" >&2; }
+die() { printf '[schemathesis] ERROR: %s\n' "$*" >&2; exit 1; }
+psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$@"; }
+
+[ -x "$ST" ] || die "$ST not found: run 'make stack' (scripts/stack.sh installs it)"
+mkdir -p "$WORK"
+
+# The SQS emulator's queues for this run (moto; a DLQ as the real stack has).
+sqs() {
+    ACTION="$1" NAME="fuzz-$RUN_ID" ENDPOINT="$AWS_ENDPOINT_URL_SQS" "$VENV/bin/python" - <<'PY'
+import json, os
+import boto3
+
+sqs = boto3.client("sqs", endpoint_url=os.environ["ENDPOINT"], region_name="us-east-1",
+                   aws_access_key_id="test", aws_secret_access_key="test")
+name = os.environ["NAME"]
+if os.environ["ACTION"] == "create":
+    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    url = sqs.create_queue(QueueName=name, Attributes={
+        "VisibilityTimeout": "30",
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"}),
+    })["QueueUrl"]
+    print(url)
+else:
+    for q in (name, f"{name}-dlq"):
+        try:
+            sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=q)["QueueUrl"])
+        except sqs.exceptions.QueueDoesNotExist:
+            pass
+PY
+}
+
+SERVER_PID=""
+cleanup() {
+    local rc=$?
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    psql_pg -c "drop database if exists \"$DB\" with (force)" >/dev/null 2>&1 || true
+    sqs delete >/dev/null 2>&1 || true
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "building the dev server"
+cargo build -q -p seckill-devserver --bins
+
+psql_pg -c "create database \"$DB\"" >/dev/null
+export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
+export SECKILL_KEY_PREFIX="fuzz$RUN_ID"
+ORDER_QUEUE_URL="$(sqs create)"
+export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
+PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+URL="http://127.0.0.1:$PORT"
+
+log "dev server on $URL (database $DB, log $LOG)"
+RUST_LOG="${RUST_LOG:-warn}" target/debug/seckill-devserver --addr "127.0.0.1:$PORT" \
+    --pollers 2 --preheat-every 2 --reconcile-every 5 >"$LOG" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 1 120); do
+    curl -sf -o /dev/null --max-time 2 "$URL/health" && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$LOG" >&2; die "the dev server exited"; }
+    sleep 0.5
+done
+curl -sf -o /dev/null --max-time 2 "$URL/health" || { tail -20 "$LOG" >&2; die "no /health within 60 s"; }
+
+USER_TOKEN="$(target/debug/seckill-token --user fuzz-user --ttl-secs 3600)"
+ADMIN_TOKEN="$(target/debug/seckill-token --user fuzz-admin --admin --ttl-secs 3600)"
+
+# A sale running now: created through the API, loaded into Redis by the create itself.
+start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"
+end="$(date -u -d '+2 hours' +%Y-%m-%dT%H:%M:%SZ)"
+seeded="$(curl -sf --max-time 10 -X POST "$URL/admin/activities" \
+    -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' \
+    -d "{\"title\":\"fuzzed sale\",\"totalStock\":100000,\"perOrderLimit\":5,\"startAt\":\"$start\",\"endAt\":\"$end\"}")" \
+    || die "could not seed the sale"
+case "$seeded" in *'"id":1,'*) ;; *) die "the seeded sale is not id 1: $seeded" ;; esac
+# And the user's order in it, confirmed by the dev server's poller: order 1, for pay and cancel.
+curl -sf -o /dev/null --max-time 10 -X POST "$URL/activities/1/orders" \
+    -H "Authorization: Bearer $USER_TOKEN" -H 'Content-Type: application/json' -d '{"quantity":1}' \
+    || die "could not seed the order"
+for _ in $(seq 1 60); do
+    mine="$(curl -sf --max-time 5 "$URL/activities/1/orders/me" -H "Authorization: Bearer $USER_TOKEN" || true)"
+    case "$mine" in *'"status":"confirmed"'*) break ;; esac
+    sleep 0.5
+done
+case "$mine" in *'"orderId":1,'*) ;; *) die "the seeded order is not confirmed as order 1: $mine" ;; esac
+log "seeded sale 1 (running until $end) and the user's confirmed order 1"
+
+fuzz() {
+    local who="$1" token="$2"
+    log "$who token: coverage + fuzzing, --max-examples $MAX_EXAMPLES, --seed $SEED"
+    # From target/schemathesis: its cache of past crashes (.schemathesis/) stays out of the tree.
+    (cd "$WORK" && "$ST" run "$REPO/docs/openapi.json" --url "$URL" \
+        -H "Authorization: Bearer $token" \
+        --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
+        --phases coverage,fuzzing \
+        --max-examples "$MAX_EXAMPLES" --seed "$SEED" \
+        --workers 2 --request-timeout 15 \
+        --report junit --report-junit-path "$WORK/$who.junit.xml")
+}
+
+status=0
+fuzz user "$USER_TOKEN" || status=1
+fuzz admin "$ADMIN_TOKEN" || status=1
+if [ "$status" -ne 0 ]; then
+    log "findings above (dev server log: $LOG); replay with SCHEMATHESIS_SEED=$SEED"
+    exit 1
+fi
+log "no findings with either token"

@@ -1,0 +1,187 @@
+//! The OpenAPI document (`docs/openapi.json`): the committed copy is what the code generates,
+//! and what it says holds for every operation (error bodies, security, references).
+//!
+//! The document is generated from the handlers by `seckill_devserver::openapi`; `make openapi`
+//! rewrites the committed copy.
+
+use seckill_shared::ApiError;
+use serde_json::Value;
+
+const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+
+fn document() -> Value {
+    serde_json::from_str(&seckill_devserver::openapi::render()).expect("the document is JSON")
+}
+
+/// Every (method, path, operation) of the document.
+fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("a path item") {
+            out.push((method.to_uppercase(), path.clone(), op.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_committed_document_is_the_generated_one() {
+    let generated = seckill_devserver::openapi::render();
+    let committed = std::fs::read_to_string(COMMITTED).unwrap_or_default();
+    if committed != generated {
+        let first = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(committed.lines().count().min(generated.lines().count()));
+        panic!(
+            "docs/openapi.json is stale (first difference at line {}): run `make openapi` and \
+             commit docs/openapi.json",
+            first + 1
+        );
+    }
+}
+
+#[test]
+fn every_route_of_both_routers_is_documented() {
+    let doc = document();
+    let mut documented: Vec<String> = operations(&doc)
+        .into_iter()
+        .map(|(method, path, _)| format!("{method} {path}"))
+        .collect();
+    documented.sort();
+    let expected = [
+        "GET /activities/{activityId}",
+        "GET /activities/{activityId}/orders/me",
+        "GET /admin/activities",
+        "GET /admin/activities/{activityId}",
+        "GET /health",
+        "POST /activities/{activityId}/orders",
+        "POST /admin/activities",
+        "POST /orders/{orderId}/cancel",
+        "POST /orders/{orderId}/pay",
+        "PUT /admin/activities/{activityId}",
+    ];
+    assert_eq!(documented, expected);
+    assert_eq!(doc["openapi"], "3.1.0");
+}
+
+#[test]
+fn every_error_status_answers_the_error_body() {
+    let doc = document();
+    for (method, path, op) in operations(&doc) {
+        for (status, response) in op["responses"].as_object().expect("responses") {
+            let schema = &response["content"]["application/json"]["schema"];
+            if status.starts_with('2') {
+                assert!(!schema.is_null(), "{method} {path} {status}: no JSON body");
+            } else {
+                assert_eq!(
+                    schema["$ref"], "#/components/schemas/ErrorBody",
+                    "{method} {path} {status}: not the error body"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_error_codes_are_the_ones_the_code_answers() {
+    let doc = document();
+    let listed = &doc["components"]["schemas"]["ErrorBody"]["properties"]["error"]["enum"];
+    let codes: Vec<&str> = ApiError::codes()
+        .into_iter()
+        .map(|(_, code)| code)
+        .collect();
+    assert_eq!(listed, &serde_json::json!(codes));
+}
+
+#[test]
+fn only_the_public_view_and_health_go_without_a_token() {
+    let doc = document();
+    assert_eq!(doc["security"], serde_json::json!([{"bearer": []}]));
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"],
+        serde_json::json!({
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": doc["components"]["securitySchemes"]["bearer"]["description"],
+        })
+    );
+    for (method, path, op) in operations(&doc) {
+        let responses = &op["responses"];
+        let public = matches!(
+            (method.as_str(), path.as_str()),
+            ("GET", "/health") | ("GET", "/activities/{activityId}")
+        );
+        if public {
+            assert_eq!(op["security"], serde_json::json!([{}]), "{method} {path}");
+            assert!(responses["401"].is_null(), "{method} {path} documents 401");
+            continue;
+        }
+        assert!(!responses["401"].is_null(), "{method} {path}: no 401");
+        if path.starts_with("/admin/") {
+            assert_eq!(
+                op["security"],
+                serde_json::json!([{"bearer": ["seckill:admin"]}]),
+                "{method} {path}"
+            );
+            assert!(!responses["403"].is_null(), "{method} {path}: no 403");
+        } else {
+            assert_eq!(
+                op["security"],
+                serde_json::json!([{"bearer": []}]),
+                "{method} {path}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_reference_names_a_schema_of_the_document() {
+    fn refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get("$ref") {
+                    out.push(r);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let doc = document();
+    let mut found = Vec::new();
+    refs(&doc, &mut found);
+    assert!(!found.is_empty());
+    for r in found {
+        let name = r
+            .strip_prefix("#/components/schemas/")
+            .unwrap_or_else(|| panic!("{r}: not a schema reference"));
+        assert!(
+            doc["components"]["schemas"][name].is_object(),
+            "{r} does not resolve"
+        );
+    }
+}
+
+#[test]
+fn the_documented_bounds_are_the_validated_ones() {
+    use seckill_shared::activity::{MAX_PER_ORDER_LIMIT, MAX_TOTAL_STOCK};
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    for schema in ["NewActivity", "ActivityPatch"] {
+        let p = &schemas[schema]["properties"];
+        assert_eq!(p["totalStock"]["maximum"], MAX_TOTAL_STOCK, "{schema}");
+        assert_eq!(
+            p["perOrderLimit"]["maximum"], MAX_PER_ORDER_LIMIT,
+            "{schema}"
+        );
+        assert_eq!(p["title"]["maxLength"], 200, "{schema}");
+    }
+    assert_eq!(
+        schemas["PurchaseBody"]["properties"]["quantity"]["maximum"],
+        MAX_PER_ORDER_LIMIT
+    );
+}
