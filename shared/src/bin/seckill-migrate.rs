@@ -14,14 +14,10 @@ use seckill_shared::{db, secrets, Config};
 use serde_json::{json, Value};
 
 /// Connects, migrates, reports which migrations are now applied.
-async fn migrate() -> anyhow::Result<Value> {
+async fn migrate(mut config: Config) -> anyhow::Result<Value> {
     // Only the database secret: this function may not read the Redis one (least privilege).
-    let mut config = Config::from_env()?;
-    let refs = secrets::SecretRefs {
-        redis_auth_secret_arn: None,
-        ..secrets::SecretRefs::from_env()
-    };
-    secrets::resolve_refs(&mut config, &refs).await?;
+    config.secrets.redis_auth_secret_arn = None;
+    secrets::resolve(&mut config).await?;
     // One connection is enough and keeps this off the functions' connection budget.
     config.db_max_connections = 1;
     let target = secrets::redacted(&config.database_url);
@@ -55,16 +51,19 @@ async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     seckill_shared::init_tracing();
+    // Parsed once (`--help` lists every setting); the secrets are read per run.
+    let config = <Config as clap::Parser>::parse();
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async {
-            migrate()
+        let config = &config;
+        lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async move {
+            migrate(config.clone())
                 .await
                 .map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
         }))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
     } else {
-        let report = migrate().await?;
+        let report = migrate(config).await?;
         println!("{report}");
         Ok(())
     }
