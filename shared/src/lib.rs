@@ -15,6 +15,7 @@
 //! - [`lock`]: the per-activity admin lock with an owner-checked release, a watchdog and a
 //!   fencing token the database checks.
 //! - [`db`]: the PostgreSQL pool and the embedded migrations.
+//! - [`deps`]: the config, pool and Redis connection every function's state is built on.
 //! - [`activity`], [`order`]: domain types and their database access.
 //! - [`lifecycle`]: an order after confirmation: pay, and cancel exactly once (ledger, DB, Redis).
 //! - [`queue`]: the SQS order message and its client.
@@ -30,6 +31,7 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod db;
+pub mod deps;
 pub mod error;
 pub mod giveback;
 pub mod http;
@@ -48,6 +50,7 @@ pub mod secrets;
 pub mod testing;
 
 pub use config::Config;
+pub use deps::Deps;
 pub use error::ApiError;
 
 /// Sets up tracing once per process: JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON` (as Lambda

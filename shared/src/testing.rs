@@ -155,6 +155,11 @@ impl TestEnv {
         })
     }
 
+    /// What a function's state is built on, from this env's config, database and Redis.
+    pub fn deps(&self) -> crate::Deps {
+        crate::Deps::new(self.config.clone(), self.pool.clone(), self.redis.clone())
+    }
+
     /// Creates an activity in the database and preheats it into Redis.
     pub async fn sale(
         &self,
