@@ -1,20 +1,21 @@
-//! One-shot schema migration: applies `migrations/` (embedded) to the database, then exits.
+//! The `seckill-migrate` function: applies `migrations/` (embedded in `seckill_shared::db`) to
+//! the database and reports what it applied.
 //!
-//! Never run on a function's cold start (many containers would race on the schema). Two ways:
+//! Never run on a function's cold start (many containers would race on the schema). Two ways
+//! (`main.rs`):
 //!
 //! - from a machine that reaches the database:
-//!   `cargo run -p seckill-shared --bin seckill-migrate` with `DATABASE_URL`, or with
+//!   `cargo run -p seckill-migrate` with `DATABASE_URL`, or with
 //!   `DATABASE_SECRET_ARN` (+ `DATABASE_HOST`) to read the credentials from Secrets Manager;
 //! - in AWS, as the template's `MigrateFunction` (same binary: it notices the Lambda runtime
 //!   API and answers one invocation per migration run):
 //!   `aws lambda invoke --function-name <MigrateFunctionName> /dev/stdout`.
 
-use lambda_http::{lambda_runtime, service_fn, LambdaEvent};
 use seckill_shared::{db, secrets, Config};
 use serde_json::{json, Value};
 
 /// Connects, migrates, reports which migrations are now applied.
-async fn migrate(mut config: Config) -> anyhow::Result<Value> {
+pub async fn migrate(mut config: Config) -> anyhow::Result<Value> {
     // Only the database secret: this function may not read the Redis one (least privilege).
     config.secrets.redis_auth_secret_arn = None;
     secrets::resolve(&mut config).await?;
@@ -46,25 +47,4 @@ async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
             .fetch_all(pool)
             .await?,
     )
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    seckill_shared::init_tracing();
-    // Parsed once (`--help` lists every setting); the secrets are read per run.
-    let config = <Config as clap::Parser>::parse();
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        let config = &config;
-        lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async move {
-            migrate(config.clone())
-                .await
-                .map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
-        }))
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))
-    } else {
-        let report = migrate(config).await?;
-        println!("{report}");
-        Ok(())
-    }
 }
