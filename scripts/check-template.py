@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - run with the wrong python
 
 REPO = Path(__file__).resolve().parent.parent
 FUNCTION = "AWS::Serverless::Function"
-# Config::from_env's default when DB_MAX_CONNECTIONS is unset.
+# shared::Config's default when DB_MAX_CONNECTIONS is unset (`--help` on any function shows it).
 DEFAULT_DB_MAX_CONNECTIONS = 4
 ENTRY_ACTIONS = {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
 SECRET_MARKERS = ("{{resolve:secretsmanager", "{{resolve:ssm-secure")

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: settings read once per cold start from conventional environment variables.
+//! - [`config`]: the typed settings (clap, each from its environment variable), parsed once.
 //! - [`secrets`]: database and Redis credentials from Secrets Manager (AWS only), and URL
 //!   redaction for logs.
 //! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
