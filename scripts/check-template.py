@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - run with the wrong python
 
 REPO = Path(__file__).resolve().parent.parent
 FUNCTION = "AWS::Serverless::Function"
-# Config::from_env's default when DB_MAX_CONNECTIONS is unset.
+# shared::Config's default when DB_MAX_CONNECTIONS is unset (`--help` on any function shows it).
 DEFAULT_DB_MAX_CONNECTIONS = 4
 ENTRY_ACTIONS = {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
 SECRET_MARKERS = ("{{resolve:secretsmanager", "{{resolve:ssm-secure")
@@ -121,10 +121,16 @@ def as_list(v):
     return v if isinstance(v, list) else [v]
 
 
-def workspace_binaries() -> set[str]:
-    """Package names (default bin) and [[bin]] names of every Cargo.toml in the workspace."""
+def workspace_binaries(only_default_members: bool = False) -> set[str]:
+    """Package names (default bin) and [[bin]] names of every Cargo.toml in the workspace, or
+    only of its default members (what `sam build`'s `cargo lambda build --bin X` at the root
+    selects)."""
     names = set()
-    for cargo in REPO.glob("**/Cargo.toml"):
+    cargos = REPO.glob("**/Cargo.toml")
+    if only_default_members:
+        root = tomllib.loads((REPO / "Cargo.toml").read_text())
+        cargos = [REPO / m / "Cargo.toml" for m in root.get("workspace", {}).get("default-members", [])]
+    for cargo in cargos:
         if "target" in cargo.parts or ".tools" in cargo.parts:
             continue
         try:
@@ -144,8 +150,13 @@ def workspace_binaries() -> set[str]:
     return names
 
 
+# What shared::Config requires of every function (DATABASE_URL may come from its secret).
+REQUIRED_ENV = (("REDIS_URL",), ("ORDER_QUEUE_URL",), ("DATABASE_URL", "DATABASE_SECRET_ARN"))
+
+
 def check_functions(t: Template) -> None:
     bins = workspace_binaries()
+    deployed = workspace_binaries(only_default_members=True)
     for name, fn in t.functions():
         runtime = t.prop(fn, "Runtime")
         arch = t.prop(fn, "Architectures")
@@ -157,6 +168,11 @@ def check_functions(t: Template) -> None:
             f"(got {runtime}, {arch}, {method})",
         )
         check(binary in bins, f"{name}: binary {binary} is a bin of the workspace")
+        check(binary in deployed,
+              f"{name}: binary {binary} is built by a default member (no test features unified in)")
+        env = t.env(fn)
+        missing = [" or ".join(alts) for alts in REQUIRED_ENV if not any(a in env for a in alts)]
+        check(not missing, f"{name}: sets every variable Config requires (missing: {missing})")
 
 
 def check_queue_and_consumer(t: Template) -> None:

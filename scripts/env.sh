@@ -2,6 +2,9 @@
 # Local environment for seckill. Source it:  source scripts/env.sh
 # Every variable is a default only: a value already in the caller's environment wins.
 # (The Makefile sources this before every recipe; scripts/stack.sh starts the services it names.)
+# This is the one place for the local stack's addresses: shared::Config has no default for
+# DATABASE_URL, REDIS_URL or ORDER_QUEUE_URL, so a binary or test run without this file says
+# which one is missing.
 
 _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 

@@ -16,6 +16,7 @@ use seckill_shared::activity::{self, NewActivity};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Reservation};
+use seckill_shared::Deps;
 use seckill_shared::{testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -182,7 +183,8 @@ async fn consumer_run(
             .connect(&config.database_url)
             .await?;
         let r = Redis::connect(config).await?;
-        consumers.push(Consumer::new(p, r, config.clone()).with_batch_writes(batch_writes));
+        consumers
+            .push(Consumer::new(Deps::new(config.clone(), p, r)).with_batch_writes(batch_writes));
     }
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();

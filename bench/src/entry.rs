@@ -13,6 +13,7 @@ use seckill_entry::EntryState;
 use seckill_shared::auth::{mint, JwtVerifier};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
+use seckill_shared::Deps;
 use seckill_shared::{sale, scripts, testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -127,7 +128,10 @@ pub async fn run(
     config.order_queue_url = queue_url.clone();
     let redis = Redis::connect(&config).await?;
     let queue = OrderQueue::new(sqs.clone(), queue_url.clone(), config.sqs_timeout);
-    let state = EntryState::new(config.clone(), redis.clone(), pool.clone(), queue);
+    let state = EntryState::new(
+        Deps::new(config.clone(), pool.clone(), redis.clone()),
+        queue,
+    );
     let mut admin = client.get_multiplexed_async_connection().await?;
     let purchase_sha = scripts::PURCHASE
         .prepare_invoke()

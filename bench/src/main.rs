@@ -25,12 +25,11 @@ mod report;
 mod strategies;
 mod util;
 
-use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Command-line options.
-#[derive(Parser, Debug, Clone)]
+#[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "seckill-bench",
     about = "Stock-deduction strategies and the functions' costs, measured"
@@ -55,6 +54,36 @@ pub struct Args {
     /// Where RESULTS.md and results.json go.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The settings, listed by `--help` and checked at start. Each section builds its own
+    /// configs from the environment (`testing::config`), so they are read from the variables
+    /// only: [`parse_args`] refuses them as flags rather than ignore them.
+    #[command(flatten)]
+    pub settings: seckill_shared::Config,
+}
+
+/// [`Args`] from the command line and the environment; a [`seckill_shared::Config`] setting
+/// given as a flag is an error naming its variable.
+fn parse_args() -> Args {
+    use clap::parser::ValueSource;
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let config = seckill_shared::Config::command();
+    let flagged = config
+        .get_arguments()
+        .find(|a| matches.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine));
+    if let Some(arg) = flagged {
+        let var = arg
+            .get_env()
+            .map(|v| v.to_string_lossy())
+            .unwrap_or_default();
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("seckill-bench reads this setting from {var} only"),
+            )
+            .exit();
+    }
+    Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// The sizes of one run.
@@ -126,7 +155,7 @@ fn main() -> anyhow::Result<()> {
         ))
         .with_writer(std::io::sink)
         .try_init();
-    let args = Args::parse();
+    let args = parse_args();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -1,109 +1,458 @@
-//! Settings, read once per cold start from conventional environment variables.
+//! Settings, parsed once per process into one typed struct (clap, every field from its
+//! environment variable; a command-line flag of the same name wins).
 //!
-//! Every value has a local default matching `scripts/env.sh`, so `cargo test` and `make serve`
-//! work with no configuration; in AWS the SAM template sets them.
+//! # Where values come from
+//!
+//! - **Where the services are** (`DATABASE_URL`, `REDIS_URL`, `ORDER_QUEUE_URL`) has no default
+//!   here: these are required, and parsing fails with a message naming the missing variable. In
+//!   AWS the SAM template sets them (the database through `DATABASE_SECRET_ARN` +
+//!   `DATABASE_HOST` instead of `DATABASE_URL`, see [`crate::secrets`]), so a function whose
+//!   template lost one fails its cold start instead of serving every request against localhost.
+//!   For the local stack, `scripts/env.sh` is the one place that names them; the Makefile sources
+//!   it before every recipe, and so must anything else that runs a binary or the tests.
+//! - **Tuning** (timeouts, pool size, lead times, key prefix) has its default here, the value
+//!   production runs with unless the template overrides it; `--help` shows each one.
+//!
+//! Durations are parsed once, into [`Duration`], by the unit their variable names
+//! (`REDIS_TIMEOUT_MS`, `PREHEAT_LEAD_SECS`). A malformed or blank value is an error, never a
+//! silent default.
+//!
+//! `--help` on every binary lists every setting with its variable and default; the values of
+//! variables that may carry a password (`DATABASE_URL`, `REDIS_URL`) are never printed, neither
+//! there nor by `Debug`.
 
 use std::time::Duration;
 
-/// Where Redis is: one server, or the seed nodes of a cluster.
+/// Where Redis is: one server, or the seed nodes of a cluster. Parsed from `REDIS_URL` (one URL,
+/// or a comma-separated list of cluster nodes) and `REDIS_CLUSTER` (a single URL that is a
+/// cluster's configuration endpoint).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisTopology {
     Standalone(String),
     Cluster(Vec<String>),
 }
 
-/// Everything a function needs to know about its surroundings.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub database_url: String,
-    pub redis: RedisTopology,
-    /// Prefix of every Redis key (`<prefix>:{<activityId>}:stock`); tests use a fresh one.
-    pub key_prefix: String,
-    pub order_queue_url: String,
-    /// Bound on one Redis call; past it the caller answers 503 instead of hanging.
-    pub redis_timeout: Duration,
-    /// Bound on one SQS send; past it the reservation is compensated and the caller gets 503.
-    pub sqs_timeout: Duration,
-    /// How long a container answers `sold_out` from memory after Redis said so.
-    pub sold_out_cache_ttl: Duration,
-    /// Connections per container; `MaximumConcurrency × this` is what the database sees.
-    pub db_max_connections: u32,
-    pub db_acquire_timeout: Duration,
-    /// Preheat loads activities starting within this lead time.
-    pub preheat_lead: Duration,
-    /// Redis keys expire this long after the sale ends.
-    pub expiry_buffer: Duration,
-    /// Ledger entries older than this with no order are compensated by reconcile.
-    pub reconcile_grace: Duration,
-    /// Confirmed orders not paid within this are cancelled by reconcile.
-    pub payment_timeout: Duration,
-    /// Lease of the admin lock; the watchdog renews it every third of it.
-    pub lock_ttl: Duration,
-    /// How long an admin waits for the lock before answering 409 `busy`.
-    pub lock_wait: Duration,
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| default.to_string())
-}
-
-fn number(name: &str, default: u64) -> anyhow::Result<u64> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map_err(|_| anyhow::anyhow!("{name} must be a non-negative integer, got {v:?}")),
-        _ => Ok(default),
-    }
-}
-
-impl Config {
-    /// Reads the environment. Fails on a malformed number rather than guessing.
-    pub fn from_env() -> anyhow::Result<Self> {
-        let redis_url = var("REDIS_URL", "redis://127.0.0.1:6379");
-        let nodes: Vec<String> = redis_url
+impl RedisTopology {
+    /// More than one URL, or `cluster`, is a cluster; otherwise the one URL as given.
+    pub fn from_urls(urls: &str, cluster: bool) -> Self {
+        let nodes: Vec<String> = urls
             .split(',')
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
-        let cluster = var("REDIS_CLUSTER", "false");
-        let redis = if nodes.len() > 1 || matches!(cluster.as_str(), "1" | "true" | "yes") {
+        if nodes.len() > 1 || cluster {
             RedisTopology::Cluster(nodes)
         } else {
-            RedisTopology::Standalone(redis_url)
-        };
-        Ok(Self {
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/seckill"),
-            redis,
-            key_prefix: var("SECKILL_KEY_PREFIX", "seckill"),
-            order_queue_url: var(
+            RedisTopology::Standalone(urls.to_string())
+        }
+    }
+
+    fn redacted(&self) -> String {
+        match self {
+            RedisTopology::Standalone(url) => crate::secrets::redacted(url),
+            RedisTopology::Cluster(nodes) => {
+                let nodes: Vec<String> =
+                    nodes.iter().map(|n| crate::secrets::redacted(n)).collect();
+                format!("cluster [{}]", nodes.join(", "))
+            }
+        }
+    }
+}
+
+/// The two variables [`RedisTopology`] is parsed from.
+#[derive(clap::Args)]
+struct RedisArgs {
+    /// Redis: one URL, or the comma-separated nodes of a cluster (rediss:// for TLS). Required;
+    /// the local stack's is in scripts/env.sh.
+    #[arg(
+        long = "redis-url",
+        env = "REDIS_URL",
+        value_name = "REDIS_URL",
+        value_parser = non_blank,
+        hide_env_values = true
+    )]
+    url: String,
+    /// The one REDIS_URL is a cluster's configuration endpoint (true/false, yes/no, 1/0).
+    #[arg(
+        long = "redis-cluster",
+        env = "REDIS_CLUSTER",
+        value_name = "REDIS_CLUSTER",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    cluster: bool,
+}
+
+impl clap::FromArgMatches for RedisTopology {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let args = RedisArgs::from_arg_matches(matches)?;
+        Ok(RedisTopology::from_urls(&args.url, args.cluster))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for RedisTopology {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RedisArgs::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        RedisArgs::augment_args_for_update(cmd)
+    }
+}
+
+/// Everything a function needs to know about its surroundings.
+#[derive(Clone, clap::Parser)]
+#[command(
+    about = "A seckill process. Every setting is read from its environment variable; a flag of the same name wins.",
+    long_about = None
+)]
+pub struct Config {
+    /// PostgreSQL URL. Required unless DATABASE_SECRET_ARN names the credentials (as in AWS);
+    /// the local stack's is in scripts/env.sh.
+    #[arg(
+        long = "database-url",
+        env = "DATABASE_URL",
+        value_name = "DATABASE_URL",
+        value_parser = empty_or_non_blank,
+        required_unless_present = "database_secret_arn",
+        default_value = "",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    pub database_url: String,
+    #[command(flatten)]
+    pub redis: RedisTopology,
+    /// Prefix of every Redis key (`<prefix>:{<activityId>}:stock`); tests use a fresh one.
+    #[arg(
+        long = "key-prefix",
+        env = "SECKILL_KEY_PREFIX",
+        value_name = "SECKILL_KEY_PREFIX",
+        value_parser = non_blank,
+        default_value = "seckill"
+    )]
+    pub key_prefix: String,
+    /// SQS queue URL of accepted reservations. Required; the local stack's is in scripts/env.sh.
+    #[arg(
+        long = "order-queue-url",
+        env = "ORDER_QUEUE_URL",
+        value_name = "ORDER_QUEUE_URL",
+        value_parser = non_blank
+    )]
+    pub order_queue_url: String,
+    /// Bound on one Redis call; past it the caller answers 503 instead of hanging.
+    #[arg(long = "redis-timeout-ms", env = "REDIS_TIMEOUT_MS", value_name = "REDIS_TIMEOUT_MS",
+          value_parser = millis, default_value = "300")]
+    pub redis_timeout: Duration,
+    /// Bound on one SQS send; past it the reservation is compensated and the caller gets 503.
+    #[arg(long = "sqs-timeout-ms", env = "SQS_TIMEOUT_MS", value_name = "SQS_TIMEOUT_MS",
+          value_parser = millis, default_value = "2000")]
+    pub sqs_timeout: Duration,
+    /// How long a container answers `sold_out` from memory after Redis said so.
+    #[arg(long = "sold-out-cache-ms", env = "SOLD_OUT_CACHE_MS", value_name = "SOLD_OUT_CACHE_MS",
+          value_parser = millis, default_value = "1000")]
+    pub sold_out_cache_ttl: Duration,
+    /// Connections per container; `MaximumConcurrency × this` is what the database sees.
+    #[arg(long = "db-max-connections", env = "DB_MAX_CONNECTIONS", value_name = "DB_MAX_CONNECTIONS",
+          value_parser = whole::<u32>, default_value = "4")]
+    pub db_max_connections: u32,
+    /// How long a query waits for a pooled connection.
+    #[arg(long = "db-acquire-timeout-ms", env = "DB_ACQUIRE_TIMEOUT_MS",
+          value_name = "DB_ACQUIRE_TIMEOUT_MS", value_parser = millis, default_value = "3000")]
+    pub db_acquire_timeout: Duration,
+    /// Preheat loads activities starting within this lead time.
+    #[arg(long = "preheat-lead-secs", env = "PREHEAT_LEAD_SECS", value_name = "PREHEAT_LEAD_SECS",
+          value_parser = secs, default_value = "3600")]
+    pub preheat_lead: Duration,
+    /// Redis keys expire this long after the sale ends.
+    #[arg(long = "key-expiry-buffer-secs", env = "KEY_EXPIRY_BUFFER_SECS",
+          value_name = "KEY_EXPIRY_BUFFER_SECS", value_parser = secs, default_value = "7200")]
+    pub expiry_buffer: Duration,
+    /// Ledger entries older than this with no order are compensated by reconcile.
+    #[arg(long = "reconcile-grace-secs", env = "RECONCILE_GRACE_SECS",
+          value_name = "RECONCILE_GRACE_SECS", value_parser = secs, default_value = "300")]
+    pub reconcile_grace: Duration,
+    /// Confirmed orders not paid within this are cancelled by reconcile.
+    #[arg(long = "payment-timeout-secs", env = "PAYMENT_TIMEOUT_SECS",
+          value_name = "PAYMENT_TIMEOUT_SECS", value_parser = secs, default_value = "900")]
+    pub payment_timeout: Duration,
+    /// Lease of the admin lock; the watchdog renews it every third of it.
+    #[arg(long = "lock-ttl-ms", env = "LOCK_TTL_MS", value_name = "LOCK_TTL_MS",
+          value_parser = millis, default_value = "5000")]
+    pub lock_ttl: Duration,
+    /// How long an admin waits for the lock before answering 409 `busy`.
+    #[arg(long = "lock-wait-ms", env = "LOCK_WAIT_MS", value_name = "LOCK_WAIT_MS",
+          value_parser = millis, default_value = "2000")]
+    pub lock_wait: Duration,
+    /// Which Secrets Manager secrets hold the connection credentials (AWS only).
+    #[command(flatten)]
+    pub secrets: crate::secrets::SecretRefs,
+}
+
+/// Any text but a blank one: a variable set to nothing is a mistake, not a default.
+pub(crate) fn non_blank(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("must not be blank".into())
+    } else {
+        Ok(value.to_string())
+    }
+}
+
+/// [`non_blank`], but the empty string stands for "not given" (the default of a setting that
+/// another one may supply); [`Config::check`] refuses it when nothing else did.
+fn empty_or_non_blank(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Ok(String::new())
+    } else {
+        non_blank(value)
+    }
+}
+
+fn whole<T: std::str::FromStr>(value: &str) -> Result<T, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| "must be a non-negative whole number".into())
+}
+
+fn millis(value: &str) -> Result<Duration, String> {
+    whole(value).map(Duration::from_millis)
+}
+
+fn secs(value: &str) -> Result<Duration, String> {
+    whole(value).map(Duration::from_secs)
+}
+
+/// Passwords in the URLs become `***` (see [`crate::secrets::redacted`]).
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field(
+                "database_url",
+                &crate::secrets::redacted(&self.database_url),
+            )
+            .field("redis", &self.redis.redacted())
+            .field("key_prefix", &self.key_prefix)
+            .field("order_queue_url", &self.order_queue_url)
+            .field("redis_timeout", &self.redis_timeout)
+            .field("sqs_timeout", &self.sqs_timeout)
+            .field("sold_out_cache_ttl", &self.sold_out_cache_ttl)
+            .field("db_max_connections", &self.db_max_connections)
+            .field("db_acquire_timeout", &self.db_acquire_timeout)
+            .field("preheat_lead", &self.preheat_lead)
+            .field("expiry_buffer", &self.expiry_buffer)
+            .field("reconcile_grace", &self.reconcile_grace)
+            .field("payment_timeout", &self.payment_timeout)
+            .field("lock_ttl", &self.lock_ttl)
+            .field("lock_wait", &self.lock_wait)
+            .field("secrets", &self.secrets)
+            .finish()
+    }
+}
+
+impl Config {
+    /// The environment alone (no command line): what tests and tools that parse their own
+    /// arguments call. Fails on a missing required variable or a malformed value, naming it.
+    pub fn from_env() -> anyhow::Result<Self> {
+        use clap::Parser;
+        Self::try_parse_from(["seckill"])
+            .map_err(|e| anyhow::anyhow!("{}", e.render()))?
+            .check()
+    }
+
+    /// What clap cannot say: the database URL was given, or a secret supplies it.
+    pub fn check(self) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !self.database_url.is_empty() || self.secrets.database_secret_arn.is_some(),
+            "DATABASE_URL is empty and DATABASE_SECRET_ARN is not set: one of them must say \
+             where the database is"
+        );
+        Ok(self)
+    }
+
+    /// What a function's `main.rs` calls once per cold start: the command line and the
+    /// environment (Lambda passes no arguments; `--help` prints every setting and exits, a
+    /// missing or malformed one exits non-zero naming its variable), then the database and Redis
+    /// credentials from Secrets Manager when `DATABASE_SECRET_ARN` / `REDIS_AUTH_SECRET_ARN` are
+    /// set (see [`crate::secrets`]). Without them it makes no AWS call.
+    pub async fn load() -> anyhow::Result<Self> {
+        use clap::Parser;
+        let mut config = Self::parse().check()?;
+        crate::secrets::resolve(&mut config).await?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the SAM template's Globals set, as variables (the lookup stands in for the process
+    /// environment, so these tests never touch the real one).
+    const TEMPLATE: [(&str, &str); 8] = [
+        (
+            "DATABASE_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:1:secret:db",
+        ),
+        ("DATABASE_HOST", "proxy.example"),
+        (
+            "REDIS_AUTH_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:1:secret:redis",
+        ),
+        ("REDIS_URL", "rediss://clustercfg.example:6379"),
+        ("REDIS_CLUSTER", "true"),
+        (
+            "ORDER_QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/1/orders",
+        ),
+        ("PAYMENT_TIMEOUT_SECS", "900"),
+        ("DB_MAX_CONNECTIONS", "1"),
+    ];
+
+    /// Parses `vars` as if they were the whole environment: each becomes the flag of the
+    /// argument that reads it, and every argument's `env` is rebound to a variable nobody sets,
+    /// so the real environment (scripts/env.sh under `make test`) plays no part.
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, String> {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut argv = vec!["seckill".to_string()];
+        let cmd = Config::command().mut_args(|arg| {
+            let Some(name) = arg.get_env().map(|n| n.to_string_lossy().into_owned()) else {
+                return arg;
+            };
+            if let Some((_, value)) = vars.iter().find(|(k, _)| *k == name) {
+                let long = arg.get_long().expect("every setting has a flag");
+                argv.push(format!("--{long}={value}"));
+            }
+            arg.env("SECKILL_CONFIG_TEST_NEVER_SET")
+        });
+        let config = cmd
+            .try_get_matches_from(argv)
+            .and_then(|m| Config::from_arg_matches(&m))
+            .map_err(|e| e.render().to_string())?;
+        config.check().map_err(|e| e.to_string())
+    }
+
+    fn local() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/seckill"),
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            (
                 "ORDER_QUEUE_URL",
                 "http://127.0.0.1:4566/123456789012/seckill-orders",
             ),
-            redis_timeout: Duration::from_millis(number("REDIS_TIMEOUT_MS", 300)?),
-            sqs_timeout: Duration::from_millis(number("SQS_TIMEOUT_MS", 2000)?),
-            sold_out_cache_ttl: Duration::from_millis(number("SOLD_OUT_CACHE_MS", 1000)?),
-            db_max_connections: number("DB_MAX_CONNECTIONS", 4)? as u32,
-            db_acquire_timeout: Duration::from_millis(number("DB_ACQUIRE_TIMEOUT_MS", 3000)?),
-            preheat_lead: Duration::from_secs(number("PREHEAT_LEAD_SECS", 3600)?),
-            expiry_buffer: Duration::from_secs(number("KEY_EXPIRY_BUFFER_SECS", 7200)?),
-            reconcile_grace: Duration::from_secs(number("RECONCILE_GRACE_SECS", 300)?),
-            payment_timeout: Duration::from_secs(number("PAYMENT_TIMEOUT_SECS", 900)?),
-            lock_ttl: Duration::from_millis(number("LOCK_TTL_MS", 5000)?),
-            lock_wait: Duration::from_millis(number("LOCK_WAIT_MS", 2000)?),
-        })
+        ]
     }
 
-    /// What a Lambda `main.rs` calls once per cold start: [`Config::from_env`], then the
-    /// database and Redis credentials from Secrets Manager when `DATABASE_SECRET_ARN` /
-    /// `REDIS_AUTH_SECRET_ARN` are set (see [`crate::secrets`]). Without them it is exactly
-    /// `from_env` and makes no AWS call.
-    pub async fn load() -> anyhow::Result<Self> {
-        let mut config = Self::from_env()?;
-        crate::secrets::resolve(&mut config).await?;
-        Ok(config)
+    #[test]
+    fn the_template_environment_parses_with_the_database_from_its_secret() {
+        let config = parse(&TEMPLATE).unwrap();
+        assert_eq!(config.database_url, "", "filled in by secrets::resolve");
+        assert_eq!(
+            config.redis,
+            RedisTopology::Cluster(vec!["rediss://clustercfg.example:6379".into()])
+        );
+        assert_eq!(config.db_max_connections, 1);
+        assert_eq!(config.payment_timeout, Duration::from_secs(900));
+        assert_eq!(
+            config.secrets.database_host.as_deref(),
+            Some("proxy.example")
+        );
+    }
+
+    #[test]
+    fn a_missing_database_url_is_named() {
+        let vars: Vec<_> = local()
+            .into_iter()
+            .filter(|(k, _)| *k != "DATABASE_URL")
+            .collect();
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_database_url_is_refused() {
+        let mut vars = local();
+        vars[0] = ("DATABASE_URL", "");
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+        vars[0] = ("DATABASE_URL", "  ");
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_order_queue_url_is_named() {
+        let vars: Vec<_> = TEMPLATE
+            .into_iter()
+            .filter(|(k, _)| *k != "ORDER_QUEUE_URL")
+            .collect();
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("ORDER_QUEUE_URL"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_read_in_the_unit_their_variable_names() {
+        let mut vars = local();
+        vars.extend([("REDIS_TIMEOUT_MS", " 250 "), ("PREHEAT_LEAD_SECS", "60")]);
+        let config = parse(&vars).unwrap();
+        assert_eq!(config.redis_timeout, Duration::from_millis(250));
+        assert_eq!(config.preheat_lead, Duration::from_secs(60));
+        assert_eq!(config.sqs_timeout, Duration::from_millis(2000), "default");
+        assert_eq!(config.lock_ttl, Duration::from_millis(5000), "default");
+    }
+
+    #[test]
+    fn a_malformed_number_is_an_error_naming_its_variable() {
+        let mut vars = local();
+        vars.push(("LOCK_WAIT_MS", "2s"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("LOCK_WAIT_MS"), "{err}");
+    }
+
+    #[test]
+    fn a_url_list_is_a_cluster_and_one_url_is_standalone() {
+        assert_eq!(
+            RedisTopology::from_urls("redis://a:1, redis://b:2", false),
+            RedisTopology::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
+        assert_eq!(
+            RedisTopology::from_urls("redis://a:1", false),
+            RedisTopology::Standalone("redis://a:1".into())
+        );
+        let mut vars = local();
+        vars.push(("REDIS_CLUSTER", "yes"));
+        assert!(matches!(
+            parse(&vars).unwrap().redis,
+            RedisTopology::Cluster(_)
+        ));
+    }
+
+    #[test]
+    fn debug_and_help_show_no_password() {
+        let mut vars = local();
+        vars[0] = ("DATABASE_URL", "postgres://u:hunter2@db/seckill");
+        vars[1] = ("REDIS_URL", "rediss://:t0ken@redis:6379");
+        let config = parse(&vars).unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("t0ken"),
+            "{debug}"
+        );
+        assert!(debug.contains("u:***@db"), "{debug}");
+        use clap::CommandFactory;
+        for arg in Config::command().get_arguments() {
+            let name = arg.get_env().map(|n| n.to_string_lossy().into_owned());
+            if matches!(name.as_deref(), Some("DATABASE_URL" | "REDIS_URL")) {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{name:?} shows its value in --help"
+                );
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: settings read once per cold start from conventional environment variables.
+//! - [`config`]: the typed settings (clap, each from its environment variable), parsed once.
 //! - [`secrets`]: database and Redis credentials from Secrets Manager (AWS only), and URL
 //!   redaction for logs.
 //! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
@@ -18,6 +18,7 @@
 //! - [`lock`]: the per-activity admin lock with an owner-checked release, a watchdog and a
 //!   fencing token the database checks.
 //! - [`db`]: the PostgreSQL pool and the embedded migrations.
+//! - [`deps`]: the config, pool and Redis connection every function's state is built on.
 //! - [`activity`], [`order`]: domain types and their database access.
 //! - [`lifecycle`]: an order after confirmation: pay, and cancel exactly once (ledger, DB, Redis).
 //! - [`queue`]: the SQS order message and its client.
@@ -34,6 +35,7 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod db;
+pub mod deps;
 pub mod error;
 pub mod giveback;
 pub mod http;
@@ -53,6 +55,7 @@ pub mod secrets;
 pub mod testing;
 
 pub use config::Config;
+pub use deps::Deps;
 pub use error::ApiError;
 pub use refusal::Refusal;
 

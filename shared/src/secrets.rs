@@ -1,6 +1,6 @@
 //! Connection secrets, read from Secrets Manager once per cold start.
 //!
-//! In AWS the template hands the functions secret *ARNs*, never secret values:
+//! In AWS the template hands the functions secret *ARNs* (parsed into [`Config::secrets`]), never secret values:
 //! `DATABASE_SECRET_ARN` (JSON `username`, `password`, optionally `host`, `port`, `dbname`, as RDS
 //! writes it) plus `DATABASE_HOST` (the RDS Proxy endpoint, which wins over the secret's host),
 //! and `REDIS_AUTH_SECRET_ARN` (JSON `{"token": ...}` or the bare token) for the ElastiCache
@@ -16,31 +16,37 @@ use std::time::Duration;
 /// Bound on one Secrets Manager read: a cold start must fail visibly, not hang.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Which secrets this process should read (from the environment).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Which secrets this process should read: part of [`Config`], parsed with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct SecretRefs {
+    /// Secrets Manager ARN of the database credentials (JSON username, password, host, port,
+    /// dbname); replaces DATABASE_URL. Set by the template in AWS; unset locally.
+    #[arg(
+        long = "database-secret-arn",
+        env = "DATABASE_SECRET_ARN",
+        value_name = "DATABASE_SECRET_ARN",
+        value_parser = crate::config::non_blank
+    )]
     pub database_secret_arn: Option<String>,
     /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
+    #[arg(
+        long = "database-host",
+        env = "DATABASE_HOST",
+        value_name = "DATABASE_HOST",
+        value_parser = crate::config::non_blank
+    )]
     pub database_host: Option<String>,
+    /// Secrets Manager ARN of the Redis AUTH token, put into every REDIS_URL. Unset locally.
+    #[arg(
+        long = "redis-auth-secret-arn",
+        env = "REDIS_AUTH_SECRET_ARN",
+        value_name = "REDIS_AUTH_SECRET_ARN",
+        value_parser = crate::config::non_blank
+    )]
     pub redis_auth_secret_arn: Option<String>,
 }
 
-fn non_empty(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-}
-
 impl SecretRefs {
-    pub fn from_env() -> Self {
-        Self {
-            database_secret_arn: non_empty("DATABASE_SECRET_ARN"),
-            database_host: non_empty("DATABASE_HOST"),
-            redis_auth_secret_arn: non_empty("REDIS_AUTH_SECRET_ARN"),
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.database_secret_arn.is_none() && self.redis_auth_secret_arn.is_none()
     }
@@ -259,9 +265,10 @@ pub async fn resolve_with(
     Ok(())
 }
 
-/// [`resolve_refs`] with the secret references from the environment.
+/// [`resolve_refs`] with the secret references the config was parsed with.
 pub async fn resolve(config: &mut Config) -> anyhow::Result<()> {
-    resolve_refs(config, &SecretRefs::from_env()).await
+    let refs = config.secrets.clone();
+    resolve_refs(config, &refs).await
 }
 
 /// [`resolve_with`] with a client built from the standard AWS configuration

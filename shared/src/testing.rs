@@ -21,9 +21,14 @@ pub enum RedisKind {
     Cluster,
 }
 
+/// A variable of the local stack: scripts/env.sh is the one place that sets them.
+fn local_env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: `source scripts/env.sh` (make does)"))
+}
+
 fn server_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/seckill".into())
+    local_env("DATABASE_URL")
 }
 
 fn with_database(url: &str, name: &str) -> String {
@@ -62,14 +67,9 @@ pub fn config(database_url: &str, kind: RedisKind) -> Config {
     config.database_url = database_url.to_string();
     config.key_prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     config.redis = match kind {
-        RedisKind::Standalone => RedisTopology::Standalone(
-            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        ),
+        RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL")),
         RedisKind::Cluster => RedisTopology::Cluster(
-            std::env::var("REDIS_CLUSTER_URLS")
-                .unwrap_or_else(|_| {
-                    "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003".into()
-                })
+            local_env("REDIS_CLUSTER_URLS")
                 .split(',')
                 .map(str::to_string)
                 .collect(),
@@ -153,6 +153,11 @@ impl TestEnv {
             sqs,
             queue,
         })
+    }
+
+    /// What a function's state is built on, from this env's config, database and Redis.
+    pub fn deps(&self) -> crate::Deps {
+        crate::Deps::new(self.config.clone(), self.pool.clone(), self.redis.clone())
     }
 
     /// Creates an activity in the database and preheats it into Redis.

@@ -11,6 +11,7 @@ use seckill_shared::lock::{self, LockError};
 use seckill_shared::on_both_redis;
 use seckill_shared::sale::{self, Reservation};
 use seckill_shared::testing::{self, call, request, RedisKind, TestEnv};
+use seckill_shared::Deps;
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +27,7 @@ async fn setup(kind: RedisKind, lock_ttl_ms: u64, lock_wait_ms: u64) -> (TestEnv
     let mut config = env.config.clone();
     config.lock_ttl = Duration::from_millis(lock_ttl_ms);
     config.lock_wait = Duration::from_millis(lock_wait_ms);
-    let state = AdminState::new(config, env.pool.clone(), env.redis.clone());
+    let state = AdminState::new(Deps::new(config, env.pool.clone(), env.redis.clone()));
     (env, state)
 }
 

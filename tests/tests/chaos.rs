@@ -51,6 +51,7 @@ use seckill_shared::pause;
 use seckill_shared::queue::OrderQueue;
 use seckill_shared::sale::{self, EntryKind};
 use seckill_shared::testing::{self, call, request, PrivateRedis, RedisKind, TestEnv};
+use seckill_shared::Deps;
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -520,12 +521,7 @@ impl Chaos {
         let per_second = rng.random_range(40..=100u64) as f64;
         let clicks = (per_second * phase.as_secs_f64()) as u64;
         let attempts_budget = clicks.div_ceil(BUYERS) * BUYERS;
-        let router = seckill_entry::router(EntryState::new(
-            env.config.clone(),
-            env.redis.clone(),
-            env.pool.clone(),
-            env.queue.clone(),
-        ));
+        let router = seckill_entry::router(EntryState::new(env.deps(), env.queue.clone()));
         Ok(Self {
             seed,
             variant,
@@ -636,11 +632,11 @@ impl Chaos {
     }
 
     fn consumer(&self) -> Consumer {
-        Consumer::new(
+        Consumer::new(Deps::new(
+            self.config.clone(),
             self.env.pool.clone(),
             self.patient.clone(),
-            self.config.clone(),
-        )
+        ))
     }
 
     fn spawn_actors(self: &Arc<Self>, phase: Duration) -> Actors {
@@ -1054,7 +1050,11 @@ impl Chaos {
     async fn release_unpaid(&self, rng: &mut StdRng) {
         let mut config = self.config.clone();
         config.payment_timeout = Duration::from_millis(rng.random_range(1000..=4000));
-        let job = Reconcile::new(self.env.pool.clone(), self.patient.clone(), config);
+        let job = Reconcile::new(Deps::new(
+            config,
+            self.env.pool.clone(),
+            self.patient.clone(),
+        ));
         let mut report = ReconcileReport::default();
         job.release_unpaid(Utc::now(), &mut report).await;
         self.count(|r| {
@@ -1068,7 +1068,11 @@ impl Chaos {
 
 /// An admin raising, lowering (maybe below what is sold: refused) and extending the sale.
 async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let state = AdminState::new(c.config.clone(), c.env.pool.clone(), c.patient.clone());
+    let state = AdminState::new(Deps::new(
+        c.config.clone(),
+        c.env.pool.clone(),
+        c.patient.clone(),
+    ));
     let mut rng = c.rng(500);
     while c.nap(rng.random_range(300..1000)).await {
         let id = c.pick_sale(&mut rng);
@@ -1111,7 +1115,11 @@ async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn preheats(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Preheat::new(c.env.pool.clone(), c.patient.clone(), c.config.clone());
+    let job = Preheat::new(Deps::new(
+        c.config.clone(),
+        c.env.pool.clone(),
+        c.patient.clone(),
+    ));
     let mut rng = c.rng(600);
     while c.nap(rng.random_range(400..1500)).await {
         let outcome = job.run(Utc::now()).await;
@@ -1149,7 +1157,11 @@ async fn redis_pauses(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn reconciles(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Reconcile::new(c.env.pool.clone(), c.patient.clone(), c.config.clone());
+    let job = Reconcile::new(Deps::new(
+        c.config.clone(),
+        c.env.pool.clone(),
+        c.patient.clone(),
+    ));
     let mut rng = c.rng(900);
     while c.nap(rng.random_range(500..1500)).await {
         let outcome = job.run(Utc::now()).await;
@@ -1311,11 +1323,11 @@ impl Chaos {
 
     /// Reconcile passes past the grace period of everything done so far.
     async fn final_reconcile(&self) -> anyhow::Result<()> {
-        let job = Reconcile::new(
+        let job = Reconcile::new(Deps::new(
+            self.config.clone(),
             self.env.pool.clone(),
             self.patient.clone(),
-            self.config.clone(),
-        );
+        ));
         let grace = ChronoDuration::from_std(self.config.reconcile_grace)?;
         for _ in 0..FINAL_RECONCILES {
             let outcome = job

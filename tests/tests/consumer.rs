@@ -15,6 +15,7 @@ use seckill_shared::order::reason;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Reservation, Snapshot};
 use seckill_shared::testing::{self, RedisKind, TestEnv};
+use seckill_shared::Deps;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -67,7 +68,7 @@ fn no_compensation(outcome: Outcome) -> Processed {
 }
 
 fn consumer(env: &TestEnv) -> Consumer {
-    Consumer::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+    Consumer::new(env.deps())
 }
 
 /// Makes a reservation the way the entry function does and returns the message it would send.
@@ -533,7 +534,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() {
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy("postgres://postgres@127.0.0.1:1/x")
         .unwrap();
-    let broken = Consumer::new(dead_pool, env.redis.clone(), env.config.clone());
+    let broken = Consumer::new(Deps::new(env.config.clone(), dead_pool, env.redis.clone()));
     let batch = event_of(&messages);
 
     let resp = broken.handle_batch(batch.clone()).await;

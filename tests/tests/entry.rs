@@ -25,12 +25,7 @@ fn entry(env: &TestEnv) -> Router {
 }
 
 fn entry_with_queue(env: &TestEnv, queue: OrderQueue) -> Router {
-    router(EntryState::new(
-        env.config.clone(),
-        env.redis.clone(),
-        env.pool.clone(),
-        queue,
-    ))
+    router(EntryState::new(env.deps(), queue))
 }
 
 fn orders_path(a: &Activity) -> String {

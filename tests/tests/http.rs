@@ -359,16 +359,10 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
     use tower::ServiceExt;
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let entry = seckill_entry::router(seckill_entry::EntryState::new(
-        env.config.clone(),
-        env.redis.clone(),
-        env.pool.clone(),
+        env.deps(),
         env.queue.clone(),
     ));
-    let admin = admin::router(admin::AdminState::new(
-        env.config.clone(),
-        env.pool.clone(),
-        env.redis.clone(),
-    ));
+    let admin = admin::router(admin::AdminState::new(env.deps()));
     for (router, name) in [(&entry, "entry"), (&admin, "admin")] {
         for (method, path, status, code, allowed) in UNROUTED {
             // Each Lambda sees only its own routes: every other path is its 404.

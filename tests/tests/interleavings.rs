@@ -69,12 +69,7 @@ async fn world(kind: RedisKind, stock: i64) -> anyhow::Result<World> {
 
 impl World {
     fn new(env: TestEnv, sale: Activity) -> Self {
-        let app = router(EntryState::new(
-            env.config.clone(),
-            env.redis.clone(),
-            env.pool.clone(),
-            env.queue.clone(),
-        ));
+        let app = router(EntryState::new(env.deps(), env.queue.clone()));
         Self { env, app, sale }
     }
 
@@ -83,35 +78,19 @@ impl World {
     }
 
     fn consumer(&self) -> Consumer {
-        Consumer::new(
-            self.env.pool.clone(),
-            self.env.redis.clone(),
-            self.env.config.clone(),
-        )
+        Consumer::new(self.env.deps())
     }
 
     fn reconcile(&self) -> Reconcile {
-        Reconcile::new(
-            self.env.pool.clone(),
-            self.env.redis.clone(),
-            self.env.config.clone(),
-        )
+        Reconcile::new(self.env.deps())
     }
 
     fn preheat(&self) -> Preheat {
-        Preheat::new(
-            self.env.pool.clone(),
-            self.env.redis.clone(),
-            self.env.config.clone(),
-        )
+        Preheat::new(self.env.deps())
     }
 
     fn admin(&self) -> admin::AdminState {
-        admin::AdminState::new(
-            self.env.config.clone(),
-            self.env.pool.clone(),
-            self.env.redis.clone(),
-        )
+        admin::AdminState::new(self.env.deps())
     }
 
     /// A purchase through the entry router.
@@ -565,7 +544,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let now = Utc::now();
-    let state = admin::AdminState::new(env.config.clone(), env.pool.clone(), env.redis.clone());
+    let state = admin::AdminState::new(env.deps());
     let created = admin::create_activity(
         &state,
         &NewActivity {
@@ -624,12 +603,7 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
         .await?;
         cases.push((a, status, code));
     }
-    let app = router(EntryState::new(
-        env.config.clone(),
-        env.redis.clone(),
-        env.pool.clone(),
-        env.queue.clone(),
-    ));
+    let app = router(EntryState::new(env.deps(), env.queue.clone()));
     for (a, status, code) in cases {
         let path = format!("/activities/{}/orders", a.id);
         let (got, body) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;

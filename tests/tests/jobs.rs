@@ -43,11 +43,11 @@ async fn env(kind: RedisKind) -> anyhow::Result<TestEnv> {
 }
 
 fn reconcile(env: &TestEnv) -> Reconcile {
-    Reconcile::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+    Reconcile::new(env.deps())
 }
 
 fn preheat(env: &TestEnv) -> Preheat {
-    Preheat::new(env.pool.clone(), env.redis.clone(), env.config.clone())
+    Preheat::new(env.deps())
 }
 
 /// A moment past the reconcile grace period of anything done before now.

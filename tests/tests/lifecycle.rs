@@ -23,12 +23,7 @@ struct World {
 async fn world(kind: RedisKind, stock: i64) -> World {
     let env = TestEnv::new(kind).await.unwrap();
     let sale = env.open_sale(stock, 5).await.unwrap();
-    let app = router(EntryState::new(
-        env.config.clone(),
-        env.redis.clone(),
-        env.pool.clone(),
-        env.queue.clone(),
-    ));
+    let app = router(EntryState::new(env.deps(), env.queue.clone()));
     World { env, app, sale }
 }
 

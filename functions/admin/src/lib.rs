@@ -64,40 +64,39 @@ use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
 use seckill_shared::auth::Admin;
-use seckill_shared::cache::Redis;
 use seckill_shared::error::ErrorBody;
 use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
 use seckill_shared::sale::{self, Adjust, SaleMeta};
-use seckill_shared::{activity_columns, db, load, order, ApiError, Config};
+use seckill_shared::{activity_columns, load, order, ApiError, Config, Deps};
 use serde::Serialize;
-use sqlx::PgPool;
 use std::collections::HashMap;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-/// What every handler needs, built once per cold start.
+/// What every handler needs, built once per cold start: the [`Deps`] and nothing else
+/// (handlers read `state.pool`, `state.config`, `state.redis` through it).
 #[derive(Clone)]
 pub struct AdminState {
-    pub config: Config,
-    pub pool: PgPool,
-    pub redis: Redis,
+    deps: Deps,
 }
 
 impl AdminState {
-    pub fn new(config: Config, pool: PgPool, redis: Redis) -> Self {
-        Self {
-            config,
-            pool,
-            redis,
-        }
+    pub fn new(deps: Deps) -> Self {
+        Self { deps }
     }
 
     /// Connects Redis (bounded) and a lazy pool, as a cold start does.
-    pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        let redis = Redis::connect(config).await?;
-        let pool = db::connect_lazy(config)?;
-        Ok(Self::new(config.clone(), pool, redis))
+    pub async fn connect(config: Config) -> anyhow::Result<Self> {
+        Ok(Self::new(Deps::connect(config).await?))
+    }
+}
+
+impl std::ops::Deref for AdminState {
+    type Target = Deps;
+
+    fn deref(&self) -> &Deps {
+        &self.deps
     }
 }
 

@@ -46,6 +46,7 @@ use seckill_shared::giveback::{self, GiveBack};
 use seckill_shared::order::{self, reason, Order};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Compensation, LedgerEntry};
+use seckill_shared::Deps;
 use sqlx::PgPool;
 use std::collections::{BTreeMap, HashSet};
 use uuid::Uuid;
@@ -149,11 +150,18 @@ enum TxOutcome {
 /// The consumer's dependencies, built once per container and shared by every batch.
 #[derive(Clone)]
 pub struct Consumer {
-    pool: PgPool,
-    redis: Redis,
-    config: Config,
+    /// Config, pool and Redis (`self.pool`, `self.config`, `self.redis` read through it).
+    deps: Deps,
     /// Whether batches take the one-transaction-per-activity fast path (on by default).
     batch_writes: bool,
+}
+
+impl std::ops::Deref for Consumer {
+    type Target = Deps;
+
+    fn deref(&self) -> &Deps {
+        &self.deps
+    }
 }
 
 /// Per-batch counters, emitted once as one metrics line.
@@ -173,11 +181,9 @@ pub struct BatchStats {
 }
 
 impl Consumer {
-    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
+    pub fn new(deps: Deps) -> Self {
         Self {
-            pool,
-            redis,
-            config,
+            deps,
             batch_writes: true,
         }
     }
@@ -192,18 +198,16 @@ impl Consumer {
     /// Builds the consumer from the config. The pool is lazy and small (`db_max_connections`):
     /// a cold start never fails because the database is briefly away, and
     /// `MaximumConcurrency × db_max_connections` bounds what the database sees.
-    pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        let pool = db::connect_lazy(config)?;
-        let redis = Redis::connect(config).await?;
-        Ok(Self::new(pool, redis, config.clone()))
+    pub async fn connect(config: Config) -> anyhow::Result<Self> {
+        Ok(Self::new(Deps::connect(config).await?))
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.deps.pool
     }
 
     pub fn redis(&self) -> &Redis {
-        &self.redis
+        &self.deps.redis
     }
 
     /// Handles one SQS batch and answers with the ids of the messages to redeliver (partial

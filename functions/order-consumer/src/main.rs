@@ -10,7 +10,7 @@ use seckill_shared::Config;
 async fn main() -> Result<(), Error> {
     seckill_shared::init_tracing();
     let config = Config::load().await?;
-    let consumer = Consumer::connect(&config).await?;
+    let consumer = Consumer::connect(config).await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let consumer = consumer.clone();
         async move { Ok::<_, Error>(consumer.handle_batch(event.payload).await) }

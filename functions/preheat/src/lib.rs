@@ -35,19 +35,24 @@
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use seckill_shared::activity::{self, Activity};
-use seckill_shared::cache::Redis;
 use seckill_shared::load::{self, LoadError};
 use seckill_shared::lock::LockError;
 use seckill_shared::sale::{self, PreheatOutcome};
-use seckill_shared::{db, Config};
+use seckill_shared::{Config, Deps};
 use serde::Serialize;
-use sqlx::PgPool;
 
-/// The job's clients and settings, built once per cold start.
+/// The job's clients and settings, built once per cold start: the [`Deps`] and nothing else
+/// (`self.pool`, `self.config`, `self.redis` read through it).
 pub struct Preheat {
-    pub pool: PgPool,
-    pub redis: Redis,
-    pub config: Config,
+    deps: Deps,
+}
+
+impl std::ops::Deref for Preheat {
+    type Target = Deps;
+
+    fn deref(&self) -> &Deps {
+        &self.deps
+    }
 }
 
 /// What one run did, returned as the Lambda's JSON result and logged.
@@ -91,22 +96,14 @@ impl Preheat {
         }
     }
 
-    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
-        Self {
-            pool,
-            redis,
-            config,
-        }
+    pub fn new(deps: Deps) -> Self {
+        Self { deps }
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
     /// database is briefly out of reach still starts and reports the failure per run.
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
-        let pool = db::connect_lazy(&config)?;
-        let redis = Redis::connect(&config)
-            .await
-            .context("failed to connect to redis")?;
-        Ok(Self::new(pool, redis, config))
+        Ok(Self::new(Deps::connect(config).await?))
     }
 
     /// Loads every activity due at `now`. Fails only when the list of activities cannot be

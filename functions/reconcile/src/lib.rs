@@ -67,10 +67,9 @@ use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{db, load, lock, order, order_columns, Config};
+use seckill_shared::{load, lock, order, order_columns, Config, Deps};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use uuid::Uuid;
@@ -90,11 +89,18 @@ const USER_CHUNK: usize = 1000;
 /// How long reconcile waits for an activity's lock before skipping the stock correction.
 const LOCK_WAIT: Duration = Duration::from_millis(300);
 
-/// The job's clients and settings, built once per cold start.
+/// The job's clients and settings, built once per cold start: the [`Deps`] and nothing else
+/// (`self.pool`, `self.config`, `self.redis` read through it).
 pub struct Reconcile {
-    pub pool: PgPool,
-    pub redis: Redis,
-    pub config: Config,
+    deps: Deps,
+}
+
+impl std::ops::Deref for Reconcile {
+    type Target = Deps;
+
+    fn deref(&self) -> &Deps {
+        &self.deps
+    }
 }
 
 /// What one run did, returned as the Lambda's JSON result.
@@ -180,22 +186,14 @@ pub struct ActivityReport {
 }
 
 impl Reconcile {
-    pub fn new(pool: PgPool, redis: Redis, config: Config) -> Self {
-        Self {
-            pool,
-            redis,
-            config,
-        }
+    pub fn new(deps: Deps) -> Self {
+        Self { deps }
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
     /// database is briefly out of reach still starts and reports the failure per run.
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
-        let pool = db::connect_lazy(&config)?;
-        let redis = Redis::connect(&config)
-            .await
-            .context("failed to connect to redis")?;
-        Ok(Self::new(pool, redis, config))
+        Ok(Self::new(Deps::connect(config).await?))
     }
 
     /// One reconcile pass at `now` (a parameter so tests can step past the grace period and the

@@ -37,7 +37,7 @@ use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Compensation, EntryKind, Reservation};
-use seckill_shared::{db, ApiError, Config, Refusal};
+use seckill_shared::{ApiError, Config, Deps, Refusal};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -58,10 +58,10 @@ pub struct EntryState {
     inner: Arc<Inner>,
 }
 
+/// The [`Deps`] (read through `Deref`: `s.config`, `s.redis`, `s.pool`) and what only the entry
+/// has: the queue and the per-container caches.
 struct Inner {
-    config: Config,
-    redis: Redis,
-    pool: PgPool,
+    deps: Deps,
     queue: OrderQueue,
     sold_out: SoldOutCache,
     unloaded: UnloadedCache,
@@ -70,19 +70,25 @@ struct Inner {
     counters: Counters,
 }
 
+impl std::ops::Deref for Inner {
+    type Target = Deps;
+
+    fn deref(&self) -> &Deps {
+        &self.deps
+    }
+}
+
 impl EntryState {
-    pub fn new(config: Config, redis: Redis, pool: PgPool, queue: OrderQueue) -> Self {
-        let breaker = Breaker::new(config.redis_timeout);
+    pub fn new(deps: Deps, queue: OrderQueue) -> Self {
+        let config = &deps.config;
         Self {
             inner: Arc::new(Inner {
                 sold_out: SoldOutCache::new(config.sold_out_cache_ttl),
                 unloaded: UnloadedCache::default(),
                 skew: ClockSkew::default(),
-                config,
-                redis,
-                pool,
+                breaker: Breaker::new(config.redis_timeout),
+                deps,
                 queue,
-                breaker,
                 counters: Counters::default(),
             }),
         }
@@ -90,24 +96,24 @@ impl EntryState {
 
     /// Builds the clients a cold start needs: Redis (connected, bounded), a lazy pool (the hot
     /// path never touches the database) and the SQS client from the AWS environment.
-    pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        let redis = Redis::connect(config).await?;
-        let pool = db::connect_lazy(config)?;
+    pub async fn connect(config: Config) -> anyhow::Result<Self> {
+        let deps = Deps::connect(config).await?;
         let client = queue::sqs_client().await;
+        let config = &deps.config;
         let queue = OrderQueue::new(client, config.order_queue_url.clone(), config.sqs_timeout);
-        Ok(Self::new(config.clone(), redis, pool, queue))
+        Ok(Self::new(deps, queue))
     }
 
     pub fn config(&self) -> &Config {
-        &self.inner.config
+        &self.inner.deps.config
     }
 
     pub fn redis(&self) -> &Redis {
-        &self.inner.redis
+        &self.inner.deps.redis
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        &self.inner.deps.pool
     }
 }
 
@@ -688,7 +694,7 @@ async fn pay(
     OrderId(order_id): OrderId,
 ) -> Result<Json<order::Order>, ApiError> {
     let order = lifecycle::pay_order(
-        &state.inner.pool,
+        state.pool(),
         order_id,
         &identity.user_id,
         chrono::Utc::now(),

@@ -8,6 +8,6 @@ use seckill_shared::Config;
 async fn main() -> Result<(), lambda_http::Error> {
     seckill_shared::init_tracing();
     let config = Config::load().await?;
-    let state = EntryState::connect(&config).await?;
+    let state = EntryState::connect(config).await?;
     lambda_http::run(router(state)).await
 }

@@ -22,9 +22,9 @@ pub struct Functions {
 impl Functions {
     /// Connects every function's clients (Redis, PostgreSQL, SQS), as each cold start would.
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        let entry = seckill_entry::EntryState::connect(config).await?;
-        let admin = admin::AdminState::connect(config).await?;
-        let consumer = order_consumer::Consumer::connect(config).await?;
+        let entry = seckill_entry::EntryState::connect(config.clone()).await?;
+        let admin = admin::AdminState::connect(config.clone()).await?;
+        let consumer = order_consumer::Consumer::connect(config.clone()).await?;
         let preheat = preheat::Preheat::connect(config.clone()).await?;
         let reconcile = reconcile::Reconcile::connect(config.clone()).await?;
         Ok(Self {

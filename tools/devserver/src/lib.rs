@@ -71,7 +71,8 @@ impl DevConfig {
     }
 }
 
-/// Command-line options of `seckill-devserver`; everything else comes from the environment.
+/// Command-line options of `seckill-devserver`, and every [`Config`] setting (from its variable
+/// or its flag).
 #[derive(Parser, Debug, Clone)]
 #[command(name = "seckill-devserver", version, about)]
 pub struct DevArgs {
@@ -96,6 +97,8 @@ pub struct DevArgs {
     /// HS256 secret for bearer tokens (`make token` signs with the same).
     #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: String,
+    #[command(flatten)]
+    pub config: Config,
 }
 
 fn every(secs: u64) -> Option<Duration> {
@@ -103,9 +106,9 @@ fn every(secs: u64) -> Option<Duration> {
 }
 
 impl DevArgs {
-    /// Combines the options with the environment's [`Config`].
+    /// The options and the settings, checked.
     pub fn into_config(self) -> anyhow::Result<DevConfig> {
-        let config = Config::from_env()?;
+        let config = self.config.check()?;
         Ok(DevConfig {
             addr: self.addr,
             pollers: self.pollers,

@@ -44,6 +44,8 @@ pub struct DemoOptions {
     /// crowd, see TOOLCHAIN.md) from turning a slow emulator into 503s.
     pub sqs_timeout: Duration,
     pub quiet: bool,
+    /// Where the stack is and how the functions are tuned (`sqs_timeout` above wins).
+    pub config: Config,
 }
 
 /// What the stores say after the sale.
@@ -219,7 +221,7 @@ struct Stage {
 
 impl Stage {
     async fn set_up(opts: &DemoOptions) -> anyhow::Result<Self> {
-        let mut config = Config::from_env()?;
+        let mut config = opts.config.clone().check()?;
         config.sqs_timeout = opts.sqs_timeout;
         std::fs::create_dir_all(&opts.out_dir)
             .with_context(|| format!("cannot create {}", opts.out_dir.display()))?;

@@ -12,6 +12,8 @@ use std::time::Duration;
 /// Runs a flash sale end to end against the local stack and reports what happened.
 #[derive(Parser, Debug)]
 #[command(name = "seckill-demo", version, about)]
+// The entry function's SQS send: generous here, since moto is slow under a crowd.
+#[command(mut_arg("sqs_timeout", |a| a.default_value("15000")))]
 struct Args {
     /// Units on sale.
     #[arg(long, default_value_t = 500)]
@@ -43,9 +45,6 @@ struct Args {
     /// Give up waiting for the queue to drain after this many seconds.
     #[arg(long, default_value_t = 180)]
     drain_timeout_secs: u64,
-    /// Bound on each SQS send by the entry function, in milliseconds (generous: moto is slow under a crowd).
-    #[arg(long, default_value_t = 15_000)]
-    sqs_timeout_ms: u64,
     /// Where report.json and chart.png go (default: target/demo).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -54,6 +53,8 @@ struct Args {
     quiet: bool,
     #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true)]
     jwt_secret: String,
+    #[command(flatten)]
+    config: seckill_shared::Config,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -83,8 +84,9 @@ fn main() -> anyhow::Result<()> {
             .out_dir
             .unwrap_or_else(seckill_loadgen::default_out_dir),
         drain_timeout: Duration::from_secs(args.drain_timeout_secs),
-        sqs_timeout: Duration::from_millis(args.sqs_timeout_ms),
+        sqs_timeout: args.config.sqs_timeout,
         quiet: args.quiet || !std::io::stdout().is_terminal(),
+        config: args.config,
     };
     let report = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

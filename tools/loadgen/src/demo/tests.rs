@@ -5,6 +5,7 @@
 use super::{build_report, DemoOptions, DemoReport, StoreFacts};
 use crate::chart::StockSample;
 use crate::load::{Latency, LoadReport, Second};
+use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +25,13 @@ fn opts() -> DemoOptions {
         drain_timeout: Duration::from_secs(180),
         sqs_timeout: Duration::from_secs(15),
         quiet: true,
+        config: seckill_shared::Config::try_parse_from([
+            "seckill-demo",
+            "--database-url=postgres://demo@127.0.0.1/demo",
+            "--redis-url=redis://127.0.0.1:6379",
+            "--order-queue-url=http://127.0.0.1:4567/000000000000/demo",
+        ])
+        .unwrap(),
     }
 }
 

@@ -1,27 +1,24 @@
-//! One-shot schema migration: applies `migrations/` (embedded) to the database, then exits.
+//! The `seckill-migrate` function: applies `migrations/` (embedded in `seckill_shared::db`) to
+//! the database and reports what it applied.
 //!
-//! Never run on a function's cold start (many containers would race on the schema). Two ways:
+//! Never run on a function's cold start (many containers would race on the schema). Two ways
+//! (`main.rs`):
 //!
 //! - from a machine that reaches the database:
-//!   `cargo run -p seckill-shared --bin seckill-migrate` with `DATABASE_URL`, or with
+//!   `cargo run -p seckill-migrate` with `DATABASE_URL`, or with
 //!   `DATABASE_SECRET_ARN` (+ `DATABASE_HOST`) to read the credentials from Secrets Manager;
 //! - in AWS, as the template's `MigrateFunction` (same binary: it notices the Lambda runtime
 //!   API and answers one invocation per migration run):
 //!   `aws lambda invoke --function-name <MigrateFunctionName> /dev/stdout`.
 
-use lambda_http::{lambda_runtime, service_fn, LambdaEvent};
 use seckill_shared::{db, secrets, Config};
 use serde_json::{json, Value};
 
 /// Connects, migrates, reports which migrations are now applied.
-async fn migrate() -> anyhow::Result<Value> {
+pub async fn migrate(mut config: Config) -> anyhow::Result<Value> {
     // Only the database secret: this function may not read the Redis one (least privilege).
-    let mut config = Config::from_env()?;
-    let refs = secrets::SecretRefs {
-        redis_auth_secret_arn: None,
-        ..secrets::SecretRefs::from_env()
-    };
-    secrets::resolve_refs(&mut config, &refs).await?;
+    config.secrets.redis_auth_secret_arn = None;
+    secrets::resolve(&mut config).await?;
     // One connection is enough and keeps this off the functions' connection budget.
     config.db_max_connections = 1;
     let target = secrets::redacted(&config.database_url);
@@ -50,22 +47,4 @@ async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
             .fetch_all(pool)
             .await?,
     )
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    seckill_shared::init_tracing();
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async {
-            migrate()
-                .await
-                .map_err(|e| lambda_runtime::Error::from(format!("{e:#}")))
-        }))
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))
-    } else {
-        let report = migrate().await?;
-        println!("{report}");
-        Ok(())
-    }
 }

@@ -1,0 +1,255 @@
+//! The built binaries as an operator meets them: `--help` on each lists every setting, a Lambda
+//! whose environment lacks a required variable fails its cold start naming it, and the Lambdas as
+//! the deploy builds them carry no test support.
+//!
+//! Like `lambda_invoke.rs`, the test builds what it runs (a no-op after `make test`'s build).
+
+use clap::CommandFactory;
+use seckill_shared::Config;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The deployed functions (template.yaml's `Binary` values).
+const FUNCTIONS: [&str; 6] = [
+    "seckill-entry",
+    "order-consumer",
+    "preheat",
+    "reconcile",
+    "admin",
+    "seckill-migrate",
+];
+
+/// The local tools that run the functions' code with a [`Config`].
+const TOOLS_WITH_CONFIG: [&str; 3] = ["seckill-devserver", "seckill-demo", "seckill-bench"];
+
+/// Tools without a `Config`: their own settings only.
+const OTHER_TOOLS: [&str; 2] = ["seckill-loadgen", "seckill-token"];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(repo_root()).stdin(Stdio::null());
+    cmd
+}
+
+fn run_cargo(args: &[&str]) -> String {
+    let out = cargo().args(args).output().expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// Builds the functions as `make build` and `sam build` select them (a root build of each bin),
+/// and the tools by package; returns where the debug binaries are.
+fn build_all() -> PathBuf {
+    let mut functions = vec!["build"];
+    functions.extend(FUNCTIONS.iter().flat_map(|f| ["--bin", *f]));
+    run_cargo(&functions);
+    run_cargo(&[
+        "build",
+        "--bins",
+        "-p",
+        "seckill-devserver",
+        "-p",
+        "seckill-loadgen",
+        "-p",
+        "seckill-bench",
+    ]);
+    target_dir().join("debug")
+}
+
+/// Every variable a [`Config`] reads, from its clap definition.
+fn config_variables() -> Vec<String> {
+    Config::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs `bin` with `env` changes, bounded: a binary that does not exit within `limit` is
+/// killed and reported as `None`.
+fn run_bounded(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    limit: Duration,
+) -> Option<Output> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let mut child = cmd.spawn().expect("the binary starts");
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if child.try_wait().expect("waitable").is_some() {
+            return Some(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+#[test]
+fn every_binary_lists_every_setting_with_its_variable_and_default_in_its_help() {
+    let dir = build_all();
+    let variables = config_variables();
+    assert!(
+        variables.len() >= 19 && variables.iter().any(|v| v == "DATABASE_URL"),
+        "Config's variables: {variables:?}"
+    );
+    // A password in the environment must not reach the help text.
+    let env = [
+        (
+            "DATABASE_URL",
+            Some("postgres://u:help-leak-marker@127.0.0.1:5432/seckill"),
+        ),
+        (
+            "REDIS_URL",
+            Some("redis://:help-leak-marker@127.0.0.1:6379"),
+        ),
+    ];
+    for bin in FUNCTIONS.iter().chain(&TOOLS_WITH_CONFIG) {
+        let out = run_bounded(&dir.join(bin), &["--help"], &env, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{bin} --help did not exit"));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{bin} --help: {}\n{help}", out.status);
+        let missing: Vec<&String> = variables
+            .iter()
+            .filter(|v| !help.contains(&format!("[env: {v}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{bin} --help lacks {missing:?}:\n{help}"
+        );
+        for default in ["[default: 300]", "[default: seckill]", "[default: 4]"] {
+            assert!(
+                help.contains(default),
+                "{bin} --help lacks {default}:\n{help}"
+            );
+        }
+        assert!(
+            !help.contains("help-leak-marker"),
+            "{bin} --help prints a password:\n{help}"
+        );
+    }
+    for bin in OTHER_TOOLS {
+        let out = run_bounded(&dir.join(bin), &["--help"], &[], Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{bin} --help did not exit"));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{bin} --help: {}", out.status);
+        assert!(help.contains("[env: SECKILL_JWT_SECRET"), "{bin}:\n{help}");
+    }
+}
+
+/// What Lambda sets for `bin` with `api` as its runtime API, no secret ARNs, and `unset` removed.
+fn lambda_env<'a>(bin: &'a str, api: &'a str, unset: &'a str) -> [(&'a str, Option<&'a str>); 9] {
+    [
+        ("AWS_LAMBDA_FUNCTION_NAME", Some(bin)),
+        ("AWS_LAMBDA_RUNTIME_API", Some(api)),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", Some("512")),
+        ("AWS_LAMBDA_FUNCTION_VERSION", Some("$LATEST")),
+        ("AWS_LAMBDA_LOG_STREAM_NAME", Some("binaries-test")),
+        (
+            "AWS_LAMBDA_LOG_GROUP_NAME",
+            Some("/aws/lambda/binaries-test"),
+        ),
+        ("DATABASE_SECRET_ARN", None),
+        ("REDIS_AUTH_SECRET_ARN", None),
+        (unset, None),
+    ]
+}
+
+#[test]
+fn a_lambda_without_a_required_variable_fails_its_cold_start_naming_it() {
+    let dir = build_all();
+    // A runtime API that accepts connections and never answers, and the variables Lambda sets:
+    // a function that got past its config would wait here for an invocation instead of exiting.
+    let runtime_api = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let api = runtime_api.local_addr().expect("bound").to_string();
+    // The control: with every variable set (nothing unset but an unused name), it starts and
+    // waits for its first invocation.
+    let waiting = run_bounded(
+        &dir.join("seckill-entry"),
+        &[],
+        &lambda_env("seckill-entry", &api, "SECKILL_BINARIES_TEST_UNUSED"),
+        Duration::from_secs(3),
+    );
+    assert!(
+        waiting.is_none(),
+        "a fully configured function exits: {waiting:?}"
+    );
+    for missing in ["DATABASE_URL", "ORDER_QUEUE_URL"] {
+        for bin in FUNCTIONS {
+            let env = lambda_env(bin, &api, missing);
+            let out = run_bounded(&dir.join(bin), &[], &env, Duration::from_secs(20))
+                .unwrap_or_else(|| panic!("{bin} without {missing} started instead of failing"));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "{bin} without {missing}: {}",
+                out.status
+            );
+            assert!(
+                stderr.contains(missing),
+                "{bin} without {missing} says:\n{stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_lambdas_as_deployed_are_built_without_test_support() {
+    // What a root `cargo build --bin <function>` (make build, sam build) unifies into the
+    // shared library; `--workspace` shows the test crates do turn the features on.
+    let tree = |extra: &[&str]| {
+        let mut args = vec![
+            "tree",
+            "--offline",
+            "-e",
+            "features",
+            "-i",
+            "seckill-shared",
+        ];
+        args.extend(extra);
+        run_cargo(&args)
+    };
+    let deployed = tree(&[]);
+    assert!(
+        deployed.contains("seckill-shared feature \"default\""),
+        "{deployed}"
+    );
+    for feature in ["testing", "failpoints"] {
+        assert!(
+            !deployed.contains(&format!("feature \"{feature}\"")),
+            "a root build of the functions compiles `{feature}` into them:\n{deployed}"
+        );
+    }
+    let workspace = tree(&["--workspace"]);
+    assert!(workspace.contains("feature \"testing\""), "{workspace}");
+}
