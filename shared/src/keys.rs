@@ -17,7 +17,7 @@ pub struct Keys {
     /// Hash user id -> in-flight entry: `r|requestId|qty|ms` reservation,
     /// `c|cancelId|qty|ms|orderId` cancel attempt, `x|token|0|ms` orphan check mark.
     pub ledger: String,
-    /// The admin lock (value: owner).
+    /// The admin lock: a hash of its holder's owner id → hold count and `token` → its fencing token, with a lease.
     pub lock: String,
     /// The fencing token counter.
     pub fence: String,

@@ -50,10 +50,12 @@
 //! [`LockGuard::reenter`] adds a hold for the same holder and returns a [`NestedGuard`]: same
 //! owner, same token, the outer guard's lease and watchdog (a nested guard starts none). The
 //! nested guard borrows the outer one, so it cannot outlive it; its release gives its hold back
-//! and never deletes the key, which goes only with the last hold. A nested guard dropped
-//! without [`NestedGuard::release`] gives its hold back with the outermost release, so the
-//! outermost release still deletes the key, with no background task racing it. Renewals
-//! leave the count as it is. A re-entry by a holder whose lease ran out is refused
+//! and never the last one, so the same release delivered twice cannot free the lock. The
+//! outermost release ends the lock whatever the count says: a re-entry whose answer was lost
+//! (or an acquisition delivered twice) may have added a hold nobody knows of, and counting down
+//! would leave the lock behind for a lease with no watchdog. A nested guard dropped without
+//! [`NestedGuard::release`] needs nothing: its hold goes with the outermost release, with no
+//! background task racing it. Renewals leave the count as it is. A re-entry by a holder whose lease ran out is refused
 //! ([`LockError::Lost`]): it never comes back with its old token, and its releases find no
 //! hold of theirs in the next holder's lock.
 //!
@@ -72,7 +74,7 @@ use crate::cache::{CacheError, Redis};
 use crate::error::ApiError;
 use crate::scripts;
 use sqlx::{PgConnection, PgPool};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -129,8 +131,6 @@ pub struct LockGuard {
     lost: Arc<AtomicBool>,
     lost_rx: watch::Receiver<bool>,
     watchdog: Option<JoinHandle<()>>,
-    /// Nested holds dropped without their own release; the outermost release gives them back.
-    dropped_holds: AtomicU32,
     released: bool,
 }
 
@@ -205,7 +205,6 @@ pub async fn acquire(
         lost,
         lost_rx,
         watchdog: Some(watchdog),
-        dropped_holds: AtomicU32::new(0),
         released: false,
     })
 }
@@ -342,43 +341,35 @@ impl LockGuard {
         debug_assert_eq!(token, self.token, "a re-entry answers the outermost token");
         let until = (sent - self.acquired_at).as_millis() as u64 + ttl_ms;
         self.valid_until_ms.fetch_max(until, Ordering::SeqCst);
-        Ok(NestedGuard {
-            outer: self,
-            released: false,
-        })
+        Ok(NestedGuard { outer: self })
     }
 
-    /// Stops the watchdog and gives back this hold (and those of nested guards dropped
-    /// unreleased), which deletes the lock if we still own it (owner-checked in
-    /// `lua/lock_release.lua`, so a holder whose lease expired cannot touch the next
-    /// holder's lock). Returns whether the lock was ours to release.
+    /// Stops the watchdog and deletes the lock if we still own it, nested holds and all
+    /// (owner-checked in `lua/lock_release.lua`, so a holder whose lease expired cannot touch
+    /// the next holder's lock). Returns whether the lock was ours to release.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.stop_watchdog();
         self.released = true;
-        let holds = 1 + self.dropped_holds.load(Ordering::SeqCst);
-        Ok(release_holds(&self.redis, self.activity_id, &self.owner, holds).await?)
+        Ok(release(&self.redis, self.activity_id, &self.owner, Release::All).await?)
     }
 }
 
 /// A hold added by [`LockGuard::reenter`]. It derefs to the outer guard, whose owner, token,
 /// [`LockGuard::run`] and [`LockGuard::is_lost`] it shares, so helpers that take a
 /// `&LockGuard` take it too. Release it with [`NestedGuard::release`]; dropped unreleased,
-/// its hold is given back by the outer guard's release.
+/// its hold goes with the outer guard's release, which ends the lock whatever its count.
 pub struct NestedGuard<'a> {
     outer: &'a LockGuard,
-    released: bool,
 }
 
 impl NestedGuard<'_> {
     /// Gives back this hold. The lock stays with the outer guard (`lua/lock_release.lua`
-    /// deletes it only with the last hold). Returns whether the hold was ours: false when the
-    /// lease ran out and the lock is gone or someone else's (nothing changed). On an error
-    /// the hold is left to the outer guard's release.
-    pub async fn release(mut self) -> Result<bool, LockError> {
+    /// never gives back the last hold this way). Returns whether the hold was ours: false
+    /// when the lease ran out and the lock is gone or someone else's (nothing changed). On an
+    /// error the hold is left to the outer guard's release.
+    pub async fn release(self) -> Result<bool, LockError> {
         let outer = self.outer;
-        let ours = release_holds(&outer.redis, outer.activity_id, &outer.owner, 1).await?;
-        self.released = true;
-        Ok(ours)
+        Ok(release(&outer.redis, outer.activity_id, &outer.owner, Release::One).await?)
     }
 }
 
@@ -390,36 +381,37 @@ impl std::ops::Deref for NestedGuard<'_> {
     }
 }
 
-impl Drop for NestedGuard<'_> {
-    fn drop(&mut self) {
-        if !self.released {
-            // Not a background release: it could land after the outer guard's and leave the
-            // key behind. The outer guard is still holding the lock anyway.
-            self.outer.dropped_holds.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Gives back one hold of the activity's lock, only if `owner` holds it (the lock goes with
-/// its last hold). Returns whether `owner` held it.
+/// Releases the activity's lock, nested holds and all, only if `owner` holds it. Returns
+/// whether `owner` held it.
 pub async fn release_owned(
     redis: &Redis,
     activity_id: i64,
     owner: &str,
 ) -> Result<bool, CacheError> {
-    release_holds(redis, activity_id, owner, 1).await
+    release(redis, activity_id, owner, Release::All).await
 }
 
-/// Gives back `holds` holds of `owner`'s; see [`release_owned`].
-async fn release_holds(
+/// What a release gives back.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// The outermost holder is done: the lock goes.
+    All,
+    /// One nested hold, never the last.
+    One,
+}
+
+async fn release(
     redis: &Redis,
     activity_id: i64,
     owner: &str,
-    holds: u32,
+    what: Release,
 ) -> Result<bool, CacheError> {
     let keys = redis.keys(activity_id);
     let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
-    inv.key(&keys.lock).arg(owner).arg(holds);
+    inv.key(&keys.lock).arg(owner).arg(match what {
+        Release::All => "all",
+        Release::One => "one",
+    });
     match redis.script::<i64>(&inv).await? {
         0 => Ok(false),
         1 | 2 => Ok(true),
@@ -439,9 +431,8 @@ impl Drop for LockGuard {
             let redis = self.redis.clone();
             let owner = std::mem::take(&mut self.owner);
             let activity_id = self.activity_id;
-            let holds = 1 + self.dropped_holds.load(Ordering::SeqCst);
             rt.spawn(async move {
-                if let Err(e) = release_holds(&redis, activity_id, &owner, holds).await {
+                if let Err(e) = release(&redis, activity_id, &owner, Release::All).await {
                     tracing::warn!(activity_id, error = %e, "best-effort lock release failed");
                 }
             });

@@ -2,12 +2,14 @@
 //! nested holds keep the lock until the last release under one fencing token, a non-owner's
 //! release changes nothing, the hold count survives the watchdog's renewals, and a paused
 //! holder's nested release after its lease ran out leaves the next holder's lock alone while
-//! the database refuses its token.
+//! the database refuses its token. The outermost release ends the lock even when Redis counts
+//! a hold the holder never knew of, and a nested release delivered twice never ends it.
 
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::activity::{self, NewActivity};
 use seckill_shared::lock::{self, LockError};
 use seckill_shared::on_both_redis;
+use seckill_shared::scripts;
 use seckill_shared::testing::{self, LockHold, RedisKind, TestEnv};
 use std::time::Duration;
 
@@ -117,8 +119,8 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
     // A nested guard dropped (an early `?` in a helper) leaves its hold to the outer guard,
     // whose release still deletes the key.
     let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
-    drop(outer.reenter().await?);
-    drop(outer.reenter().await?);
+    let _ = outer.reenter().await?;
+    let _ = outer.reenter().await?;
     let owner = outer.owner.clone();
     assert_eq!(
         testing::lock_hold(&env.redis, id).await?,
@@ -129,7 +131,7 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
 
     // The same when the outer guard is dropped too: its background release gives back all.
     let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
-    drop(outer.reenter().await?);
+    let _ = outer.reenter().await?;
     drop(outer);
     let mut gone = false;
     for _ in 0..100 {
@@ -146,6 +148,72 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
     Ok(())
 }
 on_both_redis!(nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release);
+
+/// `lua/lock_acquire.lua` re-entering for `owner` as a script whose answer never came back
+/// would: Redis counts a hold the guard does not know of.
+async fn reenter_unanswered(env: &TestEnv, id: i64, owner: &str) -> anyhow::Result<()> {
+    let k = env.redis.keys(id);
+    let mut inv = scripts::LOCK_ACQUIRE.prepare_invoke();
+    inv.key(&k.lock)
+        .key(&k.fence)
+        .arg(owner)
+        .arg(5000)
+        .arg(0)
+        .arg("reenter");
+    let token: i64 = env.redis.script(&inv).await?;
+    anyhow::ensure!(token > 0, "the re-entry was refused");
+    Ok(())
+}
+
+async fn an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    // Arrange: the holder re-entered, and the answer was lost (or the script ran twice).
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    let owner = outer.owner.clone();
+    reenter_unanswered(&env, id, &owner).await?;
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 2, outer.token)
+    );
+
+    // Act: the holder is done.
+    assert!(outer.release().await?);
+
+    // Assert: the lock is gone at once, not left behind until its lease runs out.
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert!(!is_busy(&env, id).await);
+    Ok(())
+}
+on_both_redis!(an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of);
+
+async fn a_nested_release_delivered_twice_leaves_the_outer_hold(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    // Arrange: an outer hold and a nested one, released.
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    let owner = outer.owner.clone();
+    assert!(outer.reenter().await?.release().await?);
+
+    // Act: the same nested release arrives a second time.
+    let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
+    inv.key(env.redis.keys(id).lock).arg(&owner).arg("one");
+    let answer: i64 = env.redis.script(&inv).await?;
+
+    // Assert: the outer holder still holds the lock it works under.
+    assert_eq!(answer, 2, "a nested release never ends the lock");
+    assert_eq!(
+        testing::lock_hold(&env.redis, id).await?,
+        hold(&owner, 1, outer.token)
+    );
+    assert!(is_busy(&env, id).await);
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    Ok(())
+}
+on_both_redis!(a_nested_release_delivered_twice_leaves_the_outer_hold);
 
 async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: the lock held twice.
