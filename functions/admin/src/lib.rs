@@ -68,7 +68,7 @@ use seckill_shared::auth::Admin;
 use seckill_shared::cache::Redis;
 use seckill_shared::http::{ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
-use seckill_shared::{activity_columns, db, load, order, sale, scripts, ApiError, Config};
+use seckill_shared::{db, load, order, sale, scripts, ApiError, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -301,14 +301,9 @@ pub async fn update_with_guard(
         Err(LockError::Db(sqlx::Error::RowNotFound)) => return Err(not_found(id)),
         other => other?,
     }
-    let current: Activity = sqlx::query_as(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities where id = $1"
-    ))
-    .bind(id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let current = activity::get(&mut *tx, id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
     let m = merge(&current, patch)?;
     let delta = m.total_stock - current.total_stock as i64;
     if current.remaining_stock as i64 + delta < 0 {
@@ -441,23 +436,16 @@ async fn write_update(
     delta: i64,
     version: i64,
 ) -> Result<Activity, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!(
-        "update activities set title = $2, total_stock = $3,
-             remaining_stock = remaining_stock + $4, per_order_limit = $5,
-             start_at = $6, end_at = $7, config_version = $8, updated_at = now()
-         where id = $1 returning ",
-        activity_columns!()
-    ))
-    .bind(id)
-    .bind(&m.title)
-    .bind(m.total_stock as i32)
-    .bind(delta as i32)
-    .bind(m.per_order_limit as i32)
-    .bind(m.start_at)
-    .bind(m.end_at)
-    .bind(version)
-    .fetch_one(tx)
-    .await
+    let change = activity::Change {
+        title: &m.title,
+        total_stock: m.total_stock as i32,
+        stock_delta: delta as i32,
+        per_order_limit: m.per_order_limit as i32,
+        start_at: m.start_at,
+        end_at: m.end_at,
+        config_version: version,
+    };
+    activity::apply_change(tx, id, &change).await
 }
 
 fn not_found(id: i64) -> ApiError {

@@ -67,7 +67,7 @@ use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{db, load, lock, order, order_columns, Config};
+use seckill_shared::{db, load, lock, order, Config};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -255,16 +255,7 @@ impl Reconcile {
         let mut released = HashMap::new();
         let timeout = ChronoDuration::from_std(self.config.payment_timeout)
             .unwrap_or(ChronoDuration::minutes(15));
-        let unpaid = sqlx::query_as::<_, Order>(concat!(
-            "select ",
-            order_columns!(),
-            " from orders where status = 'confirmed' and created_at < $1
-             order by created_at limit $2"
-        ))
-        .bind(now - timeout)
-        .bind(RELEASE_BATCH)
-        .fetch_all(&self.pool)
-        .await;
+        let unpaid = order::unpaid_before(&self.pool, now - timeout, RELEASE_BATCH).await;
         let unpaid = match unpaid {
             Ok(rows) => rows,
             Err(e) => {
@@ -527,13 +518,8 @@ impl Reconcile {
             return Ok(());
         }
         let order_ids: Vec<i64> = cancels.iter().filter_map(|e| e.order_id).collect();
-        let committed: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
-            "select cancel_id from orders
-             where id = any($1) and status = 'cancelled' and cancel_id is not null",
-        )
-        .bind(&order_ids)
-        .fetch_all(&self.pool)
-        .await
+        let committed: HashSet<Uuid> = order::committed_cancel_ids(&self.pool, &order_ids)
+            .await
         .context("failed to look up the orders of stale cancels")?
         .into_iter()
         .collect();
@@ -608,14 +594,8 @@ impl Reconcile {
                 .await
                 .context("failed to mark the orphan candidates")?;
             seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
-            let active: HashSet<String> = sqlx::query_scalar::<_, String>(
-                "select user_id from orders
-                 where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
-            )
-            .bind(id)
-            .bind(&marked)
-            .fetch_all(&self.pool)
-            .await
+            let active: HashSet<String> = order::live_holders_among(&self.pool, id, &marked)
+                .await
             .context("failed to look up the orders of users in the set")?
             .into_iter()
             .collect();
@@ -639,23 +619,14 @@ impl Reconcile {
     /// holds the activity row. Returns (sold, remaining after the check, remaining before a fix).
     async fn check_database(&self, id: i64) -> anyhow::Result<(i64, i64, Option<i64>)> {
         let mut tx = self.pool.begin().await?;
-        let (total, remaining): (i32, i32) = sqlx::query_as(
-            "select total_stock, remaining_stock from activities where id = $1 for update",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
-        .context("failed to lock the activity row")?;
+        let (total, remaining) = activity::lock_stock(&mut tx, id)
+            .await
+            .context("failed to lock the activity row")?;
         // Summed inside the transaction, after the row lock: every order transaction that
         // changed the stock committed before we got the lock (and is counted), or waits for
-        // us (and is not). `order::sold_quantity` takes the pool, which would read outside it.
-        let sold: i64 = sqlx::query_scalar(
-            "select coalesce(sum(quantity), 0)::bigint from orders
-             where activity_id = $1 and status in ('confirmed', 'paid')",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
+        // us (and is not).
+        let sold = order::sold_quantity(&mut *tx, id)
+            .await
         .context("failed to sum the sold quantity")?;
         let (total, remaining) = (i64::from(total), i64::from(remaining));
         let expected = total - sold;
@@ -668,10 +639,7 @@ impl Reconcile {
             tx.rollback().await?;
             anyhow::bail!("activity {id} is oversold in the database: total {total}, sold {sold}");
         }
-        sqlx::query("update activities set remaining_stock = $2, updated_at = now() where id = $1")
-            .bind(id)
-            .bind(expected as i32)
-            .execute(&mut *tx)
+        activity::set_remaining_stock(&mut tx, id, expected as i32)
             .await
             .context("failed to fix the remaining stock")?;
         tx.commit().await?;
@@ -784,38 +752,26 @@ impl Reconcile {
     }
 
     async fn db_remaining(&self, id: i64) -> anyhow::Result<i64> {
-        let remaining: i32 =
-            sqlx::query_scalar("select remaining_stock from activities where id = $1")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .context("failed to read the remaining stock")?;
+        let remaining = activity::remaining_stock(&self.pool, id)
+            .await
+            .and_then(|r| r.ok_or(sqlx::Error::RowNotFound))
+            .context("failed to read the remaining stock")?;
         Ok(i64::from(remaining))
     }
 
     /// Step 6: upserts the activity's row of `activity_stats`.
     async fn persist(&self, r: &ActivityReport) -> anyhow::Result<()> {
-        sqlx::query(
-            "insert into activity_stats
-                 (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,
-                  repairs, checked_at)
-             values ($1, $2, $3, $4, $5, $6, $7, $8, now())
-             on conflict (activity_id) do update set
-                 participants = excluded.participants, sold = excluded.sold,
-                 db_remaining = excluded.db_remaining, redis_stock = excluded.redis_stock,
-                 pending_qty = excluded.pending_qty, drift = excluded.drift,
-                 repairs = excluded.repairs, checked_at = excluded.checked_at",
-        )
-        .bind(r.activity_id)
-        .bind(r.participants)
-        .bind(r.sold)
-        .bind(r.db_remaining)
-        .bind(r.redis_stock)
-        .bind(r.pending_qty)
-        .bind(r.drift)
-        .bind(r.repairs as i64)
-        .execute(&self.pool)
-        .await
+        let stats = activity::Stats {
+            participants: r.participants,
+            sold: r.sold,
+            db_remaining: r.db_remaining,
+            redis_stock: r.redis_stock,
+            pending_qty: r.pending_qty,
+            drift: r.drift,
+            repairs: r.repairs as i64,
+        };
+        activity::record_stats(&self.pool, r.activity_id, &stats)
+            .await
         .context("failed to persist activity stats")?;
         Ok(())
     }
