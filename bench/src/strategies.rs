@@ -22,8 +22,8 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::cache::{Redis, RedisConn};
 use seckill_shared::keys::Keys;
-use seckill_shared::sale::{self, Decision};
 use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale::{self, Decision};
 use seckill_shared::{order, scripts};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -519,11 +519,9 @@ async fn final_stock(env: &mut Env, c: &Ctx, s: Strategy) -> anyhow::Result<i64>
             .query_async::<Option<i64>>(&mut con)
             .await?
             .unwrap_or(0),
-        Strategy::DbOnly => {
-            activity::remaining_stock(&env.pool, c.activity_id)
-                .await?
-                .ok_or(sqlx::Error::RowNotFound)? as i64
-        }
+        Strategy::DbOnly => activity::remaining_stock(&env.pool, c.activity_id)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)? as i64,
         _ => redis::cmd("GET")
             .arg(&c.keys.stock)
             .query_async::<Option<i64>>(&mut con)

@@ -307,10 +307,7 @@ pub async fn fence_token(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>
 }
 
 /// The stock the database has left for the sale (`None`: no such activity).
-pub async fn remaining_stock(
-    db: impl PgExecutor<'_>,
-    id: i64,
-) -> Result<Option<i32>, sqlx::Error> {
+pub async fn remaining_stock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i32>, sqlx::Error> {
     sqlx::query_scalar!("select remaining_stock from activities where id = $1", id)
         .fetch_optional(db)
         .await
@@ -331,7 +328,7 @@ pub async fn lock_stock(conn: &mut PgConnection, id: i64) -> Result<(i32, i32), 
 /// Sets the remaining stock to what the orders say it is (reconcile's repair, in the
 /// transaction of [`lock_stock`]).
 pub async fn set_remaining_stock(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     id: i64,
     remaining: i32,
 ) -> Result<(), sqlx::Error> {
@@ -340,7 +337,7 @@ pub async fn set_remaining_stock(
         id,
         remaining
     )
-    .execute(conn)
+    .execute(db)
     .await?;
     Ok(())
 }
@@ -398,11 +395,7 @@ pub struct Stats {
 }
 
 /// Upserts the sale's row of `activity_stats`, stamped now.
-pub async fn record_stats(
-    db: impl PgExecutor<'_>,
-    id: i64,
-    s: &Stats,
-) -> Result<(), sqlx::Error> {
+pub async fn record_stats(db: impl PgExecutor<'_>, id: i64, s: &Stats) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "insert into activity_stats
              (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,

@@ -213,7 +213,8 @@ async fn other_attempt(
 const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the cancel's transaction did.
-enum Committed {
+#[derive(Debug, PartialEq, Eq)]
+pub enum Committed {
     /// This attempt cancelled the order; the quantity went back to the database.
     Cancelled(i64),
     /// The order was not `confirmed` any more, or reconcile aborted this attempt.
@@ -225,7 +226,7 @@ enum Committed {
 /// Step 2: one transaction, conditional on the order being `confirmed`, on this attempt not
 /// being aborted by reconcile, and (when the attempt was announced in Redis) on the sale's load
 /// epoch being the one the announcement saw.
-async fn commit_cancel(
+pub async fn commit_cancel(
     pool: &PgPool,
     order_id: i64,
     cancel_id: Uuid,

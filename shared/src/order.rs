@@ -135,7 +135,10 @@ pub async fn sold_quantity(db: impl PgExecutor<'_>, activity_id: i64) -> Result<
 /// The consumer's order insert for one message: a `confirmed` row, which is also the claim of
 /// the request (`orders_request_id_key`) and the one-live-order-per-user check
 /// (`orders_one_per_user`); both refuse it as unique violations. Returns the order id.
-pub async fn insert_confirmed(conn: &mut PgConnection, m: &OrderMessage) -> Result<i64, sqlx::Error> {
+pub async fn insert_confirmed(
+    conn: &mut PgConnection,
+    m: &OrderMessage,
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
         "insert into orders (request_id, activity_id, user_id, quantity, status)
          values ($1, $2, $3, $4, 'confirmed') returning id",
@@ -172,7 +175,10 @@ pub async fn insert_confirmed_batch(
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.request_id, r.quantity)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.request_id, r.quantity))
+        .collect())
 }
 
 /// Records `m` as `failed` with `why`, unless a row with its request id exists. Returns
@@ -312,5 +318,21 @@ pub async fn tally(db: impl PgExecutor<'_>, activity_id: i64) -> Result<Tally, s
         activity_id
     )
     .fetch_one(db)
+    .await
+}
+
+/// Every row of a sale (any status), oldest first: the tests' and the chaos checks' view.
+pub async fn of_activity(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where activity_id = $1 order by id",
+        activity_id
+    )
+    .fetch_all(db)
     .await
 }

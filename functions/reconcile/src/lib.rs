@@ -520,9 +520,9 @@ impl Reconcile {
         let order_ids: Vec<i64> = cancels.iter().filter_map(|e| e.order_id).collect();
         let committed: HashSet<Uuid> = order::committed_cancel_ids(&self.pool, &order_ids)
             .await
-        .context("failed to look up the orders of stale cancels")?
-        .into_iter()
-        .collect();
+            .context("failed to look up the orders of stale cancels")?
+            .into_iter()
+            .collect();
         for e in cancels {
             self.repair_cancel(id, e, &committed, now, r).await?;
         }
@@ -596,9 +596,9 @@ impl Reconcile {
             seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
             let active: HashSet<String> = order::live_holders_among(&self.pool, id, &marked)
                 .await
-            .context("failed to look up the orders of users in the set")?
-            .into_iter()
-            .collect();
+                .context("failed to look up the orders of users in the set")?
+                .into_iter()
+                .collect();
             seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
             for user in &marked {
                 let orphan = !active.contains(user);
@@ -627,7 +627,7 @@ impl Reconcile {
         // us (and is not).
         let sold = order::sold_quantity(&mut *tx, id)
             .await
-        .context("failed to sum the sold quantity")?;
+            .context("failed to sum the sold quantity")?;
         let (total, remaining) = (i64::from(total), i64::from(remaining));
         let expected = total - sold;
         if expected == remaining {
@@ -639,7 +639,7 @@ impl Reconcile {
             tx.rollback().await?;
             anyhow::bail!("activity {id} is oversold in the database: total {total}, sold {sold}");
         }
-        activity::set_remaining_stock(&mut tx, id, expected as i32)
+        activity::set_remaining_stock(&mut *tx, id, expected as i32)
             .await
             .context("failed to fix the remaining stock")?;
         tx.commit().await?;
@@ -772,7 +772,7 @@ impl Reconcile {
         };
         activity::record_stats(&self.pool, r.activity_id, &stats)
             .await
-        .context("failed to persist activity stats")?;
+            .context("failed to persist activity stats")?;
         Ok(())
     }
 }
