@@ -58,7 +58,7 @@
 
 use anyhow::Context;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use seckill_shared::activity::{self, Activity, Phase};
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::giveback::{self, GiveBack};
@@ -215,7 +215,10 @@ impl Reconcile {
         .await
         .context("failed to list activities due for reconcile")?;
         for a in &due {
-            match self.reconcile_activity(a, now).await {
+            // Boxed: each activity's future is deep (many awaited Redis and SQL steps), and
+            // inlined into the run's future its layout needs more than the compiler's default
+            // query depth.
+            match self.reconcile_activity(a, now).boxed().await {
                 Ok(mut r) => {
                     r.released_unpaid = released.get(&a.id).copied().unwrap_or(0);
                     publish(&r);
@@ -315,43 +318,10 @@ impl Reconcile {
         now: DateTime<Utc>,
     ) -> anyhow::Result<ActivityReport> {
         let id = a.id;
-        let mut r = ActivityReport {
-            activity_id: id,
-            preheated: false,
-            compensated: 0,
-            settled: 0,
-            cancels_finished: 0,
-            users_dropped: 0,
-            db_stock_fixed_from: None,
-            stock_check: StockCheck::NotLoaded,
-            released_unpaid: 0,
-            participants: 0,
-            sold: 0,
-            db_remaining: 0,
-            redis_stock: None,
-            pending_qty: 0,
-            drift: 0,
-            repairs: 0,
-        };
+        let mut r = ActivityReport::new(id);
 
         // 1. Snapshot; a running sale missing from Redis is loaded now.
-        let mut snap = sale::snapshot(&self.redis, id)
-            .await
-            .context("failed to snapshot redis")?;
-        if !snap.loaded && a.phase(now) == Phase::Running {
-            let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, id)
-                .await
-                .context("failed to load the running sale into redis")?;
-            tracing::warn!(
-                ?outcome,
-                repair = "preheated",
-                "running sale was missing from redis"
-            );
-            r.preheated = outcome == sale::PreheatOutcome::Loaded;
-            snap = sale::snapshot(&self.redis, id)
-                .await
-                .context("failed to snapshot redis")?;
-        }
+        let snap = self.snapshot_loading(a, now, &mut r).await?;
 
         if snap.loaded {
             // 2. Stale ledger entries.
@@ -368,27 +338,39 @@ impl Reconcile {
         r.stock_check = self.correct_stock(a).await?;
 
         // 6. The numbers, as they stand after the repairs.
-        let snap = sale::snapshot(&self.redis, id)
-            .await
-            .context("failed to snapshot redis")?;
-        r.sold = sold;
-        r.db_remaining = db_remaining;
-        r.participants = snap.participants;
-        r.pending_qty = snap.pending_quantity();
-        r.redis_stock = snap.stock.filter(|_| snap.loaded);
-        let total = i64::from(a.total_stock);
-        r.drift = match r.redis_stock {
-            Some(stock) => drift(stock, r.pending_qty, sold, total),
-            None => db_remaining + sold - total,
-        };
-        r.repairs = r.compensated
-            + r.settled
-            + r.cancels_finished
-            + r.users_dropped
-            + usize::from(r.db_stock_fixed_from.is_some())
-            + usize::from(matches!(r.stock_check, StockCheck::Corrected { .. }));
+        let snap = self.snapshot(id).await?;
+        r.count(&snap, a.total_stock, sold, db_remaining);
         self.persist(&r).await?;
         Ok(r)
+    }
+
+    async fn snapshot(&self, id: i64) -> anyhow::Result<Snapshot> {
+        sale::snapshot(&self.redis, id)
+            .await
+            .context("failed to snapshot redis")
+    }
+
+    /// Step 1: the sale's snapshot; a running sale missing from Redis is loaded first.
+    async fn snapshot_loading(
+        &self,
+        a: &Activity,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<Snapshot> {
+        let snap = self.snapshot(a.id).await?;
+        if snap.loaded || a.phase(now) != Phase::Running {
+            return Ok(snap);
+        }
+        let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, a.id)
+            .await
+            .context("failed to load the running sale into redis")?;
+        tracing::warn!(
+            ?outcome,
+            repair = "preheated",
+            "running sale was missing from redis"
+        );
+        r.preheated = outcome == sale::PreheatOutcome::Loaded;
+        self.snapshot(a.id).await
     }
 
     /// Step 2: every ledger entry whose fate is decided, or that a crash left behind.
@@ -403,6 +385,20 @@ impl Reconcile {
     ///   id, dropped otherwise (that attempt never committed).
     /// - An orphan check's mark older than the grace period: its check crashed; dropped.
     async fn repair_ledger(
+        &self,
+        id: i64,
+        snap: &Snapshot,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        self.repair_reservations(id, snap, now, r).await?;
+        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
+        self.repair_cancels(id, &stale, now, r).await?;
+        self.drop_stale_checks(id, &stale, r).await
+    }
+
+    /// The reservations of step 2: applied when the database decided, given back when stale.
+    async fn repair_reservations(
         &self,
         id: i64,
         snap: &Snapshot,
@@ -433,8 +429,16 @@ impl Reconcile {
                 None => {}
             }
         }
-        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
-        self.repair_cancels(id, &stale, now, r).await?;
+        Ok(())
+    }
+
+    /// Stale orphan-check marks of step 2: their check crashed; dropped.
+    async fn drop_stale_checks(
+        &self,
+        id: i64,
+        stale: &[&LedgerEntry],
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
         for e in stale.iter().filter(|e| e.kind == EntryKind::Check) {
             if sale::settle(&self.redis, id, &e.user_id, &e.id).await? {
                 tracing::warn!(user = %e.user_id, repair = "check_dropped", "crashed orphan check's mark dropped");
@@ -809,6 +813,50 @@ fn publish(r: &ActivityReport) {
         ],
         &[("activityId", json!(r.activity_id))],
     );
+}
+
+impl ActivityReport {
+    /// A report with nothing found yet.
+    fn new(activity_id: i64) -> Self {
+        Self {
+            activity_id,
+            preheated: false,
+            compensated: 0,
+            settled: 0,
+            cancels_finished: 0,
+            users_dropped: 0,
+            db_stock_fixed_from: None,
+            stock_check: StockCheck::NotLoaded,
+            released_unpaid: 0,
+            participants: 0,
+            sold: 0,
+            db_remaining: 0,
+            redis_stock: None,
+            pending_qty: 0,
+            drift: 0,
+            repairs: 0,
+        }
+    }
+
+    /// Step 6: the numbers after the repairs, from the final snapshot and the database check.
+    fn count(&mut self, snap: &Snapshot, total_stock: i32, sold: i64, db_remaining: i64) {
+        self.sold = sold;
+        self.db_remaining = db_remaining;
+        self.participants = snap.participants;
+        self.pending_qty = snap.pending_quantity();
+        self.redis_stock = snap.stock.filter(|_| snap.loaded);
+        let total = i64::from(total_stock);
+        self.drift = match self.redis_stock {
+            Some(stock) => drift(stock, self.pending_qty, sold, total),
+            None => db_remaining + sold - total,
+        };
+        self.repairs = self.compensated
+            + self.settled
+            + self.cancels_finished
+            + self.users_dropped
+            + usize::from(self.db_stock_fixed_from.is_some())
+            + usize::from(matches!(self.stock_check, StockCheck::Corrected { .. }));
+    }
 }
 
 /// `redis_stock + pending + sold - total`: 0 when every unit is accounted for exactly once.
