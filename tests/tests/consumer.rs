@@ -748,7 +748,7 @@ struct Final {
 }
 
 async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
-    let mut rows: Vec<_> = rows(&env, activity_id)
+    let mut rows: Vec<_> = rows(env, activity_id)
         .await
         .into_iter()
         .map(|r| (r.user_id, r.quantity, r.status, r.reason))
@@ -757,7 +757,7 @@ async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
     let snap = snapshot(env, activity_id).await;
     Final {
         rows,
-        db_remaining: db_remaining(&env, activity_id).await,
+        db_remaining: db_remaining(env, activity_id).await,
         redis_stock: snap.stock,
         participants: snap.participants,
         pending: snap.ledger.len(),
