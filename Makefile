@@ -16,6 +16,8 @@
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
 #   make clean-stack  stop the cluster nodes and moto_server that `make stack` started
+#   make sqlx-prepare after changing a query: regenerate .sqlx/ (the offline query data every
+#                     build uses) against a freshly migrated scratch database; commit .sqlx/
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -41,7 +43,11 @@ BENCH_ARGS ?=
 SEEDS ?= 1..1000
 MINUTES ?= 10
 
-.PHONY: help stack test fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status
+# `make sqlx-prepare`: where sqlx-cli is installed (git-ignored) and the scratch database's name.
+SQLX_CLI_ROOT ?= .tools/sqlx-cli
+SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
+
+.PHONY: help stack test fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -121,3 +127,19 @@ chaos: stack
 
 clean-stack:
 	bash scripts/stack.sh stop
+
+# sqlx-cli matching the sqlx in Cargo.toml (0.9), installed once into $(SQLX_CLI_ROOT).
+sqlx-cli:
+	test -x $(SQLX_CLI_ROOT)/bin/cargo-sqlx || cargo install sqlx-cli --version '^0.9' \
+		--no-default-features --features postgres,rustls --locked --root $(SQLX_CLI_ROOT)
+
+# Drops and recreates the scratch database on the server of DATABASE_URL, applies migrations/,
+# then lets `cargo sqlx prepare` compile every target online against it and write .sqlx/.
+sqlx-prepare: stack sqlx-cli
+	$(ENV) export PATH="$(abspath $(SQLX_CLI_ROOT))/bin:$$PATH" \
+		&& url="$${DATABASE_URL%/*}/$(SQLX_SCRATCH_DB)" \
+		&& sqlx database drop -y --database-url "$$url" \
+		&& sqlx database create --database-url "$$url" \
+		&& sqlx migrate run --source migrations --database-url "$$url" \
+		&& DATABASE_URL="$$url" SQLX_OFFLINE=false \
+			cargo sqlx prepare --workspace -- --all-targets --all-features

@@ -17,7 +17,7 @@ use seckill_shared::cache::Redis;
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Reservation};
 use seckill_shared::Deps;
-use seckill_shared::{testing, Config};
+use seckill_shared::{order, testing, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,16 +106,10 @@ async fn new_activity(
 }
 
 async fn db_facts(pool: &PgPool, activity_id: i64) -> anyhow::Result<(i64, i64)> {
-    let orders: i64 = sqlx::query_scalar(
-        "select count(*) from orders where activity_id = $1 and status = 'confirmed'",
-    )
-    .bind(activity_id)
-    .fetch_one(pool)
-    .await?;
-    let left: i32 = sqlx::query_scalar("select remaining_stock from activities where id = $1")
-        .bind(activity_id)
-        .fetch_one(pool)
-        .await?;
+    let orders = order::tally(pool, activity_id).await?.confirmed;
+    let left = activity::remaining_stock(pool, activity_id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
     Ok((orders, left as i64))
 }
 
@@ -261,25 +255,17 @@ async fn baseline_run(
         let p = pp.clone();
         async move {
             let r: Result<bool, sqlx::Error> = async {
+                let m = OrderMessage {
+                    request_id: Uuid::now_v7(),
+                    activity_id,
+                    user_id: format!("buyer-{i:07}"),
+                    quantity: 1,
+                    reserved_at_ms: 0,
+                    load_epoch: None,
+                };
                 let mut tx = p.begin().await?;
-                sqlx::query(
-                    "insert into orders (request_id, activity_id, user_id, quantity, status)
-                     values ($1, $2, $3, $4, 'confirmed')",
-                )
-                .bind(Uuid::now_v7())
-                .bind(activity_id)
-                .bind(format!("buyer-{i:07}"))
-                .bind(1i32)
-                .execute(&mut *tx)
-                .await?;
-                let left: Option<i32> = sqlx::query_scalar(
-                    "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
-                     where id = $1 and remaining_stock >= $2 returning remaining_stock",
-                )
-                .bind(activity_id)
-                .bind(1i64)
-                .fetch_optional(&mut *tx)
-                .await?;
+                order::insert_confirmed(&mut tx, &m).await?;
+                let left = activity::take_stock(&mut tx, activity_id, 1, None).await?;
                 if left.is_none() {
                     tx.rollback().await?;
                     return Ok(false);

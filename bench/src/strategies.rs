@@ -23,8 +23,9 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::cache::{Redis, RedisConn};
 use seckill_shared::keys::Keys;
+use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale;
-use seckill_shared::scripts;
+use seckill_shared::{order, scripts};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -464,26 +465,24 @@ async fn lock(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
 async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     let pool = c.pool.as_ref().expect("db-only has a pool");
     let mut tx = pool.begin().await?;
-    let updated = sqlx::query(
-        "update activities set remaining_stock = remaining_stock - 1, updated_at = now()
-         where id = $1 and remaining_stock >= 1",
-    )
-    .bind(c.activity_id)
-    .execute(&mut *tx)
-    .await?;
-    if updated.rows_affected() == 0 {
+    // The stock first, then the order: the classic database-only flash sale, on the same
+    // statements the consumer runs.
+    if activity::take_stock(&mut tx, c.activity_id, 1, None)
+        .await?
+        .is_none()
+    {
         tx.rollback().await?;
         return Ok(Outcome::Refused);
     }
-    sqlx::query(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         values ($1, $2, $3, 1, 'confirmed')",
-    )
-    .bind(Uuid::now_v7())
-    .bind(c.activity_id)
-    .bind(&c.users[i])
-    .execute(&mut *tx)
-    .await?;
+    let m = OrderMessage {
+        request_id: Uuid::now_v7(),
+        activity_id: c.activity_id,
+        user_id: c.users[i].clone(),
+        quantity: 1,
+        reserved_at_ms: 0,
+        load_epoch: None,
+    };
+    order::insert_confirmed(&mut tx, &m).await?;
     tx.commit().await?;
     Ok(Outcome::Sold)
 }
@@ -520,12 +519,9 @@ async fn final_stock(env: &mut Env, c: &Ctx, s: Strategy) -> anyhow::Result<i64>
             .query_async::<Option<i64>>(&mut con)
             .await?
             .unwrap_or(0),
-        Strategy::DbOnly => {
-            sqlx::query_scalar::<_, i32>("select remaining_stock from activities where id = $1")
-                .bind(c.activity_id)
-                .fetch_one(&env.pool)
-                .await? as i64
-        }
+        Strategy::DbOnly => activity::remaining_stock(&env.pool, c.activity_id)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)? as i64,
         _ => redis::cmd("GET")
             .arg(&c.keys.stock)
             .query_async::<Option<i64>>(&mut con)
@@ -543,12 +539,7 @@ fn db_sampler(
     tokio::spawn(async move {
         let mut s = util::Samples::default();
         while !stop.load(Ordering::Relaxed) {
-            if let Ok(v) =
-                sqlx::query_scalar::<_, i32>("select remaining_stock from activities where id = $1")
-                    .bind(activity_id)
-                    .fetch_one(&pool)
-                    .await
-            {
+            if let Ok(Some(v)) = activity::remaining_stock(&pool, activity_id).await {
                 s.count += 1;
                 s.min = Some(s.min.map_or(v as i64, |m| m.min(v as i64)));
             }

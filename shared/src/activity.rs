@@ -3,7 +3,7 @@
 use crate::error::ApiError;
 use chrono::{DateTime, Datelike, Duration as ChronoDuration, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgExecutor};
 use std::time::Duration;
 
 /// Upper bound on one activity's stock; keeps every sum comfortably inside i64 and Lua numbers.
@@ -167,103 +167,287 @@ pub fn validate_fields(
     Ok(())
 }
 
-/// The column list of [`Activity`], as a literal so queries stay `&'static str`.
-#[macro_export]
-macro_rules! activity_columns {
-    () => {
-        "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
-         state, config_version, last_fence_token, load_epoch, created_at, updated_at"
-    };
-}
-
 /// Stores a new, published activity with all its stock remaining.
-pub async fn insert(pool: &PgPool, new: &NewActivity) -> Result<Activity, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!("insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, end_at)
-         values ($1, $2, $2, $3, $4, $5) returning ", activity_columns!(), ""))
-    .bind(new.title.trim())
-    .bind(new.total_stock as i32)
-    .bind(new.per_order_limit as i32)
-    .bind(new.start_at)
-    .bind(new.end_at)
-    .fetch_one(pool)
+pub async fn insert(db: impl PgExecutor<'_>, new: &NewActivity) -> Result<Activity, sqlx::Error> {
+    sqlx::query_as!(
+        Activity,
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, end_at)
+         values ($1, $2, $2, $3, $4, $5)
+         returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+        new.title.trim(),
+        new.total_stock as i32,
+        new.per_order_limit as i32,
+        new.start_at,
+        new.end_at
+    )
+    .fetch_one(db)
     .await
 }
 
-pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Activity>, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities where id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(pool)
-    .await
-}
-
-/// [`get`] inside a transaction (after its fencing update, say).
-pub async fn get_in(
-    conn: &mut sqlx::PgConnection,
-    id: i64,
-) -> Result<Option<Activity>, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities where id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(conn)
+/// The row, from the pool or inside a transaction (after its fencing update, say).
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Activity>, sqlx::Error> {
+    sqlx::query_as!(
+        Activity,
+        "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+         from activities where id = $1",
+        id
+    )
+    .fetch_optional(db)
     .await
 }
 
 /// A page of activities, newest first.
-pub async fn list(pool: &PgPool, limit: i64, offset: i64) -> Result<Vec<Activity>, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities order by id desc limit $1 offset $2"
-    ))
-    .bind(limit)
-    .bind(offset)
-    .fetch_all(pool)
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<Activity>, sqlx::Error> {
+    sqlx::query_as!(
+        Activity,
+        "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+         from activities order by id desc limit $1 offset $2",
+        limit,
+        offset
+    )
+    .fetch_all(db)
     .await
 }
 
 /// Published activities that start within `lead` of `now` and have not ended: what preheat loads.
 pub async fn due_for_preheat(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
     lead: Duration,
 ) -> Result<Vec<Activity>, sqlx::Error> {
     let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
-    sqlx::query_as::<_, Activity>(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities
-         where state = 'published' and start_at <= $1 and end_at > $2 order by start_at"
-    ))
-    .bind(horizon)
-    .bind(now)
-    .fetch_all(pool)
+    sqlx::query_as!(
+        Activity,
+        "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+         from activities
+         where state = 'published' and start_at <= $1 and end_at > $2 order by start_at",
+        horizon,
+        now
+    )
+    .fetch_all(db)
     .await
 }
 
 /// Activities running, or ended within `buffer`: what reconcile checks.
 pub async fn due_for_reconcile(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
     lead: Duration,
     buffer: Duration,
 ) -> Result<Vec<Activity>, sqlx::Error> {
     let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
     let since = now - ChronoDuration::from_std(buffer).unwrap_or(ChronoDuration::hours(2));
-    sqlx::query_as::<_, Activity>(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities
-         where state = 'published' and start_at <= $1 and end_at > $2 order by id"
-    ))
-    .bind(horizon)
-    .bind(since)
-    .fetch_all(pool)
+    sqlx::query_as!(
+        Activity,
+        "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+         from activities
+         where state = 'published' and start_at <= $1 and end_at > $2 order by id",
+        horizon,
+        since
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The conditional stock decrement of an order (or of a batch of them, `units` summed): enough
+/// stock, and the sale not loaded from scratch since the reservations were made (`epoch`, the
+/// load epoch the messages carry; `None` for messages that carry none). Returns the stock left,
+/// or `None` when the row refused (or does not exist).
+pub async fn take_stock(
+    conn: &mut PgConnection,
+    id: i64,
+    units: i64,
+    epoch: Option<i64>,
+) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "update activities set remaining_stock = remaining_stock - $2::bigint, updated_at = now()
+         where id = $1 and remaining_stock >= $2::bigint
+           and ($3::bigint is null or load_epoch = $3)
+         returning remaining_stock",
+        id,
+        units,
+        epoch
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The sale's load epoch (`None`: no such activity).
+pub async fn load_epoch(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("select load_epoch from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Starts a new load epoch (a load from scratch), in the caller's transaction.
+pub async fn bump_load_epoch(conn: &mut PgConnection, id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update activities set load_epoch = load_epoch + 1 where id = $1",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// [`bump_load_epoch`] only while the row still carries fencing token `token` (no newer lock
+/// holder wrote since); returns the row after the bump, `None` when it did not apply.
+pub async fn bump_load_epoch_if_fenced(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    token: i64,
+) -> Result<Option<Activity>, sqlx::Error> {
+    sqlx::query_as!(
+        Activity,
+        "update activities set load_epoch = load_epoch + 1
+         where id = $1 and last_fence_token = $2
+         returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+        id,
+        token
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// The newest fencing token the row accepted (`None`: no such activity).
+pub async fn fence_token(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("select last_fence_token from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// The stock the database has left for the sale (`None`: no such activity).
+pub async fn remaining_stock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::query_scalar!("select remaining_stock from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Total and remaining stock, with the row locked until the caller's transaction ends:
+/// reconcile's stock check, so no order or cancel commits between its reads and its fix.
+pub async fn lock_stock(conn: &mut PgConnection, id: i64) -> Result<(i32, i32), sqlx::Error> {
+    let row = sqlx::query!(
+        "select total_stock, remaining_stock from activities where id = $1 for update",
+        id
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok((row.total_stock, row.remaining_stock))
+}
+
+/// Sets the remaining stock to what the orders say it is (reconcile's repair, in the
+/// transaction of [`lock_stock`]).
+pub async fn set_remaining_stock(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    remaining: i32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update activities set remaining_stock = $2, updated_at = now() where id = $1",
+        id,
+        remaining
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// An admin's merge update of a sale, as the row will hold it.
+#[derive(Clone, Debug)]
+pub struct Change<'a> {
+    pub title: &'a str,
+    pub total_stock: i32,
+    /// What the total changes by; the remaining stock changes by the same.
+    pub stock_delta: i32,
+    pub per_order_limit: i32,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub config_version: i64,
+}
+
+/// Writes an admin change, in the caller's transaction (after the fence).
+pub async fn apply_change(
+    conn: &mut PgConnection,
+    id: i64,
+    c: &Change<'_>,
+) -> Result<Activity, sqlx::Error> {
+    sqlx::query_as!(
+        Activity,
+        "update activities set title = $2, total_stock = $3,
+             remaining_stock = remaining_stock + $4, per_order_limit = $5,
+             start_at = $6, end_at = $7, config_version = $8, updated_at = now()
+         where id = $1
+         returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+        id,
+        c.title,
+        c.total_stock,
+        c.stock_delta,
+        c.per_order_limit,
+        c.start_at,
+        c.end_at,
+        c.config_version
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// One row of `activity_stats`: the numbers reconcile found for a sale on its last run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub participants: i64,
+    pub sold: i64,
+    pub db_remaining: i64,
+    pub redis_stock: Option<i64>,
+    pub pending_qty: i64,
+    pub drift: i64,
+    pub repairs: i64,
+}
+
+/// Upserts the sale's row of `activity_stats`, stamped now.
+pub async fn record_stats(db: impl PgExecutor<'_>, id: i64, s: &Stats) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into activity_stats
+             (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,
+              repairs, checked_at)
+         values ($1, $2, $3, $4, $5, $6, $7, $8, now())
+         on conflict (activity_id) do update set
+             participants = excluded.participants, sold = excluded.sold,
+             db_remaining = excluded.db_remaining, redis_stock = excluded.redis_stock,
+             pending_qty = excluded.pending_qty, drift = excluded.drift,
+             repairs = excluded.repairs, checked_at = excluded.checked_at",
+        id,
+        s.participants,
+        s.sold,
+        s.db_remaining,
+        s.redis_stock,
+        s.pending_qty,
+        s.drift,
+        s.repairs
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The stats row reconcile last wrote for the sale.
+pub async fn stats(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Stats>, sqlx::Error> {
+    sqlx::query_as!(
+        Stats,
+        "select participants, sold, db_remaining, redis_stock, pending_qty, drift, repairs
+         from activity_stats where activity_id = $1",
+        id
+    )
+    .fetch_optional(db)
     .await
 }

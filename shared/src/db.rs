@@ -29,6 +29,14 @@ pub fn connect_lazy(config: &Config) -> anyhow::Result<PgPool> {
         .connect_lazy(&config.database_url)?)
 }
 
+/// One round trip to the database: the health check's question.
+pub async fn ping(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query_scalar!(r#"select 1 as "one!""#)
+        .fetch_one(pool)
+        .await?;
+    Ok(())
+}
+
 /// Applies pending migrations (idempotent).
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     MIGRATOR

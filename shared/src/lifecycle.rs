@@ -36,7 +36,7 @@
 use crate::cache::Redis;
 use crate::error::ApiError;
 use crate::order::{Order, OrderStatus};
-use crate::{order_columns, sale};
+use crate::sale;
 use chrono::{DateTime, Utc};
 use sale::{CancelAttempt, CancelBegin, EntryKind};
 use sqlx::PgPool;
@@ -213,7 +213,8 @@ async fn other_attempt(
 const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the cancel's transaction did.
-enum Committed {
+#[derive(Debug, PartialEq, Eq)]
+pub enum Committed {
     /// This attempt cancelled the order; the quantity went back to the database.
     Cancelled(i64),
     /// The order was not `confirmed` any more, or reconcile aborted this attempt.
@@ -225,7 +226,7 @@ enum Committed {
 /// Step 2: one transaction, conditional on the order being `confirmed`, on this attempt not
 /// being aborted by reconcile, and (when the attempt was announced in Redis) on the sale's load
 /// epoch being the one the announcement saw.
-async fn commit_cancel(
+pub async fn commit_cancel(
     pool: &PgPool,
     order_id: i64,
     cancel_id: Uuid,
@@ -233,29 +234,30 @@ async fn commit_cancel(
     now: DateTime<Utc>,
 ) -> Result<Committed, ApiError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(i32, i64)> = sqlx::query_as(
+    let row = sqlx::query!(
         "update orders set status = 'cancelled', cancel_id = $3, cancelled_at = $2,
              updated_at = $2
          where id = $1 and status = 'confirmed' and not ($3 = any(aborted_cancel_ids))
          returning quantity, activity_id",
+        order_id,
+        now,
+        cancel_id
     )
-    .bind(order_id)
-    .bind(now)
-    .bind(cancel_id)
     .fetch_optional(&mut *tx)
-    .await?;
+    .await?
+    .map(|r| (r.quantity, r.activity_id));
     let Some((quantity, activity_id)) = row else {
         tx.rollback().await?;
         return Ok(Committed::NotConfirmed);
     };
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         "update activities set remaining_stock = remaining_stock + $2, updated_at = $3
          where id = $1 and ($4::bigint is null or load_epoch = $4)",
+        activity_id,
+        quantity,
+        now,
+        epoch
     )
-    .bind(activity_id)
-    .bind(quantity)
-    .bind(now)
-    .bind(epoch)
     .execute(&mut *tx)
     .await?;
     if updated.rows_affected() != 1 {
@@ -274,12 +276,12 @@ pub async fn abort_cancel(
     order_id: i64,
     cancel_id: Uuid,
 ) -> Result<bool, sqlx::Error> {
-    let aborted = sqlx::query(
+    let aborted = sqlx::query!(
         "update orders set aborted_cancel_ids = array_append(aborted_cancel_ids, $2)
          where id = $1 and status = 'confirmed'",
+        order_id,
+        cancel_id
     )
-    .bind(order_id)
-    .bind(cancel_id)
     .execute(pool)
     .await?;
     Ok(aborted.rows_affected() == 1)
@@ -295,14 +297,16 @@ pub async fn pay_order(
     user_id: &str,
     now: DateTime<Utc>,
 ) -> Result<Order, ApiError> {
-    let paid = sqlx::query_as::<_, Order>(concat!(
+    let paid = sqlx::query_as!(
+        Order,
         "update orders set status = 'paid', paid_at = $3, updated_at = $3
-         where id = $1 and user_id = $2 and status = 'confirmed' returning ",
-        order_columns!()
-    ))
-    .bind(order_id)
-    .bind(user_id)
-    .bind(now)
+         where id = $1 and user_id = $2 and status = 'confirmed'
+         returning id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                   created_at, updated_at, paid_at, cancelled_at, cancel_id",
+        order_id,
+        user_id,
+        now
+    )
     .fetch_optional(pool)
     .await?;
     if let Some(order) = paid {

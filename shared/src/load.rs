@@ -80,12 +80,9 @@ pub async fn fence_and_read(
     let mut tx = pool.begin().await?;
     lock::fenced_update(&mut tx, guard.activity_id, guard.token).await?;
     if new_epoch {
-        sqlx::query("update activities set load_epoch = load_epoch + 1 where id = $1")
-            .bind(guard.activity_id)
-            .execute(&mut *tx)
-            .await?;
+        crate::activity::bump_load_epoch(&mut tx, guard.activity_id).await?;
     }
-    let row = crate::activity::get_in(&mut tx, guard.activity_id)
+    let row = crate::activity::get(&mut *tx, guard.activity_id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     tx.commit().await?;
@@ -134,15 +131,8 @@ pub async fn load_after_change(
     guard: &LockGuard,
     buffer: Duration,
 ) -> Result<Option<PreheatOutcome>, LoadError> {
-    let row: Option<Activity> = sqlx::query_as(concat!(
-        "update activities set load_epoch = load_epoch + 1
-         where id = $1 and last_fence_token = $2 returning ",
-        crate::activity_columns!()
-    ))
-    .bind(guard.activity_id)
-    .bind(guard.token)
-    .fetch_optional(pool)
-    .await?;
+    let row =
+        crate::activity::bump_load_epoch_if_fenced(pool, guard.activity_id, guard.token).await?;
     match row {
         Some(row) => Ok(Some(
             load_fenced(redis, pool, &guard.owner, &row, buffer).await?,

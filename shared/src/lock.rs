@@ -146,12 +146,9 @@ pub async fn acquire(
     ttl: Duration,
     wait: Duration,
 ) -> Result<LockGuard, LockError> {
-    let floor: i64 =
-        sqlx::query_scalar::<_, i64>("select last_fence_token from activities where id = $1")
-            .bind(activity_id)
-            .fetch_optional(pool)
-            .await?
-            .unwrap_or(0);
+    let floor: i64 = crate::activity::fence_token(pool, activity_id)
+        .await?
+        .unwrap_or(0);
     let owner = Uuid::new_v4().to_string();
     let keys = redis.keys(activity_id);
     let ttl_ms = ttl.as_millis().max(1) as u64;
@@ -452,22 +449,18 @@ pub async fn fenced_update(
     activity_id: i64,
     token: i64,
 ) -> Result<(), LockError> {
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         "update activities set last_fence_token = $2 where id = $1 and last_fence_token < $2",
+        activity_id,
+        token
     )
-    .bind(activity_id)
-    .bind(token)
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if updated == 1 {
         return Ok(());
     }
-    let seen: Option<i64> =
-        sqlx::query_scalar("select last_fence_token from activities where id = $1")
-            .bind(activity_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let seen = crate::activity::fence_token(&mut *conn, activity_id).await?;
     match seen {
         Some(seen) => {
             tracing::warn!(activity_id, token, seen, "stale fencing token refused");

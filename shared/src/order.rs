@@ -3,7 +3,7 @@
 use crate::queue::OrderMessage;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 /// An order's life: `confirmed` (written by the consumer, awaiting payment) -> `paid`, or
@@ -75,107 +75,266 @@ pub struct Order {
     pub cancel_id: Option<Uuid>,
 }
 
-/// The column list of [`Order`], as a literal so queries stay `&'static str`.
-#[macro_export]
-macro_rules! order_columns {
-    () => {
-        "id, request_id, activity_id, user_id, quantity, status, failure_reason, \
-         created_at, updated_at, paid_at, cancelled_at, cancel_id"
-    };
-}
-
-pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(concat!(
-        "select ",
-        order_columns!(),
-        " from orders where id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(pool)
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where id = $1",
+        id
+    )
+    .fetch_optional(db)
     .await
 }
 
-pub async fn by_request(pool: &PgPool, request_id: Uuid) -> Result<Option<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(concat!(
-        "select ",
-        order_columns!(),
-        " from orders where request_id = $1"
-    ))
-    .bind(request_id)
-    .fetch_optional(pool)
+pub async fn by_request(
+    db: impl PgExecutor<'_>,
+    request_id: Uuid,
+) -> Result<Option<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where request_id = $1",
+        request_id
+    )
+    .fetch_optional(db)
     .await
 }
 
 /// The user's most relevant row for an activity: an active order if there is one, else the
 /// newest cancelled or failed one.
 pub async fn latest_for_user(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     activity_id: i64,
     user_id: &str,
 ) -> Result<Option<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(concat!(
-        "select ",
-        order_columns!(),
-        " from orders where activity_id = $1 and user_id = $2
-         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1"
-    ))
-    .bind(activity_id)
-    .bind(user_id)
-    .fetch_optional(pool)
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where activity_id = $1 and user_id = $2
+         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1",
+        activity_id,
+        user_id
+    )
+    .fetch_optional(db)
     .await
 }
 
-/// Confirmed + paid quantity of an activity (what the database has sold).
-pub async fn sold_quantity(pool: &PgPool, activity_id: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar::<_, i64>(
-        "select coalesce(sum(quantity), 0)::bigint from orders
-         where activity_id = $1 and status in ('confirmed', 'paid')",
+/// Confirmed + paid quantity of an activity (what the database has sold). Reconcile calls it
+/// inside the transaction that holds the activity row lock, so it takes any executor.
+pub async fn sold_quantity(db: impl PgExecutor<'_>, activity_id: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select coalesce(sum(quantity), 0)::bigint as "sold!" from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')"#,
+        activity_id
     )
-    .bind(activity_id)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
+}
+
+/// The consumer's order insert for one message: a `confirmed` row, which is also the claim of
+/// the request (`orders_request_id_key`) and the one-live-order-per-user check
+/// (`orders_one_per_user`); both refuse it as unique violations. Returns the order id.
+pub async fn insert_confirmed(
+    conn: &mut PgConnection,
+    m: &OrderMessage,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values ($1, $2, $3, $4, 'confirmed') returning id",
+        m.request_id,
+        m.activity_id,
+        m.user_id,
+        m.quantity
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// The batch form of [`insert_confirmed`]: one `confirmed` row per (request id, user,
+/// quantity) of one activity, skipping request ids that already have a row (claimed or
+/// decided: the per-message path applies those). Returns the request ids and quantities it
+/// inserted.
+pub async fn insert_confirmed_batch(
+    conn: &mut PgConnection,
+    activity_id: i64,
+    request_ids: &[Uuid],
+    user_ids: &[String],
+    quantities: &[i32],
+) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"insert into orders (request_id, activity_id, user_id, quantity, status)
+         select r, $2, u, q, 'confirmed'
+         from unnest($1::uuid[], $3::text[], $4::int4[]) as t(r, u, q)
+         on conflict (request_id) do nothing
+         returning request_id, quantity"#,
+        request_ids,
+        activity_id,
+        user_ids,
+        quantities
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.request_id, r.quantity))
+        .collect())
 }
 
 /// Records `m` as `failed` with `why`, unless a row with its request id exists. Returns
 /// whether this call inserted it: the claim of [`crate::giveback`].
 pub async fn insert_failed(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     m: &OrderMessage,
     why: &str,
 ) -> Result<bool, sqlx::Error> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
          values ($1, $2, $3, $4, 'failed', $5)
          on conflict (request_id) do nothing",
+        m.request_id,
+        m.activity_id,
+        m.user_id,
+        m.quantity,
+        why
     )
-    .bind(m.request_id)
-    .bind(m.activity_id)
-    .bind(&m.user_id)
-    .bind(m.quantity)
-    .bind(why)
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(inserted.rows_affected() == 1)
 }
 
 /// Rows of the given request ids (any status).
-pub async fn by_requests(pool: &PgPool, request_ids: &[Uuid]) -> Result<Vec<Order>, sqlx::Error> {
-    sqlx::query_as::<_, Order>(concat!(
-        "select ",
-        order_columns!(),
-        " from orders where request_id = any($1)"
-    ))
-    .bind(request_ids)
-    .fetch_all(pool)
+pub async fn by_requests(
+    db: impl PgExecutor<'_>,
+    request_ids: &[Uuid],
+) -> Result<Vec<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where request_id = any($1)",
+        request_ids
+    )
+    .fetch_all(db)
     .await
 }
 
 /// The users holding a live (confirmed or paid) order of an activity.
-pub async fn live_holders(pool: &PgPool, activity_id: i64) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar::<_, String>(
+pub async fn live_holders(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
         "select user_id from orders where activity_id = $1 and status in ('confirmed', 'paid')",
+        activity_id
     )
-    .bind(activity_id)
-    .fetch_all(pool)
+    .fetch_all(db)
+    .await
+}
+
+/// Which of `users` hold a live order of the activity: reconcile's check of the users it
+/// marked as possible orphans.
+pub async fn live_holders_among(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    users: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "select user_id from orders
+         where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
+        activity_id,
+        users
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Up to `limit` orders still `confirmed` (unpaid) that were created before `before`, oldest
+/// first: what the payment timeout releases.
+pub async fn unpaid_before(
+    db: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where status = 'confirmed' and created_at < $1
+         order by created_at limit $2",
+        before,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The cancel ids that committed the cancellation of any of `order_ids`.
+pub async fn committed_cancel_ids(
+    db: impl PgExecutor<'_>,
+    order_ids: &[i64],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select cancel_id as "cancel_id!" from orders
+         where id = any($1) and status = 'cancelled' and cancel_id is not null"#,
+        order_ids
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// What the orders table holds for one sale, counted in one statement (one snapshot): the
+/// demo's, the benchmark's and the tests' read-back of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Rows of any status.
+    pub rows: i64,
+    pub confirmed: i64,
+    pub confirmed_units: i64,
+    /// Confirmed or paid rows, and their units.
+    pub live: i64,
+    pub live_units: i64,
+    pub failed: i64,
+    /// Users holding more than one live order (the one-per-user index makes it 0).
+    pub users_with_two_live: i64,
+}
+
+pub async fn tally(db: impl PgExecutor<'_>, activity_id: i64) -> Result<Tally, sqlx::Error> {
+    sqlx::query_as!(
+        Tally,
+        r#"select
+             count(*) as "rows!",
+             count(*) filter (where status = 'confirmed') as "confirmed!",
+             coalesce(sum(quantity) filter (where status = 'confirmed'), 0)::bigint
+                 as "confirmed_units!",
+             count(*) filter (where status in ('confirmed', 'paid')) as "live!",
+             coalesce(sum(quantity) filter (where status in ('confirmed', 'paid')), 0)::bigint
+                 as "live_units!",
+             count(*) filter (where status = 'failed') as "failed!",
+             (select count(*) from (select user_id from orders
+                where activity_id = $1 and status in ('confirmed', 'paid')
+                group by user_id having count(*) > 1) d) as "users_with_two_live!"
+           from orders where activity_id = $1"#,
+        activity_id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Every row of a sale (any status), oldest first: the tests' and the chaos checks' view.
+pub async fn of_activity(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<Order>, sqlx::Error> {
+    sqlx::query_as!(
+        Order,
+        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id
+         from orders where activity_id = $1 order by id",
+        activity_id
+    )
+    .fetch_all(db)
     .await
 }

@@ -2,6 +2,8 @@
 //! real PostgreSQL: a paused holder fenced out, a wiped token counter, concurrent admins,
 //! owner-checked release, renewals, live stock changes during a sale, and bad input.
 
+mod common;
+
 use admin::{router, update_activity, update_with_guard, AdminState};
 use axum::http::StatusCode;
 use axum::Router;
@@ -19,6 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
+use common::{redis_stock, set_db_stock};
+
 const ADMIN: (&str, &str) = ("ops", "seckill:admin");
 const USER: (&str, &str) = ("alice", "");
 
@@ -33,10 +37,6 @@ async fn setup(kind: RedisKind, lock_ttl_ms: u64, lock_wait_ms: u64) -> (TestEnv
 
 async fn db_activity(env: &TestEnv, id: i64) -> Activity {
     activity::get(&env.pool, id).await.unwrap().unwrap()
-}
-
-async fn redis_stock(env: &TestEnv, id: i64) -> Option<i64> {
-    sale::stock(&env.redis, id).await.unwrap()
 }
 
 async fn lock_value(env: &TestEnv, id: i64) -> Option<String> {
@@ -434,11 +434,7 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind)
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let id = created["id"].as_i64().unwrap();
-    sqlx::query("update activities set remaining_stock = 4 where id = $1")
-        .bind(id)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    set_db_stock(&env, id, 4).await;
 
     let err = update_activity(&state, id, &patch(json!({"totalStock": 5})))
         .await

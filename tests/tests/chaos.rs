@@ -1515,24 +1515,18 @@ impl Chaos {
     }
 
     async fn rows(&self, id: i64) -> anyhow::Result<HashMap<Uuid, Row>> {
-        let raw: Vec<(i64, Uuid, String, i32, String, Option<String>)> = sqlx::query_as(
-            "select id, request_id, user_id, quantity, status, failure_reason
-             from orders where activity_id = $1",
-        )
-        .bind(id)
-        .fetch_all(&self.env.pool)
-        .await?;
-        Ok(raw
+        Ok(order::of_activity(&self.env.pool, id)
+            .await?
             .into_iter()
-            .map(|(id, request_id, user_id, quantity, status, reason)| {
+            .map(|o| {
                 let row = Row {
-                    id,
-                    user_id,
-                    quantity: i64::from(quantity),
-                    status,
-                    reason,
+                    id: o.id,
+                    user_id: o.user_id,
+                    quantity: i64::from(o.quantity),
+                    status: o.status,
+                    reason: o.failure_reason,
                 };
-                (request_id, row)
+                (o.request_id, row)
             })
             .collect())
     }

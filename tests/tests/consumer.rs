@@ -6,20 +6,24 @@
 //! really travel through an emulator queue (receive, `handle_batch`, delete what was acked:
 //! what the Lambda event source mapping does).
 
+mod common;
+
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::{Consumer, Outcome, Processed};
 use seckill_shared::activity::Activity;
 use seckill_shared::giveback;
-use seckill_shared::order::reason;
+use seckill_shared::order::{self, reason};
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Reservation, Snapshot};
+use seckill_shared::sale::{self, Reservation};
 use seckill_shared::testing::{self, RedisKind, TestEnv};
 use seckill_shared::Deps;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
+
+use common::{consumer, db_remaining, is_participant, order_rows, reserve, set_db_stock, snapshot};
 
 const FIXTURE: &str = include_str!("../../events/order-consumer-batch.json");
 
@@ -67,56 +71,6 @@ fn no_compensation(outcome: Outcome) -> Processed {
     }
 }
 
-fn consumer(env: &TestEnv) -> Consumer {
-    Consumer::new(env.deps())
-}
-
-/// Makes a reservation the way the entry function does and returns the message it would send.
-async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> OrderMessage {
-    let request_id = Uuid::new_v4();
-    let decision = sale::purchase(
-        &env.redis,
-        activity_id,
-        user,
-        quantity.into(),
-        request_id,
-        sale::far_deadline(),
-    )
-    .await
-    .expect("redis answers");
-    let Ok(Reservation { now_ms, epoch, .. }) = decision else {
-        panic!("reservation for {user} refused: {decision:?}");
-    };
-    OrderMessage {
-        request_id,
-        activity_id,
-        user_id: user.to_string(),
-        quantity,
-        reserved_at_ms: now_ms,
-        load_epoch: Some(epoch),
-    }
-}
-
-async fn snapshot(env: &TestEnv, activity_id: i64) -> Snapshot {
-    sale::snapshot(&env.redis, activity_id).await.unwrap()
-}
-
-async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool {
-    let k = env.redis.keys(activity_id);
-    env.redis
-        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
-        .await
-        .unwrap()
-}
-
-async fn db_remaining(pool: &PgPool, activity_id: i64) -> i32 {
-    sqlx::query_scalar("select remaining_stock from activities where id = $1")
-        .bind(activity_id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Row {
     id: i64,
@@ -127,23 +81,17 @@ struct Row {
     reason: Option<String>,
 }
 
-async fn rows(pool: &PgPool, activity_id: i64) -> Vec<Row> {
-    let raw: Vec<(i64, Uuid, String, i32, String, Option<String>)> = sqlx::query_as(
-        "select id, request_id, user_id, quantity, status, failure_reason
-         from orders where activity_id = $1 order by id",
-    )
-    .bind(activity_id)
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    raw.into_iter()
-        .map(|(id, request_id, user_id, quantity, status, reason)| Row {
-            id,
-            request_id,
-            user_id,
-            quantity,
-            status,
-            reason,
+async fn rows(env: &TestEnv, activity_id: i64) -> Vec<Row> {
+    order_rows(env, activity_id)
+        .await
+        .into_iter()
+        .map(|o| Row {
+            id: o.id,
+            request_id: o.request_id,
+            user_id: o.user_id,
+            quantity: o.quantity,
+            status: o.status,
+            reason: o.failure_reason,
         })
         .collect()
 }
@@ -257,7 +205,7 @@ async fn batch_of_reservations_becomes_confirmed_orders() {
     let resp = consumer(&env).handle_batch(event_of(&messages)).await;
 
     assert!(resp.batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(count_status(&rows, "confirmed"), 10);
     let units: i32 = messages.iter().map(|m| m.quantity).sum();
     assert_eq!(rows.iter().map(|r| r.quantity).sum::<i32>(), units);
@@ -266,7 +214,7 @@ async fn batch_of_reservations_becomes_confirmed_orders() {
             && r.user_id == m.user_id
             && r.quantity == m.quantity));
     }
-    assert_eq!(db_remaining(&env.pool, a.id).await, 100 - units);
+    assert_eq!(db_remaining(&env, a.id).await, 100 - units);
     let after = snapshot(&env, a.id).await;
     assert!(
         after.ledger.is_empty(),
@@ -299,8 +247,8 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
     .await;
 
     assert_eq!(acked, 5);
-    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 5);
-    assert_eq!(db_remaining(&env.pool, a.id).await, 5);
+    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 5);
+    assert_eq!(db_remaining(&env, a.id).await, 5);
     let snap = snapshot(&env, a.id).await;
     assert!(snap.ledger.is_empty());
     assert_eq!(snap.stock, Some(5));
@@ -326,10 +274,10 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation() {
     assert_eq!(first, no_compensation(Outcome::Committed));
     assert_eq!(second, no_compensation(Outcome::Duplicate));
     assert!(third.batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, "confirmed");
-    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    assert_eq!(db_remaining(&env, a.id).await, 9);
     assert_eq!(snapshot(&env, a.id).await, after_first);
     assert_eq!(after_first.stock, Some(9));
     assert!(is_participant(&env, a.id, "alice").await);
@@ -353,10 +301,10 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation()
     for r in [r1, r2, r3] {
         assert!(r.batch_item_failures.is_empty());
     }
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(count_status(&rows, "confirmed"), 2);
-    assert_eq!(db_remaining(&env.pool, a.id).await, 8);
+    assert_eq!(db_remaining(&env, a.id).await, 8);
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(8), "no unit handed back");
     assert_eq!(snap.participants, 2);
@@ -420,10 +368,10 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() {
 
     assert!(first.await.unwrap().batch_item_failures.is_empty());
     assert!(second.await.unwrap().batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].status, "confirmed");
-    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    assert_eq!(db_remaining(&env, a.id).await, 9);
     let after = snapshot(&env, a.id).await;
     assert_eq!(after.stock, before.stock, "no compensation");
     assert_eq!(after.participants, 1);
@@ -462,7 +410,7 @@ async fn poison_message_is_reported_alone_and_the_others_commit() {
         .map(|r| r.message_id.clone().unwrap())
         .collect();
     assert_eq!(failed_ids(&resp), expected);
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 3);
     assert_eq!(count_status(&rows, "confirmed"), 3);
     assert!(snapshot(&env, a.id).await.ledger.is_empty());
@@ -516,7 +464,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() {
     assert_eq!(acked, 2);
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].body(), Some("{\"poison\": true"));
-    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 2);
+    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
     assert!(queue_is_empty(&env.sqs, &url).await);
 }
 
@@ -546,14 +494,14 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() {
         .collect();
     assert_eq!(failed_ids(&resp), all);
     assert_eq!(snapshot(&env, a.id).await, before, "Redis untouched");
-    assert!(rows(&env.pool, a.id).await.is_empty());
+    assert!(rows(&env, a.id).await.is_empty());
 
     // The database is back: the redelivered batch commits.
     let resp = consumer(&env).handle_batch(batch).await;
 
     assert!(resp.batch_item_failures.is_empty());
-    assert_eq!(count_status(&rows(&env.pool, a.id).await, "confirmed"), 2);
-    assert_eq!(db_remaining(&env.pool, a.id).await, 8);
+    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
+    assert_eq!(db_remaining(&env, a.id).await, 8);
     let after = snapshot(&env, a.id).await;
     assert_eq!(after.stock, before.stock);
     assert!(after.ledger.is_empty());
@@ -573,24 +521,20 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
         reserve(&env, a.id, "cat", 1).await,
     ];
     // Redis drifted: it believes in 5 units, the database has 1 left.
-    sqlx::query("update activities set remaining_stock = 1 where id = $1")
-        .bind(a.id)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    set_db_stock(&env, a.id, 1).await;
     let c = consumer(&env);
 
     let resp = c.handle_batch(event_of(&messages)).await;
 
     assert!(resp.batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(count_status(&rows, "confirmed"), 1);
     let failed: Vec<&Row> = rows.iter().filter(|r| r.status == "failed").collect();
     assert_eq!(failed.len(), 2);
     assert!(failed
         .iter()
         .all(|r| r.reason.as_deref() == Some(reason::SOLD_OUT)));
-    assert_eq!(db_remaining(&env.pool, a.id).await, 0);
+    assert_eq!(db_remaining(&env, a.id).await, 0);
     let winner = &rows
         .iter()
         .find(|r| r.status == "confirmed")
@@ -613,7 +557,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
 
     assert!(again.batch_item_failures.is_empty());
     assert_eq!(snapshot(&env, a.id).await, snap);
-    assert_eq!(rows_len(&env.pool, a.id).await, 3);
+    assert_eq!(rows_len(&env, a.id).await, 3);
     for m in &messages {
         assert_eq!(
             c.handle_message(m).await.unwrap(),
@@ -622,8 +566,8 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
     }
 }
 
-async fn rows_len(pool: &PgPool, activity_id: i64) -> usize {
-    rows(pool, activity_id).await.len()
+async fn rows_len(env: &TestEnv, activity_id: i64) -> usize {
+    rows(env, activity_id).await.len()
 }
 
 #[tokio::test]
@@ -636,7 +580,7 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
         c.handle_message(&first).await.unwrap().outcome,
         Outcome::Committed
     );
-    let existing = rows(&env.pool, a.id).await;
+    let existing = rows(&env, a.id).await;
     // Redis lost its user set (failover without persistence): alice can reserve again.
     let k = env.redis.keys(a.id);
     let _: i64 = env
@@ -652,13 +596,13 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
         .await;
 
     assert!(resp.batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0], existing[0], "the existing order is untouched");
     assert_eq!(rows[1].request_id, second.request_id);
     assert_eq!(rows[1].status, "failed");
     assert_eq!(rows[1].reason.as_deref(), Some(reason::ALREADY_PURCHASED));
-    assert_eq!(db_remaining(&env.pool, a.id).await, 9);
+    assert_eq!(db_remaining(&env, a.id).await, 9);
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(9), "the second unit is back");
     assert!(
@@ -694,11 +638,11 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
         .await;
 
     assert!(resp.batch_item_failures.is_empty());
-    let rows = rows(&env.pool, a.id).await;
+    let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, "failed");
     assert_eq!(rows[0].reason.as_deref(), Some(reason::RESERVATION_EXPIRED));
-    assert_eq!(db_remaining(&env.pool, a.id).await, 10);
+    assert_eq!(db_remaining(&env, a.id).await, 10);
     assert_eq!(snapshot(&env, a.id).await, before);
     assert_eq!(
         consumer(&env).handle_message(&m).await.unwrap(),
@@ -765,26 +709,12 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
     .await;
 
     assert_eq!(acked, accepted);
-    let sold: i64 = sqlx::query_scalar(
-        "select coalesce(sum(quantity), 0)::bigint from orders
-         where activity_id = $1 and status = 'confirmed'",
-    )
-    .bind(a.id)
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
+    let tally = order::tally(&env.pool, a.id).await.unwrap();
+    let sold = tally.confirmed_units;
     assert_eq!(sold, STOCK);
-    let twice: i64 = sqlx::query_scalar(
-        "select count(*) from (select user_id from orders
-         where activity_id = $1 and status in ('confirmed', 'paid')
-         group by user_id having count(*) > 1) t",
-    )
-    .bind(a.id)
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
+    let twice = tally.users_with_two_live;
     assert_eq!(twice, 0, "no user twice");
-    assert_eq!(db_remaining(&env.pool, a.id).await, 0);
+    assert_eq!(db_remaining(&env, a.id).await, 0);
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(0));
     assert!(snap.ledger.is_empty());
@@ -819,7 +749,7 @@ struct Final {
 }
 
 async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
-    let mut rows: Vec<_> = rows(&env.pool, activity_id)
+    let mut rows: Vec<_> = rows(env, activity_id)
         .await
         .into_iter()
         .map(|r| (r.user_id, r.quantity, r.status, r.reason))
@@ -828,7 +758,7 @@ async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
     let snap = snapshot(env, activity_id).await;
     Final {
         rows,
-        db_remaining: db_remaining(&env.pool, activity_id).await,
+        db_remaining: db_remaining(env, activity_id).await,
         redis_stock: snap.stock,
         participants: snap.participants,
         pending: snap.ledger.len(),
@@ -905,11 +835,7 @@ async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStat
     for i in 0..6 {
         messages.push(reserve(&env, a.id, &format!("s{i}"), 1).await);
     }
-    sqlx::query("update activities set remaining_stock = 4 where id = $1")
-        .bind(a.id)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    set_db_stock(&env, a.id, 4).await;
     let c = consumer(&env).with_batch_writes(batch_writes);
 
     let (resp, stats) = c.handle_batch_with_stats(event_of(&messages)).await;
@@ -1052,7 +978,7 @@ async fn batch_path_throughput_against_per_message_baseline() {
             .sum();
         let rate = ORDERS as f64 / start.elapsed().as_secs_f64();
         assert_eq!(failures, 0);
-        assert_eq!(db_remaining(&env.pool, a.id).await, 0);
+        assert_eq!(db_remaining(&env, a.id).await, 0);
         println!("batch_writes={batch_writes}: {rate:.0} orders/s");
         rates.push(rate);
     }

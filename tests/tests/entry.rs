@@ -2,16 +2,17 @@
 //! cluster), real PostgreSQL and the SQS emulator: concurrency, failure of each dependency,
 //! the sold-out cache, and every kind of bad input.
 
+mod common;
+
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
-use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, EntryKind, Reservation, Snapshot};
+use seckill_shared::sale::{self, EntryKind, Reservation};
 use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -20,13 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-fn entry(env: &TestEnv) -> Router {
-    entry_with_queue(env, env.queue.clone())
-}
-
-fn entry_with_queue(env: &TestEnv, queue: OrderQueue) -> Router {
-    router(EntryState::new(env.deps(), queue))
-}
+use common::{
+    consume, db_remaining, entry_router, entry_router_with_queue, orders_in_db, snapshot,
+};
 
 fn orders_path(a: &Activity) -> String {
     format!("/activities/{}/orders", a.id)
@@ -38,25 +35,6 @@ async fn buy(app: &Router, a: &Activity, user: &str, body: Option<&str>) -> (Sta
         request("POST", &orders_path(a), Some((user, "")), body),
     )
     .await
-}
-
-async fn snapshot(env: &TestEnv, a: &Activity) -> Snapshot {
-    sale::snapshot(&env.redis, a.id).await.unwrap()
-}
-
-async fn orders_in_db(env: &TestEnv) -> i64 {
-    sqlx::query_scalar::<_, i64>("select count(*) from orders")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap()
-}
-
-async fn db_remaining(env: &TestEnv, a: &Activity) -> i32 {
-    activity::get(&env.pool, a.id)
-        .await
-        .unwrap()
-        .unwrap()
-        .remaining_stock
 }
 
 fn messages(raw: &[aws_sdk_sqs::types::Message]) -> Vec<OrderMessage> {
@@ -81,7 +59,7 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind)
     .expect("one script, one hash tag: no CROSSSLOT");
 
     assert!(matches!(decision, Ok(Reservation { stock_left: 3, .. })));
-    let snap = snapshot(&env, &a).await;
+    let snap = snapshot(&env, a.id).await;
     assert_eq!((snap.stock, snap.participants), (Some(3), 1));
     assert_eq!(snap.pending_quantity(), 2);
 }
@@ -90,7 +68,7 @@ on_both_redis!(purchase_script_runs_on_any_topology_without_crossslot);
 async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(50, 1).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
 
     let results = futures::future::join_all((0..500).map(|i| {
         let (app, a) = (app.clone(), a.clone());
@@ -110,7 +88,7 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind:
     assert_eq!(accepted.len(), 50);
     let users: HashSet<_> = accepted.iter().map(|(u, _, _)| u.clone()).collect();
     assert_eq!(users.len(), 50, "no user twice");
-    let snap = snapshot(&env, &a).await;
+    let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(0));
     assert_eq!(snap.pending_count(), 50);
     let ledger_users: HashSet<_> = snap.ledger.iter().map(|e| e.user_id.clone()).collect();
@@ -131,7 +109,7 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
 ) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(100, 1).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
     let done = Arc::new(AtomicBool::new(false));
     let lowest = Arc::new(AtomicI64::new(i64::MAX));
     let sampler = {
@@ -187,7 +165,7 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
         lowest.load(Ordering::Relaxed) >= 0,
         "Redis stock went below 0"
     );
-    let snap = snapshot(&env, &a).await;
+    let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(0));
     // Conservation with nothing consumed yet: stock + pending = total.
     assert_eq!(snap.stock.unwrap() + snap.pending_quantity(), 100);
@@ -200,7 +178,7 @@ on_both_redis!(
 async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(10, 1).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
 
     let results = futures::future::join_all((0..100).map(|_| {
         let (app, a) = (app.clone(), a.clone());
@@ -218,7 +196,7 @@ async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: Re
         .iter()
         .filter(|(s, _)| *s != StatusCode::ACCEPTED)
         .all(|(s, b)| *s == StatusCode::CONFLICT && b["error"] == "already_purchased"));
-    assert_eq!(snapshot(&env, &a).await.stock, Some(9));
+    assert_eq!(snapshot(&env, a.id).await.stock, Some(9));
 }
 on_both_redis!(one_user_sending_100_requests_in_parallel_gets_exactly_one_202);
 
@@ -240,7 +218,7 @@ fn dead_queue(env: &TestEnv) -> OrderQueue {
 async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
-    let broken = entry_with_queue(&env, dead_queue(&env));
+    let broken = entry_router_with_queue(&env, dead_queue(&env));
 
     let started = Instant::now();
     let (status, body) = buy(&broken, &a, "alice", Some(r#"{"quantity":2}"#)).await;
@@ -248,18 +226,18 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) 
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"], "unavailable");
     assert!(started.elapsed() < Duration::from_secs(5));
-    let snap = snapshot(&env, &a).await;
+    let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(5), "stock given back");
     assert_eq!(snap.participants, 0, "quota given back");
     assert!(snap.ledger.is_empty());
 
-    let (status, body) = buy(&entry(&env), &a, "alice", Some(r#"{"quantity":2}"#)).await;
+    let (status, body) = buy(&entry_router(&env), &a, "alice", Some(r#"{"quantity":2}"#)).await;
     assert_eq!(
         status,
         StatusCode::ACCEPTED,
         "the same user buys later: {body}"
     );
-    assert_eq!(snapshot(&env, &a).await.stock, Some(3));
+    assert_eq!(snapshot(&env, a.id).await.stock, Some(3));
 }
 on_both_redis!(dead_queue_answers_503_and_gives_stock_and_quota_back);
 
@@ -284,7 +262,7 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind
     assert_eq!(reservation.request_id(), Some(request_id));
     assert!(reservation.at_ms > 0);
     let (status, me) = call(
-        &entry(&env),
+        &entry_router(&env),
         request(
             "GET",
             &format!("/activities/{}/orders/me", a.id),
@@ -308,7 +286,7 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() {
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
     let a = env.open_sale(5, 1).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
 
     private.signal("-STOP");
     let started = Instant::now();
@@ -350,13 +328,13 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
     let ttl = Duration::from_millis(1500);
     let env = private.env(Duration::from_secs(2), ttl).await;
     let a = env.open_sale(1, 1).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
     let (status, accepted) = buy(&app, &a, "winner", None).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let sold_at = Instant::now();
     // The consumer's part, by hand: a confirmed order, DB stock down, ledger entry settled.
     let request_id: Uuid = accepted["requestId"].as_str().unwrap().parse().unwrap();
-    let order_id = confirm(&env, &a, "winner", request_id, 1).await;
+    let order_id = consume(&env, a.id, "winner", request_id, 1).await.unwrap();
 
     let before = private.commands_served().await;
     for i in 0..20 {
@@ -393,42 +371,12 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
     );
 }
 
-/// What the order consumer does for an accepted request: the order row, DB stock down, and
-/// the ledger entry dropped after commit.
-async fn confirm(env: &TestEnv, a: &Activity, user: &str, request_id: Uuid, qty: i32) -> i64 {
-    let mut tx = env.pool.begin().await.unwrap();
-    let id: i64 = sqlx::query_scalar(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         values ($1, $2, $3, $4, 'confirmed') returning id",
-    )
-    .bind(request_id)
-    .bind(a.id)
-    .bind(user)
-    .bind(qty)
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    sqlx::query("update activities set remaining_stock = remaining_stock - $2 where id = $1")
-        .bind(a.id)
-        .bind(qty)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert!(
-        sale::settle(&env.redis, a.id, user, &request_id.to_string())
-            .await
-            .unwrap()
-    );
-    id
-}
-
 async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
 
     let (status, body) = buy(
-        &entry(&env),
+        &entry_router(&env),
         &a,
         "alice",
         Some(r#"{"quantity":1,"userId":"mallory"}"#),
@@ -436,7 +384,7 @@ async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) 
     .await;
 
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let snap = snapshot(&env, &a).await;
+    let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.ledger.len(), 1);
     assert_eq!(snap.ledger[0].user_id, "alice");
 }
@@ -455,7 +403,7 @@ type BadInput<'a> = (
 async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(10, 5).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
     let orders = orders_path(&a);
     let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
     let user = Some(("alice", ""));
@@ -496,7 +444,7 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: Redis
         ("POST", "/orders/1/pay".into(), None, None, 401, "unauthorized"),
         ("GET", "/no/such/route".into(), None, None, 404, "not_found"),
     ];
-    let redis_before = snapshot(&env, &a).await;
+    let redis_before = snapshot(&env, a.id).await;
 
     for (method, path, who, body, want_status, want_code) in cases {
         let (status, json) = call(&app, request(method, &path, who, body)).await;
@@ -516,9 +464,9 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: Redis
         );
     }
 
-    assert_eq!(snapshot(&env, &a).await, redis_before, "Redis unchanged");
+    assert_eq!(snapshot(&env, a.id).await, redis_before, "Redis unchanged");
     assert_eq!(orders_in_db(&env).await, 0, "no order written");
-    assert_eq!(db_remaining(&env, &a).await, 10, "DB stock unchanged");
+    assert_eq!(db_remaining(&env, a.id).await, 10, "DB stock unchanged");
     assert!(
         env.drain_messages(10).await.unwrap().is_empty(),
         "nothing sent"
@@ -531,7 +479,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) {
     let now = chrono::Utc::now();
     let hour = chrono::Duration::hours(1);
     let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
 
     let (status, body) = buy(&app, &upcoming, "alice", None).await;
     assert_eq!(
@@ -566,7 +514,7 @@ on_both_redis!(refusals_of_the_window_map_to_their_409s);
 async fn public_view_shows_live_stock_from_redis(kind: RedisKind) {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(7, 2).await.unwrap();
-    let app = entry(&env);
+    let app = entry_router(&env);
     assert_eq!(
         buy(&app, &a, "alice", Some(r#"{"quantity":2}"#)).await.0,
         StatusCode::ACCEPTED

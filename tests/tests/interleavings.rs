@@ -7,9 +7,11 @@
 //! nothing was sold, and Redis stock written from outside the purchase and give-back scripts
 //! never erases a move it did not see.
 
+mod common;
+
 use axum::http::StatusCode;
 use axum::Router;
-use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use chrono::{Duration as ChronoDuration, Utc};
 use order_consumer::{Consumer, Outcome};
 use preheat::Preheat;
 use reconcile::Reconcile;
@@ -69,7 +71,7 @@ async fn world(kind: RedisKind, stock: i64) -> anyhow::Result<World> {
 
 impl World {
     fn new(env: TestEnv, sale: Activity) -> Self {
-        let app = router(EntryState::new(env.deps(), env.queue.clone()));
+        let app = common::entry_router(&env);
         Self { env, app, sale }
     }
 
@@ -78,15 +80,15 @@ impl World {
     }
 
     fn consumer(&self) -> Consumer {
-        Consumer::new(self.env.deps())
+        common::consumer(&self.env)
     }
 
     fn reconcile(&self) -> Reconcile {
-        Reconcile::new(self.env.deps())
+        common::reconcile(&self.env)
     }
 
     fn preheat(&self) -> Preheat {
-        Preheat::new(self.env.deps())
+        common::preheat(&self.env)
     }
 
     fn admin(&self) -> admin::AdminState {
@@ -170,12 +172,7 @@ impl World {
 
     /// Users holding a live (confirmed or paid) order.
     async fn holders(&self) -> anyhow::Result<BTreeSet<String>> {
-        let users: Vec<String> = sqlx::query_scalar(
-            "select user_id from orders where activity_id = $1 and status in ('confirmed', 'paid')",
-        )
-        .bind(self.id())
-        .fetch_all(&self.env.pool)
-        .await?;
+        let users = order::live_holders(&self.env.pool, self.id()).await?;
         Ok(users.into_iter().collect())
     }
 
@@ -276,11 +273,6 @@ fn verdict(violations: Vec<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A moment past the reconcile grace of everything done so far.
-fn after_grace() -> DateTime<Utc> {
-    Utc::now() + ChronoDuration::from_std(GRACE).unwrap() + ChronoDuration::seconds(1)
-}
-
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
     tokio::time::timeout(Duration::from_secs(20), fut)
         .await
@@ -348,7 +340,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
     let paused = pause::arm("cancel.after_begin", w.id());
     let b = w.spawn_cancel(&bought);
     within("canceller B announcing", paused.reached()).await?;
-    w.reconcile().run(after_grace()).await?;
+    w.reconcile().run(common::after_grace(GRACE)).await?;
     paused.resume();
     let outcome = within("canceller B", b).await?;
     w.assert_conserved().await?;
@@ -476,7 +468,7 @@ async fn reconcile_giving_back_a_late_reservation_beats_the_late_consumer(
     let m = message.clone();
     let late = tokio::spawn(async move { consumer.handle_message(&m).await });
     within("the consumer's checks", paused.reached()).await?;
-    let report = w.reconcile().run(after_grace()).await?;
+    let report = w.reconcile().run(common::after_grace(GRACE)).await?;
     paused.resume();
     let processed = joined("the consumer", late).await?;
 
@@ -500,10 +492,7 @@ async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
     assert_eq!(status, StatusCode::ACCEPTED);
     let message = w.messages().await?.pop().expect("alice's message");
     // The database has no stock left for alice (as after an admin lower in between).
-    sqlx::query("update activities set remaining_stock = 0 where id = $1")
-        .bind(w.id())
-        .execute(&w.env.pool)
-        .await?;
+    common::set_db_stock(&w.env, w.id(), 0).await;
 
     let second_paused = pause::arm("consumer.before_write", w.id());
     let consumer = w.consumer();
@@ -931,7 +920,7 @@ async fn a_slow_cancel_is_aborted_before_reconcile_drops_its_entry(
     let paused = pause::arm("cancel.after_begin", w.id());
     let a = w.spawn_cancel(&bought);
     within("canceller A announcing", paused.reached()).await?;
-    let report = w.reconcile().run(after_grace()).await?;
+    let report = w.reconcile().run(common::after_grace(GRACE)).await?;
     let r = report.activity(w.id()).expect("reconciled");
     assert_eq!(
         r.settled, 1,

@@ -4,10 +4,12 @@
 //! Each scenario runs on standalone Redis and on the cluster (`<name>::standalone`,
 //! `<name>::cluster`). Time-dependent steps pass a `now` in the future instead of sleeping.
 
+mod common;
+
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use preheat::Preheat;
-use reconcile::{Reconcile, StockCheck};
+use reconcile::StockCheck;
 use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::lifecycle;
 use seckill_shared::on_both_redis;
 use seckill_shared::order;
 use seckill_shared::sale::{self, CancelAttempt, CancelBegin, Reservation};
@@ -17,6 +19,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
+
+use common::{
+    after_grace, commit_order, consume, db_remaining, is_participant, preheat, reconcile,
+    redis_stock, reserve, set_db_stock,
+};
 
 on_both_redis!(
     preheat_twice_leaves_a_loaded_sale_unchanged,
@@ -42,19 +49,6 @@ async fn env(kind: RedisKind) -> anyhow::Result<TestEnv> {
     Ok(env)
 }
 
-fn reconcile(env: &TestEnv) -> Reconcile {
-    Reconcile::new(env.deps())
-}
-
-fn preheat(env: &TestEnv) -> Preheat {
-    Preheat::new(env.deps())
-}
-
-/// A moment past the reconcile grace period of anything done before now.
-fn after_grace() -> DateTime<Utc> {
-    Utc::now() + ChronoDuration::from_std(GRACE).unwrap() + ChronoDuration::seconds(1)
-}
-
 /// An activity in the database only (not preheated).
 async fn insert_activity(
     env: &TestEnv,
@@ -75,87 +69,6 @@ async fn insert_activity(
     .await?)
 }
 
-/// A purchase the script must accept. Returns its request id.
-async fn buy(env: &TestEnv, activity_id: i64, user: &str, qty: i64) -> anyhow::Result<Uuid> {
-    let request_id = Uuid::new_v4();
-    let decision = sale::purchase(
-        &env.redis,
-        activity_id,
-        user,
-        qty,
-        request_id,
-        sale::far_deadline(),
-    )
-    .await?;
-    assert!(decision.is_ok(), "{user}: {decision:?}");
-    Ok(request_id)
-}
-
-/// What the consumer's transaction does: the order row and the DB stock decrement. Returns the
-/// order id. The ledger entry is left alone (as if the consumer crashed before settling).
-async fn commit_order(
-    env: &TestEnv,
-    activity_id: i64,
-    user: &str,
-    request_id: Uuid,
-    qty: i64,
-) -> anyhow::Result<i64> {
-    let mut tx = env.pool.begin().await?;
-    let order_id: i64 = sqlx::query_scalar(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         values ($1, $2, $3, $4, 'confirmed') returning id",
-    )
-    .bind(request_id)
-    .bind(activity_id)
-    .bind(user)
-    .bind(qty as i32)
-    .fetch_one(&mut *tx)
-    .await?;
-    let updated = sqlx::query(
-        "update activities set remaining_stock = remaining_stock - $2
-         where id = $1 and remaining_stock >= $2",
-    )
-    .bind(activity_id)
-    .bind(qty as i32)
-    .execute(&mut *tx)
-    .await?;
-    anyhow::ensure!(updated.rows_affected() == 1, "DB sold out");
-    tx.commit().await?;
-    Ok(order_id)
-}
-
-/// The consumer's whole happy path: commit, then drop the ledger entry.
-async fn consume(
-    env: &TestEnv,
-    activity_id: i64,
-    user: &str,
-    request_id: Uuid,
-    qty: i64,
-) -> anyhow::Result<i64> {
-    let order_id = commit_order(env, activity_id, user, request_id, qty).await?;
-    assert!(sale::settle(&env.redis, activity_id, user, &request_id.to_string()).await?);
-    Ok(order_id)
-}
-
-async fn redis_stock(env: &TestEnv, activity_id: i64) -> anyhow::Result<Option<i64>> {
-    Ok(sale::stock(&env.redis, activity_id).await?)
-}
-
-async fn is_member(env: &TestEnv, activity_id: i64, user: &str) -> anyhow::Result<bool> {
-    let k = env.redis.keys(activity_id);
-    Ok(env
-        .redis
-        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
-        .await?)
-}
-
-async fn db_remaining(env: &TestEnv, activity_id: i64) -> anyhow::Result<i64> {
-    let a = activity::get(&env.pool, activity_id)
-        .await?
-        .expect("exists");
-    Ok(i64::from(a.remaining_stock))
-}
-
 // ---------------------------------------------------------------------------------------------
 // preheat
 
@@ -173,15 +86,15 @@ async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow
 
     let first = job.run(Utc::now()).await?;
     assert_eq!(first.loaded_ids, vec![a.id]);
-    buy(&env, a.id, "alice", 3).await?;
+    reserve(&env, a.id, "alice", 3).await;
 
     let second = job.run(Utc::now()).await?;
     assert_eq!(second.loaded, 0);
     assert_eq!(second.already_loaded_ids, vec![a.id]);
     assert!(second.errors.is_empty());
     // The database still says 20 (no consumer ran): a reset would have put 20 back.
-    assert_eq!(redis_stock(&env, a.id).await?, Some(17));
-    assert!(is_member(&env, a.id, "alice").await?);
+    assert_eq!(redis_stock(&env, a.id).await, Some(17));
+    assert!(is_participant(&env, a.id, "alice").await);
     Ok(())
 }
 
@@ -244,7 +157,7 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
 
     assert!(runs >= 2, "preheat ran {runs} times");
     assert_eq!(accepted, 200);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(300 - accepted));
+    assert_eq!(redis_stock(&env, a.id).await, Some(300 - accepted));
     Ok(())
 }
 
@@ -277,9 +190,9 @@ async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> a
 
     assert_eq!(report.loaded_ids, vec![running.id, soon.id]);
     assert!(!report.already_loaded_ids.contains(&later.id));
-    assert_eq!(redis_stock(&env, running.id).await?, Some(10));
-    assert_eq!(redis_stock(&env, soon.id).await?, Some(5));
-    assert_eq!(redis_stock(&env, later.id).await?, None);
+    assert_eq!(redis_stock(&env, running.id).await, Some(10));
+    assert_eq!(redis_stock(&env, soon.id).await, Some(5));
+    assert_eq!(redis_stock(&env, later.id).await, None);
     // Every loaded key expires exactly at the sale's end plus the buffer.
     for a in [&running, &soon] {
         let k = env.redis.keys(a.id);
@@ -302,31 +215,31 @@ async fn stale_reservation_is_given_back_after_the_grace_period_only(
     let a = env.open_sale(10, 5).await?;
     let job = reconcile(&env);
     // The script ran; the order message was never sent.
-    buy(&env, a.id, "alice", 2).await?;
+    reserve(&env, a.id, "alice", 2).await;
 
     let early = job.run(Utc::now()).await?;
     let r = early.activity(a.id).expect("checked");
     assert_eq!((r.compensated, r.pending_qty, r.drift), (0, 2, 0));
     assert_eq!(r.stock_check, StockCheck::LedgerBusy);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
-    assert!(is_member(&env, a.id, "alice").await?);
+    assert_eq!(redis_stock(&env, a.id).await, Some(8));
+    assert!(is_participant(&env, a.id, "alice").await);
 
-    let late = job.run(after_grace()).await?;
+    let late = job.run(after_grace(GRACE)).await?;
     let r = late.activity(a.id).expect("checked");
     assert_eq!(r.compensated, 1);
     assert_eq!((r.redis_stock, r.pending_qty, r.drift), (Some(10), 0, 0));
-    assert_eq!(redis_stock(&env, a.id).await?, Some(10));
-    assert!(!is_member(&env, a.id, "alice").await?);
+    assert_eq!(redis_stock(&env, a.id).await, Some(10));
+    assert!(!is_participant(&env, a.id, "alice").await);
     assert!(sale::ledger_entry(&env.redis, a.id, "alice")
         .await?
         .is_none());
 
     // Exactly once: another pass gives nothing back again.
-    let again = job.run(after_grace()).await?;
+    let again = job.run(after_grace(GRACE)).await?;
     assert_eq!(again.activity(a.id).unwrap().repairs, 0);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(10));
+    assert_eq!(redis_stock(&env, a.id).await, Some(10));
     // And the user may buy again.
-    buy(&env, a.id, "alice", 1).await?;
+    reserve(&env, a.id, "alice", 1).await;
     Ok(())
 }
 
@@ -335,11 +248,11 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = buy(&env, a.id, "alice", 3).await?;
+    let rid = reserve(&env, a.id, "alice", 3).await.request_id;
     // The consumer committed and crashed before dropping the ledger entry.
     commit_order(&env, a.id, "alice", rid, 3).await?;
 
-    let report = reconcile(&env).run(after_grace()).await?;
+    let report = reconcile(&env).run(after_grace(GRACE)).await?;
 
     let r = report.activity(a.id).expect("checked");
     assert_eq!((r.settled, r.compensated), (1, 0));
@@ -347,8 +260,8 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
         (r.sold, r.db_remaining, r.pending_qty, r.drift),
         (3, 7, 0, 0)
     );
-    assert_eq!(redis_stock(&env, a.id).await?, Some(7));
-    assert!(is_member(&env, a.id, "alice").await?);
+    assert_eq!(redis_stock(&env, a.id).await, Some(7));
+    assert!(is_participant(&env, a.id, "alice").await);
     assert!(sale::ledger_entry(&env.redis, a.id, "alice")
         .await?
         .is_none());
@@ -358,9 +271,9 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
 async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = buy(&env, a.id, "buyer", 1).await?;
+    let rid = reserve(&env, a.id, "buyer", 1).await.request_id;
     consume(&env, a.id, "buyer", rid, 1).await?;
-    buy(&env, a.id, "pending", 1).await?;
+    reserve(&env, a.id, "pending", 1).await;
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
@@ -370,10 +283,10 @@ async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> a
     let report = reconcile(&env).run(Utc::now()).await?;
 
     assert_eq!(report.activity(a.id).unwrap().users_dropped, 1);
-    assert!(!is_member(&env, a.id, "ghost").await?);
-    assert!(is_member(&env, a.id, "buyer").await?, "holds an order");
+    assert!(!is_participant(&env, a.id, "ghost").await);
+    assert!(is_participant(&env, a.id, "buyer").await, "holds an order");
     assert!(
-        is_member(&env, a.id, "pending").await?,
+        is_participant(&env, a.id, "pending").await,
         "holds a reservation"
     );
     assert_eq!(report.activity(a.id).unwrap().participants, 2);
@@ -385,7 +298,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = buy(&env, a.id, "alice", 2).await?;
+    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
     consume(&env, a.id, "alice", rid, 2).await?;
     let job = reconcile(&env);
     let k = env.redis.keys(a.id);
@@ -404,26 +317,26 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
             to: 8
         }
     );
-    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    assert_eq!(redis_stock(&env, a.id).await, Some(8));
 
     // Too high by 4 (would oversell in Redis), ledger quiet.
     set_stock(12).await?;
     job.run(Utc::now()).await?;
-    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    assert_eq!(redis_stock(&env, a.id).await, Some(8));
 
     // Off while a reservation is in flight: left alone, since Redis legitimately differs.
     set_stock(6).await?;
-    buy(&env, a.id, "bob", 1).await?;
+    reserve(&env, a.id, "bob", 1).await;
     let r = job.run(Utc::now()).await?;
     assert_eq!(
         r.activity(a.id).unwrap().stock_check,
         StockCheck::LedgerBusy
     );
     assert_eq!(r.activity(a.id).unwrap().drift, -2);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(5));
+    assert_eq!(redis_stock(&env, a.id).await, Some(5));
 
     // Once the reservation is gone (given back after the grace period), it is corrected.
-    let r = job.run(after_grace()).await?;
+    let r = job.run(after_grace(GRACE)).await?;
     let r = r.activity(a.id).unwrap();
     assert_eq!(r.compensated, 1);
     assert_eq!(
@@ -438,7 +351,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     // A lost stock key with the meta still there is restored with the sale's expiry.
     let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.stock)).await?;
     job.run(Utc::now()).await?;
-    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    assert_eq!(redis_stock(&env, a.id).await, Some(8));
     let at: i64 = env
         .redis
         .cmd(redis::cmd("PEXPIRETIME").arg(&k.stock))
@@ -446,14 +359,11 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     assert_eq!(at, a.expire_at(env.config.expiry_buffer).timestamp_millis());
 
     // The database drifted from its own orders: fixed first, then Redis follows.
-    sqlx::query("update activities set remaining_stock = 9 where id = $1")
-        .bind(a.id)
-        .execute(&env.pool)
-        .await?;
+    set_db_stock(&env, a.id, 9).await;
     let r = job.run(Utc::now()).await?;
     assert_eq!(r.activity(a.id).unwrap().db_stock_fixed_from, Some(9));
-    assert_eq!(db_remaining(&env, a.id).await?, 8);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(8));
+    assert_eq!(db_remaining(&env, a.id).await, 8);
+    assert_eq!(redis_stock(&env, a.id).await, Some(8));
     Ok(())
 }
 
@@ -464,7 +374,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     let a = env.open_sale(10, 5).await?;
     let now_ms = Utc::now().timestamp_millis();
     // alice's cancel committed in the database, then the process died before cancel_finish.
-    let rid = buy(&env, a.id, "alice", 2).await?;
+    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
     let alice_order = consume(&env, a.id, "alice", rid, 2).await?;
     let alice_cancel = Uuid::now_v7();
     let attempt = CancelAttempt {
@@ -477,20 +387,11 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     };
     let (begun, _) = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(begun, CancelBegin::Recorded);
-    sqlx::query(
-        "update orders set status = 'cancelled', cancelled_at = now(), cancel_id = $2
-         where id = $1",
-    )
-    .bind(alice_order)
-    .bind(alice_cancel)
-    .execute(&env.pool)
-    .await?;
-    sqlx::query("update activities set remaining_stock = remaining_stock + 2 where id = $1")
-        .bind(a.id)
-        .execute(&env.pool)
-        .await?;
+    let committed =
+        lifecycle::commit_cancel(&env.pool, alice_order, alice_cancel, None, Utc::now()).await?;
+    assert_eq!(committed, lifecycle::Committed::Cancelled(2));
     // bob's cancel was announced but its transaction never committed.
-    let rid = buy(&env, a.id, "bob", 1).await?;
+    let rid = reserve(&env, a.id, "bob", 1).await.request_id;
     let bob_order = consume(&env, a.id, "bob", rid, 1).await?;
     let attempt = CancelAttempt {
         activity_id: a.id,
@@ -501,15 +402,18 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         cancel_id: Uuid::now_v7(),
     };
     sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
-    assert_eq!(redis_stock(&env, a.id).await?, Some(7));
+    assert_eq!(redis_stock(&env, a.id).await, Some(7));
 
-    let report = reconcile(&env).run(after_grace()).await?;
+    let report = reconcile(&env).run(after_grace(GRACE)).await?;
 
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.cancels_finished, r.settled), (1, 1));
-    assert_eq!(redis_stock(&env, a.id).await?, Some(9));
-    assert!(!is_member(&env, a.id, "alice").await?, "quota back");
-    assert!(is_member(&env, a.id, "bob").await?, "still holds the order");
+    assert_eq!(redis_stock(&env, a.id).await, Some(9));
+    assert!(!is_participant(&env, a.id, "alice").await, "quota back");
+    assert!(
+        is_participant(&env, a.id, "bob").await,
+        "still holds the order"
+    );
     assert_eq!(
         (r.sold, r.db_remaining, r.pending_qty, r.drift),
         (1, 9, 0, 0)
@@ -522,14 +426,11 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
 async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = buy(&env, a.id, "alice", 2).await?;
+    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
-    let paid_rid = buy(&env, a.id, "bob", 1).await?;
+    let paid_rid = reserve(&env, a.id, "bob", 1).await.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    sqlx::query("update orders set status = 'paid', paid_at = now() where id = $1")
-        .bind(paid)
-        .execute(&env.pool)
-        .await?;
+    lifecycle::pay_order(&env.pool, paid, "bob", Utc::now()).await?;
     let job = reconcile(&env);
 
     let before = job.run(Utc::now()).await?;
@@ -547,13 +448,13 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
         "cancelled"
     );
     assert_eq!(order::get(&env.pool, paid).await?.unwrap().status, "paid");
-    assert_eq!(db_remaining(&env, a.id).await?, 9);
-    assert_eq!(redis_stock(&env, a.id).await?, Some(9));
-    assert!(!is_member(&env, a.id, "alice").await?);
+    assert_eq!(db_remaining(&env, a.id).await, 9);
+    assert_eq!(redis_stock(&env, a.id).await, Some(9));
+    assert!(!is_participant(&env, a.id, "alice").await);
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.sold, r.pending_qty, r.drift), (1, 0, 0));
     // The user may buy again.
-    buy(&env, a.id, "alice", 1).await?;
+    reserve(&env, a.id, "alice", 1).await;
     Ok(())
 }
 
@@ -637,7 +538,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 let env = env.clone();
                 orders.push(tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(rand::random_range(0..30))).await;
-                    match commit_order(&env, id, &user, rid, qty).await {
+                    match commit_order(&env, id, &user, rid, qty as i32).await {
                         Ok(_) => {
                             sale::settle(&env.redis, id, &user, &rid.to_string()).await?;
                             anyhow::Ok(true)
@@ -718,18 +619,18 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     assert!(r.redis_stock >= Some(stock));
     assert_eq!((r.pending_qty, r.drift), (0, 0));
     assert_eq!(r.redis_stock, Some(STOCK - sold));
-    assert_eq!(db_remaining(&env, id).await?, STOCK - sold);
+    assert_eq!(i64::from(db_remaining(&env, id).await), STOCK - sold);
     Ok(())
 }
 
 async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = buy(&env, a.id, "alice", 1).await?;
+    let rid = reserve(&env, a.id, "alice", 1).await.request_id;
     consume(&env, a.id, "alice", rid, 1).await?;
-    let rid = buy(&env, a.id, "bob", 2).await?;
+    let rid = reserve(&env, a.id, "bob", 2).await.request_id;
     consume(&env, a.id, "bob", rid, 2).await?;
-    buy(&env, a.id, "carol", 1).await?;
+    reserve(&env, a.id, "carol", 1).await;
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
@@ -738,13 +639,18 @@ async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result
 
     reconcile(&env).run(Utc::now()).await?;
 
-    let row: (i64, i64, i64, Option<i64>, i64, i64, i64) = sqlx::query_as(
-        "select participants, sold, db_remaining, redis_stock, pending_qty, drift, repairs
-         from activity_stats where activity_id = $1",
-    )
-    .bind(a.id)
-    .fetch_one(&env.pool)
-    .await?;
+    let s = activity::stats(&env.pool, a.id)
+        .await?
+        .expect("a stats row");
+    let row = (
+        s.participants,
+        s.sold,
+        s.db_remaining,
+        s.redis_stock,
+        s.pending_qty,
+        s.drift,
+        s.repairs,
+    );
     // participants after the ghost was removed; drift = 6 + 1 + 3 - 10.
     assert_eq!(row, (3, 3, 7, Some(6), 1, 0, 1));
     Ok(())

@@ -2,17 +2,21 @@
 //! `seckill_shared::lifecycle`, against real Redis (standalone and cluster) and PostgreSQL.
 //! Confirmed orders are written here the way the order consumer writes them.
 
+mod common;
+
 use axum::http::StatusCode;
 use axum::Router;
-use seckill_entry::{router, EntryState};
-use seckill_shared::activity::{self, Activity};
+use seckill_shared::activity::Activity;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::on_both_redis;
-use seckill_shared::order;
+use seckill_shared::order::{self, reason};
+use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Snapshot};
 use seckill_shared::testing::{call, request, RedisKind, TestEnv};
 use serde_json::Value;
 use uuid::Uuid;
+
+use common::{commit_order, db_remaining, end_sale_in_db, entry_router, snapshot};
 
 struct World {
     env: TestEnv,
@@ -23,7 +27,7 @@ struct World {
 async fn world(kind: RedisKind, stock: i64) -> World {
     let env = TestEnv::new(kind).await.unwrap();
     let sale = env.open_sale(stock, 5).await.unwrap();
-    let app = router(EntryState::new(env.deps(), env.queue.clone()));
+    let app = entry_router(&env);
     World { env, app, sale }
 }
 
@@ -58,26 +62,9 @@ impl World {
     }
 
     async fn commit(&self, user: &str, qty: i32, request_id: Uuid) -> i64 {
-        let mut tx = self.env.pool.begin().await.unwrap();
-        let id: i64 = sqlx::query_scalar(
-            "insert into orders (request_id, activity_id, user_id, quantity, status)
-             values ($1, $2, $3, $4, 'confirmed') returning id",
-        )
-        .bind(request_id)
-        .bind(self.sale.id)
-        .bind(user)
-        .bind(qty)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-        sqlx::query("update activities set remaining_stock = remaining_stock - $2 where id = $1")
-            .bind(self.sale.id)
-            .bind(qty)
-            .execute(&mut *tx)
+        commit_order(&self.env, self.sale.id, user, request_id, qty)
             .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        id
+            .unwrap()
     }
 
     async fn post(&self, path: &str, user: &str) -> (StatusCode, Value) {
@@ -105,15 +92,11 @@ impl World {
     }
 
     async fn redis(&self) -> Snapshot {
-        sale::snapshot(&self.env.redis, self.sale.id).await.unwrap()
+        snapshot(&self.env, self.sale.id).await
     }
 
     async fn db_stock(&self) -> i32 {
-        activity::get(&self.env.pool, self.sale.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .remaining_stock
+        db_remaining(&self.env, self.sale.id).await
     }
 
     async fn status(&self, order_id: i64) -> String {
@@ -320,20 +303,10 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) 
     sale::cancel_begin(&w.env.redis, &attempt, now.timestamp_millis())
         .await
         .unwrap();
-    sqlx::query(
-        "update orders set status = 'cancelled', cancelled_at = now(), cancel_id = $2
-         where id = $1",
-    )
-    .bind(id)
-    .bind(cancel_id)
-    .execute(&w.env.pool)
-    .await
-    .unwrap();
-    sqlx::query("update activities set remaining_stock = remaining_stock + 3 where id = $1")
-        .bind(w.sale.id)
-        .execute(&w.env.pool)
+    let committed = lifecycle::commit_cancel(&w.env.pool, id, cancel_id, None, now)
         .await
         .unwrap();
+    assert_eq!(committed, lifecycle::Committed::Cancelled(3));
     assert_eq!(w.redis().await.stock, Some(7), "Redis half not done yet");
 
     let (status, body) = w.cancel(id, "alice").await;
@@ -368,14 +341,7 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
     assert_eq!(w.db_stock().await, 8);
 
     // Ended: no loader loads it again, and the database alone changes.
-    sqlx::query(
-        "update activities set start_at = now() - interval '2 hours',
-             end_at = now() - interval '1 hour' where id = $1",
-    )
-    .bind(w.sale.id)
-    .execute(&w.env.pool)
-    .await
-    .unwrap();
+    end_sale_in_db(&w.env, w.sale.id).await;
     let (status, body) = w.cancel(id, "alice").await;
 
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -413,15 +379,19 @@ async fn my_order_follows_a_purchase_from_none_to_paid() {
     assert_eq!(w.me("alice").await["status"], "paid");
 
     // A request the database refused shows as failed, with its reason.
-    sqlx::query(
-        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
-         values ($1, $2, 'bob', 1, 'failed', 'sold_out')",
-    )
-    .bind(Uuid::new_v4())
-    .bind(w.sale.id)
-    .execute(&w.env.pool)
-    .await
-    .unwrap();
+    let refused = OrderMessage {
+        request_id: Uuid::new_v4(),
+        activity_id: w.sale.id,
+        user_id: "bob".into(),
+        quantity: 1,
+        reserved_at_ms: 0,
+        load_epoch: None,
+    };
+    assert!(
+        order::insert_failed(&w.env.pool, &refused, reason::SOLD_OUT)
+            .await
+            .unwrap()
+    );
     let me = w.me("bob").await;
     assert_eq!(
         (me["status"].as_str(), me["reason"].as_str()),

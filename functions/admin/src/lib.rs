@@ -68,7 +68,7 @@ use seckill_shared::error::ErrorBody;
 use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody};
 use seckill_shared::lock::{self, LockError, LockGuard};
 use seckill_shared::sale::{self, Adjust, SaleMeta};
-use seckill_shared::{activity_columns, load, order, ApiError, Config, Deps};
+use seckill_shared::{load, order, ApiError, Config, Deps};
 use serde::Serialize;
 use std::collections::HashMap;
 use utoipa_axum::router::OpenApiRouter;
@@ -357,14 +357,9 @@ pub async fn update_with_guard(
         Err(LockError::Db(sqlx::Error::RowNotFound)) => return Err(not_found(id)),
         other => other?,
     }
-    let current: Activity = sqlx::query_as(concat!(
-        "select ",
-        activity_columns!(),
-        " from activities where id = $1"
-    ))
-    .bind(id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let current = activity::get(&mut *tx, id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
     let change = Change::new(current, patch)?;
     if change.delta < 0 {
         lower(state, guard, tx, change).await
@@ -509,23 +504,16 @@ async fn write_update(
     delta: i64,
     version: i64,
 ) -> Result<Activity, sqlx::Error> {
-    sqlx::query_as::<_, Activity>(concat!(
-        "update activities set title = $2, total_stock = $3,
-             remaining_stock = remaining_stock + $4, per_order_limit = $5,
-             start_at = $6, end_at = $7, config_version = $8, updated_at = now()
-         where id = $1 returning ",
-        activity_columns!()
-    ))
-    .bind(id)
-    .bind(&m.title)
-    .bind(m.total_stock as i32)
-    .bind(delta as i32)
-    .bind(m.per_order_limit as i32)
-    .bind(m.start_at)
-    .bind(m.end_at)
-    .bind(version)
-    .fetch_one(tx)
-    .await
+    let change = activity::Change {
+        title: &m.title,
+        total_stock: m.total_stock as i32,
+        stock_delta: delta as i32,
+        per_order_limit: m.per_order_limit as i32,
+        start_at: m.start_at,
+        end_at: m.end_at,
+        config_version: version,
+    };
+    activity::apply_change(tx, id, &change).await
 }
 
 fn not_found(id: i64) -> ApiError {

@@ -41,23 +41,15 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures::StreamExt;
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::config::Config;
-use seckill_shared::db;
 use seckill_shared::giveback::{self, GiveBack};
 use seckill_shared::order::{self, reason, Order};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, Compensation, LedgerEntry};
 use seckill_shared::Deps;
+use seckill_shared::{activity, db};
 use sqlx::PgPool;
 use std::collections::{BTreeMap, HashSet};
 use uuid::Uuid;
-
-/// The conditional stock decrement of an order (or a batch of them): enough stock, and the
-/// sale not loaded from scratch since the reservations were made (`$3`, the load epoch; null
-/// for messages that carry none).
-const TAKE_STOCK: &str =
-    "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
-     where id = $1 and remaining_stock >= $2 and ($3::bigint is null or load_epoch = $3)
-     returning remaining_stock";
 
 /// The function name used in metrics.
 pub const FUNCTION: &str = "order-consumer";
@@ -420,22 +412,12 @@ impl Consumer {
             return Ok(None);
         }
         let request_ids: Vec<Uuid> = messages.iter().map(|m| m.request_id).collect();
-        let users: Vec<&str> = messages.iter().map(|m| m.user_id.as_str()).collect();
+        let users: Vec<String> = messages.iter().map(|m| m.user_id.clone()).collect();
         let quantities: Vec<i32> = messages.iter().map(|m| m.quantity).collect();
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query_as::<_, (Uuid, i32)>(
-            "insert into orders (request_id, activity_id, user_id, quantity, status)
-             select r, $2, u, q, 'confirmed'
-             from unnest($1::uuid[], $3::text[], $4::int4[]) as t(r, u, q)
-             on conflict (request_id) do nothing
-             returning request_id, quantity",
-        )
-        .bind(&request_ids)
-        .bind(activity_id)
-        .bind(&users)
-        .bind(&quantities)
-        .fetch_all(&mut *tx)
-        .await;
+        let inserted =
+            order::insert_confirmed_batch(&mut tx, activity_id, &request_ids, &users, &quantities)
+                .await;
         let inserted = match inserted {
             Ok(rows) => rows,
             Err(e)
@@ -451,12 +433,7 @@ impl Consumer {
             return Ok(Some(HashSet::new()));
         }
         let units: i64 = inserted.iter().map(|(_, q)| i64::from(*q)).sum();
-        let left: Option<i32> = sqlx::query_scalar(TAKE_STOCK)
-            .bind(activity_id)
-            .bind(units)
-            .bind(epoch)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let left = activity::take_stock(&mut tx, activity_id, units, epoch).await?;
         if left.is_none() {
             tx.rollback().await?;
             return Ok(None);
@@ -539,16 +516,7 @@ impl Consumer {
     /// the hot activity row is locked only for the update and the commit.
     async fn write_order(&self, m: &OrderMessage) -> Result<TxOutcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "insert into orders (request_id, activity_id, user_id, quantity, status)
-             values ($1, $2, $3, $4, 'confirmed')",
-        )
-        .bind(m.request_id)
-        .bind(m.activity_id)
-        .bind(&m.user_id)
-        .bind(m.quantity)
-        .execute(&mut *tx)
-        .await;
+        let inserted = order::insert_confirmed(&mut tx, m).await;
         if let Err(e) = inserted {
             // Dropping `tx` rolls back.
             return if db::is_unique_violation(&e, "orders_request_id_key") {
@@ -561,21 +529,15 @@ impl Consumer {
                 Err(e)
             };
         }
-        let left: Option<i32> = sqlx::query_scalar(TAKE_STOCK)
-            .bind(m.activity_id)
-            // Same statement text as the batch path, so the same parameter type: a connection
-            // caches the prepared statement by its text.
-            .bind(i64::from(m.quantity))
-            .bind(m.load_epoch)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let left =
+            activity::take_stock(&mut tx, m.activity_id, i64::from(m.quantity), m.load_epoch)
+                .await?;
         if left.is_none() {
             // The foreign key proved the activity exists: it is sold out in the database, or
             // Redis lost this reservation and loaded the sale again since.
-            let epoch: i64 = sqlx::query_scalar("select load_epoch from activities where id = $1")
-                .bind(m.activity_id)
-                .fetch_one(&mut *tx)
-                .await?;
+            let epoch = activity::load_epoch(&mut *tx, m.activity_id)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
             tx.rollback().await?;
             if m.load_epoch.is_some_and(|e| e != epoch) {
                 return Ok(TxOutcome::Reloaded);

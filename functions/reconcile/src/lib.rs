@@ -58,7 +58,7 @@
 
 use anyhow::Context;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use seckill_shared::activity::{self, Activity, Phase};
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::giveback::{self, GiveBack};
@@ -67,7 +67,7 @@ use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{load, lock, order, order_columns, Config, Deps};
+use seckill_shared::{load, lock, order, Config, Deps};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -213,7 +213,10 @@ impl Reconcile {
         .await
         .context("failed to list activities due for reconcile")?;
         for a in &due {
-            match self.reconcile_activity(a, now).await {
+            // Boxed: each activity's future is deep (many awaited Redis and SQL steps), and
+            // inlined into the run's future its layout needs more than the compiler's default
+            // query depth.
+            match self.reconcile_activity(a, now).boxed().await {
                 Ok(mut r) => {
                     r.released_unpaid = released.get(&a.id).copied().unwrap_or(0);
                     publish(&r);
@@ -253,16 +256,7 @@ impl Reconcile {
         let mut released = HashMap::new();
         let timeout = ChronoDuration::from_std(self.config.payment_timeout)
             .unwrap_or(ChronoDuration::minutes(15));
-        let unpaid = sqlx::query_as::<_, Order>(concat!(
-            "select ",
-            order_columns!(),
-            " from orders where status = 'confirmed' and created_at < $1
-             order by created_at limit $2"
-        ))
-        .bind(now - timeout)
-        .bind(RELEASE_BATCH)
-        .fetch_all(&self.pool)
-        .await;
+        let unpaid = order::unpaid_before(&self.pool, now - timeout, RELEASE_BATCH).await;
         let unpaid = match unpaid {
             Ok(rows) => rows,
             Err(e) => {
@@ -322,43 +316,10 @@ impl Reconcile {
         now: DateTime<Utc>,
     ) -> anyhow::Result<ActivityReport> {
         let id = a.id;
-        let mut r = ActivityReport {
-            activity_id: id,
-            preheated: false,
-            compensated: 0,
-            settled: 0,
-            cancels_finished: 0,
-            users_dropped: 0,
-            db_stock_fixed_from: None,
-            stock_check: StockCheck::NotLoaded,
-            released_unpaid: 0,
-            participants: 0,
-            sold: 0,
-            db_remaining: 0,
-            redis_stock: None,
-            pending_qty: 0,
-            drift: 0,
-            repairs: 0,
-        };
+        let mut r = ActivityReport::new(id);
 
         // 1. Snapshot; a running sale missing from Redis is loaded now.
-        let mut snap = sale::snapshot(&self.redis, id)
-            .await
-            .context("failed to snapshot redis")?;
-        if !snap.loaded && a.phase(now) == Phase::Running {
-            let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, id)
-                .await
-                .context("failed to load the running sale into redis")?;
-            tracing::warn!(
-                ?outcome,
-                repair = "preheated",
-                "running sale was missing from redis"
-            );
-            r.preheated = outcome == sale::PreheatOutcome::Loaded;
-            snap = sale::snapshot(&self.redis, id)
-                .await
-                .context("failed to snapshot redis")?;
-        }
+        let snap = self.snapshot_loading(a, now, &mut r).await?;
 
         if snap.loaded {
             // 2. Stale ledger entries.
@@ -375,27 +336,39 @@ impl Reconcile {
         r.stock_check = self.correct_stock(a).await?;
 
         // 6. The numbers, as they stand after the repairs.
-        let snap = sale::snapshot(&self.redis, id)
-            .await
-            .context("failed to snapshot redis")?;
-        r.sold = sold;
-        r.db_remaining = db_remaining;
-        r.participants = snap.participants;
-        r.pending_qty = snap.pending_quantity();
-        r.redis_stock = snap.stock.filter(|_| snap.loaded);
-        let total = i64::from(a.total_stock);
-        r.drift = match r.redis_stock {
-            Some(stock) => drift(stock, r.pending_qty, sold, total),
-            None => db_remaining + sold - total,
-        };
-        r.repairs = r.compensated
-            + r.settled
-            + r.cancels_finished
-            + r.users_dropped
-            + usize::from(r.db_stock_fixed_from.is_some())
-            + usize::from(matches!(r.stock_check, StockCheck::Corrected { .. }));
+        let snap = self.snapshot(id).await?;
+        r.count(&snap, a.total_stock, sold, db_remaining);
         self.persist(&r).await?;
         Ok(r)
+    }
+
+    async fn snapshot(&self, id: i64) -> anyhow::Result<Snapshot> {
+        sale::snapshot(&self.redis, id)
+            .await
+            .context("failed to snapshot redis")
+    }
+
+    /// Step 1: the sale's snapshot; a running sale missing from Redis is loaded first.
+    async fn snapshot_loading(
+        &self,
+        a: &Activity,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<Snapshot> {
+        let snap = self.snapshot(a.id).await?;
+        if snap.loaded || a.phase(now) != Phase::Running {
+            return Ok(snap);
+        }
+        let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, a.id)
+            .await
+            .context("failed to load the running sale into redis")?;
+        tracing::warn!(
+            ?outcome,
+            repair = "preheated",
+            "running sale was missing from redis"
+        );
+        r.preheated = outcome == sale::PreheatOutcome::Loaded;
+        self.snapshot(a.id).await
     }
 
     /// Step 2: every ledger entry whose fate is decided, or that a crash left behind.
@@ -410,6 +383,20 @@ impl Reconcile {
     ///   id, dropped otherwise (that attempt never committed).
     /// - An orphan check's mark older than the grace period: its check crashed; dropped.
     async fn repair_ledger(
+        &self,
+        id: i64,
+        snap: &Snapshot,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        self.repair_reservations(id, snap, now, r).await?;
+        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
+        self.repair_cancels(id, &stale, now, r).await?;
+        self.drop_stale_checks(id, &stale, r).await
+    }
+
+    /// The reservations of step 2: applied when the database decided, given back when stale.
+    async fn repair_reservations(
         &self,
         id: i64,
         snap: &Snapshot,
@@ -440,8 +427,16 @@ impl Reconcile {
                 None => {}
             }
         }
-        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
-        self.repair_cancels(id, &stale, now, r).await?;
+        Ok(())
+    }
+
+    /// Stale orphan-check marks of step 2: their check crashed; dropped.
+    async fn drop_stale_checks(
+        &self,
+        id: i64,
+        stale: &[&LedgerEntry],
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
         for e in stale.iter().filter(|e| e.kind == EntryKind::Check) {
             if sale::settle(&self.redis, id, &e.user_id, &e.id).await? {
                 tracing::warn!(user = %e.user_id, repair = "check_dropped", "crashed orphan check's mark dropped");
@@ -525,16 +520,11 @@ impl Reconcile {
             return Ok(());
         }
         let order_ids: Vec<i64> = cancels.iter().filter_map(|e| e.order_id).collect();
-        let committed: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
-            "select cancel_id from orders
-             where id = any($1) and status = 'cancelled' and cancel_id is not null",
-        )
-        .bind(&order_ids)
-        .fetch_all(&self.pool)
-        .await
-        .context("failed to look up the orders of stale cancels")?
-        .into_iter()
-        .collect();
+        let committed: HashSet<Uuid> = order::committed_cancel_ids(&self.pool, &order_ids)
+            .await
+            .context("failed to look up the orders of stale cancels")?
+            .into_iter()
+            .collect();
         for e in cancels {
             self.repair_cancel(id, e, &committed, now, r).await?;
         }
@@ -606,17 +596,11 @@ impl Reconcile {
                 .await
                 .context("failed to mark the orphan candidates")?;
             seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
-            let active: HashSet<String> = sqlx::query_scalar::<_, String>(
-                "select user_id from orders
-                 where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
-            )
-            .bind(id)
-            .bind(&marked)
-            .fetch_all(&self.pool)
-            .await
-            .context("failed to look up the orders of users in the set")?
-            .into_iter()
-            .collect();
+            let active: HashSet<String> = order::live_holders_among(&self.pool, id, &marked)
+                .await
+                .context("failed to look up the orders of users in the set")?
+                .into_iter()
+                .collect();
             seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
             for user in &marked {
                 let orphan = !active.contains(user);
@@ -637,24 +621,15 @@ impl Reconcile {
     /// holds the activity row. Returns (sold, remaining after the check, remaining before a fix).
     async fn check_database(&self, id: i64) -> anyhow::Result<(i64, i64, Option<i64>)> {
         let mut tx = self.pool.begin().await?;
-        let (total, remaining): (i32, i32) = sqlx::query_as(
-            "select total_stock, remaining_stock from activities where id = $1 for update",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
-        .context("failed to lock the activity row")?;
+        let (total, remaining) = activity::lock_stock(&mut tx, id)
+            .await
+            .context("failed to lock the activity row")?;
         // Summed inside the transaction, after the row lock: every order transaction that
         // changed the stock committed before we got the lock (and is counted), or waits for
-        // us (and is not). `order::sold_quantity` takes the pool, which would read outside it.
-        let sold: i64 = sqlx::query_scalar(
-            "select coalesce(sum(quantity), 0)::bigint from orders
-             where activity_id = $1 and status in ('confirmed', 'paid')",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
-        .context("failed to sum the sold quantity")?;
+        // us (and is not).
+        let sold = order::sold_quantity(&mut *tx, id)
+            .await
+            .context("failed to sum the sold quantity")?;
         let (total, remaining) = (i64::from(total), i64::from(remaining));
         let expected = total - sold;
         if expected == remaining {
@@ -666,10 +641,7 @@ impl Reconcile {
             tx.rollback().await?;
             anyhow::bail!("activity {id} is oversold in the database: total {total}, sold {sold}");
         }
-        sqlx::query("update activities set remaining_stock = $2, updated_at = now() where id = $1")
-            .bind(id)
-            .bind(expected as i32)
-            .execute(&mut *tx)
+        activity::set_remaining_stock(&mut *tx, id, expected as i32)
             .await
             .context("failed to fix the remaining stock")?;
         tx.commit().await?;
@@ -782,39 +754,27 @@ impl Reconcile {
     }
 
     async fn db_remaining(&self, id: i64) -> anyhow::Result<i64> {
-        let remaining: i32 =
-            sqlx::query_scalar("select remaining_stock from activities where id = $1")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .context("failed to read the remaining stock")?;
+        let remaining = activity::remaining_stock(&self.pool, id)
+            .await
+            .and_then(|r| r.ok_or(sqlx::Error::RowNotFound))
+            .context("failed to read the remaining stock")?;
         Ok(i64::from(remaining))
     }
 
     /// Step 6: upserts the activity's row of `activity_stats`.
     async fn persist(&self, r: &ActivityReport) -> anyhow::Result<()> {
-        sqlx::query(
-            "insert into activity_stats
-                 (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,
-                  repairs, checked_at)
-             values ($1, $2, $3, $4, $5, $6, $7, $8, now())
-             on conflict (activity_id) do update set
-                 participants = excluded.participants, sold = excluded.sold,
-                 db_remaining = excluded.db_remaining, redis_stock = excluded.redis_stock,
-                 pending_qty = excluded.pending_qty, drift = excluded.drift,
-                 repairs = excluded.repairs, checked_at = excluded.checked_at",
-        )
-        .bind(r.activity_id)
-        .bind(r.participants)
-        .bind(r.sold)
-        .bind(r.db_remaining)
-        .bind(r.redis_stock)
-        .bind(r.pending_qty)
-        .bind(r.drift)
-        .bind(r.repairs as i64)
-        .execute(&self.pool)
-        .await
-        .context("failed to persist activity stats")?;
+        let stats = activity::Stats {
+            participants: r.participants,
+            sold: r.sold,
+            db_remaining: r.db_remaining,
+            redis_stock: r.redis_stock,
+            pending_qty: r.pending_qty,
+            drift: r.drift,
+            repairs: r.repairs as i64,
+        };
+        activity::record_stats(&self.pool, r.activity_id, &stats)
+            .await
+            .context("failed to persist activity stats")?;
         Ok(())
     }
 }
@@ -851,6 +811,50 @@ fn publish(r: &ActivityReport) {
         ],
         &[("activityId", json!(r.activity_id))],
     );
+}
+
+impl ActivityReport {
+    /// A report with nothing found yet.
+    fn new(activity_id: i64) -> Self {
+        Self {
+            activity_id,
+            preheated: false,
+            compensated: 0,
+            settled: 0,
+            cancels_finished: 0,
+            users_dropped: 0,
+            db_stock_fixed_from: None,
+            stock_check: StockCheck::NotLoaded,
+            released_unpaid: 0,
+            participants: 0,
+            sold: 0,
+            db_remaining: 0,
+            redis_stock: None,
+            pending_qty: 0,
+            drift: 0,
+            repairs: 0,
+        }
+    }
+
+    /// Step 6: the numbers after the repairs, from the final snapshot and the database check.
+    fn count(&mut self, snap: &Snapshot, total_stock: i32, sold: i64, db_remaining: i64) {
+        self.sold = sold;
+        self.db_remaining = db_remaining;
+        self.participants = snap.participants;
+        self.pending_qty = snap.pending_quantity();
+        self.redis_stock = snap.stock.filter(|_| snap.loaded);
+        let total = i64::from(total_stock);
+        self.drift = match self.redis_stock {
+            Some(stock) => drift(stock, self.pending_qty, sold, total),
+            None => db_remaining + sold - total,
+        };
+        self.repairs = self.compensated
+            + self.settled
+            + self.cancels_finished
+            + self.users_dropped
+            + usize::from(self.db_stock_fixed_from.is_some())
+            + usize::from(matches!(self.stock_check, StockCheck::Corrected { .. }));
+    }
 }
 
 /// `redis_stock + pending + sold - total`: 0 when every unit is accounted for exactly once.

@@ -4,10 +4,6 @@
 //! Thin on purpose: tracing, config and clients once per cold start, then
 //! [`reconcile::Reconcile::run`].
 
-// The run future is deep (many awaited Redis and SQL steps per activity); computing its layout
-// in a release build needs more than the default query depth of 128.
-#![recursion_limit = "256"]
-
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use reconcile::Reconcile;
 use seckill_shared::Config;

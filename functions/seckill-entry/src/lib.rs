@@ -785,7 +785,7 @@ async fn health(State(state): State<EntryState>) -> Result<Json<Health>, ApiErro
     let _: String = s.redis.cmd(&redis::cmd("PING")).await?;
     let db = tokio::time::timeout(
         s.config.db_acquire_timeout,
-        sqlx::query_scalar::<_, i32>("select 1").fetch_one(&s.pool),
+        seckill_shared::db::ping(&s.pool),
     )
     .await;
     match db {

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use seckill_devserver::DevConfig;
 use seckill_shared::auth::{mint, ADMIN_SCOPE};
 use seckill_shared::cache::Redis;
-use seckill_shared::{sale, Config};
+use seckill_shared::{activity, order, sale, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -592,12 +592,8 @@ async fn wait_for_drain(
     let mut stable_since = Instant::now();
     loop {
         let snap = sale::snapshot(redis, id).await?;
-        let (settled,): (i64,) = sqlx::query_as(
-            "select count(*) from orders where activity_id = $1 and status in ('confirmed', 'paid', 'failed', 'cancelled')",
-        )
-        .bind(id)
-        .fetch_one(pool)
-        .await?;
+        // Every status counts: the row is the request's decided fate.
+        let settled = order::tally(pool, id).await?.rows;
         if settled != last {
             last = settled;
             stable_since = Instant::now();
@@ -617,39 +613,18 @@ async fn wait_for_drain(
 
 /// Reads the sale's outcome back from PostgreSQL and Redis.
 pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<StoreFacts> {
-    let (orders, units_sold): (i64, i64) = sqlx::query_as(
-        "select count(*), coalesce(sum(quantity), 0)::bigint from orders
-         where activity_id = $1 and status in ('confirmed', 'paid')",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await?;
-    let (failed_orders,): (i64,) =
-        sqlx::query_as("select count(*) from orders where activity_id = $1 and status = 'failed'")
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
-    let (duplicate_users,): (i64,) = sqlx::query_as(
-        "select count(*) from (select user_id from orders
-           where activity_id = $1 and status in ('confirmed', 'paid')
-           group by user_id having count(*) > 1) d",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await?;
-    let (db_total_stock, db_remaining_stock): (i32, i32) =
-        sqlx::query_as("select total_stock, remaining_stock from activities where id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
+    let t = order::tally(pool, id).await?;
+    let a = activity::get(pool, id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("activity {id} does not exist"))?;
     let snap = sale::snapshot(redis, id).await?;
     Ok(StoreFacts {
-        orders,
-        units_sold,
-        failed_orders,
-        duplicate_users,
-        db_total_stock: db_total_stock.into(),
-        db_remaining_stock: db_remaining_stock.into(),
+        orders: t.live,
+        units_sold: t.live_units,
+        failed_orders: t.failed,
+        duplicate_users: t.users_with_two_live,
+        db_total_stock: a.total_stock.into(),
+        db_remaining_stock: a.remaining_stock.into(),
         redis_stock: snap.stock,
         redis_participants: snap.participants,
         pending_qty: snap.pending_quantity(),

@@ -1,0 +1,174 @@
+//! The helpers every test file shares: the functions' handles built from a [`TestEnv`], the
+//! reads tests assert on, and the few statements only tests run (setting a row to a state the
+//! protocol reaches by a crash). Each test file has `mod common;`.
+//!
+//! They live here rather than on `TestEnv` because most need the function crates
+//! (`order-consumer`, `reconcile`, `seckill-entry`, ...), which depend on `seckill-shared`
+//! and so cannot be reached from `shared::testing`. Where a test sets up a state production
+//! reaches (an order committed, stock taken, a cancel committed), it calls the production
+//! function, so it runs the statement, guards included, that production runs.
+
+// Each test binary uses some of these.
+#![allow(dead_code)]
+
+use axum::Router;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use order_consumer::Consumer;
+use preheat::Preheat;
+use reconcile::Reconcile;
+use seckill_entry::{router, EntryState};
+use seckill_shared::activity;
+use seckill_shared::order::{self, Order};
+use seckill_shared::queue::{OrderMessage, OrderQueue};
+use seckill_shared::sale::{self, Reservation, Snapshot};
+use seckill_shared::testing::TestEnv;
+use std::time::Duration;
+use uuid::Uuid;
+
+pub fn consumer(env: &TestEnv) -> Consumer {
+    Consumer::new(env.deps())
+}
+
+pub fn reconcile(env: &TestEnv) -> Reconcile {
+    Reconcile::new(env.deps())
+}
+
+pub fn preheat(env: &TestEnv) -> Preheat {
+    Preheat::new(env.deps())
+}
+
+/// The entry function's router on the test's queue.
+pub fn entry_router(env: &TestEnv) -> Router {
+    entry_router_with_queue(env, env.queue.clone())
+}
+
+pub fn entry_router_with_queue(env: &TestEnv, queue: OrderQueue) -> Router {
+    router(EntryState::new(env.deps(), queue))
+}
+
+/// A moment past a reconcile grace period of `grace` for anything done before now.
+pub fn after_grace(grace: Duration) -> DateTime<Utc> {
+    Utc::now() + ChronoDuration::from_std(grace).unwrap() + ChronoDuration::seconds(1)
+}
+
+/// Makes a reservation the way the entry function does (the purchase script must accept it)
+/// and returns the order message it would send.
+pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> OrderMessage {
+    let request_id = Uuid::new_v4();
+    let decision = sale::purchase(
+        &env.redis,
+        activity_id,
+        user,
+        quantity.into(),
+        request_id,
+        sale::far_deadline(),
+    )
+    .await
+    .expect("redis answers");
+    let Ok(Reservation { now_ms, epoch, .. }) = decision else {
+        panic!("reservation for {user} refused: {decision:?}");
+    };
+    OrderMessage {
+        request_id,
+        activity_id,
+        user_id: user.to_string(),
+        quantity,
+        reserved_at_ms: now_ms,
+        load_epoch: Some(epoch),
+    }
+}
+
+/// The consumer's order transaction for a reservation, on the consumer's own statements: the
+/// order row, then the conditional stock decrement (no epoch check). Returns the order id.
+/// The ledger entry is left alone (as if the consumer crashed before settling).
+pub async fn commit_order(
+    env: &TestEnv,
+    activity_id: i64,
+    user: &str,
+    request_id: Uuid,
+    quantity: i32,
+) -> anyhow::Result<i64> {
+    let m = OrderMessage {
+        request_id,
+        activity_id,
+        user_id: user.to_string(),
+        quantity,
+        reserved_at_ms: 0,
+        load_epoch: None,
+    };
+    let mut tx = env.pool.begin().await?;
+    let order_id = order::insert_confirmed(&mut tx, &m).await?;
+    let taken = activity::take_stock(&mut tx, activity_id, i64::from(quantity), None).await?;
+    anyhow::ensure!(taken.is_some(), "DB sold out");
+    tx.commit().await?;
+    Ok(order_id)
+}
+
+/// The consumer's whole happy path: [`commit_order`], then the ledger entry dropped.
+pub async fn consume(
+    env: &TestEnv,
+    activity_id: i64,
+    user: &str,
+    request_id: Uuid,
+    quantity: i32,
+) -> anyhow::Result<i64> {
+    let order_id = commit_order(env, activity_id, user, request_id, quantity).await?;
+    assert!(sale::settle(&env.redis, activity_id, user, &request_id.to_string()).await?);
+    Ok(order_id)
+}
+
+pub async fn snapshot(env: &TestEnv, activity_id: i64) -> Snapshot {
+    sale::snapshot(&env.redis, activity_id).await.unwrap()
+}
+
+pub async fn redis_stock(env: &TestEnv, activity_id: i64) -> Option<i64> {
+    sale::stock(&env.redis, activity_id).await.unwrap()
+}
+
+pub async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool {
+    let k = env.redis.keys(activity_id);
+    env.redis
+        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
+        .await
+        .unwrap()
+}
+
+pub async fn db_remaining(env: &TestEnv, activity_id: i64) -> i32 {
+    activity::remaining_stock(&env.pool, activity_id)
+        .await
+        .unwrap()
+        .expect("the activity exists")
+}
+
+/// Drift by hand: the database's remaining stock set behind every actor's back (reconcile's
+/// own repair statement).
+pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i32) {
+    activity::set_remaining_stock(&env.pool, activity_id, remaining)
+        .await
+        .unwrap();
+}
+
+/// Every orders row of the sale, oldest first.
+pub async fn order_rows(env: &TestEnv, activity_id: i64) -> Vec<Order> {
+    order::of_activity(&env.pool, activity_id).await.unwrap()
+}
+
+/// Orders rows in the test's database, of every sale.
+pub async fn orders_in_db(env: &TestEnv) -> i64 {
+    sqlx::query_scalar!(r#"select count(*) as "count!" from orders"#)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
+}
+
+/// Moves the sale's window into the past (an hour ago it ended), in the database only.
+pub async fn end_sale_in_db(env: &TestEnv, activity_id: i64) {
+    sqlx::query!(
+        "update activities set start_at = now() - interval '2 hours',
+             end_at = now() - interval '1 hour' where id = $1",
+        activity_id
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+}
