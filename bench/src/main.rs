@@ -444,6 +444,8 @@ async fn drop_database(url: &str) -> anyhow::Result<()> {
         "not a bench database: {name}"
     );
     let mut con = sqlx::PgConnection::connect(&format!("{base}/postgres")).await?;
+    // A database name cannot be a bind parameter: the statement is built at runtime, which
+    // `sqlx::query!` (a checked literal) cannot take.
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "drop database if exists {name} with (force)"
     )))

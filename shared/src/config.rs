@@ -195,7 +195,7 @@ pub struct Config {
 }
 
 /// Any text but a blank one: a variable set to nothing is a mistake, not a default.
-pub(crate) fn non_blank(value: &str) -> Result<String, String> {
+pub fn non_blank(value: &str) -> Result<String, String> {
     if value.trim().is_empty() {
         Err("must not be blank".into())
     } else {
@@ -220,7 +220,8 @@ fn whole<T: std::str::FromStr>(value: &str) -> Result<T, String> {
         .map_err(|_| "must be a non-negative whole number".into())
 }
 
-fn millis(value: &str) -> Result<Duration, String> {
+/// A whole number of milliseconds.
+pub fn millis(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_millis)
 }
 

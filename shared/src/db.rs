@@ -11,13 +11,26 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// A small pool: `MaximumConcurrency × db_max_connections` is the most the database sees.
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
-    let pool = PgPoolOptions::new()
-        .max_connections(config.db_max_connections)
-        .acquire_timeout(config.db_acquire_timeout)
-        .connect(&config.database_url)
+    connect_to(
+        &config.database_url,
+        config.db_max_connections,
+        config.db_acquire_timeout,
+    )
+    .await
+}
+
+/// A pool of at most `max_connections` on `url`, connected now.
+pub async fn connect_to(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: std::time::Duration,
+) -> anyhow::Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect(url)
         .await
-        .map_err(|e| anyhow::anyhow!("failed to connect to the database: {e}"))?;
-    Ok(pool)
+        .map_err(|e| anyhow::anyhow!("failed to connect to the database: {e}"))
 }
 
 /// Same as [`connect`], but does not touch the network until the first query: a Lambda

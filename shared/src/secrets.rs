@@ -265,6 +265,16 @@ pub async fn resolve_with(
     Ok(())
 }
 
+/// The database URL from the credentials secret `arn` (its host replaced by `host` when set),
+/// for a process that needs the database only.
+pub async fn database_url_from_secret(arn: &str, host: Option<&str>) -> anyhow::Result<String> {
+    let sdk = aws_config::load_from_env().await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let url = DatabaseSecret::parse(&read(&client, arn).await?)?.database_url(host)?;
+    tracing::info!(database = %redacted(&url), "database credentials read from Secrets Manager");
+    Ok(url)
+}
+
 /// [`resolve_refs`] with the secret references the config was parsed with.
 pub async fn resolve(config: &mut Config) -> anyhow::Result<()> {
     let refs = config.secrets.clone();

@@ -47,6 +47,8 @@ pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
     let base = server_url();
     let name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
     let mut admin = PgConnection::connect(&with_database(&base, "postgres")).await?;
+    // A database name cannot be a bind parameter: the statement is built at runtime, which
+    // `sqlx::query!` (a checked literal) cannot take.
     // The name is ours (a UUID), never user input.
     sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
         .execute(&mut admin)

@@ -5,20 +5,23 @@
 //! Like `lambda_invoke.rs`, the test builds what it runs (a no-op after `make test`'s build).
 
 use clap::CommandFactory;
+use seckill_migrate::MigrateConfig;
 use seckill_shared::Config;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The deployed functions (template.yaml's `Binary` values).
-const FUNCTIONS: [&str; 6] = [
+/// The deployed functions that run with a [`Config`] (template.yaml's `Binary` values).
+const FUNCTIONS: [&str; 5] = [
     "seckill-entry",
     "order-consumer",
     "preheat",
     "reconcile",
     "admin",
-    "seckill-migrate",
 ];
+
+/// The migration function: the database settings only ([`MigrateConfig`]).
+const MIGRATE: &str = "seckill-migrate";
 
 /// The local tools that run the functions' code with a [`Config`].
 const TOOLS_WITH_CONFIG: [&str; 3] = ["seckill-devserver", "seckill-demo", "seckill-bench"];
@@ -59,7 +62,12 @@ fn target_dir() -> PathBuf {
 /// and the tools by package; returns where the debug binaries are.
 fn build_all() -> PathBuf {
     let mut functions = vec!["build"];
-    functions.extend(FUNCTIONS.iter().flat_map(|f| ["--bin", *f]));
+    functions.extend(
+        FUNCTIONS
+            .iter()
+            .chain([&MIGRATE])
+            .flat_map(|f| ["--bin", *f]),
+    );
     run_cargo(&functions);
     run_cargo(&[
         "build",
@@ -76,7 +84,11 @@ fn build_all() -> PathBuf {
 
 /// Every variable a [`Config`] reads, from its clap definition.
 fn config_variables() -> Vec<String> {
-    Config::command()
+    variables_of(Config::command())
+}
+
+fn variables_of(command: clap::Command) -> Vec<String> {
+    command
         .get_arguments()
         .filter_map(|a| a.get_env())
         .map(|v| v.to_string_lossy().into_owned())
@@ -158,6 +170,23 @@ fn every_binary_lists_every_setting_with_its_variable_and_default_in_its_help() 
             "{bin} --help prints a password:\n{help}"
         );
     }
+    let out = run_bounded(
+        &dir.join(MIGRATE),
+        &["--help"],
+        &env,
+        Duration::from_secs(30),
+    )
+    .expect("seckill-migrate --help exits");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{MIGRATE} --help: {}", out.status);
+    for v in variables_of(MigrateConfig::command()) {
+        assert!(
+            help.contains(&format!("[env: {v}")),
+            "{MIGRATE} --help lacks {v}:\n{help}"
+        );
+    }
+    assert!(help.contains("[default: 3000]"), "{help}");
+    assert!(!help.contains("help-leak-marker"), "{help}");
     for bin in OTHER_TOOLS {
         let out = run_bounded(&dir.join(bin), &["--help"], &[], Duration::from_secs(30))
             .unwrap_or_else(|| panic!("{bin} --help did not exit"));
@@ -204,8 +233,11 @@ fn a_lambda_without_a_required_variable_fails_its_cold_start_naming_it() {
         waiting.is_none(),
         "a fully configured function exits: {waiting:?}"
     );
-    for missing in ["DATABASE_URL", "ORDER_QUEUE_URL"] {
-        for bin in FUNCTIONS {
+    for (missing, bins) in [
+        ("DATABASE_URL", [&FUNCTIONS[..], &[MIGRATE]].concat()),
+        ("ORDER_QUEUE_URL", FUNCTIONS.to_vec()),
+    ] {
+        for bin in bins {
             let env = lambda_env(bin, &api, missing);
             let out = run_bounded(&dir.join(bin), &[], &env, Duration::from_secs(20))
                 .unwrap_or_else(|| panic!("{bin} without {missing} started instead of failing"));
@@ -221,6 +253,33 @@ fn a_lambda_without_a_required_variable_fails_its_cold_start_naming_it() {
             );
         }
     }
+}
+
+#[test]
+fn migrate_runs_from_a_shell_with_the_database_settings_only() {
+    // The documented bastion / VPN use: no Redis, no queue, just where the database is.
+    let dir = build_all();
+    let database_url = std::env::var("DATABASE_URL").expect("source scripts/env.sh");
+    let env = [
+        ("DATABASE_URL", Some(database_url.as_str())),
+        ("REDIS_URL", None),
+        ("ORDER_QUEUE_URL", None),
+        ("AWS_LAMBDA_RUNTIME_API", None),
+        ("AWS_LAMBDA_FUNCTION_NAME", None),
+    ];
+    let out = run_bounded(&dir.join(MIGRATE), &[], &env, Duration::from_secs(30))
+        .expect("seckill-migrate exits");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{MIGRATE}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The report is the last line (log lines come before it).
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last).expect("a JSON report");
+    assert!(report["latest"].as_i64().is_some(), "{report}");
 }
 
 #[test]

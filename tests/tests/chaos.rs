@@ -1735,6 +1735,8 @@ async fn drop_database(url: &str) -> anyhow::Result<()> {
         "not a test database: {name}"
     );
     let mut admin = PgConnection::connect(&format!("{base}/postgres{query}")).await?;
+    // A database name cannot be a bind parameter: the statement is built at runtime, which
+    // `sqlx::query!` (a checked literal) cannot take.
     // The name is a test database's (checked above), never user input.
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "drop database if exists {name} with (force)"

@@ -11,18 +11,80 @@
 //!   API and answers one invocation per migration run):
 //!   `aws lambda invoke --function-name <MigrateFunctionName> /dev/stdout`.
 
-use seckill_shared::{db, secrets, Config};
+use seckill_shared::config::{millis, non_blank};
+use seckill_shared::{db, secrets};
 use serde_json::{json, Value};
+use std::time::Duration;
+
+/// What migrating needs to know: where the database is, nothing else. (The functions' `Config`
+/// also requires Redis and the queue, which a migration run from a bastion has no use for.)
+#[derive(Clone, clap::Parser)]
+#[command(
+    name = "seckill-migrate",
+    about = "Applies the schema migrations to the database. Every setting is read from its \
+             environment variable; a flag of the same name wins.",
+    long_about = None
+)]
+pub struct MigrateConfig {
+    /// PostgreSQL URL. Required unless DATABASE_SECRET_ARN names the credentials (as in AWS).
+    #[arg(
+        long = "database-url",
+        env = "DATABASE_URL",
+        value_name = "DATABASE_URL",
+        value_parser = non_blank,
+        required_unless_present = "database_secret_arn",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+    /// Secrets Manager ARN of the database credentials; replaces DATABASE_URL.
+    #[arg(
+        long = "database-secret-arn",
+        env = "DATABASE_SECRET_ARN",
+        value_name = "DATABASE_SECRET_ARN",
+        value_parser = non_blank
+    )]
+    pub database_secret_arn: Option<String>,
+    /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
+    #[arg(
+        long = "database-host",
+        env = "DATABASE_HOST",
+        value_name = "DATABASE_HOST",
+        value_parser = non_blank
+    )]
+    pub database_host: Option<String>,
+    /// How long the run waits for its one database connection.
+    #[arg(
+        long = "db-acquire-timeout-ms",
+        env = "DB_ACQUIRE_TIMEOUT_MS",
+        value_name = "DB_ACQUIRE_TIMEOUT_MS",
+        value_parser = millis,
+        default_value = "3000"
+    )]
+    pub db_acquire_timeout: Duration,
+}
+
+impl MigrateConfig {
+    /// The database URL: from the secret when one is named (read per run, so a rotated
+    /// password is picked up), else DATABASE_URL.
+    async fn database_url(&self) -> anyhow::Result<String> {
+        match &self.database_secret_arn {
+            Some(arn) => {
+                secrets::database_url_from_secret(arn, self.database_host.as_deref()).await
+            }
+            None => self
+                .database_url
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("DATABASE_URL or DATABASE_SECRET_ARN must be set")),
+        }
+    }
+}
 
 /// Connects, migrates, reports which migrations are now applied.
-pub async fn migrate(mut config: Config) -> anyhow::Result<Value> {
-    // Only the database secret: this function may not read the Redis one (least privilege).
-    config.secrets.redis_auth_secret_arn = None;
-    secrets::resolve(&mut config).await?;
+pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
+    let url = config.database_url().await?;
+    let target = secrets::redacted(&url);
     // One connection is enough and keeps this off the functions' connection budget.
-    config.db_max_connections = 1;
-    let target = secrets::redacted(&config.database_url);
-    let pool = db::connect(&config).await?;
+    let pool = db::connect_to(&url, 1, config.db_acquire_timeout).await?;
     let before: Vec<i64> = applied(&pool).await.unwrap_or_default();
     db::migrate(&pool).await?;
     let after = applied(&pool).await?;
