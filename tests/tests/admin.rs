@@ -54,7 +54,7 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) {
+async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a running sale; A takes the lock with a short lease.
     let (env, state) = setup(kind, 300, 1000).await;
     let a = env.open_sale(100, 5).await.unwrap();
@@ -102,10 +102,11 @@ async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) {
     assert_eq!(lock_value(&env, a.id).await, Some(b_owner));
     assert!(holder_b.release().await.unwrap());
     assert_eq!(lock_value(&env, a.id).await, None);
+    Ok(())
 }
 on_both_redis!(paused_holder_is_fenced_out_after_its_lease_expires);
 
-async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) {
+async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 5000, 1000).await;
     let a = env.open_sale(10, 1).await.unwrap();
     let mut tx = env.pool.begin().await.unwrap();
@@ -127,10 +128,11 @@ async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) {
         Err(LockError::Db(sqlx::Error::RowNotFound))
     ));
     assert_eq!(db_activity(&env, a.id).await.last_fence_token, 7);
+    Ok(())
 }
 on_both_redis!(a_raw_fenced_write_with_a_lower_token_is_refused);
 
-async fn wiped_token_counter_still_issues_tokens_above_the_database(kind: RedisKind) {
+async fn wiped_token_counter_still_issues_tokens_above_the_database(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: three fenced writes move the DB's token up.
     let (env, state) = setup(kind, 5000, 1000).await;
     let a = env.open_sale(50, 1).await.unwrap();
@@ -172,10 +174,11 @@ async fn wiped_token_counter_still_issues_tokens_above_the_database(kind: RedisK
         .unwrap();
     assert!(again.token > row.last_fence_token);
     again.release().await.unwrap();
+    Ok(())
 }
 on_both_redis!(wiped_token_counter_still_issues_tokens_above_the_database);
 
-async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) {
+async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a short wait so some admins really get `busy`.
     let (env, state) = setup(kind, 2000, 150).await;
     let a = env.open_sale(100, 2).await.unwrap();
@@ -250,10 +253,11 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) {
     assert!(by_token.windows(2).all(|w| w[0].1 < w[1].1), "{by_token:?}");
     assert_eq!(redis_stock(&env, a.id).await, Some(row.total_stock as i64));
     assert_eq!(lock_value(&env, a.id).await, None, "every holder released");
+    Ok(())
 }
 on_both_redis!(concurrent_admin_updates_apply_in_token_order);
 
-async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) {
+async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
     let a = env.open_sale(10, 1).await.unwrap();
     let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
@@ -282,10 +286,11 @@ async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) {
 
     assert!(guard.release().await.unwrap());
     assert_eq!(lock_value(&env, a.id).await, None);
+    Ok(())
 }
 on_both_redis!(only_the_owner_releases_and_renewals_outlive_the_ttl);
 
-async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) {
+async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
     let a = env.open_sale(10, 1).await.unwrap();
     let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
@@ -308,10 +313,11 @@ async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) {
     assert!(matches!(out, Err(LockError::Lost)));
     assert!(guard.is_lost());
     assert!(!finished.load(Ordering::SeqCst), "the work was abandoned");
+    Ok(())
 }
 on_both_redis!(work_is_abandoned_when_the_lease_is_taken_over);
 
-async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKind) {
+async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a running sale of 200, 300 buyers of one unit each.
     let (env, state) = setup(kind, 2000, 2000).await;
     let a = env.open_sale(200, 1).await.unwrap();
@@ -409,10 +415,11 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKin
     assert_eq!(body["stats"]["drift"], json!(0), "{body}");
     assert_eq!(body["stats"]["pendingCount"], json!(accepted), "{body}");
     assert_eq!(body["stats"]["participants"], json!(accepted), "{body}");
+    Ok(())
 }
 on_both_redis!(live_stock_changes_conserve_stock_with_concurrent_buyers);
 
-async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind) {
+async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind) -> anyhow::Result<()> {
     // An activity the DB knows is partly sold but Redis has not loaded (or already dropped).
     let (env, state) = setup(kind, 2000, 1000).await;
     let app = router(state.clone());
@@ -458,6 +465,7 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind)
     assert_eq!(detail["stats"]["redisStock"], Value::Null);
     assert_eq!(detail["stats"]["drift"], Value::Null);
     assert_eq!(detail["stats"]["dbRemaining"], json!(0));
+    Ok(())
 }
 on_both_redis!(lowering_below_db_sold_is_refused_even_when_not_loaded);
 
@@ -473,7 +481,7 @@ type BadRequest<'a> = (
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_admin_requests_are_refused_and_change_nothing() {
+async fn bad_admin_requests_are_refused_and_change_nothing() -> anyhow::Result<()> {
     let (env, state) = setup(RedisKind::Standalone, 2000, 500).await;
     let app: Router = router(state);
     let now = Utc::now();
@@ -653,9 +661,10 @@ async fn bad_admin_requests_are_refused_and_change_nothing() {
     assert_eq!(updated["perOrderLimit"], json!(3));
     assert_eq!(updated["title"], json!("Phones"));
     assert_eq!(updated["configVersion"], json!(2));
+    Ok(())
 }
 
-async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) {
+async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a running sale, and a database that refuses one particular update (a real
     // failure inside the transaction, after Redis was already lowered).
     let (env, state) = setup(kind, 2000, 1000).await;
@@ -697,5 +706,6 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) {
         .await
         .unwrap();
     assert_eq!(redis_stock(&env, a.id).await, Some(12));
+    Ok(())
 }
 on_both_redis!(a_failed_db_write_gives_redis_its_units_back);

@@ -192,7 +192,7 @@ fn the_fixture_event_carries_valid_order_messages() {
 }
 
 #[tokio::test]
-async fn batch_of_reservations_becomes_confirmed_orders() {
+async fn batch_of_reservations_becomes_confirmed_orders() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 100, 2).await;
     let mut messages = Vec::new();
@@ -226,10 +226,11 @@ async fn batch_of_reservations_becomes_confirmed_orders() {
         "the consumer never touches Redis stock"
     );
     assert_eq!(after.participants, 10);
+    Ok(())
 }
 
 #[tokio::test]
-async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
+async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     for i in 0..5 {
@@ -253,6 +254,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
     assert!(snap.ledger.is_empty());
     assert_eq!(snap.stock, Some(5));
     assert!(queue_is_empty(&env.sqs, &env.queue.url).await);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -260,7 +262,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
-async fn message_delivered_three_times_creates_one_order_and_no_compensation() {
+async fn message_delivered_three_times_creates_one_order_and_no_compensation() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
@@ -281,10 +283,11 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation() {
     assert_eq!(snapshot(&env, a.id).await, after_first);
     assert_eq!(after_first.stock, Some(9));
     assert!(is_participant(&env, a.id, "alice").await);
+    Ok(())
 }
 
 #[tokio::test]
-async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation() {
+async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
@@ -309,6 +312,7 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation()
     assert_eq!(snap.stock, Some(8), "no unit handed back");
     assert_eq!(snap.participants, 2);
     assert!(snap.ledger.is_empty());
+    Ok(())
 }
 
 /// Waits until at least `n` backends of this test's database wait on a lock.
@@ -330,7 +334,7 @@ async fn wait_for_lock_waiters(pool: &PgPool, n: i64) -> bool {
 }
 
 #[tokio::test]
-async fn redelivery_while_the_first_transaction_waits_creates_one_order() {
+async fn redelivery_while_the_first_transaction_waits_creates_one_order() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
@@ -376,6 +380,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() {
     assert_eq!(after.stock, before.stock, "no compensation");
     assert_eq!(after.participants, 1);
     assert!(after.ledger.is_empty());
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,7 +388,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
-async fn poison_message_is_reported_alone_and_the_others_commit() {
+async fn poison_message_is_reported_alone_and_the_others_commit() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let good: Vec<OrderMessage> =
@@ -414,10 +419,11 @@ async fn poison_message_is_reported_alone_and_the_others_commit() {
     assert_eq!(rows.len(), 3);
     assert_eq!(count_status(&rows, "confirmed"), 3);
     assert!(snapshot(&env, a.id).await.ledger.is_empty());
+    Ok(())
 }
 
 #[tokio::test]
-async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() {
+async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let url = testing::fresh_queue(&env.sqs, 1, 2).await.unwrap();
     let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
@@ -466,10 +472,11 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() {
     assert_eq!(dead[0].body(), Some("{\"poison\": true"));
     assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
     assert!(queue_is_empty(&env.sqs, &url).await);
+    Ok(())
 }
 
 #[tokio::test]
-async fn unreachable_database_reports_every_message_and_loses_nothing() {
+async fn unreachable_database_reports_every_message_and_loses_nothing() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let messages = vec![
@@ -505,6 +512,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() {
     let after = snapshot(&env, a.id).await;
     assert_eq!(after.stock, before.stock);
     assert!(after.ledger.is_empty());
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,7 +520,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
-async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
+async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 5, 1).await;
     let messages = vec![
@@ -564,6 +572,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() {
             no_compensation(Outcome::Duplicate)
         );
     }
+    Ok(())
 }
 
 async fn rows_len(env: &TestEnv, activity_id: i64) -> usize {
@@ -571,7 +580,7 @@ async fn rows_len(env: &TestEnv, activity_id: i64) -> usize {
 }
 
 #[tokio::test]
-async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order() {
+async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let c = consumer(&env);
@@ -615,10 +624,11 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
         no_compensation(Outcome::Duplicate)
     );
     assert_eq!(snapshot(&env, a.id).await, snap);
+    Ok(())
 }
 
 #[tokio::test]
-async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again() {
+async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
@@ -648,6 +658,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
         consumer(&env).handle_message(&m).await.unwrap(),
         no_compensation(Outcome::Duplicate)
     );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -724,13 +735,15 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
 }
 
 #[tokio::test]
-async fn crowd_of_500_attempts_sells_exactly_the_stock_on_standalone_redis() {
+async fn crowd_of_500_attempts_sells_exactly_the_stock_on_standalone_redis() -> anyhow::Result<()> {
     crowd_sells_exactly_the_stock(RedisKind::Standalone).await;
+    Ok(())
 }
 
 #[tokio::test]
-async fn crowd_of_500_attempts_sells_exactly_the_stock_on_redis_cluster() {
+async fn crowd_of_500_attempts_sells_exactly_the_stock_on_redis_cluster() -> anyhow::Result<()> {
     crowd_sells_exactly_the_stock(RedisKind::Cluster).await;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -794,7 +807,7 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
 }
 
 #[tokio::test]
-async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() {
+async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() -> anyhow::Result<()> {
     let ((fast, fast_stats), (slow, slow_stats)) =
         tokio::join!(mixed_batch(true), mixed_batch(false));
 
@@ -825,6 +838,7 @@ async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() {
             .map(|r| r.1)
             .sum::<i32>()
     );
+    Ok(())
 }
 
 /// Six reservations, but the database has only four units left.
@@ -845,7 +859,7 @@ async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStat
 }
 
 #[tokio::test]
-async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() {
+async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() -> anyhow::Result<()> {
     let ((fast, fast_stats), (slow, slow_stats)) =
         tokio::join!(short_database(true), short_database(false));
 
@@ -885,6 +899,7 @@ async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() 
     );
     assert_eq!(fast.db_remaining, 0);
     assert_eq!(fast.redis_stock, Some(10 - 6 + 2));
+    Ok(())
 }
 
 /// One user of the batch already holds an order the database knows and Redis forgot.
@@ -912,7 +927,7 @@ async fn second_order_in_batch(batch_writes: bool) -> (Final, order_consumer::Ba
 }
 
 #[tokio::test]
-async fn batch_path_falls_back_on_a_one_per_user_conflict() {
+async fn batch_path_falls_back_on_a_one_per_user_conflict() -> anyhow::Result<()> {
     let ((fast, fast_stats), (slow, slow_stats)) =
         tokio::join!(second_order_in_batch(true), second_order_in_batch(false));
 
@@ -936,6 +951,7 @@ async fn batch_path_falls_back_on_a_one_per_user_conflict() {
     assert_eq!(fast.db_remaining, 5);
     assert_eq!(fast.redis_stock, Some(5));
     assert_eq!(fast.pending, 0);
+    Ok(())
 }
 
 /// Committed orders per second through `handle_batch`, batch path against one transaction per
@@ -943,7 +959,7 @@ async fn batch_path_falls_back_on_a_one_per_user_conflict() {
 /// Run: `cargo nextest run -p seckill-tests --test consumer --run-ignored only`.
 #[tokio::test]
 #[ignore = "a measurement, not a check; run on demand"]
-async fn batch_path_throughput_against_per_message_baseline() {
+async fn batch_path_throughput_against_per_message_baseline() -> anyhow::Result<()> {
     const ORDERS: usize = 4000;
     const BATCH: usize = 10;
     const CONCURRENT_BATCHES: usize = 8;
@@ -986,4 +1002,5 @@ async fn batch_path_throughput_against_per_message_baseline() {
         "batch path / per-message baseline = {:.2}x",
         rates[1] / rates[0]
     );
+    Ok(())
 }

@@ -43,7 +43,7 @@ fn messages(raw: &[aws_sdk_sqs::types::Message]) -> Vec<OrderMessage> {
         .collect()
 }
 
-async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind) {
+async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
 
@@ -62,10 +62,11 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind)
     let snap = snapshot(&env, a.id).await;
     assert_eq!((snap.stock, snap.participants), (Some(3), 1));
     assert_eq!(snap.pending_quantity(), 2);
+    Ok(())
 }
 on_both_redis!(purchase_script_runs_on_any_topology_without_crossslot);
 
-async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind: RedisKind) {
+async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(50, 1).await.unwrap();
     let app = entry_router(&env);
@@ -101,12 +102,13 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind:
     let sent_ids: HashSet<String> = sent.iter().map(|m| m.request_id.to_string()).collect();
     assert_eq!(sent.len(), 50);
     assert_eq!(sent_ids, request_ids, "one message per accepted purchase");
+    Ok(())
 }
 on_both_redis!(five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50);
 
 async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative(
     kind: RedisKind,
-) {
+) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(100, 1).await.unwrap();
     let app = entry_router(&env);
@@ -170,12 +172,13 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
     // Conservation with nothing consumed yet: stock + pending = total.
     assert_eq!(snap.stock.unwrap() + snap.pending_quantity(), 100);
     assert_eq!(messages(&env.drain_messages(200).await.unwrap()).len(), 100);
+    Ok(())
 }
 on_both_redis!(
     ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative
 );
 
-async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: RedisKind) {
+async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(10, 1).await.unwrap();
     let app = entry_router(&env);
@@ -197,6 +200,7 @@ async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: Re
         .filter(|(s, _)| *s != StatusCode::ACCEPTED)
         .all(|(s, b)| *s == StatusCode::CONFLICT && b["error"] == "already_purchased"));
     assert_eq!(snapshot(&env, a.id).await.stock, Some(9));
+    Ok(())
 }
 on_both_redis!(one_user_sending_100_requests_in_parallel_gets_exactly_one_202);
 
@@ -215,7 +219,7 @@ fn dead_queue(env: &TestEnv) -> OrderQueue {
     )
 }
 
-async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) {
+async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
     let broken = entry_router_with_queue(&env, dead_queue(&env));
@@ -238,10 +242,11 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) 
         "the same user buys later: {body}"
     );
     assert_eq!(snapshot(&env, a.id).await.stock, Some(3));
+    Ok(())
 }
 on_both_redis!(dead_queue_answers_503_and_gives_stock_and_quota_back);
 
-async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind: RedisKind) {
+async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 3).await.unwrap();
     let request_id = Uuid::new_v4();
@@ -275,12 +280,13 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind
     assert_eq!(me["status"], "pending");
     assert_eq!(me["requestId"], request_id.to_string());
     assert_eq!(me["quantity"], 3);
+    Ok(())
 }
 on_both_redis!(crash_between_script_and_send_leaves_the_reservation_in_the_ledger);
 
 /// A redis-server of this test's own, so it can be paused and its commands counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn paused_redis_gets_a_fast_503_never_a_hang() {
+async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
@@ -320,10 +326,11 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() {
         }
     }
     assert!(recovered, "purchases resume once Redis answers again");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again() {
+async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again() -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let ttl = Duration::from_millis(1500);
     let env = private.env(Duration::from_secs(2), ttl).await;
@@ -369,9 +376,10 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
         StatusCode::ACCEPTED,
         "after the TTL Redis decides again: {body}"
     );
+    Ok(())
 }
 
-async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) {
+async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(5, 2).await.unwrap();
 
@@ -387,6 +395,7 @@ async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) 
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.ledger.len(), 1);
     assert_eq!(snap.ledger[0].user_id, "alice");
+    Ok(())
 }
 on_both_redis!(user_id_in_the_body_is_ignored_in_favour_of_the_token);
 
@@ -400,7 +409,7 @@ type BadInput<'a> = (
     &'a str,
 );
 
-async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) {
+async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(10, 5).await.unwrap();
     let app = entry_router(&env);
@@ -471,10 +480,11 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: Redis
         env.drain_messages(10).await.unwrap().is_empty(),
         "nothing sent"
     );
+    Ok(())
 }
 on_both_redis!(every_bad_input_gets_its_documented_4xx_and_changes_nothing);
 
-async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) {
+async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let now = chrono::Utc::now();
     let hour = chrono::Duration::hours(1);
@@ -508,10 +518,11 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) {
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("ended"))
     );
+    Ok(())
 }
 on_both_redis!(refusals_of_the_window_map_to_their_409s);
 
-async fn public_view_shows_live_stock_from_redis(kind: RedisKind) {
+async fn public_view_shows_live_stock_from_redis(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(7, 2).await.unwrap();
     let app = entry_router(&env);
@@ -537,5 +548,6 @@ async fn public_view_shows_live_stock_from_redis(kind: RedisKind) {
         (status, health["status"].as_str()),
         (StatusCode::OK, Some("ok"))
     );
+    Ok(())
 }
 on_both_redis!(public_view_shows_live_stock_from_redis);

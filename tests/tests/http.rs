@@ -92,7 +92,7 @@ fn orders(a: &Activity) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() {
+async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let sale = env.open_sale(5, 1).await.unwrap();
     let server = start(&env).await;
@@ -145,10 +145,11 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() {
         left.len()
     );
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn purchase_without_a_token_is_unauthorized() {
+async fn purchase_without_a_token_is_unauthorized() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let sale = env.open_sale(5, 1).await.unwrap();
     let server = start(&env).await;
@@ -167,10 +168,11 @@ async fn purchase_without_a_token_is_unauthorized() {
     .await;
     assert_eq!(status, 401);
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() {
+async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let sale = env.open_sale(5, 1).await.unwrap();
     let server = start(&env).await;
@@ -204,6 +206,7 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() {
         .unwrap();
     assert_eq!(stock, Some(5));
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 fn expired_token(user: &str) -> String {
@@ -223,7 +226,7 @@ fn expired_token(user: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates() {
+async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let server = start(&env).await;
     let now = chrono::Utc::now();
@@ -261,15 +264,17 @@ async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates(
     assert_eq!(status, 201, "{resp}");
     assert!(resp["id"].as_i64().is_some(), "{resp}");
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn health_answers_ok_without_a_token() {
+async fn health_answers_ok_without_a_token() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let server = start(&env).await;
     let (status, body) = http(&server, "GET", "/health", None, "").await;
     assert_eq!(status, 200, "{body}");
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 /// Requests no route takes, one row each: (method, path, status, code, `Allow` for a 405).
@@ -355,7 +360,7 @@ fn assert_error_body(what: &str, json: &Value, code: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_routers() {
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_routers() -> anyhow::Result<()> {
     use tower::ServiceExt;
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let entry = seckill_entry::router(seckill_entry::EntryState::new(
@@ -397,10 +402,11 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
             assert_error_body(&what, &json, code);
         }
     }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_server() {
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_server() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let server = start(&env).await;
     let admin_token = bearer("root", ADMIN_SCOPE);
@@ -423,10 +429,11 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_se
     assert_eq!(status, 405, "{head}");
     assert_error_body("POST /openapi.json", &json, "method_not_allowed");
     server.shutdown().await.unwrap();
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_dev_server_serves_the_generated_openapi_document() {
+async fn the_dev_server_serves_the_generated_openapi_document() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let server = start(&env).await;
     let (status, head, served) = http_with_head(&server, "GET", "/openapi.json", None, "").await;
@@ -440,4 +447,5 @@ async fn the_dev_server_serves_the_generated_openapi_document() {
         serde_json::from_str(&seckill_devserver::openapi::render()).expect("JSON");
     assert_eq!(served, generated);
     server.shutdown().await.unwrap();
+    Ok(())
 }

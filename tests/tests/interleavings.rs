@@ -807,7 +807,7 @@ async fn a_purchase_reply_lost_to_a_timeout_is_given_back_at_once(
 /// Redis stalls (SIGSTOP) while buyers click; each gets a fast 503. Their scripts sit in
 /// Redis's input buffer and run when it resumes: they must not leave reservations behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_redis_stall_leaves_no_phantom_reservation() {
+async fn a_redis_stall_leaves_no_phantom_reservation() -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
@@ -851,6 +851,7 @@ async fn a_redis_stall_leaves_no_phantom_reservation() {
         }
     }
     assert!(accepted, "u0 was told to retry and must be able to");
+    Ok(())
 }
 
 /// The send times out after storing; the consumer commits; the entry's give-back finds the
@@ -859,7 +860,7 @@ async fn a_redis_stall_leaves_no_phantom_reservation() {
 /// send time out); the answer must still follow the row: 202, never 503 with an order behind
 /// it. Standalone only: Redis is paused with SIGSTOP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_send_error_after_the_consumer_committed_never_answers_503() {
+async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let mut env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
@@ -903,6 +904,7 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() {
         StatusCode::SERVICE_UNAVAILABLE,
         "alice was told 503 ({body}) yet holds confirmed order {row:?}"
     );
+    Ok(())
 }
 
 /// Canceller A announced `c|A` and is on its way to the database (slow: a stalled connection,

@@ -109,7 +109,7 @@ impl World {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn owner_pays_once_and_paying_again_is_idempotent() {
+async fn owner_pays_once_and_paying_again_is_idempotent() -> anyhow::Result<()> {
     let w = world(RedisKind::Standalone, 10).await;
     let id = w.confirmed("alice", 1).await;
 
@@ -135,10 +135,11 @@ async fn owner_pays_once_and_paying_again_is_idempotent() {
         "the second pay changes nothing"
     );
     assert_eq!(w.me("alice").await["status"], "paid");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_paid_order_cannot_be_cancelled() {
+async fn a_paid_order_cannot_be_cancelled() -> anyhow::Result<()> {
     let w = world(RedisKind::Standalone, 10).await;
     let id = w.confirmed("alice", 2).await;
     assert_eq!(w.pay(id, "alice").await.0, StatusCode::OK);
@@ -155,9 +156,10 @@ async fn a_paid_order_cannot_be_cancelled() {
         w.redis().await.ledger.is_empty(),
         "the cancel announcement was dropped"
     );
+    Ok(())
 }
 
-async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(kind: RedisKind) {
+async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 3).await;
     assert_eq!((w.db_stock().await, w.redis().await.stock), (7, Some(7)));
@@ -178,10 +180,11 @@ async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(kind: RedisKind) {
     assert_eq!(again["releasedQuantity"], 0);
     assert_eq!((w.db_stock().await, w.redis().await.stock), (10, Some(10)));
     assert_eq!(w.me("alice").await["status"], "cancelled");
+    Ok(())
 }
 on_both_redis!(cancel_gives_stock_back_to_db_and_redis_exactly_once);
 
-async fn a_user_who_cancelled_can_buy_again(kind: RedisKind) {
+async fn a_user_who_cancelled_can_buy_again(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 1).await;
     assert_eq!(
@@ -197,11 +200,12 @@ async fn a_user_who_cancelled_can_buy_again(kind: RedisKind) {
     let me = w.me("alice").await;
     assert_eq!(me["status"], "pending");
     assert_eq!(me["requestId"], body["requestId"]);
+    Ok(())
 }
 on_both_redis!(a_user_who_cancelled_can_buy_again);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pay_after_cancel_is_refused() {
+async fn pay_after_cancel_is_refused() -> anyhow::Result<()> {
     let w = world(RedisKind::Standalone, 10).await;
     let id = w.confirmed("alice", 1).await;
     assert_eq!(w.cancel(id, "alice").await.0, StatusCode::OK);
@@ -213,9 +217,10 @@ async fn pay_after_cancel_is_refused() {
         (StatusCode::CONFLICT, Some("conflict"))
     );
     assert_eq!(w.status(id).await, "cancelled");
+    Ok(())
 }
 
-async fn someone_elses_order_is_not_found_and_stays_untouched(kind: RedisKind) {
+async fn someone_elses_order_is_not_found_and_stays_untouched(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
 
@@ -229,12 +234,13 @@ async fn someone_elses_order_is_not_found_and_stays_untouched(kind: RedisKind) {
     assert_eq!((w.db_stock().await, w.redis().await.stock), (8, Some(8)));
     let (status, _) = w.cancel(987_654_321, "alice").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    Ok(())
 }
 on_both_redis!(someone_elses_order_is_not_found_and_stays_untouched);
 
 /// The payment-timeout path (reconcile) and the owner may cancel at the same moment, and a
 /// client may retry: however many run at once, the units come back once.
-async fn concurrent_cancels_of_one_order_give_stock_back_once(kind: RedisKind) {
+async fn concurrent_cancels_of_one_order_give_stock_back_once(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 4).await;
     let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
@@ -263,12 +269,13 @@ async fn concurrent_cancels_of_one_order_give_stock_back_once(kind: RedisKind) {
     assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
     assert!(snap.ledger.is_empty(), "{:?}", snap.ledger);
     assert_eq!(snap.participants, 0);
+    Ok(())
 }
 on_both_redis!(concurrent_cancels_of_one_order_give_stock_back_once);
 
 /// The consumer committed the order but had not yet dropped its ledger entry when the cancel
 /// came: the order row proves the commit, so the cancel settles the entry and proceeds.
-async fn cancel_right_after_commit_before_settle_still_cancels(kind: RedisKind) {
+async fn cancel_right_after_commit_before_settle_still_cancels(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let request_id = w.reserve("alice", 2).await;
     let id = w.commit("alice", 2, request_id).await;
@@ -280,12 +287,13 @@ async fn cancel_right_after_commit_before_settle_still_cancels(kind: RedisKind) 
     let snap = w.redis().await;
     assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
     assert!(snap.ledger.is_empty());
+    Ok(())
 }
 on_both_redis!(cancel_right_after_commit_before_settle_still_cancels);
 
 /// A crash after the DB commit left the `c` entry behind; cancelling again finishes the Redis
 /// half instead of leaving it (or doing it twice).
-async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) {
+async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 3).await;
     let now = chrono::Utc::now();
@@ -321,11 +329,12 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) 
     assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
     assert!(snap.ledger.is_empty());
     assert_eq!(snap.participants, 0);
+    Ok(())
 }
 on_both_redis!(a_retried_cancel_finishes_what_a_crash_left_half_done);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
+async fn cancel_after_the_sale_left_redis_changes_only_the_database() -> anyhow::Result<()> {
     let w = world(RedisKind::Standalone, 10).await;
     let id = w.confirmed("alice", 2).await;
     seckill_shared::testing::lose_sale(&w.env.redis, w.sale.id)
@@ -348,10 +357,11 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database() {
     assert_eq!(body["releasedQuantity"], 2);
     assert_eq!(w.db_stock().await, 10);
     assert!(!w.redis().await.loaded, "nothing recreated in Redis");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn my_order_follows_a_purchase_from_none_to_paid() {
+async fn my_order_follows_a_purchase_from_none_to_paid() -> anyhow::Result<()> {
     let w = world(RedisKind::Standalone, 10).await;
     assert_eq!(w.me("alice").await, serde_json::json!({"status": "none"}));
 
@@ -397,4 +407,5 @@ async fn my_order_follows_a_purchase_from_none_to_paid() {
         (me["status"].as_str(), me["reason"].as_str()),
         (Some("failed"), Some("sold_out"))
     );
+    Ok(())
 }

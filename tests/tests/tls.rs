@@ -78,7 +78,7 @@ fn make_certs(dir: &Path) {
 }
 
 #[tokio::test]
-async fn purchase_script_runs_over_tls_with_an_auth_token() {
+async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("seckill-tls-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     make_certs(&dir);
@@ -175,4 +175,5 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() {
 
     server.kill().await.ok();
     std::fs::remove_dir_all(&dir).ok();
+    Ok(())
 }
