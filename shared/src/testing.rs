@@ -276,14 +276,10 @@ pub async fn call(
     (status, json)
 }
 
-/// What a test body run by [`on_both_redis!`](crate::on_both_redis) may return: nothing, or a
-/// `Result` whose `Err` fails the test.
+/// What a test body run by [`on_both_redis!`](crate::on_both_redis) returns: like every
+/// test, a `Result` whose `Err` fails it.
 pub trait Outcome {
     fn check(self);
-}
-
-impl Outcome for () {
-    fn check(self) {}
 }
 
 impl<E: std::fmt::Debug> Outcome for Result<(), E> {

@@ -54,13 +54,13 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) -> anyhow::Result<()> {
+async fn paused_holder_is_fenced_out_after_its_lease_expires(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     // Arrange: a running sale; A takes the lock with a short lease.
     let (env, state) = setup(kind, 300, 1000).await;
-    let a = env.open_sale(100, 5).await.unwrap();
-    let mut holder_a = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(1000))
-        .await
-        .unwrap();
+    let a = env.open_sale(100, 5).await?;
+    let mut holder_a = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(1000)).await?;
     // A "pauses" (GC, CPU starvation): in a paused process nothing runs, its watchdog
     // included, so nothing renews the lease.
     holder_a.stop_watchdog();
@@ -72,9 +72,8 @@ async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) ->
         .await
         .expect("the lease expired, so B gets the lock");
     assert!(holder_b.token > holder_a.token);
-    let b_wrote = update_with_guard(&state, &holder_b, &patch(json!({"title": "B's title"})))
-        .await
-        .unwrap();
+    let b_wrote =
+        update_with_guard(&state, &holder_b, &patch(json!({"title": "B's title"}))).await?;
     assert_eq!(b_wrote.config_version, 2);
 
     // Act: A resumes, unaware, and writes with its old token, raising and then lowering stock.
@@ -98,9 +97,9 @@ async fn paused_holder_is_fenced_out_after_its_lease_expires(kind: RedisKind) ->
 
     // A's release cannot delete B's lock.
     let b_owner = holder_b.owner.clone();
-    assert!(!holder_a.release().await.unwrap());
+    assert!(!holder_a.release().await?);
     assert_eq!(lock_value(&env, a.id).await, Some(b_owner));
-    assert!(holder_b.release().await.unwrap());
+    assert!(holder_b.release().await?);
     assert_eq!(lock_value(&env, a.id).await, None);
     Ok(())
 }
@@ -108,20 +107,20 @@ on_both_redis!(paused_holder_is_fenced_out_after_its_lease_expires);
 
 async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 5000, 1000).await;
-    let a = env.open_sale(10, 1).await.unwrap();
-    let mut tx = env.pool.begin().await.unwrap();
-    lock::fenced_update(&mut tx, a.id, 7).await.unwrap();
-    tx.commit().await.unwrap();
+    let a = env.open_sale(10, 1).await?;
+    let mut tx = env.pool.begin().await?;
+    lock::fenced_update(&mut tx, a.id, 7).await?;
+    tx.commit().await?;
 
     for token in [7, 6, 1] {
-        let mut tx = env.pool.begin().await.unwrap();
+        let mut tx = env.pool.begin().await?;
         let err = lock::fenced_update(&mut tx, a.id, token).await.unwrap_err();
         assert!(
             matches!(err, LockError::StaleToken { token: t, seen: 7 } if t == token),
             "{err:?}"
         );
     }
-    let mut tx = env.pool.begin().await.unwrap();
+    let mut tx = env.pool.begin().await?;
     let missing = lock::fenced_update(&mut tx, a.id + 1000, 99).await;
     assert!(matches!(
         missing,
@@ -132,48 +131,37 @@ async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) -> an
 }
 on_both_redis!(a_raw_fenced_write_with_a_lower_token_is_refused);
 
-async fn wiped_token_counter_still_issues_tokens_above_the_database(kind: RedisKind) -> anyhow::Result<()> {
+async fn wiped_token_counter_still_issues_tokens_above_the_database(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     // Arrange: three fenced writes move the DB's token up.
     let (env, state) = setup(kind, 5000, 1000).await;
-    let a = env.open_sale(50, 1).await.unwrap();
+    let a = env.open_sale(50, 1).await?;
     for i in 0..3 {
-        update_activity(&state, a.id, &patch(json!({"title": format!("v{i}")})))
-            .await
-            .unwrap();
+        update_activity(&state, a.id, &patch(json!({"title": format!("v{i}")}))).await?;
     }
     let seen = db_activity(&env, a.id).await.last_fence_token;
     assert!(seen >= 3);
 
     // Act: Redis forgets the counter (failover to a replica that missed it, or a flush).
     let fence_key = env.redis.keys(a.id).fence;
-    let _: i64 = env
-        .redis
-        .cmd(redis::cmd("DEL").arg(&fence_key))
-        .await
-        .unwrap();
-    let next = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000))
-        .await
-        .unwrap();
+    let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&fence_key)).await?;
+    let next = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000)).await?;
 
     // Assert: still above every token the DB has seen, and its write is accepted.
     assert!(next.token > seen, "{} > {seen}", next.token);
-    let row = update_with_guard(&state, &next, &patch(json!({"title": "after wipe"})))
-        .await
-        .unwrap();
+    let row = update_with_guard(&state, &next, &patch(json!({"title": "after wipe"}))).await?;
     assert_eq!(row.last_fence_token, next.token);
-    assert!(next.release().await.unwrap());
+    assert!(next.release().await?);
 
     // A counter that went *backwards* (set low, not deleted) is floored the same way.
     let _: () = env
         .redis
         .cmd(redis::cmd("SET").arg(&fence_key).arg(1))
-        .await
-        .unwrap();
-    let again = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000))
-        .await
-        .unwrap();
+        .await?;
+    let again = lock::acquire(&env.redis, &env.pool, a.id, ms(5000), ms(1000)).await?;
     assert!(again.token > row.last_fence_token);
-    again.release().await.unwrap();
+    again.release().await?;
     Ok(())
 }
 on_both_redis!(wiped_token_counter_still_issues_tokens_above_the_database);
@@ -257,17 +245,15 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) -> anyho
 }
 on_both_redis!(concurrent_admin_updates_apply_in_token_order);
 
-async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) -> anyhow::Result<()> {
+async fn only_the_owner_releases_and_renewals_outlive_the_ttl(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
-    let a = env.open_sale(10, 1).await.unwrap();
-    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
-        .await
-        .unwrap();
+    let a = env.open_sale(10, 1).await?;
+    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await?;
 
     // A non-owner's release changes nothing.
-    assert!(!lock::release_owned(&env.redis, a.id, "someone-else")
-        .await
-        .unwrap());
+    assert!(!lock::release_owned(&env.redis, a.id, "someone-else").await?);
     assert_eq!(lock_value(&env, a.id).await, Some(guard.owner.clone()));
 
     // A long operation (3× the lease) keeps the lock through the watchdog's renewals.
@@ -276,15 +262,14 @@ async fn only_the_owner_releases_and_renewals_outlive_the_ttl(kind: RedisKind) -
             tokio::time::sleep(ms(900)).await;
             42
         })
-        .await
-        .unwrap();
+        .await?;
     assert_eq!(out, 42);
     assert!(!guard.is_lost());
     assert_eq!(lock_value(&env, a.id).await, Some(guard.owner.clone()));
     let contender = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await;
     assert!(matches!(contender, Err(LockError::Busy)));
 
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await?);
     assert_eq!(lock_value(&env, a.id).await, None);
     Ok(())
 }
@@ -292,16 +277,13 @@ on_both_redis!(only_the_owner_releases_and_renewals_outlive_the_ttl);
 
 async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
-    let a = env.open_sale(10, 1).await.unwrap();
-    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100))
-        .await
-        .unwrap();
+    let a = env.open_sale(10, 1).await?;
+    let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await?;
     // Someone breaks the lock from outside (an operator, or an expiry we missed).
     let _: i64 = env
         .redis
         .cmd(redis::cmd("DEL").arg(env.redis.keys(a.id).lock))
-        .await
-        .unwrap();
+        .await?;
     let finished = Arc::new(AtomicBool::new(false));
     let flag = finished.clone();
     let out = guard
@@ -317,7 +299,9 @@ async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) -> anyh
 }
 on_both_redis!(work_is_abandoned_when_the_lease_is_taken_over);
 
-async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKind) -> anyhow::Result<()> {
+async fn live_stock_changes_conserve_stock_with_concurrent_buyers(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     // Arrange: a running sale of 200, 300 buyers of one unit each.
     let (env, state) = setup(kind, 2000, 2000).await;
     let a = env.open_sale(200, 1).await.unwrap();
@@ -419,7 +403,9 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(kind: RedisKin
 }
 on_both_redis!(live_stock_changes_conserve_stock_with_concurrent_buyers);
 
-async fn lowering_below_db_sold_is_refused_even_when_not_loaded(kind: RedisKind) -> anyhow::Result<()> {
+async fn lowering_below_db_sold_is_refused_even_when_not_loaded(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     // An activity the DB knows is partly sold but Redis has not loaded (or already dropped).
     let (env, state) = setup(kind, 2000, 1000).await;
     let app = router(state.clone());
@@ -618,8 +604,7 @@ async fn bad_admin_requests_are_refused_and_change_nothing() -> anyhow::Result<(
     // Nothing changed: one activity, exactly as created.
     let count: i64 = sqlx::query_scalar("select count(*) from activities")
         .fetch_one(&env.pool)
-        .await
-        .unwrap();
+        .await?;
     assert_eq!(count, 1);
     let after = db_activity(&env, id).await;
     assert_eq!(
@@ -668,7 +653,7 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow
     // Arrange: a running sale, and a database that refuses one particular update (a real
     // failure inside the transaction, after Redis was already lowered).
     let (env, state) = setup(kind, 2000, 1000).await;
-    let a = env.open_sale(20, 1).await.unwrap();
+    let a = env.open_sale(20, 1).await?;
     for stmt in [
         "create function refuse_13() returns trigger language plpgsql as $$
          begin
@@ -678,7 +663,7 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow
         "create trigger refuse_13 before update on activities
          for each row execute function refuse_13()",
     ] {
-        sqlx::query(stmt).execute(&env.pool).await.unwrap();
+        sqlx::query(stmt).execute(&env.pool).await?;
     }
 
     // Act: lower 20 -> 13 (Redis first, then the DB fails).
@@ -698,13 +683,10 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow
                 .arg(env.redis.keys(a.id).meta)
                 .arg("total"),
         )
-        .await
-        .unwrap();
+        .await?;
     assert_eq!(total, "20");
     // And the next change goes through normally.
-    update_activity(&state, a.id, &patch(json!({"totalStock": 12})))
-        .await
-        .unwrap();
+    update_activity(&state, a.id, &patch(json!({"totalStock": 12}))).await?;
     assert_eq!(redis_stock(&env, a.id).await, Some(12));
     Ok(())
 }

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use order_consumer::{Consumer, Outcome, Processed};
 use seckill_shared::activity::Activity;
 use seckill_shared::giveback;
+use seckill_shared::on_both_redis;
 use seckill_shared::order::{self, reason};
 use seckill_shared::queue::{OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Reservation};
@@ -191,9 +192,8 @@ fn the_fixture_event_carries_valid_order_messages() {
     }
 }
 
-#[tokio::test]
-async fn batch_of_reservations_becomes_confirmed_orders() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn batch_of_reservations_becomes_confirmed_orders(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 100, 2).await;
     let mut messages = Vec::new();
     for i in 0..10 {
@@ -228,14 +228,16 @@ async fn batch_of_reservations_becomes_confirmed_orders() -> anyhow::Result<()> 
     assert_eq!(after.participants, 10);
     Ok(())
 }
+on_both_redis!(batch_of_reservations_becomes_confirmed_orders);
 
-#[tokio::test]
-async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
+async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     for i in 0..5 {
         let m = reserve(&env, a.id, &format!("q-{i}"), 1).await;
-        env.queue.send(&m).await.unwrap();
+        env.queue.send(&m).await?;
     }
 
     let acked = drain(
@@ -256,21 +258,23 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty() -> anyho
     assert!(queue_is_empty(&env.sqs, &env.queue.url).await);
     Ok(())
 }
+on_both_redis!(orders_sent_through_the_real_queue_commit_and_leave_it_empty);
 
 // ---------------------------------------------------------------------------------------------
 // Idempotency: a message delivered N times yields one order
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn message_delivered_three_times_creates_one_order_and_no_compensation() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn message_delivered_three_times_creates_one_order_and_no_compensation(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let c = consumer(&env);
 
-    let first = c.handle_message(&m).await.unwrap();
+    let first = c.handle_message(&m).await?;
     let after_first = snapshot(&env, a.id).await;
-    let second = c.handle_message(&m).await.unwrap();
+    let second = c.handle_message(&m).await?;
     let third = c.handle_batch(event_of(std::slice::from_ref(&m))).await;
 
     assert_eq!(first, no_compensation(Outcome::Committed));
@@ -285,10 +289,12 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation() -
     assert!(is_participant(&env, a.id, "alice").await);
     Ok(())
 }
+on_both_redis!(message_delivered_three_times_creates_one_order_and_no_compensation);
 
-#[tokio::test]
-async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let n = reserve(&env, a.id, "bob", 1).await;
@@ -314,6 +320,7 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation()
     assert!(snap.ledger.is_empty());
     Ok(())
 }
+on_both_redis!(message_delivered_twice_at_once_creates_one_order_and_no_compensation);
 
 /// Waits until at least `n` backends of this test's database wait on a lock.
 async fn wait_for_lock_waiters(pool: &PgPool, n: i64) -> bool {
@@ -333,9 +340,10 @@ async fn wait_for_lock_waiters(pool: &PgPool, n: i64) -> bool {
     false
 }
 
-#[tokio::test]
-async fn redelivery_while_the_first_transaction_waits_creates_one_order() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn redelivery_while_the_first_transaction_waits_creates_one_order(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let before = snapshot(&env, a.id).await;
@@ -343,15 +351,12 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() -> any
 
     // Someone else holds the activity row: the first delivery's transaction stalls mid-way,
     // long enough for the visibility timeout to pass and SQS to deliver the message again.
-    let mut blocker = PgConnection::connect(&env.config.database_url)
-        .await
-        .unwrap();
-    sqlx::query("begin").execute(&mut blocker).await.unwrap();
+    let mut blocker = PgConnection::connect(&env.config.database_url).await?;
+    sqlx::query("begin").execute(&mut blocker).await?;
     sqlx::query("select id from activities where id = $1 for update")
         .bind(a.id)
         .execute(&mut blocker)
-        .await
-        .unwrap();
+        .await?;
     let first = tokio::spawn({
         let (c, m) = (c.clone(), m.clone());
         async move { c.handle_batch(event_of(&[m])).await }
@@ -368,10 +373,10 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() -> any
         wait_for_lock_waiters(&env.pool, 2).await,
         "redelivery is stalled too"
     );
-    sqlx::query("commit").execute(&mut blocker).await.unwrap();
+    sqlx::query("commit").execute(&mut blocker).await?;
 
-    assert!(first.await.unwrap().batch_item_failures.is_empty());
-    assert!(second.await.unwrap().batch_item_failures.is_empty());
+    assert!(first.await?.batch_item_failures.is_empty());
+    assert!(second.await?.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].status, "confirmed");
@@ -382,19 +387,21 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order() -> any
     assert!(after.ledger.is_empty());
     Ok(())
 }
+on_both_redis!(redelivery_while_the_first_transaction_waits_creates_one_order);
 
 // ---------------------------------------------------------------------------------------------
 // Poison and transient failures
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn poison_message_is_reported_alone_and_the_others_commit() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn poison_message_is_reported_alone_and_the_others_commit(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let good: Vec<OrderMessage> =
         futures::future::join_all((0..3).map(|i| reserve(&env, a.id, ["ann", "ben", "cat"][i], 1)))
             .await;
-    let mut zero = serde_json::to_value(&good[0]).unwrap();
+    let mut zero = serde_json::to_value(&good[0])?;
     zero["quantity"] = 0.into();
     zero["requestId"] = Uuid::new_v4().to_string().into();
     let poison = [
@@ -421,26 +428,24 @@ async fn poison_message_is_reported_alone_and_the_others_commit() -> anyhow::Res
     assert!(snapshot(&env, a.id).await.ledger.is_empty());
     Ok(())
 }
+on_both_redis!(poison_message_is_reported_alone_and_the_others_commit);
 
-#[tokio::test]
-async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let url = testing::fresh_queue(&env.sqs, 1, 2).await.unwrap();
+async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let url = testing::fresh_queue(&env.sqs, 1, 2).await?;
     let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
     let a = open_sale(&env, 10, 1).await;
     for user in ["ann", "ben"] {
-        queue
-            .send(&reserve(&env, a.id, user, 1).await)
-            .await
-            .unwrap();
+        queue.send(&reserve(&env, a.id, user, 1).await).await?;
     }
     env.sqs
         .send_message()
         .queue_url(&url)
         .message_body("{\"poison\": true")
         .send()
-        .await
-        .unwrap();
+        .await?;
     let c = consumer(&env);
 
     // Keep polling as the event source mapping would until the poison message has been
@@ -459,8 +464,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() -> any
             .queue_url(testing::dlq_url(&url))
             .max_number_of_messages(10)
             .send()
-            .await
-            .unwrap();
+            .await?;
         dead.extend(resp.messages.unwrap_or_default());
         if acked == 2 && !dead.is_empty() {
             break;
@@ -474,10 +478,12 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue() -> any
     assert!(queue_is_empty(&env.sqs, &url).await);
     Ok(())
 }
+on_both_redis!(poison_message_on_the_real_queue_ends_in_the_dead_letter_queue);
 
-#[tokio::test]
-async fn unreachable_database_reports_every_message_and_loses_nothing() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn unreachable_database_reports_every_message_and_loses_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let messages = vec![
         reserve(&env, a.id, "ann", 1).await,
@@ -487,8 +493,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() -> anyho
     let dead_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_millis(500))
-        .connect_lazy("postgres://postgres@127.0.0.1:1/x")
-        .unwrap();
+        .connect_lazy("postgres://postgres@127.0.0.1:1/x")?;
     let broken = Consumer::new(Deps::new(env.config.clone(), dead_pool, env.redis.clone()));
     let batch = event_of(&messages);
 
@@ -514,14 +519,16 @@ async fn unreachable_database_reports_every_message_and_loses_nothing() -> anyho
     assert!(after.ledger.is_empty());
     Ok(())
 }
+on_both_redis!(unreachable_database_reports_every_message_and_loses_nothing);
 
 // ---------------------------------------------------------------------------------------------
 // Business refusals: compensate first, then record, then ack
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 5, 1).await;
     let messages = vec![
         reserve(&env, a.id, "ann", 1).await,
@@ -568,35 +575,33 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure() -
     assert_eq!(rows_len(&env, a.id).await, 3);
     for m in &messages {
         assert_eq!(
-            c.handle_message(m).await.unwrap(),
+            c.handle_message(m).await?,
             no_compensation(Outcome::Duplicate)
         );
     }
     Ok(())
 }
+on_both_redis!(database_sold_out_compensates_redis_in_full_and_records_the_failure);
 
 async fn rows_len(env: &TestEnv, activity_id: i64) -> usize {
     rows(env, activity_id).await.len()
 }
 
-#[tokio::test]
-async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let c = consumer(&env);
     let first = reserve(&env, a.id, "alice", 1).await;
-    assert_eq!(
-        c.handle_message(&first).await.unwrap().outcome,
-        Outcome::Committed
-    );
+    assert_eq!(c.handle_message(&first).await?.outcome, Outcome::Committed);
     let existing = rows(&env, a.id).await;
     // Redis lost its user set (failover without persistence): alice can reserve again.
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
         .cmd(redis::cmd("SREM").arg(&k.users).arg("alice"))
-        .await
-        .unwrap();
+        .await?;
     let second = reserve(&env, a.id, "alice", 1).await;
     assert_eq!(snapshot(&env, a.id).await.stock, Some(8));
 
@@ -620,22 +625,22 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     );
     assert!(snap.ledger.is_empty());
     assert_eq!(
-        c.handle_message(&second).await.unwrap(),
+        c.handle_message(&second).await?,
         no_compensation(Outcome::Duplicate)
     );
     assert_eq!(snapshot(&env, a.id).await, snap);
     Ok(())
 }
+on_both_redis!(user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order);
 
-#[tokio::test]
-async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Cluster).await.unwrap();
+async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     // Reconcile's give-back: the claim, then the units.
-    let given = giveback::give_back(&env.pool, &env.redis, &m, reason::RESERVATION_EXPIRED)
-        .await
-        .unwrap();
+    let given = giveback::give_back(&env.pool, &env.redis, &m, reason::RESERVATION_EXPIRED).await?;
     assert!(
         matches!(given, giveback::GiveBack::GivenBack(Some(1))),
         "{given:?}"
@@ -655,17 +660,18 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     assert_eq!(db_remaining(&env, a.id).await, 10);
     assert_eq!(snapshot(&env, a.id).await, before);
     assert_eq!(
-        consumer(&env).handle_message(&m).await.unwrap(),
+        consumer(&env).handle_message(&m).await?,
         no_compensation(Outcome::Duplicate)
     );
     Ok(())
 }
+on_both_redis!(reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again);
 
 // ---------------------------------------------------------------------------------------------
 // End to end: a crowd through sale::purchase, the queue and the consumer
 // ---------------------------------------------------------------------------------------------
 
-async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
+async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyhow::Result<()> {
     const STOCK: i64 = 50;
     const USERS: usize = 200;
     const ATTEMPTS: usize = 500;
@@ -732,19 +738,10 @@ async fn crowd_sells_exactly_the_stock(kind: RedisKind) {
     assert_eq!(snap.participants, STOCK);
     // Conservation: redis stock + pending + confirmed = total.
     assert_eq!(snap.stock.unwrap() + snap.pending_quantity() + sold, STOCK);
-}
-
-#[tokio::test]
-async fn crowd_of_500_attempts_sells_exactly_the_stock_on_standalone_redis() -> anyhow::Result<()> {
-    crowd_sells_exactly_the_stock(RedisKind::Standalone).await;
     Ok(())
 }
 
-#[tokio::test]
-async fn crowd_of_500_attempts_sells_exactly_the_stock_on_redis_cluster() -> anyhow::Result<()> {
-    crowd_sells_exactly_the_stock(RedisKind::Cluster).await;
-    Ok(())
-}
+on_both_redis!(crowd_of_500_attempts_sells_exactly_the_stock);
 
 // ---------------------------------------------------------------------------------------------
 // The batch fast path gives the same results as the per-message path
@@ -807,7 +804,8 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
 }
 
 #[tokio::test]
-async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() -> anyhow::Result<()> {
+async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() -> anyhow::Result<()>
+{
     let ((fast, fast_stats), (slow, slow_stats)) =
         tokio::join!(mixed_batch(true), mixed_batch(false));
 
@@ -859,7 +857,8 @@ async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStat
 }
 
 #[tokio::test]
-async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() -> anyhow::Result<()> {
+async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() -> anyhow::Result<()>
+{
     let ((fast, fast_stats), (slow, slow_stats)) =
         tokio::join!(short_database(true), short_database(false));
 
@@ -965,7 +964,7 @@ async fn batch_path_throughput_against_per_message_baseline() -> anyhow::Result<
     const CONCURRENT_BATCHES: usize = 8;
     let mut rates = Vec::new();
     for batch_writes in [false, true] {
-        let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+        let env = TestEnv::new(RedisKind::Standalone).await?;
         let a = open_sale(&env, ORDERS as i64, 1).await;
         let messages: Vec<OrderMessage> = futures::stream::iter(0..ORDERS)
             .map(|i| {

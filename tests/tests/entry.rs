@@ -43,9 +43,11 @@ fn messages(raw: &[aws_sdk_sqs::types::Message]) -> Vec<OrderMessage> {
         .collect()
 }
 
-async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(5, 2).await.unwrap();
+async fn purchase_script_runs_on_any_topology_without_crossslot(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(5, 2).await?;
 
     let decision = sale::purchase(
         &env.redis,
@@ -66,9 +68,11 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(kind: RedisKind)
 }
 on_both_redis!(purchase_script_runs_on_any_topology_without_crossslot);
 
-async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(50, 1).await.unwrap();
+async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(50, 1).await?;
     let app = entry_router(&env);
 
     let results = futures::future::join_all((0..500).map(|i| {
@@ -98,7 +102,7 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(kind:
         .iter()
         .map(|(_, _, b)| b["requestId"].as_str().unwrap().to_string())
         .collect();
-    let sent = messages(&env.drain_messages(200).await.unwrap());
+    let sent = messages(&env.drain_messages(200).await?);
     let sent_ids: HashSet<String> = sent.iter().map(|m| m.request_id.to_string()).collect();
     assert_eq!(sent.len(), 50);
     assert_eq!(sent_ids, request_ids, "one message per accepted purchase");
@@ -178,9 +182,11 @@ on_both_redis!(
     ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative
 );
 
-async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(10, 1).await.unwrap();
+async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(10, 1).await?;
     let app = entry_router(&env);
 
     let results = futures::future::join_all((0..100).map(|_| {
@@ -219,9 +225,11 @@ fn dead_queue(env: &TestEnv) -> OrderQueue {
     )
 }
 
-async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(5, 2).await.unwrap();
+async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(5, 2).await?;
     let broken = entry_router_with_queue(&env, dead_queue(&env));
 
     let started = Instant::now();
@@ -246,20 +254,20 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(kind: RedisKind) 
 }
 on_both_redis!(dead_queue_answers_503_and_gives_stock_and_quota_back);
 
-async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(5, 3).await.unwrap();
+async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(5, 3).await?;
     let request_id = Uuid::new_v4();
 
     // The script ran; the process "died" before sending.
-    let decision = sale::purchase(&env.redis, a.id, "bob", 3, request_id, sale::far_deadline())
-        .await
-        .unwrap();
+    let decision =
+        sale::purchase(&env.redis, a.id, "bob", 3, request_id, sale::far_deadline()).await?;
 
     assert!(decision.is_ok());
     let reservation = sale::ledger_entry(&env.redis, a.id, "bob")
-        .await
-        .unwrap()
+        .await?
         .expect("a ledger entry");
     assert_eq!(reservation.kind, EntryKind::Reservation);
     assert_eq!(reservation.user_id, "bob");
@@ -291,7 +299,7 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
-    let a = env.open_sale(5, 1).await.unwrap();
+    let a = env.open_sale(5, 1).await?;
     let app = entry_router(&env);
 
     private.signal("-STOP");
@@ -330,18 +338,19 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again() -> anyhow::Result<()> {
+async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_again(
+) -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let ttl = Duration::from_millis(1500);
     let env = private.env(Duration::from_secs(2), ttl).await;
-    let a = env.open_sale(1, 1).await.unwrap();
+    let a = env.open_sale(1, 1).await?;
     let app = entry_router(&env);
     let (status, accepted) = buy(&app, &a, "winner", None).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let sold_at = Instant::now();
     // The consumer's part, by hand: a confirmed order, DB stock down, ledger entry settled.
     let request_id: Uuid = accepted["requestId"].as_str().unwrap().parse().unwrap();
-    let order_id = consume(&env, a.id, "winner", request_id, 1).await.unwrap();
+    let order_id = consume(&env, a.id, "winner", request_id, 1).await?;
 
     let before = private.commands_served().await;
     for i in 0..20 {
@@ -359,9 +368,8 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
 
     // The unit comes back through a cancel made elsewhere (another container, or reconcile).
     let order = order::get(&env.pool, order_id).await.unwrap().unwrap();
-    let outcome = lifecycle::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now())
-        .await
-        .unwrap();
+    let outcome =
+        lifecycle::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now()).await?;
     assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 1 });
     let before = private.commands_served().await;
     let (status, _) = buy(&app, &a, "late-0", None).await;
@@ -379,9 +387,11 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
     Ok(())
 }
 
-async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(5, 2).await.unwrap();
+async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(5, 2).await?;
 
     let (status, body) = buy(
         &entry_router(&env),
@@ -409,9 +419,11 @@ type BadInput<'a> = (
     &'a str,
 );
 
-async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(10, 5).await.unwrap();
+async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(10, 5).await?;
     let app = entry_router(&env);
     let orders = orders_path(&a);
     let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
@@ -476,19 +488,16 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(kind: Redis
     assert_eq!(snapshot(&env, a.id).await, redis_before, "Redis unchanged");
     assert_eq!(orders_in_db(&env).await, 0, "no order written");
     assert_eq!(db_remaining(&env, a.id).await, 10, "DB stock unchanged");
-    assert!(
-        env.drain_messages(10).await.unwrap().is_empty(),
-        "nothing sent"
-    );
+    assert!(env.drain_messages(10).await?.is_empty(), "nothing sent");
     Ok(())
 }
 on_both_redis!(every_bad_input_gets_its_documented_4xx_and_changes_nothing);
 
 async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
+    let env = TestEnv::new(kind).await?;
     let now = chrono::Utc::now();
     let hour = chrono::Duration::hours(1);
-    let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await.unwrap();
+    let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await?;
     let app = entry_router(&env);
 
     let (status, body) = buy(&app, &upcoming, "alice", None).await;
@@ -508,11 +517,8 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             end_at: now - hour,
         },
     )
-    .await
-    .unwrap();
-    seckill_shared::testing::load_without_db(&env.redis, &ended, env.config.expiry_buffer)
-        .await
-        .unwrap();
+    .await?;
+    seckill_shared::testing::load_without_db(&env.redis, &ended, env.config.expiry_buffer).await?;
     let (status, body) = buy(&app, &ended, "alice", None).await;
     assert_eq!(
         (status, body["error"].as_str()),
@@ -523,8 +529,8 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
 on_both_redis!(refusals_of_the_window_map_to_their_409s);
 
 async fn public_view_shows_live_stock_from_redis(kind: RedisKind) -> anyhow::Result<()> {
-    let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(7, 2).await.unwrap();
+    let env = TestEnv::new(kind).await?;
+    let a = env.open_sale(7, 2).await?;
     let app = entry_router(&env);
     assert_eq!(
         buy(&app, &a, "alice", Some(r#"{"quantity":2}"#)).await.0,

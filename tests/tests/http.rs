@@ -93,8 +93,8 @@ fn orders(a: &Activity) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let sale = env.open_sale(5, 1).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let sale = env.open_sale(5, 1).await?;
     let server = start(&env).await;
 
     let (status, body) = http(
@@ -113,10 +113,7 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
     // received the message, ran the consumer and acknowledged it.
     let deadline = Instant::now() + Duration::from_secs(15);
     let order = loop {
-        if let Some(o) = seckill_shared::order::by_request(&env.pool, request_id)
-            .await
-            .unwrap()
-        {
+        if let Some(o) = seckill_shared::order::by_request(&env.pool, request_id).await? {
             break o;
         }
         assert!(Instant::now() < deadline, "no order within 15 s");
@@ -138,20 +135,20 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
     assert_eq!(mine["status"], "confirmed", "{mine}");
 
     // The poller deleted the message it handled: the queue is empty once the order exists.
-    let left = env.drain_messages(10).await.unwrap();
+    let left = env.drain_messages(10).await?;
     assert!(
         left.is_empty(),
         "{} message(s) left on the queue",
         left.len()
     );
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purchase_without_a_token_is_unauthorized() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let sale = env.open_sale(5, 1).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let sale = env.open_sale(5, 1).await?;
     let server = start(&env).await;
 
     let (status, body) = http(&server, "POST", &orders(&sale), None, r#"{"quantity":1}"#).await;
@@ -167,22 +164,19 @@ async fn purchase_without_a_token_is_unauthorized() -> anyhow::Result<()> {
     )
     .await;
     assert_eq!(status, 401);
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let sale = env.open_sale(5, 1).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let sale = env.open_sale(5, 1).await?;
     let server = start(&env).await;
 
-    let forged = format!(
-        "Bearer {}",
-        mint("some-other-secret", "alice", "", 600).unwrap()
-    );
+    let forged = format!("Bearer {}", mint("some-other-secret", "alice", "", 600)?);
     let expired = format!("Bearer {}", expired_token("alice"));
-    let raw = mint(SECRET, "alice", "", 600).unwrap();
+    let raw = mint(SECRET, "alice", "", 600)?;
     for auth in [
         forged.as_str(),
         expired.as_str(),
@@ -201,11 +195,9 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
         assert_eq!(body["error"], "unauthorized");
     }
     // Nothing was reserved by any of them.
-    let stock = seckill_shared::sale::stock(&env.redis, sale.id)
-        .await
-        .unwrap();
+    let stock = seckill_shared::sale::stock(&env.redis, sale.id).await?;
     assert_eq!(stock, Some(5));
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
@@ -226,8 +218,9 @@ fn expired_token(user: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
     let server = start(&env).await;
     let now = chrono::Utc::now();
     let body = serde_json::json!({
@@ -263,17 +256,17 @@ async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates(
     .await;
     assert_eq!(status, 201, "{resp}");
     assert!(resp["id"].as_i64().is_some(), "{resp}");
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_answers_ok_without_a_token() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
     let server = start(&env).await;
     let (status, body) = http(&server, "GET", "/health", None, "").await;
     assert_eq!(status, 200, "{body}");
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
@@ -360,9 +353,10 @@ fn assert_error_body(what: &str, json: &Value, code: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_routers() -> anyhow::Result<()> {
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_routers(
+) -> anyhow::Result<()> {
     use tower::ServiceExt;
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
     let entry = seckill_entry::router(seckill_entry::EntryState::new(
         env.deps(),
         env.queue.clone(),
@@ -379,7 +373,7 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
             };
             let req =
                 seckill_shared::testing::request(method, path, Some(("alice", ADMIN_SCOPE)), None);
-            let resp = router.clone().oneshot(req).await.unwrap();
+            let resp = router.clone().oneshot(req).await?;
             let what = format!("{name}: {method} {path}");
             assert_eq!(resp.status().as_u16(), status, "{what}");
             let got_allow = resp.headers().get("allow").map(|v| {
@@ -395,9 +389,7 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
                 Some("application/json"),
                 "{what}"
             );
-            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
-                .await
-                .unwrap();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await?;
             let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             assert_error_body(&what, &json, code);
         }
@@ -406,8 +398,9 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_server() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_server(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
     let server = start(&env).await;
     let admin_token = bearer("root", ADMIN_SCOPE);
     for (method, path, status, code, allowed) in UNROUTED {
@@ -428,13 +421,13 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_behind_the_dev_se
     let (status, head, json) = http_with_head(&server, "POST", "/openapi.json", None, "").await;
     assert_eq!(status, 405, "{head}");
     assert_error_body("POST /openapi.json", &json, "method_not_allowed");
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_dev_server_serves_the_generated_openapi_document() -> anyhow::Result<()> {
-    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+    let env = TestEnv::new(RedisKind::Standalone).await?;
     let server = start(&env).await;
     let (status, head, served) = http_with_head(&server, "GET", "/openapi.json", None, "").await;
     assert_eq!(status, 200, "{head}");
@@ -446,6 +439,6 @@ async fn the_dev_server_serves_the_generated_openapi_document() -> anyhow::Resul
     let generated: Value =
         serde_json::from_str(&seckill_devserver::openapi::render()).expect("JSON");
     assert_eq!(served, generated);
-    server.shutdown().await.unwrap();
+    server.shutdown().await?;
     Ok(())
 }

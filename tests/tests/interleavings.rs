@@ -812,7 +812,7 @@ async fn a_redis_stall_leaves_no_phantom_reservation() -> anyhow::Result<()> {
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
-    let sale = env.open_sale(100, 1).await.unwrap();
+    let sale = env.open_sale(100, 1).await?;
     let w = World::new(env, sale);
     // A refused purchase loads the script, as the first clicks of a sale do.
     let (_, body) = w.buy("warm-up", 2).await;
@@ -832,7 +832,7 @@ async fn a_redis_stall_leaves_no_phantom_reservation() -> anyhow::Result<()> {
         clicks.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
         "{clicks:?}"
     );
-    let snap = sale::snapshot(&w.env.redis, w.id()).await.unwrap();
+    let snap = sale::snapshot(&w.env.redis, w.id()).await?;
     assert_eq!(snap.stock, Some(100), "{snap:?}");
     assert!(
         snap.ledger.is_empty(),
@@ -866,7 +866,7 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
     env.config.reconcile_grace = GRACE;
-    let sale = env.open_sale(10, 5).await.unwrap();
+    let sale = env.open_sale(10, 5).await?;
     let w = World::new(env, sale);
 
     let _lost = pause::arm_failure("queue.send.lost_reply", w.id(), 1);
@@ -877,16 +877,9 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
         tokio::spawn(
             async move { call(&app, request("POST", &path, Some(("alice", "")), None)).await },
         );
-    within("the entry's send", entry_paused.reached())
-        .await
-        .unwrap();
-    let message = w
-        .messages()
-        .await
-        .unwrap()
-        .pop()
-        .expect("the stored message");
-    let done = w.consumer().handle_message(&message).await.unwrap();
+    within("the entry's send", entry_paused.reached()).await?;
+    let message = w.messages().await?.pop().expect("the stored message");
+    let done = w.consumer().handle_message(&message).await?;
     assert_eq!(done.outcome, Outcome::Committed);
 
     // Redis stops answering for a moment, just as the entry applies the row it found.
@@ -894,9 +887,9 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
     entry_paused.resume();
     let answer = within("the entry", entry).await;
     private.signal("-CONT");
-    let (status, body) = answer.unwrap().unwrap();
+    let (status, body) = answer??;
 
-    let row = w.order_of(message.request_id).await.unwrap();
+    let row = w.order_of(message.request_id).await?;
     let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
     assert!(sold, "the consumer committed: {row:?}");
     assert_ne!(

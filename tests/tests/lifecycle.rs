@@ -108,9 +108,8 @@ impl World {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn owner_pays_once_and_paying_again_is_idempotent() -> anyhow::Result<()> {
-    let w = world(RedisKind::Standalone, 10).await;
+async fn owner_pays_once_and_paying_again_is_idempotent(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
     let id = w.confirmed("alice", 1).await;
 
     let (status, body) = w.pay(id, "mallory").await;
@@ -137,10 +136,10 @@ async fn owner_pays_once_and_paying_again_is_idempotent() -> anyhow::Result<()> 
     assert_eq!(w.me("alice").await["status"], "paid");
     Ok(())
 }
+on_both_redis!(owner_pays_once_and_paying_again_is_idempotent);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_paid_order_cannot_be_cancelled() -> anyhow::Result<()> {
-    let w = world(RedisKind::Standalone, 10).await;
+async fn a_paid_order_cannot_be_cancelled(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
     assert_eq!(w.pay(id, "alice").await.0, StatusCode::OK);
 
@@ -158,8 +157,11 @@ async fn a_paid_order_cannot_be_cancelled() -> anyhow::Result<()> {
     );
     Ok(())
 }
+on_both_redis!(a_paid_order_cannot_be_cancelled);
 
-async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(kind: RedisKind) -> anyhow::Result<()> {
+async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 3).await;
     assert_eq!((w.db_stock().await, w.redis().await.stock), (7, Some(7)));
@@ -204,9 +206,8 @@ async fn a_user_who_cancelled_can_buy_again(kind: RedisKind) -> anyhow::Result<(
 }
 on_both_redis!(a_user_who_cancelled_can_buy_again);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pay_after_cancel_is_refused() -> anyhow::Result<()> {
-    let w = world(RedisKind::Standalone, 10).await;
+async fn pay_after_cancel_is_refused(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
     let id = w.confirmed("alice", 1).await;
     assert_eq!(w.cancel(id, "alice").await.0, StatusCode::OK);
 
@@ -219,8 +220,11 @@ async fn pay_after_cancel_is_refused() -> anyhow::Result<()> {
     assert_eq!(w.status(id).await, "cancelled");
     Ok(())
 }
+on_both_redis!(pay_after_cancel_is_refused);
 
-async fn someone_elses_order_is_not_found_and_stays_untouched(kind: RedisKind) -> anyhow::Result<()> {
+async fn someone_elses_order_is_not_found_and_stays_untouched(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
 
@@ -240,7 +244,9 @@ on_both_redis!(someone_elses_order_is_not_found_and_stays_untouched);
 
 /// The payment-timeout path (reconcile) and the owner may cancel at the same moment, and a
 /// client may retry: however many run at once, the units come back once.
-async fn concurrent_cancels_of_one_order_give_stock_back_once(kind: RedisKind) -> anyhow::Result<()> {
+async fn concurrent_cancels_of_one_order_give_stock_back_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 4).await;
     let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
@@ -275,7 +281,9 @@ on_both_redis!(concurrent_cancels_of_one_order_give_stock_back_once);
 
 /// The consumer committed the order but had not yet dropped its ledger entry when the cancel
 /// came: the order row proves the commit, so the cancel settles the entry and proceeds.
-async fn cancel_right_after_commit_before_settle_still_cancels(kind: RedisKind) -> anyhow::Result<()> {
+async fn cancel_right_after_commit_before_settle_still_cancels(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let request_id = w.reserve("alice", 2).await;
     let id = w.commit("alice", 2, request_id).await;
@@ -293,7 +301,9 @@ on_both_redis!(cancel_right_after_commit_before_settle_still_cancels);
 
 /// A crash after the DB commit left the `c` entry behind; cancelling again finishes the Redis
 /// half instead of leaving it (or doing it twice).
-async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) -> anyhow::Result<()> {
+async fn a_retried_cancel_finishes_what_a_crash_left_half_done(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 3).await;
     let now = chrono::Utc::now();
@@ -333,13 +343,12 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(kind: RedisKind) 
 }
 on_both_redis!(a_retried_cancel_finishes_what_a_crash_left_half_done);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancel_after_the_sale_left_redis_changes_only_the_database() -> anyhow::Result<()> {
-    let w = world(RedisKind::Standalone, 10).await;
+async fn cancel_after_the_sale_left_redis_changes_only_the_database(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
-    seckill_shared::testing::lose_sale(&w.env.redis, w.sale.id)
-        .await
-        .unwrap();
+    seckill_shared::testing::lose_sale(&w.env.redis, w.sale.id).await?;
 
     // While the sale runs, Redis lost it and a reload is due: the cancel waits for it.
     let (status, body) = w.cancel(id, "alice").await;
@@ -359,10 +368,10 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database() -> anyhow:
     assert!(!w.redis().await.loaded, "nothing recreated in Redis");
     Ok(())
 }
+on_both_redis!(cancel_after_the_sale_left_redis_changes_only_the_database);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn my_order_follows_a_purchase_from_none_to_paid() -> anyhow::Result<()> {
-    let w = world(RedisKind::Standalone, 10).await;
+async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
     assert_eq!(w.me("alice").await, serde_json::json!({"status": "none"}));
 
     let request_id = w.reserve("alice", 2).await;
@@ -371,9 +380,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid() -> anyhow::Result<()> {
     assert_eq!(me["requestId"], request_id.to_string());
 
     let id = w.commit("alice", 2, request_id).await;
-    sale::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string())
-        .await
-        .unwrap();
+    sale::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string()).await?;
     let me = w.me("alice").await;
     assert_eq!(
         (
@@ -397,11 +404,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid() -> anyhow::Result<()> {
         reserved_at_ms: 0,
         load_epoch: None,
     };
-    assert!(
-        order::insert_failed(&w.env.pool, &refused, reason::SOLD_OUT)
-            .await
-            .unwrap()
-    );
+    assert!(order::insert_failed(&w.env.pool, &refused, reason::SOLD_OUT).await?);
     let me = w.me("bob").await;
     assert_eq!(
         (me["status"].as_str(), me["reason"].as_str()),
@@ -409,3 +412,4 @@ async fn my_order_follows_a_purchase_from_none_to_paid() -> anyhow::Result<()> {
     );
     Ok(())
 }
+on_both_redis!(my_order_follows_a_purchase_from_none_to_paid);

@@ -80,7 +80,7 @@ fn make_certs(dir: &Path) {
 #[tokio::test]
 async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("seckill-tls-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir)?;
     make_certs(&dir);
     let port = 20000 + (std::process::id() % 20000) as u16;
     let mut server = tokio::process::Command::new("redis-server")
@@ -116,7 +116,7 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
     // (nextest runs each test in its own process, so this touches no other test.)
     std::env::set_var("SSL_CERT_FILE", dir.join("ca.pem"));
 
-    let mut config = seckill_shared::Config::from_env().unwrap();
+    let mut config = seckill_shared::Config::from_env()?;
     config.key_prefix = "tls".into();
     config.redis = RedisTopology::Standalone(format!("rediss://:s3cret-token@127.0.0.1:{port}"));
     config.redis_timeout = Duration::from_secs(2);
@@ -141,12 +141,8 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
             ("limit", "1".into()),
             ("expireAtMs", (now + 120_000).to_string()),
         ]))
-        .await
-        .unwrap();
-    let _: () = redis
-        .cmd(redis::cmd("SET").arg(&k.stock).arg(1))
-        .await
-        .unwrap();
+        .await?;
+    let _: () = redis.cmd(redis::cmd("SET").arg(&k.stock).arg(1)).await?;
     let decision = sale::purchase(
         &redis,
         1,
@@ -155,8 +151,7 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
         uuid::Uuid::new_v4(),
         sale::far_deadline(),
     )
-    .await
-    .unwrap();
+    .await?;
     assert!(
         matches!(decision, Ok(Reservation { stock_left: 0, .. })),
         "{decision:?}"
