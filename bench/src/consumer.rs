@@ -123,19 +123,69 @@ async fn consumer_run(
 ) -> anyhow::Result<ConsumerRun> {
     let a = new_activity(pool, orders).await?;
     seckill_shared::testing::load_without_db(redis, &a, Duration::from_secs(3600)).await?;
-    // Real reservations: the ledger holds each one, as after seckill-entry accepted it.
-    let messages: Vec<OrderMessage> = futures::stream::iter(0..orders)
+    let messages = reservations(redis, a.id, orders).await?;
+    let batches = Arc::new(sqs_batches(&messages));
+
+    // One consumer per "container": its own warm pool and Redis connection.
+    let mut consumers = Vec::new();
+    for _ in 0..instances {
+        let p = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(config.db_max_connections)
+            .min_connections(config.db_max_connections)
+            .connect(&config.database_url)
+            .await?;
+        let r = Redis::connect(config).await?;
+        consumers
+            .push(Consumer::new(Deps::new(config.clone(), p, r)).with_batch_writes(batch_writes));
+    }
+    let start = Instant::now();
+    let (committed, failed, batched) = consume_all(&consumers, batches).await?;
+    let elapsed = start.elapsed();
+    for c in consumers {
+        c.pool().close().await;
+    }
+    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
+    let what = if batch_writes {
+        "Consumer::handle_batch (batch fast path on)"
+    } else {
+        "Consumer::handle_batch (batch fast path off)"
+    };
+    let run = ConsumerRun {
+        what: what.into(),
+        orders,
+        committed,
+        failed_or_retried: failed,
+        batched,
+        seconds: elapsed.as_secs_f64(),
+        orders_per_s: committed as f64 / elapsed.as_secs_f64(),
+        db_orders,
+        db_remaining_stock,
+    };
+    eprintln!(
+        "  {:<44} {:>9.0} orders/s  committed {} (batched {}), failed/retried {}",
+        run.what, run.orders_per_s, run.committed, run.batched, run.failed_or_retried
+    );
+    Ok(run)
+}
+
+/// Real reservations, one per buyer: the ledger holds each one, as after seckill-entry
+/// accepted it. Returns the order messages the entry would have sent.
+async fn reservations(
+    redis: &Redis,
+    activity_id: i64,
+    orders: usize,
+) -> anyhow::Result<Vec<OrderMessage>> {
+    futures::stream::iter(0..orders)
         .map(|i| {
             let redis = redis.clone();
             async move {
                 let user = format!("buyer-{i:07}");
                 let request_id = Uuid::now_v7();
-                match sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
-                    .await?
-                {
+                let deadline = sale::far_deadline();
+                match sale::purchase(&redis, activity_id, &user, 1, request_id, deadline).await? {
                     Ok(Reservation { now_ms, epoch, .. }) => Ok(OrderMessage {
                         request_id,
-                        activity_id: a.id,
+                        activity_id,
                         user_id: user,
                         quantity: 1,
                         reserved_at_ms: now_ms,
@@ -149,8 +199,12 @@ async fn consumer_run(
         .collect::<Vec<anyhow::Result<OrderMessage>>>()
         .await
         .into_iter()
-        .collect::<anyhow::Result<_>>()?;
-    let batches: Vec<SqsEvent> = messages
+        .collect()
+}
+
+/// The messages as SQS delivers them to the consumer: events of up to 10 records.
+fn sqs_batches(messages: &[OrderMessage]) -> Vec<SqsEvent> {
+    messages
         .chunks(10)
         .map(|chunk| {
             let mut event = SqsEvent::default();
@@ -165,23 +219,16 @@ async fn consumer_run(
                 .collect();
             event
         })
-        .collect();
-    let batches = Arc::new(batches);
+        .collect()
+}
 
-    // One consumer per "container": its own warm pool and Redis connection.
-    let mut consumers = Vec::new();
-    for _ in 0..instances {
-        let p = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(config.db_max_connections)
-            .min_connections(config.db_max_connections)
-            .connect(&config.database_url)
-            .await?;
-        let r = Redis::connect(config).await?;
-        consumers
-            .push(Consumer::new(Deps::new(config.clone(), p, r)).with_batch_writes(batch_writes));
-    }
+/// Every consumer takes the next batch until none is left. Returns (committed, failed or
+/// retried, committed by the batch fast path).
+async fn consume_all(
+    consumers: &[Consumer],
+    batches: Arc<Vec<SqsEvent>>,
+) -> anyhow::Result<(u64, u64, u64)> {
     let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
     let tasks: Vec<_> = consumers
         .iter()
         .cloned()
@@ -209,32 +256,7 @@ async fn consumer_run(
         failed += f;
         batched += b;
     }
-    let elapsed = start.elapsed();
-    for c in consumers {
-        c.pool().close().await;
-    }
-    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
-    let what = if batch_writes {
-        "Consumer::handle_batch (batch fast path on)"
-    } else {
-        "Consumer::handle_batch (batch fast path off)"
-    };
-    let run = ConsumerRun {
-        what: what.into(),
-        orders,
-        committed,
-        failed_or_retried: failed,
-        batched,
-        seconds: elapsed.as_secs_f64(),
-        orders_per_s: committed as f64 / elapsed.as_secs_f64(),
-        db_orders,
-        db_remaining_stock,
-    };
-    eprintln!(
-        "  {:<44} {:>9.0} orders/s  committed {} (batched {}), failed/retried {}",
-        run.what, run.orders_per_s, run.committed, run.batched, run.failed_or_retried
-    );
-    Ok(run)
+    Ok((committed, failed, batched))
 }
 
 async fn baseline_run(
