@@ -77,88 +77,123 @@ pub async fn cancel_order(
     order: &Order,
     now: DateTime<Utc>,
 ) -> Result<CancelOutcome, ApiError> {
-    let (activity_id, user) = (order.activity_id, order.user_id.as_str());
-    // Final states never change again, so a stale read of one is still the truth.
-    match OrderStatus::parse(&order.status) {
-        Some(OrderStatus::Confirmed) => {}
-        Some(OrderStatus::Cancelled) => {
-            // Finishes the committed attempt's Redis half if a crash left it (guarded by its id).
-            if let Some(cancel_id) = order.cancel_id {
-                sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
-            }
-            return Ok(CancelOutcome::AlreadyCancelled);
-        }
-        _ => return Ok(CancelOutcome::NotCancellable(order.status.clone())),
+    if let Some(outcome) = already_final(redis, order).await? {
+        return Ok(outcome);
     }
-
     let attempt = CancelAttempt {
-        activity_id,
-        user_id: user,
+        activity_id: order.activity_id,
+        user_id: order.user_id.as_str(),
         order_id: order.id,
         request_id: order.request_id,
         quantity: i64::from(order.quantity),
         cancel_id: Uuid::now_v7(),
     };
-    crate::pause::point("cancel.before_begin", activity_id).await;
-    let (begin, epoch) = sale::cancel_begin(redis, &attempt, now.timestamp_millis()).await?;
-    crate::pause::point("cancel.after_begin", activity_id).await;
-    let epoch = match begin {
-        CancelBegin::Busy => return other_attempt(pool, redis, order).await,
-        CancelBegin::Recorded => Some(epoch),
-        CancelBegin::NotLoaded => {
-            // Only a sale no loader will load again may change in the database alone: a load
-            // in progress would write a stock read before this commit, and the unit would be
-            // lost to Redis. A running sale missing from Redis is reloaded within a reconcile
-            // run; until then the cancel is retried.
-            if !sale_is_over(pool, activity_id, now).await? {
-                return Ok(CancelOutcome::Busy);
-            }
-            None
-        }
+    let epoch = match announce(pool, redis, order, &attempt, now).await? {
+        Ok(epoch) => epoch,
+        Err(answer) => return Ok(answer),
     };
-
     // If this fails the `c` entry stays: the commit may or may not have happened, and only
     // reconcile (reading the order row's cancel id later, or aborting this attempt) decides.
     let committed = commit_cancel(pool, order.id, attempt.cancel_id, epoch, now).await?;
-    let cancel_id = attempt.cancel_id;
     match committed {
         Committed::Cancelled(quantity) => {
             if epoch.is_some() {
                 // The database is the system of record and holds the cancel now: a Redis hiccup
                 // here leaves the `c` entry for reconcile, it does not undo the cancel.
-                if let Err(e) = sale::cancel_finish(redis, activity_id, user, cancel_id).await {
+                let finished = sale::cancel_finish(
+                    redis,
+                    attempt.activity_id,
+                    attempt.user_id,
+                    attempt.cancel_id,
+                );
+                if let Err(e) = finished.await {
                     tracing::warn!(error = %e, "cancel committed; redis half left to reconcile");
                 }
             }
             tracing::info!(quantity, outcome = "cancelled", "order cancelled");
             Ok(CancelOutcome::Cancelled { quantity })
         }
-        Committed::NotConfirmed => {
-            // Someone decided first: another attempt, a pay, or reconcile on this attempt's
-            // behalf. Only the attempt the row names may finish; any other drops its entry.
-            let row = crate::order::get(pool, order.id).await?;
-            let status = row.as_ref().map(|o| o.status.clone()).unwrap_or_default();
-            if epoch.is_some() {
-                if row.as_ref().and_then(|o| o.cancel_id) == Some(cancel_id) {
-                    sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
-                } else {
-                    sale::settle(redis, activity_id, user, &cancel_id.to_string()).await?;
-                }
-            }
-            if status == OrderStatus::Cancelled.as_str() {
-                Ok(CancelOutcome::AlreadyCancelled)
-            } else if status == OrderStatus::Confirmed.as_str() {
-                // Reconcile aborted this attempt (its announcement went stale): try again.
-                Ok(CancelOutcome::Busy)
-            } else {
-                Ok(CancelOutcome::NotCancellable(status))
-            }
-        }
+        Committed::NotConfirmed => decided_first(pool, redis, &attempt, epoch).await,
         Committed::EpochMoved => {
             // Redis lost the sale (and this attempt's entry) and reloaded it meanwhile: the
             // reloaded stock was read without this cancel. Nothing changed; retry.
             Ok(CancelOutcome::Busy)
         }
+    }
+}
+
+/// The answer for an order already in a final state (final states never change again, so a
+/// stale read of one is still the truth); `None` for a confirmed order, which may be cancelled.
+async fn already_final(redis: &Redis, order: &Order) -> Result<Option<CancelOutcome>, ApiError> {
+    match OrderStatus::parse(&order.status) {
+        Some(OrderStatus::Confirmed) => Ok(None),
+        Some(OrderStatus::Cancelled) => {
+            // Finishes the committed attempt's Redis half if a crash left it (guarded by its id).
+            if let Some(cancel_id) = order.cancel_id {
+                sale::cancel_finish(redis, order.activity_id, &order.user_id, cancel_id).await?;
+            }
+            Ok(Some(CancelOutcome::AlreadyCancelled))
+        }
+        _ => Ok(Some(CancelOutcome::NotCancellable(order.status.clone()))),
+    }
+}
+
+/// Step 1: announces the attempt in the ledger. `Ok(epoch)` to go on and commit (the load
+/// epoch the commit must still find, `None` for a sale only the database holds); `Err` with
+/// the answer when this attempt stops here.
+async fn announce(
+    pool: &PgPool,
+    redis: &Redis,
+    order: &Order,
+    attempt: &CancelAttempt<'_>,
+    now: DateTime<Utc>,
+) -> Result<Result<Option<i64>, CancelOutcome>, ApiError> {
+    let activity_id = attempt.activity_id;
+    crate::pause::point("cancel.before_begin", activity_id).await;
+    let (begin, epoch) = sale::cancel_begin(redis, attempt, now.timestamp_millis()).await?;
+    crate::pause::point("cancel.after_begin", activity_id).await;
+    match begin {
+        CancelBegin::Busy => Ok(Err(other_attempt(pool, redis, order).await?)),
+        CancelBegin::Recorded => Ok(Ok(Some(epoch))),
+        CancelBegin::NotLoaded => {
+            // Only a sale no loader will load again may change in the database alone: a load
+            // in progress would write a stock read before this commit, and the unit would be
+            // lost to Redis. A running sale missing from Redis is reloaded within a reconcile
+            // run; until then the cancel is retried.
+            if !sale_is_over(pool, activity_id, now).await? {
+                return Ok(Err(CancelOutcome::Busy));
+            }
+            Ok(Ok(None))
+        }
+    }
+}
+
+/// The order was no longer `confirmed` when this attempt committed: another attempt, a pay,
+/// or reconcile on this attempt's behalf decided first. Only the attempt the row names may
+/// finish; any other drops its entry.
+async fn decided_first(
+    pool: &PgPool,
+    redis: &Redis,
+    attempt: &CancelAttempt<'_>,
+    epoch: Option<i64>,
+) -> Result<CancelOutcome, ApiError> {
+    let (activity_id, user, cancel_id) = (attempt.activity_id, attempt.user_id, attempt.cancel_id);
+    let row = crate::order::get(pool, attempt.order_id).await?;
+    let status = row.as_ref().map(|o| o.status.clone()).unwrap_or_default();
+    if epoch.is_some() {
+        if row.as_ref().and_then(|o| o.cancel_id) == Some(cancel_id) {
+            sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
+        } else {
+            sale::settle(redis, activity_id, user, &cancel_id.to_string()).await?;
+        }
+    }
+    if status == OrderStatus::Cancelled.as_str() {
+        Ok(CancelOutcome::AlreadyCancelled)
+    } else if status == OrderStatus::Confirmed.as_str() {
+        // Reconcile aborted this attempt (its announcement went stale): try again.
+        Ok(CancelOutcome::Busy)
+    } else {
+        Ok(CancelOutcome::NotCancellable(status))
     }
 }
 
