@@ -14,7 +14,7 @@ use seckill_shared::auth::{mint, JwtVerifier};
 use seckill_shared::cache::Redis;
 use seckill_shared::queue::{OrderMessage, OrderQueue};
 use seckill_shared::Deps;
-use seckill_shared::{sale, scripts, testing, Config};
+use seckill_shared::{sale, scripts, testing, Config, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -231,15 +231,25 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
     add_users(b, open_id, users).await?;
     // Warm-up (discarded): the router's connection, the script cache, runtime threads.
     let warm = n.min(10_000);
-    let code = "already_purchased";
+    let code = Refusal::AlreadyPurchased.code();
+    let purchased = Refusal::AlreadyPurchased.script_code();
     router_loop(b, "warm-up: router", open_id, users, warm, c, code, false).await?;
-    bare_loop(b, "warm-up: bare EVALSHA", open_id, users, warm, c, 6).await?;
+    bare_loop(
+        b,
+        "warm-up: bare EVALSHA",
+        open_id,
+        users,
+        warm,
+        c,
+        purchased,
+    )
+    .await?;
     let what = "entry in-process (already_purchased)";
     let in_process = router_loop(b, what, open_id, users, n, c, code, true).await?;
     let what = "entry in-process + request build (already_purchased)";
     let in_process_with_build = router_loop(b, what, open_id, users, n, c, code, false).await?;
     let what = "bare EVALSHA (already_purchased)";
-    let bare_script = bare_loop(b, what, open_id, users, n, c, 6).await?;
+    let bare_script = bare_loop(b, what, open_id, users, n, c, purchased).await?;
     Ok(Rejections {
         users,
         in_process,
@@ -262,11 +272,13 @@ async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
     let sale = open_activity(id, 0);
     seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
     let what = "entry in-process, sold out (cache warm)";
-    let router = router_loop(b, what, id, users, n, c, "sold_out", true).await?;
+    let code = Refusal::SoldOut { stock_left: 0 }.code();
+    let router = router_loop(b, what, id, users, n, c, code, true).await?;
     let what = "entry in-process + request build, sold out";
-    let router_with_build = router_loop(b, what, id, users, n, c, "sold_out", false).await?;
+    let router_with_build = router_loop(b, what, id, users, n, c, code, false).await?;
     let what = "bare EVALSHA (sold_out)";
-    let bare_script = bare_loop(b, what, id, users, n, c, 5).await?;
+    let sold_out = Refusal::SoldOut { stock_left: 0 }.script_code();
+    let bare_script = bare_loop(b, what, id, users, n, c, sold_out).await?;
     Ok(SoldOut {
         router,
         router_with_build,

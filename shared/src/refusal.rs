@@ -73,6 +73,12 @@ impl Refusal {
         }
     }
 
+    /// The code `purchase.lua` answers this refusal with (the inverse of
+    /// [`from_script`](Refusal::from_script)), for callers that run the script by raw EVALSHA.
+    pub fn script_code(&self) -> i64 {
+        self.index() as i64 + 1
+    }
+
     /// Reads `purchase.lua`'s refusal codes (1-7; 0 is an acceptance and not read here).
     /// `None` for a code the script does not answer.
     pub fn from_script(code: i64, stock: i64, now_ms: i64) -> Option<Self> {
@@ -98,6 +104,7 @@ mod tests {
         for (n, code) in Refusal::CODES.iter().enumerate() {
             let refusal = Refusal::from_script(n as i64 + 1, 0, 0).unwrap();
             assert_eq!((refusal.index(), refusal.code()), (n, *code));
+            assert_eq!(refusal.script_code(), n as i64 + 1);
         }
         for (n, refusal) in Refusal::ALL.iter().enumerate() {
             assert_eq!(refusal.index(), n);
