@@ -272,61 +272,20 @@ async fn health_answers_ok_without_a_token() -> anyhow::Result<()> {
 
 /// Requests no route takes, one row each: (method, path, status, code, `Allow` for a 405).
 /// The first rows reach the entry router, the others the admin router.
+#[rustfmt::skip]
 const UNROUTED: &[(&str, &str, u16, &str, Option<&str>)] = &[
     ("GET", "/no/such/route", 404, "not_found", None),
     ("GET", "/activities", 404, "not_found", None),
     ("POST", "/orders/1", 404, "not_found", None),
-    (
-        "DELETE",
-        "/health",
-        405,
-        "method_not_allowed",
-        Some("GET,HEAD"),
-    ),
-    (
-        "GET",
-        "/activities/1/orders",
-        405,
-        "method_not_allowed",
-        Some("POST"),
-    ),
-    (
-        "PUT",
-        "/activities/1",
-        405,
-        "method_not_allowed",
-        Some("GET,HEAD"),
-    ),
-    (
-        "GET",
-        "/orders/1/pay",
-        405,
-        "method_not_allowed",
-        Some("POST"),
-    ),
-    (
-        "DELETE",
-        "/orders/1/cancel",
-        405,
-        "method_not_allowed",
-        Some("POST"),
-    ),
+    ("DELETE", "/health", 405, "method_not_allowed", Some("GET,HEAD")),
+    ("GET", "/activities/1/orders", 405, "method_not_allowed", Some("POST")),
+    ("PUT", "/activities/1", 405, "method_not_allowed", Some("GET,HEAD")),
+    ("GET", "/orders/1/pay", 405, "method_not_allowed", Some("POST")),
+    ("DELETE", "/orders/1/cancel", 405, "method_not_allowed", Some("POST")),
     ("GET", "/admin", 404, "not_found", None),
     ("GET", "/admin/activities/1/stats", 404, "not_found", None),
-    (
-        "DELETE",
-        "/admin/activities",
-        405,
-        "method_not_allowed",
-        Some("GET,HEAD,POST"),
-    ),
-    (
-        "PATCH",
-        "/admin/activities/1",
-        405,
-        "method_not_allowed",
-        Some("GET,HEAD,PUT"),
-    ),
+    ("DELETE", "/admin/activities", 405, "method_not_allowed", Some("GET,HEAD,POST")),
+    ("PATCH", "/admin/activities/1", 405, "method_not_allowed", Some("GET,HEAD,PUT")),
 ];
 
 /// The `Allow` header's methods, sorted, from a response head.

@@ -559,26 +559,18 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
     let env = TestEnv::new(kind).await?;
     let now = Utc::now();
     let mut cases = Vec::new();
-    for (start, end, status, code) in [
-        (
-            now + ChronoDuration::days(2),
-            now + ChronoDuration::days(3),
-            StatusCode::CONFLICT,
-            "not_started",
-        ),
-        (
-            now - ChronoDuration::days(3),
-            now - ChronoDuration::days(2),
-            StatusCode::CONFLICT,
-            "ended",
-        ),
-        (
-            now - ChronoDuration::minutes(1),
-            now + ChronoDuration::hours(1),
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-        ),
-    ] {
+    let (day, conflict, unavailable) = (
+        ChronoDuration::days(1),
+        StatusCode::CONFLICT,
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
+    #[rustfmt::skip]
+    let windows = [
+        (now + day * 2, now + day * 3, conflict, "not_started"),
+        (now - day * 3, now - day * 2, conflict, "ended"),
+        (now - ChronoDuration::minutes(1), now + ChronoDuration::hours(1), unavailable, "unavailable"),
+    ];
+    for (start, end, status, code) in windows {
         let a = activity::insert(
             &env.pool,
             &NewActivity {
