@@ -5,7 +5,9 @@
 #   make stack        start whatever of the local stack is missing (idempotent)
 #   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
 #                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke),
-#                     then schemathesis against a dev server (scripts/schemathesis.sh)
+#                     the standalone-Redis tests again on Valkey (make test-valkey), then
+#                     schemathesis against a dev server (scripts/schemathesis.sh)
+#   make test-valkey  every test that runs on standalone Redis, against Valkey (127.0.0.1:6380)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
@@ -15,7 +17,7 @@
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
-#   make clean-stack  stop the cluster nodes and moto_server that `make stack` started
+#   make clean-stack  stop the cluster nodes, Valkey and moto_server that `make stack` started
 #   make sqlx-prepare after changing a query: regenerate .sqlx/ (the offline query data every
 #                     build uses) against a freshly migrated scratch database; commit .sqlx/
 
@@ -47,7 +49,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help stack test fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -67,7 +69,19 @@ test: stack
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
+	$(MAKE) --no-print-directory valkey-tests
 	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
+
+# ElastiCache's default engine is Valkey: every test that on_both_redis! runs on a standalone
+# server runs again with REDIS_URL on Valkey, after checking that the server there is Valkey.
+test-valkey: stack valkey-tests
+
+valkey-tests:
+	$(ENV) redis-cli -u "$$VALKEY_URL" info server | tr -d '\r' | grep '^valkey_version:' \
+		|| { echo "no Valkey server at $$VALKEY_URL (bash scripts/stack.sh starts one)" >&2; exit 1; }
+	$(ENV) export REDIS_URL="$$VALKEY_URL" && if cargo nextest --version >/dev/null 2>&1; \
+		then cargo nextest run -p seckill-tests -E 'test(/::standalone$$/)'; \
+		else cargo test -p seckill-tests -- ::standalone --skip chaos; fi
 
 fmt:
 	cargo fmt --all

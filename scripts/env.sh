@@ -12,6 +12,8 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 : "${DATABASE_URL:=postgres://postgres@127.0.0.1:5432/seckill}"
 : "${REDIS_URL:=redis://127.0.0.1:6379}"
 : "${REDIS_CLUSTER_URLS:=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003}"
+# Valkey standalone: `make test` runs every standalone-Redis test against it as well.
+: "${VALKEY_URL:=redis://127.0.0.1:6380}"
 
 # AWS SDK -> the local SQS emulator (moto_server). Dummy credentials; the SDK reads
 # AWS_ENDPOINT_URL_SQS by itself. moto's default account id is 123456789012: this is the exact
@@ -34,7 +36,7 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 # Tools: no telemetry from SAM CLI
 : "${SAM_CLI_TELEMETRY:=0}"
 
-export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS \
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS VALKEY_URL \
     AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY \
     AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL \
     SECKILL_JWT_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY

