@@ -413,3 +413,53 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
     Ok(())
 }
 on_both_redis!(my_order_follows_a_purchase_from_none_to_paid);
+
+/// The production statement of `order::latest_for_user`, as the compiler checked it: read from
+/// the offline query data in `.sqlx/`, so the plan below is the plan of the shipped query.
+fn latest_for_user_statement() -> anyhow::Result<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.sqlx");
+    for entry in std::fs::read_dir(&dir)? {
+        let data: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        let query = data["query"].as_str().unwrap_or_default();
+        if query.contains("from orders where activity_id = $1 and user_id = $2")
+            && query.contains("order by (status in ('confirmed', 'paid')) desc")
+        {
+            return Ok(query.to_string());
+        }
+    }
+    anyhow::bail!(
+        "order::latest_for_user's statement is not in {}",
+        dir.display()
+    )
+}
+
+#[tokio::test]
+async fn a_buyers_order_lookup_reads_the_buyer_index_not_every_order_of_the_sale(
+) -> anyhow::Result<()> {
+    // Arrange: a sale with many orders of other buyers (failed requests of a sold-out crowd).
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let a = env.open_sale(10, 1).await?;
+    sqlx::query(
+        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+         select gen_random_uuid(), $1, 'crowd-' || g, 1, 'failed', 'sold_out'
+         from generate_series(1, 20000) g",
+    )
+    .bind(a.id)
+    .execute(&env.pool)
+    .await?;
+    sqlx::query("analyze orders").execute(&env.pool).await?;
+
+    // Act: the planner's plan for the buyer's lookup.
+    let explain = format!("explain (format json) {}", latest_for_user_statement()?);
+    let (plan,): (Value,) = sqlx::query_as(sqlx::AssertSqlSafe(explain))
+        .bind(a.id)
+        .bind("crowd-77")
+        .fetch_one(&env.pool)
+        .await?;
+
+    // Assert: it goes through the (activity, buyer) index, not the sale's orders.
+    let plan = plan.to_string();
+    assert!(plan.contains("orders_by_buyer"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    Ok(())
+}
