@@ -79,9 +79,11 @@ test-valkey: stack valkey-tests
 valkey-tests:
 	$(ENV) redis-cli -u "$$VALKEY_URL" info server | tr -d '\r' | grep '^valkey_version:' \
 		|| { echo "no Valkey server at $$VALKEY_URL (bash scripts/stack.sh starts one)" >&2; exit 1; }
+	# --workspace, as `make test` built it: `-p seckill-tests` alone unifies other features of
+	# seckill-shared and rebuilds every workspace crate (minutes on two cores).
 	$(ENV) export REDIS_URL="$$VALKEY_URL" && if cargo nextest --version >/dev/null 2>&1; \
-		then cargo nextest run -p seckill-tests -E 'test(/::standalone$$/)'; \
-		else cargo test -p seckill-tests -- ::standalone --skip chaos; fi
+		then cargo nextest run --workspace -E 'package(seckill-tests) and test(/::standalone$$/)'; \
+		else cargo test --workspace -- ::standalone --skip chaos; fi
 
 fmt:
 	cargo fmt --all
