@@ -10,6 +10,7 @@
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id (the fencing token, plus "-revert" for a revert)
+-- ARGV[10] title (the public view reads it from the meta)
 --
 -- A change is applied once: a script delivered twice (a cluster client re-sends after a
 -- dropped connection) finds its change id in the meta and only answers.
@@ -29,7 +30,8 @@ if delta ~= 0 then
   redis.call('HINCRBY', KEYS[2], 'seq', 1)
 end
 redis.call('HSET', KEYS[2], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
-  'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9])
+  'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
+  'title', ARGV[10])
 for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4], KEYS[5]}) do
   if redis.call('EXISTS', key) == 1 then redis.call('PEXPIREAT', key, ARGV[8]) end
 end

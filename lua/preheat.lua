@@ -17,6 +17,7 @@
 -- ARGV[1] stock to load (DB remaining stock)   ARGV[2] total stock
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
+-- ARGV[10] title (the public view reads it from the meta)
 --
 -- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry), 2 = already loaded,
 -- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
@@ -30,7 +31,7 @@ local version = redis.call('HGET', KEYS[2], 'version')
 if version then
   if tonumber(ARGV[6]) > tonumber(version) then
     redis.call('HSET', KEYS[2], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
-      'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7])
+      'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10])
     expire_all()
     return 2
   end
@@ -39,7 +40,8 @@ if version then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
-  'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9])
+  'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
+  'title', ARGV[10])
 redis.call('HINCRBY', KEYS[2], 'seq', 1)
 expire_all()
 return 1

@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 FUNCTION = "AWS::Serverless::Function"
 # shared::Config's default when DB_MAX_CONNECTIONS is unset (`--help` on any function shows it).
 DEFAULT_DB_MAX_CONNECTIONS = 4
-ENTRY_ACTIONS = {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
+# SendMessage for purchases; GetQueueAttributes for the deep health check. Both on the order queue only.
+ENTRY_SQS_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes"}
+ENTRY_ACTIONS = ENTRY_SQS_ACTIONS | {"secretsmanager:GetSecretValue"}
 SECRET_MARKERS = ("{{resolve:secretsmanager", "{{resolve:ssm-secure")
 SECRET_NAME_WORDS = ("PASSWORD", "TOKEN", "SECRET", "PASSWD", "API_KEY")
 
@@ -253,14 +255,14 @@ def check_entry_policy(t: Template) -> None:
         resources = as_list(st.get("Resource"))
         if not actions <= ENTRY_ACTIONS:
             problems.append(f"actions {sorted(actions - ENTRY_ACTIONS)}")
-        if "sqs:SendMessage" in actions:
-            sends += 1
-            if actions != {"sqs:SendMessage"} or {target_of(r) for r in resources} - order_queues:
-                problems.append(f"sqs:SendMessage beyond the order queue: {resources}")
+        if actions & ENTRY_SQS_ACTIONS:
+            sends += "sqs:SendMessage" in actions
+            if not actions <= ENTRY_SQS_ACTIONS or {target_of(r) for r in resources} - order_queues:
+                problems.append(f"sqs actions beyond the order queue: {resources}")
         if "secretsmanager:GetSecretValue" in actions and {target_of(r) for r in resources} - secrets:
             problems.append(f"secret read beyond the stack's secrets: {resources}")
     check(not problems and sends == 1,
-          f"{name}: grants only sqs:SendMessage on the order queue (+ GetSecretValue on its secrets)"
+          f"{name}: grants only sqs:SendMessage and sqs:GetQueueAttributes on the order queue (+ GetSecretValue on its secrets)"
           + (f" -- {problems}" if problems else ""))
     for other, f in t.functions():
         wild = [st for st in statements(f) if "__opaque__" not in st

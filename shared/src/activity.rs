@@ -42,6 +42,18 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Where the window `[start_at, end_at)` stands at `now`, wherever the window was read
+    /// (the row, or the sale's meta in Redis).
+    pub fn of(start_at: DateTime<Utc>, end_at: DateTime<Utc>, now: DateTime<Utc>) -> Phase {
+        if now < start_at {
+            Phase::Upcoming
+        } else if now < end_at {
+            Phase::Running
+        } else {
+            Phase::Ended
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Upcoming => "upcoming",
@@ -53,13 +65,7 @@ impl Phase {
 
 impl Activity {
     pub fn phase(&self, now: DateTime<Utc>) -> Phase {
-        if now < self.start_at {
-            Phase::Upcoming
-        } else if now < self.end_at {
-            Phase::Running
-        } else {
-            Phase::Ended
-        }
+        Phase::of(self.start_at, self.end_at, now)
     }
 
     /// Whether preheat loads it at `now`: published, starting within `lead`, not yet ended.

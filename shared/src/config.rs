@@ -157,6 +157,12 @@ pub struct Config {
     #[arg(long = "sold-out-cache-ms", env = "SOLD_OUT_CACHE_MS", value_name = "SOLD_OUT_CACHE_MS",
           value_parser = millis, default_value = "1000")]
     pub sold_out_cache_ttl: Duration,
+    /// How long a container reuses its answer to `GET /activities/{id}` (0 = not at all).
+    /// At most 250: a view older than that would lag the purchases by more than a click.
+    #[arg(long = "public-view-cache-ms", env = "PUBLIC_VIEW_CACHE_MS",
+          value_name = "PUBLIC_VIEW_CACHE_MS", value_parser = view_cache_millis,
+          default_value = "250")]
+    pub public_view_cache_ttl: Duration,
     /// Connections per container; `MaximumConcurrency × this` is what the database sees.
     #[arg(long = "db-max-connections", env = "DB_MAX_CONNECTIONS", value_name = "DB_MAX_CONNECTIONS",
           value_parser = whole::<u32>, default_value = "4")]
@@ -225,6 +231,21 @@ pub fn millis(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_millis)
 }
 
+/// The longest [`Config::public_view_cache_ttl`]: the view's stock may lag Redis by this.
+pub const MAX_PUBLIC_VIEW_CACHE: Duration = Duration::from_millis(250);
+
+/// [`millis`], at most [`MAX_PUBLIC_VIEW_CACHE`]: a longer value is refused, not clamped.
+fn view_cache_millis(value: &str) -> Result<Duration, String> {
+    let ttl = millis(value)?;
+    if ttl > MAX_PUBLIC_VIEW_CACHE {
+        return Err(format!(
+            "must be at most {} ms",
+            MAX_PUBLIC_VIEW_CACHE.as_millis()
+        ));
+    }
+    Ok(ttl)
+}
+
 fn secs(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_secs)
 }
@@ -243,6 +264,7 @@ impl std::fmt::Debug for Config {
             .field("redis_timeout", &self.redis_timeout)
             .field("sqs_timeout", &self.sqs_timeout)
             .field("sold_out_cache_ttl", &self.sold_out_cache_ttl)
+            .field("public_view_cache_ttl", &self.public_view_cache_ttl)
             .field("db_max_connections", &self.db_max_connections)
             .field("db_acquire_timeout", &self.db_acquire_timeout)
             .field("preheat_lead", &self.preheat_lead)
@@ -405,6 +427,19 @@ mod tests {
         assert_eq!(config.preheat_lead, Duration::from_secs(60));
         assert_eq!(config.sqs_timeout, Duration::from_millis(2000), "default");
         assert_eq!(config.lock_ttl, Duration::from_millis(5000), "default");
+    }
+
+    #[test]
+    fn the_public_view_cache_defaults_to_and_stops_at_250_ms() {
+        let config = parse(&local()).unwrap();
+        assert_eq!(config.public_view_cache_ttl, Duration::from_millis(250));
+        let mut vars = local();
+        vars.push(("PUBLIC_VIEW_CACHE_MS", "0"));
+        assert_eq!(parse(&vars).unwrap().public_view_cache_ttl, Duration::ZERO);
+        let mut vars = local();
+        vars.push(("PUBLIC_VIEW_CACHE_MS", "251"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("PUBLIC_VIEW_CACHE_MS"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,8 @@ pub struct Keys {
     /// Units left in Redis (string integer).
     pub stock: String,
     /// Hash: startMs, endMs, limit, total, version, expireAtMs, seq (the stock sequence),
-    /// epoch (the load epoch), change (the last admin change applied).
+    /// epoch (the load epoch), change (the last admin change applied), title (for the public
+    /// view).
     pub meta: String,
     /// Set of user ids holding a reservation or an order.
     pub users: String,

@@ -1,5 +1,6 @@
 //! Typed calls of the sale's Lua scripts: purchase, compensation, settle, cancel, preheat,
-//! snapshot. Each is one atomic script on the activity's hash-tagged keys.
+//! snapshot. Each is one atomic script on the activity's hash-tagged keys. Also the plain reads
+//! of a loaded sale: its stock, its public view, its ledger entries.
 
 use crate::activity::Activity;
 use crate::cache::{CacheError, Redis};
@@ -318,6 +319,52 @@ pub async fn stock(redis: &Redis, activity_id: i64) -> Result<Option<i64>, Cache
     redis.cmd(redis::cmd("GET").arg(&k.stock)).await
 }
 
+/// What the public view shows of a loaded sale, as its meta and stock hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaleView {
+    pub title: String,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    /// Units Redis may still sell (never below 0).
+    pub stock: i64,
+}
+
+/// The public view of a loaded sale in one round trip (the meta's fields and the stock, both
+/// under the sale's hash tag, so one node answers on a cluster too). `None` when Redis does
+/// not hold the whole view: the sale is not loaded (before preheat, after its keys expired),
+/// or its meta was written before the meta carried the title.
+pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, CacheError> {
+    let k = redis.keys(activity_id);
+    let mut pipe = redis::pipe();
+    pipe.cmd("HMGET")
+        .arg(&k.meta)
+        .arg("title")
+        .arg("startMs")
+        .arg("endMs")
+        .cmd("GET")
+        .arg(&k.stock);
+    let mut conn = redis.conn.clone();
+    #[allow(clippy::type_complexity)]
+    let ((title, start_ms, end_ms), stock): (
+        (Option<String>, Option<i64>, Option<i64>),
+        Option<i64>,
+    ) = redis.run(pipe.query_async(&mut conn)).await?;
+    let (Some(title), Some(start_ms), Some(end_ms), Some(stock)) = (title, start_ms, end_ms, stock)
+    else {
+        return Ok(None);
+    };
+    let at = |ms| DateTime::<Utc>::from_timestamp_millis(ms);
+    let (Some(start_at), Some(end_at)) = (at(start_ms), at(end_ms)) else {
+        return Ok(None);
+    };
+    Ok(Some(SaleView {
+        title,
+        start_at,
+        end_at,
+        stock: stock.max(0),
+    }))
+}
+
 /// What `preheat.lua` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PreheatOutcome {
@@ -352,7 +399,8 @@ pub async fn preheat(
         .arg(activity.config_version)
         .arg(activity.expire_at(buffer).timestamp_millis())
         .arg(owner)
-        .arg(activity.load_epoch);
+        .arg(activity.load_epoch)
+        .arg(&activity.title);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         0 => PreheatOutcome::AlreadyLoaded,
@@ -378,8 +426,10 @@ pub enum Adjust {
 }
 
 /// The activity's meta as `adjust.lua` writes it to Redis.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SaleMeta {
+    /// Shown by the public view, which reads it from the meta ([`view`]).
+    pub title: String,
     pub total: i64,
     pub per_order_limit: i64,
     pub start_at: DateTime<Utc>,
@@ -414,7 +464,8 @@ pub async fn adjust(
         .arg(meta.per_order_limit)
         .arg(meta.version)
         .arg(meta.expire_at.timestamp_millis())
-        .arg(change);
+        .arg(change)
+        .arg(&meta.title);
     let (code, stock): (i64, i64) = redis.script(&inv).await?;
     Ok(match code {
         0 => Adjust::Applied,

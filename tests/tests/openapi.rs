@@ -56,6 +56,7 @@ fn every_route_of_both_routers_is_documented() {
         "GET /admin/activities",
         "GET /admin/activities/{activityId}",
         "GET /health",
+        "GET /health/deep",
         "POST /activities/{activityId}/orders",
         "POST /admin/activities",
         "POST /orders/{orderId}/cancel",
@@ -96,7 +97,7 @@ fn the_error_codes_are_the_ones_the_code_answers() {
 }
 
 #[test]
-fn only_the_public_view_and_health_go_without_a_token() {
+fn only_the_public_view_and_the_health_checks_go_without_a_token() {
     let doc = document();
     assert_eq!(doc["security"], serde_json::json!([{"bearer": []}]));
     assert_eq!(
@@ -112,7 +113,7 @@ fn only_the_public_view_and_health_go_without_a_token() {
         let responses = &op["responses"];
         let public = matches!(
             (method.as_str(), path.as_str()),
-            ("GET", "/health") | ("GET", "/activities/{activityId}")
+            ("GET", "/health") | ("GET", "/health/deep") | ("GET", "/activities/{activityId}")
         );
         if public {
             assert_eq!(op["security"], serde_json::json!([{}]), "{method} {path}");

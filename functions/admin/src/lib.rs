@@ -283,6 +283,7 @@ fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
     let buffer = chrono::Duration::from_std(state.config.expiry_buffer)
         .unwrap_or(chrono::Duration::hours(2));
     SaleMeta {
+        title: m.title.clone(),
         total: m.total_stock,
         per_order_limit: m.per_order_limit,
         start_at: m.start_at,

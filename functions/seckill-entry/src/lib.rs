@@ -20,6 +20,10 @@
 //! flood does not reach Redis) and a small circuit breaker (after a run of Redis failures,
 //! answer 503 at once for a moment instead of waiting out a timeout per request).
 //!
+//! The public view (`GET /activities/{id}`, [`view`]) is read from Redis behind a short
+//! per-container cache, never from the database while the sale is loaded; `GET /health` is a
+//! liveness answer with no I/O and `GET /health/deep` asks every dependency ([`health`]).
+//!
 //! The same [`router`] runs in Lambda (`lambda_http::run`) and in the local dev server; [`api`]
 //! is its routes with their OpenAPI description, from each handler's `#[utoipa::path]`.
 
@@ -49,6 +53,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+pub mod health;
+pub mod view;
+
+pub use health::{DeepHealth, Health};
+pub use view::PublicActivity;
+
 /// The name this function reports its metrics under.
 pub const FUNCTION: &str = "seckill-entry";
 
@@ -65,6 +75,7 @@ struct Inner {
     queue: OrderQueue,
     sold_out: SoldOutCache,
     unloaded: UnloadedCache,
+    view: view::ViewCache,
     breaker: Breaker,
     skew: ClockSkew,
     counters: Counters,
@@ -85,6 +96,7 @@ impl EntryState {
             inner: Arc::new(Inner {
                 sold_out: SoldOutCache::new(config.sold_out_cache_ttl),
                 unloaded: UnloadedCache::default(),
+                view: view::ViewCache::new(config.public_view_cache_ttl),
                 skew: ClockSkew::default(),
                 breaker: Breaker::new(config.redis_timeout),
                 deps,
@@ -134,10 +146,11 @@ pub fn api() -> OpenApiRouter<EntryState> {
     OpenApiRouter::with_openapi(<Schemas as utoipa::OpenApi>::openapi())
         .routes(routes!(purchase))
         .routes(routes!(my_order))
-        .routes(routes!(public_activity))
+        .routes(routes!(view::public_activity))
         .routes(routes!(pay))
         .routes(routes!(cancel))
-        .routes(routes!(health))
+        .routes(routes!(health::health))
+        .routes(routes!(health::deep_health))
 }
 
 /// The purchase body: `{"quantity": n}`, `quantity` optional (default 1). A `userId` is
@@ -611,65 +624,6 @@ async fn my_order(
     }))
 }
 
-/// `GET /activities/{id}`: what anyone may see of a sale.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PublicActivity {
-    pub id: i64,
-    pub title: String,
-    pub start_at: chrono::DateTime<chrono::Utc>,
-    pub end_at: chrono::DateTime<chrono::Utc>,
-    pub remaining_stock: i64,
-    /// `upcoming`, `running` or `ended`.
-    #[schema(example = "running")]
-    pub state: &'static str,
-}
-
-#[utoipa::path(
-    get,
-    path = "/activities/{activityId}",
-    tag = "purchase",
-    operation_id = "publicActivity",
-    summary = "The public view of a sale (no token needed)",
-    params(ActivityId),
-    security(()),
-    responses(
-        (status = 200, description = "The sale, with the live remaining stock", body = PublicActivity),
-        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
-        (status = 404, description = "No such activity, or a draft", body = ErrorBody),
-        (status = 503, description = "The database is out of reach", body = ErrorBody),
-        (status = 500, description = "Unexpected; logged", body = ErrorBody),
-    )
-)]
-async fn public_activity(
-    State(state): State<EntryState>,
-    ActivityId(activity_id): ActivityId,
-) -> Result<Json<PublicActivity>, ApiError> {
-    let s = &state.inner;
-    let a = activity::get(&s.pool, activity_id)
-        .await?
-        .filter(|a| a.state != "draft")
-        .ok_or_else(|| ApiError::NotFound(format!("activity {activity_id} not found")))?;
-    // Redis has the live figure; before preheat, after expiry or while Redis is out of reach
-    // the database's (which lags by the pending reservations) is the best there is.
-    let remaining_stock = match sale::stock(&s.redis, activity_id).await {
-        Ok(Some(stock)) => stock.max(0),
-        Ok(None) => i64::from(a.remaining_stock),
-        Err(e) => {
-            tracing::warn!(error = %e, "redis stock unavailable; answering the database's");
-            i64::from(a.remaining_stock)
-        }
-    };
-    Ok(Json(PublicActivity {
-        id: a.id,
-        state: a.phase(chrono::Utc::now()).as_str(),
-        title: a.title,
-        start_at: a.start_at,
-        end_at: a.end_at,
-        remaining_stock,
-    }))
-}
-
 #[utoipa::path(
     post,
     path = "/orders/{orderId}/pay",
@@ -758,41 +712,6 @@ async fn cancel(
         status: "cancelled",
         released_quantity,
     }))
-}
-
-/// 200 body of `GET /health`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Health {
-    #[schema(example = "ok")]
-    status: &'static str,
-}
-
-/// `GET /health`: 200 when Redis and the database answer, 503 otherwise.
-#[utoipa::path(
-    get,
-    path = "/health",
-    tag = "health",
-    operation_id = "health",
-    summary = "200 once Redis and the database answer (no token needed)",
-    security(()),
-    responses(
-        (status = 200, description = "Redis and the database answer", body = Health),
-        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
-    )
-)]
-async fn health(State(state): State<EntryState>) -> Result<Json<Health>, ApiError> {
-    let s = &state.inner;
-    let _: String = s.redis.cmd(&redis::cmd("PING")).await?;
-    let db = tokio::time::timeout(
-        s.config.db_acquire_timeout,
-        seckill_shared::db::ping(&s.pool),
-    )
-    .await;
-    match db {
-        Ok(Ok(_)) => Ok(Json(Health { status: "ok" })),
-        Ok(Err(e)) => Err(ApiError::unavailable("database", e)),
-        Err(_) => Err(ApiError::unavailable("database", "timed out")),
-    }
 }
 
 /// Per-container memory of "Redis said sold out": activity -> (units Redis had left, when).

@@ -172,3 +172,40 @@ pub async fn end_sale_in_db(env: &TestEnv, activity_id: i64) {
     .await
     .unwrap();
 }
+
+/// Calls a router in-process (as Lambda does) and returns the status, the response headers and
+/// the JSON body (`Value::Null` for an empty body).
+pub async fn call_with_headers(
+    router: &Router,
+    req: axum::http::Request<axum::body::Body>,
+) -> (
+    axum::http::StatusCode,
+    axum::http::HeaderMap,
+    serde_json::Value,
+) {
+    use tower::ServiceExt;
+    let resp = router
+        .clone()
+        .oneshot(req)
+        .await
+        .expect("infallible router");
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .expect("readable body");
+    let json = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    (parts.status, parts.headers, json)
+}
+
+/// A pool whose database is a port nobody listens on: every query fails, fast.
+pub fn dead_pool() -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/nowhere")
+        .expect("a well-formed URL")
+}

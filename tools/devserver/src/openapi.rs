@@ -31,13 +31,13 @@ pub const BEARER: &str = "bearer";
         license(name = "MIT"),
     ),
     // Every operation needs the token unless it says otherwise (`security(())`: the public
-    // view and the health check).
+    // view and the health checks).
     security(("bearer" = [])),
     servers((url = "http://127.0.0.1:3000", description = "`make serve`")),
     tags(
         (name = "purchase", description = "Buying in a sale (`seckill-entry`)"),
         (name = "orders", description = "An order after it is confirmed (`seckill-entry`)"),
-        (name = "health", description = "Liveness (`seckill-entry`)"),
+        (name = "health", description = "Liveness (no I/O) and the deep check of Redis, the database and the queue (`seckill-entry`)"),
         (name = "admin", description = "Activities, for the `seckill:admin` scope (`admin`)"),
     ),
     modifiers(&BearerScheme),

@@ -1,0 +1,142 @@
+//! `GET /health` and `GET /health/deep`.
+//!
+//! `/health` is liveness: the function runs and routes, nothing more, so it does no I/O at
+//! all and a load balancer or an uptime probe polling it costs Redis and the database nothing.
+//! `/health/deep` asks each dependency once (Redis `PING`, a database round trip, the order
+//! queue's `GetQueueAttributes`), concurrently and each within [`DEEP_CHECK_TIMEOUT`], and
+//! answers 503 naming whichever did not answer.
+
+use crate::EntryState;
+use aws_sdk_sqs::types::QueueAttributeName;
+use axum::extract::State;
+use axum::Json;
+use seckill_shared::error::ErrorBody;
+use seckill_shared::ApiError;
+use serde::Serialize;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// The longest one dependency may take to answer the deep check (less when its own timeout
+/// is shorter), so the check answers well within the function's timeout.
+pub const DEEP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// 200 body of `GET /health`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "health",
+    operation_id = "health",
+    summary = "Liveness: 200 whenever the function runs (no I/O, no token needed)",
+    security(()),
+    responses(
+        (status = 200, description = "The function answers; dependencies are not asked (see `/health/deep`)", body = Health),
+    )
+)]
+pub(crate) async fn health() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// One dependency's answer to the deep check.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    #[schema(example = "ok")]
+    status: &'static str,
+    /// How long it took to answer.
+    latency_ms: u64,
+}
+
+/// 200 body of `GET /health/deep`: every dependency answered.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeepHealth {
+    #[schema(example = "ok")]
+    status: &'static str,
+    redis: Check,
+    database: Check,
+    queue: Check,
+}
+
+#[utoipa::path(
+    get,
+    path = "/health/deep",
+    tag = "health",
+    operation_id = "deepHealth",
+    summary = "Readiness: asks Redis, the database and the order queue (no token needed)",
+    security(()),
+    responses(
+        (status = 200, description = "Each dependency answered within its bound", body = DeepHealth),
+        (status = 503, description = "The message names each dependency out of reach (`unavailable`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn deep_health(
+    State(state): State<EntryState>,
+) -> Result<Json<DeepHealth>, ApiError> {
+    let s = &state.inner;
+    let config = &s.config;
+    let ping = redis::cmd("PING");
+    let (redis, database, queue) = tokio::join!(
+        check(config.redis_timeout, async {
+            s.redis.cmd::<String>(&ping).await.map(drop)
+        }),
+        check(config.db_acquire_timeout, seckill_shared::db::ping(&s.pool)),
+        check(config.sqs_timeout, async {
+            s.queue
+                .client
+                .get_queue_attributes()
+                .queue_url(&s.queue.url)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                .send()
+                .await
+                .map(drop)
+                .map_err(aws_sdk_sqs::error::DisplayErrorContext)
+        }),
+    );
+    let answers = [
+        ("redis", &redis),
+        ("database", &database),
+        ("queue", &queue),
+    ];
+    let mut down = Vec::new();
+    for (name, answer) in answers {
+        if let Err(cause) = answer {
+            // The cause stays in the log: it may name hosts.
+            tracing::warn!(dependency = name, error = %cause, "deep health check failed");
+            down.push(name);
+        }
+    }
+    match (redis, database, queue) {
+        (Ok(redis), Ok(database), Ok(queue)) => Ok(Json(DeepHealth {
+            status: "ok",
+            redis,
+            database,
+            queue,
+        })),
+        _ => Err(ApiError::Unavailable(format!(
+            "out of reach: {}",
+            down.join(", ")
+        ))),
+    }
+}
+
+/// Runs one dependency's probe within its own timeout, capped at [`DEEP_CHECK_TIMEOUT`].
+async fn check<E: std::fmt::Display>(
+    own_timeout: Duration,
+    probe: impl Future<Output = Result<(), E>>,
+) -> Result<Check, String> {
+    let bound = own_timeout.min(DEEP_CHECK_TIMEOUT);
+    let started = Instant::now();
+    match tokio::time::timeout(bound, probe).await {
+        Ok(Ok(())) => Ok(Check {
+            status: "ok",
+            latency_ms: started.elapsed().as_millis() as u64,
+        }),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {bound:?}")),
+    }
+}

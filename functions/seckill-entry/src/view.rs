@@ -1,0 +1,186 @@
+//! `GET /activities/{id}`: the public view of a sale, the page every visitor refreshes while
+//! waiting for the start, so the one read of the API that must scale with the crowd.
+//!
+//! While the sale is loaded the view comes from Redis alone ([`sale::view`]: the meta's title
+//! and window and the live stock in one round trip), never from the database. Before preheat,
+//! after the keys expired, or while Redis is out of reach, the database row answers instead
+//! (its remaining stock lags the pending reservations, the best there is then). Either answer,
+//! and a 404 for an unknown or draft id, is kept per container for `public_view_cache_ttl`
+//! (at most 250 ms): a hit costs no I/O, concurrent misses of one id share one backend read,
+//! and a flood for an unknown id costs one database read per id and period. The cache holds a
+//! bounded number of ids, so random ids cannot grow it without limit.
+//!
+//! The answer also tells browsers and a CDN how long they may reuse it (`Cache-Control`).
+
+use crate::EntryState;
+use axum::extract::State;
+use axum::http::header::CACHE_CONTROL;
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, SubsecRound, Utc};
+use seckill_shared::activity::{self, Phase};
+use seckill_shared::error::ErrorBody;
+use seckill_shared::http::ActivityId;
+use seckill_shared::sale::{self, SaleView};
+use seckill_shared::{ApiError, Deps};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `Cache-Control` of a 200. A second of reuse is what the view's figures can bear: the stock
+/// moves with every purchase. `stale-while-revalidate=2` lets a CDN or browser answer from the
+/// lapsed copy while one background request refreshes it, so a hot view's origin traffic stays
+/// at one request per cache per second even at the moment the copy lapses (no refetch
+/// stampede), while no visitor sees a copy older than 3 s (a busy view is refreshed within one
+/// round trip of lapsing; only a quiet one shows the longer-stale copy, once).
+pub const CACHE_SHOWN: &str = "public, max-age=1, stale-while-revalidate=2";
+/// `Cache-Control` of a 404: briefly, since the id may be created any moment.
+pub const CACHE_NOT_FOUND: &str = "public, max-age=1";
+/// `Cache-Control` of an error answer (5xx): never reused, the next request may succeed.
+pub const CACHE_ERROR: &str = "no-store";
+
+/// How many ids one container remembers at most; beyond it the least useful go first.
+const CAPACITY: u64 = 10_000;
+
+/// `GET /activities/{id}`: what anyone may see of a sale.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicActivity {
+    pub id: i64,
+    pub title: String,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub remaining_stock: i64,
+    /// `upcoming`, `running` or `ended`.
+    #[schema(example = "running")]
+    pub state: &'static str,
+}
+
+/// What the cache keeps for an id: the view without its state (computed from the window at
+/// each answer), or `None` for no such public activity.
+type Shown = Option<Arc<Fields>>;
+
+#[derive(Debug)]
+struct Fields {
+    title: String,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    remaining_stock: i64,
+}
+
+impl Fields {
+    fn answer(&self, id: i64, now: DateTime<Utc>) -> PublicActivity {
+        PublicActivity {
+            id,
+            title: self.title.clone(),
+            start_at: self.start_at,
+            end_at: self.end_at,
+            remaining_stock: self.remaining_stock,
+            state: Phase::of(self.start_at, self.end_at, now).as_str(),
+        }
+    }
+}
+
+/// The per-container cache of views; `None` when the configured time to live is 0.
+pub(crate) struct ViewCache {
+    cache: Option<moka::future::Cache<i64, Shown>>,
+}
+
+impl ViewCache {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        let cache = (!ttl.is_zero()).then(|| {
+            moka::future::Cache::builder()
+                .max_capacity(CAPACITY)
+                .time_to_live(ttl)
+                .build()
+        });
+        Self { cache }
+    }
+
+    /// The view of `id`, from memory while fresh, else from [`read`] (once for all the
+    /// requests waiting on the same id). Failures are not kept.
+    async fn get(&self, deps: &Deps, id: i64) -> Result<Shown, ApiError> {
+        match &self.cache {
+            None => read(deps, id).await,
+            Some(cache) => cache.try_get_with(id, read(deps, id)).await.map_err(shared),
+        }
+    }
+}
+
+/// Redis while it holds the sale, else the database row (drafts are nobody's to see).
+async fn read(deps: &Deps, id: i64) -> Result<Shown, ApiError> {
+    match sale::view(&deps.redis, id).await {
+        Ok(Some(view)) => return Ok(Some(Arc::new(from_redis(view)))),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(activity_id = id, error = %e,
+            "redis view unavailable; answering the database's"),
+    }
+    let row = activity::get(&deps.pool, id).await?;
+    Ok(row.filter(|a| a.state != "draft").map(|a| {
+        Arc::new(Fields {
+            title: a.title,
+            // Milliseconds, as Redis holds the window: the view reads the same either way.
+            start_at: a.start_at.trunc_subsecs(3),
+            end_at: a.end_at.trunc_subsecs(3),
+            remaining_stock: i64::from(a.remaining_stock).max(0),
+        })
+    }))
+}
+
+fn from_redis(view: SaleView) -> Fields {
+    Fields {
+        title: view.title,
+        start_at: view.start_at,
+        end_at: view.end_at,
+        remaining_stock: view.stock,
+    }
+}
+
+/// The error every request that waited on one failed read answers: the same status and
+/// message (the cause was logged once, by the read).
+fn shared(e: Arc<ApiError>) -> ApiError {
+    Arc::try_unwrap(e).unwrap_or_else(|e| match e.status().as_u16() {
+        503 => ApiError::Unavailable(e.to_string()),
+        _ => ApiError::Internal(anyhow::anyhow!("{e}")),
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/activities/{activityId}",
+    tag = "purchase",
+    operation_id = "publicActivity",
+    summary = "The public view of a sale (no token needed; from Redis while the sale is loaded)",
+    params(ActivityId),
+    security(()),
+    responses(
+        (status = 200, description = "The sale, with the live remaining stock; `Cache-Control: public, max-age=1, stale-while-revalidate=2`", body = PublicActivity),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 404, description = "No such activity, or a draft; `Cache-Control: public, max-age=1`", body = ErrorBody),
+        (status = 503, description = "Neither Redis nor the database holds an answer within reach; `Cache-Control: no-store`", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
+pub(crate) async fn public_activity(
+    State(state): State<EntryState>,
+    ActivityId(id): ActivityId,
+) -> Response {
+    let s = &state.inner;
+    let (response, cache_control) = match s.view.get(&s.deps, id).await {
+        Ok(Some(fields)) => (
+            Json(fields.answer(id, Utc::now())).into_response(),
+            CACHE_SHOWN,
+        ),
+        Ok(None) => (
+            ApiError::NotFound(format!("activity {id} not found")).into_response(),
+            CACHE_NOT_FOUND,
+        ),
+        Err(e) => (e.into_response(), CACHE_ERROR),
+    };
+    let mut response = response;
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static(cache_control));
+    response
+}

@@ -1,0 +1,347 @@
+//! The public view (`GET /activities/{id}`) and the health routes of the entry function,
+//! against real Redis (both topologies), PostgreSQL and the SQS emulator.
+//!
+//! The view of a loaded sale must not touch the database: the tests that say so give the
+//! entry a pool on a port nobody listens on, so a single database read would be a 503. Where
+//! the database must answer (before preheat, unknown ids), the tests count its transactions
+//! or close its pool between two requests to show the answer came from the container's cache.
+
+mod common;
+
+use axum::http::StatusCode;
+use axum::Router;
+use common::{call_with_headers, dead_pool};
+use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
+use seckill_entry::{router, EntryState};
+use seckill_shared::activity::{self, NewActivity};
+use seckill_shared::auth::ADMIN_SCOPE;
+use seckill_shared::cache::Redis;
+use seckill_shared::on_both_redis;
+use seckill_shared::queue::OrderQueue;
+use seckill_shared::testing::{request, PrivateRedis, RedisKind, TestEnv};
+use seckill_shared::Deps;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::time::{Duration, Instant};
+
+/// The entry function on the test's Redis and queue, with `pool` as its database.
+fn entry_with_pool(env: &TestEnv, pool: PgPool) -> Router {
+    let deps = Deps::new(env.config.clone(), pool, env.redis.clone());
+    router(EntryState::new(deps, env.queue.clone()))
+}
+
+/// `GET /activities/{id}`: status, `Cache-Control`, body.
+async fn view(app: &Router, id: i64) -> (StatusCode, String, Value) {
+    let path = format!("/activities/{id}");
+    let (status, headers, body) = call_with_headers(app, request("GET", &path, None, None)).await;
+    let cache_control = headers
+        .get("cache-control")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (status, cache_control, body)
+}
+
+/// Longer than the container's view cache keeps an answer.
+async fn past_the_cache(env: &TestEnv) {
+    tokio::time::sleep(env.config.public_view_cache_ttl + Duration::from_millis(50)).await;
+}
+
+async fn a_loaded_sale_is_viewed_with_its_live_stock_and_no_database(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let sale = env.open_sale(7, 2).await?;
+    let app = entry_with_pool(&env, dead_pool());
+
+    let (status, cache_control, shown) = view(&app, sale.id).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(cache_control, CACHE_SHOWN);
+    assert_eq!(shown["id"], sale.id);
+    assert_eq!(shown["title"], "test sale");
+    assert_eq!(shown["remainingStock"], 7);
+    assert_eq!(shown["state"], "running");
+    assert_eq!(
+        shown["startAt"]
+            .as_str()
+            .map(|t| parse_time(t).timestamp_millis()),
+        Some(sale.start_at.timestamp_millis())
+    );
+
+    // A purchase (which needs no database either) moves Redis's stock; the view follows it
+    // once the container's copy lapsed.
+    let buy = request(
+        "POST",
+        &format!("/activities/{}/orders", sale.id),
+        Some(("alice", "")),
+        Some(r#"{"quantity":2}"#),
+    );
+    let (status, _, body) = call_with_headers(&app, buy).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    past_the_cache(&env).await;
+    let answers = futures::future::join_all((0..200).map(|_| view(&app, sale.id))).await;
+    for (status, cache_control, shown) in answers {
+        assert_eq!(status, StatusCode::OK, "{shown}");
+        assert_eq!(cache_control, CACHE_SHOWN);
+        assert_eq!(shown["remainingStock"], 5, "Redis's stock, not the DB's 7");
+    }
+    Ok(())
+}
+on_both_redis!(a_loaded_sale_is_viewed_with_its_live_stock_and_no_database);
+
+async fn an_admin_change_of_title_and_window_reaches_the_view(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let sale = env.open_sale(5, 1).await?;
+    // The viewer never reaches the database: what it shows after the change came from Redis.
+    let viewer = entry_with_pool(&env, dead_pool());
+    let admin = admin::router(admin::AdminState::new(env.deps()));
+    assert_eq!(view(&viewer, sale.id).await.2["title"], "test sale");
+
+    let now = chrono::Utc::now();
+    let start_at = now + chrono::Duration::minutes(10);
+    let end_at = now + chrono::Duration::hours(3);
+    let patch = serde_json::json!({
+        "title": "renamed sale",
+        "startAt": start_at.to_rfc3339(),
+        "endAt": end_at.to_rfc3339(),
+    })
+    .to_string();
+    let put = request(
+        "PUT",
+        &format!("/admin/activities/{}", sale.id),
+        Some(("root", ADMIN_SCOPE)),
+        Some(&patch),
+    );
+    let (status, _, body) = call_with_headers(&admin, put).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    past_the_cache(&env).await;
+    let (status, _, shown) = view(&viewer, sale.id).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["title"], "renamed sale");
+    assert_eq!(shown["state"], "upcoming", "the new window, from the meta");
+    let millis = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis();
+    assert_eq!(
+        shown["startAt"].as_str().map(|t| millis(parse_time(t))),
+        Some(millis(start_at))
+    );
+    assert_eq!(
+        shown["endAt"].as_str().map(|t| millis(parse_time(t))),
+        Some(millis(end_at))
+    );
+    assert_eq!(shown["remainingStock"], 5);
+    Ok(())
+}
+on_both_redis!(an_admin_change_of_title_and_window_reaches_the_view);
+
+async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let now = chrono::Utc::now();
+    let later = activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "next week's sale".into(),
+            total_stock: 30,
+            per_order_limit: 1,
+            start_at: now + chrono::Duration::days(7),
+            end_at: now + chrono::Duration::days(8),
+        },
+    )
+    .await?;
+    let pool = own_pool(&env)?;
+    let app = entry_with_pool(&env, pool.clone());
+
+    let (status, cache_control, shown) = view(&app, later.id).await;
+    let first_answer = Instant::now();
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(cache_control, CACHE_SHOWN);
+    assert_eq!(shown["title"], "next week's sale");
+    assert_eq!(shown["remainingStock"], 30);
+    assert_eq!(shown["state"], "upcoming");
+
+    // The database goes away: the container's copy answers while it is fresh...
+    pool.close().await;
+    let (status, _, cached) = view(&app, later.id).await;
+    anyhow::ensure!(
+        first_answer.elapsed() < env.config.public_view_cache_ttl,
+        "too slow to see the cached copy ({:?}); nothing was shown",
+        first_answer.elapsed()
+    );
+    assert_eq!(status, StatusCode::OK, "{cached}");
+    assert_eq!(cached, shown);
+
+    // ...and only then does the next request find the database gone.
+    past_the_cache(&env).await;
+    let (status, cache_control, body) = view(&app, later.id).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(cache_control, CACHE_ERROR);
+    Ok(())
+}
+on_both_redis!(before_preheat_the_view_comes_from_the_database_and_is_cached);
+
+async fn a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let database = env.config.database_url.clone();
+    // Only the entry's own pool works on the test's database from here on.
+    env.pool.close().await;
+    let before = settled_transactions(&database).await?;
+    let pool = own_pool(&env)?;
+    let app = entry_with_pool(&env, pool.clone());
+    let unknown = 424_242;
+
+    let ttl = env.config.public_view_cache_ttl;
+    let mut periods = 0;
+    for burst in 0..2 {
+        if burst > 0 {
+            past_the_cache(&env).await;
+        }
+        let started = Instant::now();
+        let answers = futures::future::join_all((0..100).map(|_| view(&app, unknown))).await;
+        // A burst that outlasted the cache period may rightly read once more.
+        periods += 1 + (started.elapsed().as_millis() / ttl.as_millis()) as i64;
+        for (status, cache_control, body) in answers {
+            assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+            assert_eq!(body["error"], "not_found");
+            assert_eq!(cache_control, CACHE_NOT_FOUND);
+        }
+    }
+    pool.close().await;
+
+    // One read is one transaction, or two on a connection's first use of the statement
+    // (preparing it is a transaction of its own).
+    let transactions = settled_transactions(&database).await? - before;
+    assert!(
+        (1..=2 * periods).contains(&transactions),
+        "{transactions} database transactions for 200 requests in {periods} cache period(s)"
+    );
+    Ok(())
+}
+on_both_redis!(a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period);
+
+/// Which dependency a row of [`DEEP_HEALTH`] breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Broken {
+    Nothing,
+    Redis,
+    Database,
+    Queue,
+    Everything,
+}
+
+/// One row per case: what is broken, the deep check's status, the dependencies it names.
+#[rustfmt::skip]
+const DEEP_HEALTH: &[(Broken, StatusCode, &[&str])] = &[
+    (Broken::Nothing, StatusCode::OK, &[]),
+    (Broken::Redis, StatusCode::SERVICE_UNAVAILABLE, &["redis"]),
+    (Broken::Database, StatusCode::SERVICE_UNAVAILABLE, &["database"]),
+    (Broken::Queue, StatusCode::SERVICE_UNAVAILABLE, &["queue"]),
+    (Broken::Everything, StatusCode::SERVICE_UNAVAILABLE, &["redis", "database", "queue"]),
+];
+
+async fn health_needs_no_dependency_and_the_deep_check_names_the_dead_ones(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    for &(broken, deep_status, named) in DEEP_HEALTH {
+        let breaks = |what: Broken| broken == what || broken == Broken::Everything;
+        // A Redis that answered once and then died (a cold start needs Redis to connect).
+        let (redis, dead) = if breaks(Broken::Redis) {
+            let private = PrivateRedis::start().await;
+            let mut config = env.config.clone();
+            config.redis = seckill_shared::config::RedisTopology::Standalone(private.url());
+            (Redis::connect(&config).await?, Some(private))
+        } else {
+            (env.redis.clone(), None)
+        };
+        drop(dead);
+        let pool = if breaks(Broken::Database) {
+            dead_pool()
+        } else {
+            env.pool.clone()
+        };
+        let queue = if breaks(Broken::Queue) {
+            let url = format!("{}-never-created", env.queue.url);
+            OrderQueue::new(env.sqs.clone(), url, env.config.sqs_timeout)
+        } else {
+            env.queue.clone()
+        };
+        let deps = Deps::new(env.config.clone(), pool, redis);
+        let app = router(EntryState::new(deps, queue));
+
+        let (status, _, body) =
+            call_with_headers(&app, request("GET", "/health", None, None)).await;
+        assert_eq!(
+            (status, &body),
+            (StatusCode::OK, &serde_json::json!({"status": "ok"})),
+            "{broken:?} broken: /health"
+        );
+        let (status, _, body) =
+            call_with_headers(&app, request("GET", "/health/deep", None, None)).await;
+        assert_eq!(status, deep_status, "{broken:?} broken: {body}");
+        if deep_status == StatusCode::OK {
+            assert_eq!(body["status"], "ok", "{body}");
+            for dependency in ["redis", "database", "queue"] {
+                assert_eq!(body[dependency]["status"], "ok", "{body}");
+            }
+            continue;
+        }
+        assert_eq!(body["error"], "unavailable", "{body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        for dependency in ["redis", "database", "queue"] {
+            assert_eq!(
+                message.contains(dependency),
+                named.contains(&dependency),
+                "{broken:?} broken: {message}"
+            );
+        }
+    }
+    Ok(())
+}
+on_both_redis!(health_needs_no_dependency_and_the_deep_check_names_the_dead_ones);
+
+fn parse_time(text: &str) -> chrono::DateTime<chrono::Utc> {
+    text.parse().expect("an RFC 3339 time")
+}
+
+/// A pool of the entry's own on the test's database, so closing it leaves the test's alone.
+fn own_pool(env: &TestEnv) -> anyhow::Result<PgPool> {
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy(&env.config.database_url)?)
+}
+
+/// Transactions the database has counted (committed and rolled back), read from another
+/// database so the reading adds none, once the count stopped moving: a server process
+/// reports its counts when it idles or exits, not at each statement.
+async fn settled_transactions(database_url: &str) -> anyhow::Result<i64> {
+    use sqlx::Connection;
+    let (server, name) = database_url
+        .rsplit_once('/')
+        .ok_or_else(|| anyhow::anyhow!("no database name in the URL"))?;
+    let mut conn = sqlx::PgConnection::connect(&format!("{server}/postgres")).await?;
+    let mut last = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Each read is its own transaction, so the statistics snapshot is taken anew. Not a
+        // checked `query!`: the server's statistics view is no part of the schema `.sqlx/`
+        // describes, and nothing but this test reads it.
+        let count: i64 = sqlx::query_scalar(
+            "select (xact_commit + xact_rollback)::bigint from pg_stat_database where datname = $1",
+        )
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await?;
+        if last == Some(count) || Instant::now() > deadline {
+            conn.close().await?;
+            return Ok(count);
+        }
+        last = Some(count);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+}
