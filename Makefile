@@ -4,11 +4,14 @@
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
 #   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
-#                     scripts/check-template.py), the workspace tests (incl. cargo-lambda invoke),
+#                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
 #                     the standalone-Redis tests again on Valkey (make test-valkey), then
 #                     schemathesis against a dev server (scripts/schemathesis.sh)
 #   make test-valkey  every test that runs on standalone Redis, against Valkey (127.0.0.1:6380)
-#   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process
+#   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process,
+#                     its queue on fauxqs (127.0.0.1:4567); make serve SQS=moto serves on moto
+#   make wrk-check    load test: dev server on fauxqs, wrk 10 s x 256 connections on the accepted
+#                     purchase path; fails on any timeout, socket error, 5xx or lost order
 #   make demo         a live flash sale against the local stack (DEMO_ARGS="..." passes options)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
@@ -49,7 +52,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -67,6 +70,7 @@ test: stack
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
+	$(ENV) $(VENV)/bin/python scripts/check-template.py --self-test # each check fails on a template that breaks it
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
 	$(MAKE) --no-print-directory valkey-tests
@@ -95,21 +99,41 @@ lint-template: stack
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
+	$(ENV) $(VENV)/bin/python scripts/check-template.py --self-test # each check fails on a template that breaks it
 
-# The demo's queue is on fauxqs (127.0.0.1:4567, started by `stack.sh demo`), not moto: moto's
-# throughput collapses under hundreds of concurrent senders. The URL is the one fauxqs's
-# CreateQueue returns (its account 000000000000; the host part is a label, the SDK sends to the
-# endpoint). These win over env.sh's moto defaults; `make test` and `make serve` stay on moto.
-DEMO_SQS := AWS_ENDPOINT_URL_SQS=http://127.0.0.1:4567 \
+# `make serve`, `make demo` and `make wrk-check` put their queue on fauxqs (127.0.0.1:4567, started
+# by `stack.sh serve`), not moto: under a load tool's hundreds of concurrent senders moto pins a
+# core and stops answering. The URL is the one fauxqs's CreateQueue returns (its account
+# 000000000000; the host part is a label, the SDK sends to the endpoint). These win over env.sh's
+# moto defaults; `make test` stays on moto, and so does `make serve SQS=moto`.
+FAUXQS_SQS := AWS_ENDPOINT_URL_SQS=http://127.0.0.1:4567 \
 	ORDER_QUEUE_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders \
 	ORDER_DLQ_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders-dlq
+# `make serve SQS=moto`: env.sh's moto defaults (127.0.0.1:4566) instead.
+SQS ?= fauxqs
+ifeq ($(SQS),moto)
+SERVE_STACK := up
+SERVE_SQS :=
+else ifeq ($(SQS),fauxqs)
+SERVE_STACK := serve
+SERVE_SQS := $(FAUXQS_SQS)
+else
+$(error SQS must be fauxqs (default) or moto, not '$(SQS)')
+endif
 
 demo:
-	bash scripts/stack.sh demo
-	export $(DEMO_SQS) && $(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
+	bash scripts/stack.sh serve
+	export $(FAUXQS_SQS) && $(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
 
-serve: stack
-	$(ENV) cargo run --release -p seckill-devserver
+# A load tool's connections are descriptors: the soft limit is lifted to the hard one first.
+serve:
+	bash scripts/stack.sh $(SERVE_STACK)
+	ulimit -n "$$(ulimit -Hn)" 2>/dev/null || true; \
+		$(if $(SERVE_SQS),export $(SERVE_SQS) &&) $(ENV) cargo run --release -p seckill-devserver
+
+# scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
+wrk-check:
+	bash scripts/wrk-check.sh
 
 token:
 	$(ENV) cargo run -q -p seckill-devserver --bin seckill-token -- --user $(USER_ID) $(if $(ADMIN),--admin)

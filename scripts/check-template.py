@@ -4,14 +4,22 @@
 Run with the project venv's python (it has cfn-lint, whose YAML loader understands !Ref/!GetAtt):
 
     .tools/venv/bin/python scripts/check-template.py [template.yaml] [--no-samconfig]
+    .tools/venv/bin/python scripts/check-template.py --self-test
 
 Parameters resolve to their defaults, overridden by `parameter_overrides` in samconfig.toml
 ([default.deploy.parameters]) when that file sets any, so what gets deployed is what is checked.
 Prints one line per check; exits 1 if any fails.
+
+--self-test proves the checks can fail: it breaks template.yaml in memory one way at a time
+(a budget over the account, a reservation below SQS's concurrency, an unthrottled public
+route, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
+the unbroken template passes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import sys
 import tomllib
@@ -29,6 +37,9 @@ DEFAULT_DB_MAX_CONNECTIONS = 4
 # SendMessage for purchases; GetQueueAttributes for the deep health check. Both on the order queue only.
 ENTRY_SQS_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes"}
 ENTRY_ACTIONS = ENTRY_SQS_ACTIONS | {"secretsmanager:GetSecretValue"}
+# AWS keeps this much of an account's Lambda concurrency unreserved: reservations beyond
+# AccountConcurrency - 100 fail the deploy.
+UNRESERVED_MINIMUM = 100
 SECRET_MARKERS = ("{{resolve:secretsmanager", "{{resolve:ssm-secure")
 SECRET_NAME_WORDS = ("PASSWORD", "TOKEN", "SECRET", "PASSWD", "API_KEY")
 
@@ -91,6 +102,13 @@ class Template:
     def functions(self):
         return [(n, r) for n, r in self.resources.items() if r.get("Type") == FUNCTION]
 
+    def reserved(self, fn: dict) -> float | None:
+        """A function's ReservedConcurrentExecutions (with ReserveConcurrency=true), or None."""
+        props = fn.get("Properties", {})
+        if "ReservedConcurrentExecutions" not in props:
+            return None
+        return self.number(props["ReservedConcurrentExecutions"])
+
     @staticmethod
     def binary(fn: dict) -> str | None:
         return fn.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
@@ -117,6 +135,10 @@ def strings_in(value):
     elif isinstance(value, list):
         for v in value:
             yield from strings_in(v)
+
+
+def num(v: float | None) -> str:
+    return "none" if v is None else f"{v:g}"
 
 
 def as_list(v):
@@ -211,13 +233,24 @@ def check_queue_and_consumer(t: Template) -> None:
 
         max_conc = t.number((ev.get("ScalingConfig") or {}).get("MaximumConcurrency"))
         check(max_conc is not None and max_conc >= 2, f"{name}.{ev_name} ScalingConfig.MaximumConcurrency {max_conc} >= 2")
+        reserved = t.reserved(fn)
+        if reserved is not None and max_conc is not None:
+            check(
+                reserved >= max_conc,
+                f"{name}: ReservedConcurrentExecutions {reserved:g} >= {ev_name} MaximumConcurrency {max_conc:g}"
+                " (else SQS's invocations are throttled)",
+            )
+        # The most instances that can hold connections at once: the reservation caps the
+        # function; without one, SQS's MaximumConcurrency does.
+        instances, bound = (reserved, "ReservedConcurrentExecutions") if reserved is not None \
+            else (max_conc, "MaximumConcurrency")
         db_conns = t.number(t.env(fn).get("DB_MAX_CONNECTIONS")) or DEFAULT_DB_MAX_CONNECTIONS
         budget = t.number({"Ref": "DbConnectionBudget"})
         check(budget is not None, f"parameter DbConnectionBudget exists (value {budget})")
-        if max_conc is not None and budget is not None:
+        if instances is not None and budget is not None:
             check(
-                max_conc * db_conns <= budget,
-                f"MaximumConcurrency {max_conc:g} x DB_MAX_CONNECTIONS {db_conns:g} = {max_conc * db_conns:g}"
+                instances * db_conns <= budget,
+                f"{name}: {bound} {instances:g} x DB_MAX_CONNECTIONS {db_conns:g} = {instances * db_conns:g}"
                 f" <= DbConnectionBudget {budget:g}",
             )
 
@@ -287,6 +320,53 @@ def check_env_secrets(t: Template) -> None:
           + (f" -- {problems}" if problems else ""))
 
 
+def check_concurrency(t: Template) -> None:
+    """The entry is capped, the consumer has a share a purchase flood cannot take, and every
+    reservation together leaves AWS its unreserved minimum."""
+    for binary, why in (("seckill-entry", "its cap under a purchase flood"),
+                        ("order-consumer", "so an entry flood cannot starve it")):
+        fns = [(n, f) for n, f in t.functions() if t.binary(f) == binary]
+        for name, fn in fns:
+            r = t.reserved(fn)
+            check(r is not None and r >= 1, f"{name}: ReservedConcurrentExecutions {num(r)} set ({why})")
+    reserved = {name: t.reserved(fn) for name, fn in t.functions() if t.reserved(fn) is not None}
+    account = t.number({"Ref": "AccountConcurrency"})
+    check(account is not None, f"parameter AccountConcurrency exists (value {num(account)})")
+    if account is not None:
+        total = sum(reserved.values())
+        parts = " + ".join(f"{n.removesuffix('Function')} {v:g}" for n, v in reserved.items())
+        check(
+            total <= account - UNRESERVED_MINIMUM,
+            f"reserved concurrency {parts} = {total:g} <= AccountConcurrency {account:g}"
+            f" - {UNRESERVED_MINIMUM} unreserved = {account - UNRESERVED_MINIMUM:g}",
+        )
+
+
+def http_api_events(t: Template):
+    for name, fn in t.functions():
+        for ev_name, ev in (fn.get("Properties", {}).get("Events") or {}).items():
+            if ev.get("Type") == "HttpApi":
+                yield name, ev_name, ev.get("Properties", {})
+
+
+def check_route_throttles(t: Template) -> None:
+    """Every route that needs no token has a throttle of its own, at most the stage's."""
+    apis = {n: r for n, r in t.resources.items() if r.get("Type") == "AWS::Serverless::HttpApi"}
+    for fn_name, ev_name, ev in http_api_events(t):
+        if ((ev.get("Auth") or {}).get("Authorizer")) != "NONE":
+            continue
+        route = f"{ev.get('Method', '').upper()} {ev.get('Path')}"
+        api = apis.get(target_of(ev.get("ApiId")), {}).get("Properties", {})
+        stage = api.get("DefaultRouteSettings") or {}
+        own = ev.get("RouteSettings") or (api.get("RouteSettings") or {}).get(route) or {}
+        for limit in ("ThrottlingRateLimit", "ThrottlingBurstLimit"):
+            mine, default = t.number(own.get(limit)), t.number(stage.get(limit))
+            check(
+                mine is not None and default is not None and mine <= default,
+                f"{route} (no token, {fn_name}.{ev_name}): {limit} {num(mine)} <= the stage's {num(default)}",
+            )
+
+
 def check_data_stores(t: Template) -> None:
     for name, r in t.resources.items():
         props = r.get("Properties", {})
@@ -299,16 +379,83 @@ def check_data_stores(t: Template) -> None:
                   f"{name}: TLS in transit and an AUTH token")
 
 
+def run_checks(t: Template) -> list[str]:
+    failures.clear()
+    check_functions(t)
+    check_queue_and_consumer(t)
+    check_concurrency(t)
+    check_route_throttles(t)
+    check_entry_policy(t)
+    check_env_secrets(t)
+    check_data_stores(t)
+    return list(failures)
+
+
+def events_of(t: Template, fn: str) -> dict:
+    return t.resources[fn]["Properties"]["Events"]
+
+
+# (what is broken, how, a phrase every failing check of the broken copy must contain)
+BREAKAGES = [
+    ("the entry has no cap",
+     lambda t: t.resources["SeckillEntryFunction"]["Properties"].pop("ReservedConcurrentExecutions"),
+     "SeckillEntryFunction: ReservedConcurrentExecutions"),
+    ("the consumer has no reservation",
+     lambda t: t.resources["OrderConsumerFunction"]["Properties"].pop("ReservedConcurrentExecutions"),
+     "OrderConsumerFunction: ReservedConcurrentExecutions"),
+    ("the reservations leave less than 100 unreserved",
+     lambda t: t.params.update(EntryReservedConcurrency=900),
+     "<= AccountConcurrency"),
+    ("the consumer's reservation is below SQS's MaximumConcurrency",
+     lambda t: t.params.update(ConsumerMaxConcurrency=8, ConsumerReservedConcurrency=6),
+     "MaximumConcurrency 8"),
+    ("the consumer's reservation x its pool exceeds the DB budget",
+     lambda t: t.params.update(ConsumerReservedConcurrency=11),
+     "<= DbConnectionBudget"),
+    ("a public route has no throttle of its own",
+     lambda t: events_of(t, "SeckillEntryFunction")["Health"]["Properties"].pop("RouteSettings"),
+     "GET /health (no token"),
+    ("a public route's rate is above the stage's",
+     lambda t: t.params.update(PublicViewThrottlingRateLimit=6000),
+     "GET /activities/{activityId} (no token"),
+    ("a public route's burst is above the stage's",
+     lambda t: t.params.update(HealthThrottlingBurstLimit=2001),
+     "GET /health (no token"),
+]
+
+
+def self_test() -> int:
+    path = REPO / "template.yaml"
+    problems = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        baseline = run_checks(Template(path, use_samconfig=False))
+    if baseline:
+        problems.append(f"the unbroken template fails: {baseline}")
+    for what, breaks, phrase in BREAKAGES:
+        t = Template(path, use_samconfig=False)
+        breaks(t)
+        with contextlib.redirect_stdout(io.StringIO()):
+            failed = run_checks(t)
+        caught = bool(failed) and all(phrase in f for f in failed)
+        print(f"{'ok  ' if caught else 'FAIL'} broken: {what} -> {failed or 'nothing failed'}")
+        if not caught:
+            problems.append(what)
+    failures.clear()
+    if problems:
+        print(f"check-template --self-test: {len(problems)} problem(s): {problems}", file=sys.stderr)
+        return 1
+    print(f"check-template --self-test: each of {len(BREAKAGES)} breakages caught by its check")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--self-test" in argv:
+        return self_test()
     args = [a for a in argv if not a.startswith("--")]
     path = Path(args[0]) if args else REPO / "template.yaml"
     t = Template(path, use_samconfig="--no-samconfig" not in argv)
     print(f"check-template: {path}" + (f" (samconfig overrides: {t.overrides})" if t.overrides else ""))
-    check_functions(t)
-    check_queue_and_consumer(t)
-    check_entry_policy(t)
-    check_env_secrets(t)
-    check_data_stores(t)
+    run_checks(t)
     if failures:
         print(f"check-template: {len(failures)} check(s) failed", file=sys.stderr)
         return 1

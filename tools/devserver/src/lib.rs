@@ -28,9 +28,10 @@ use clap::Parser;
 use seckill_shared::auth::JwtVerifier;
 use seckill_shared::Config;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use auth::app;
@@ -52,11 +53,14 @@ pub struct DevConfig {
     pub reconcile_every: Option<Duration>,
     /// Apply the migrations at start (the local stand-in for the deploy step).
     pub migrate: bool,
+    /// Requests handled at once; the rest wait for a turn before any handler runs (0 = no
+    /// bound). See [`limit_in_flight`].
+    pub max_in_flight: usize,
 }
 
 impl DevConfig {
     /// Local defaults around a given config: 127.0.0.1:3000, 4 pollers, preheat every 2 s,
-    /// reconcile every 5 s.
+    /// reconcile every 5 s, 64 requests in flight.
     pub fn new(config: Config, jwt_secret: impl Into<String>) -> Self {
         Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
@@ -67,6 +71,7 @@ impl DevConfig {
             preheat_every: Some(Duration::from_secs(2)),
             reconcile_every: Some(Duration::from_secs(5)),
             migrate: true,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -94,6 +99,9 @@ pub struct DevArgs {
     /// Do not apply the migrations at start.
     #[arg(long)]
     pub no_migrate: bool,
+    /// Requests handled at once; more wait for a turn (0 = no bound).
+    #[arg(long, default_value_t = DEFAULT_MAX_IN_FLIGHT, env = "SECKILL_DEV_MAX_IN_FLIGHT")]
+    pub max_in_flight: usize,
     /// HS256 secret for bearer tokens (`make token` signs with the same).
     #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: String,
@@ -116,6 +124,7 @@ impl DevArgs {
             preheat_every: every(self.preheat_every),
             reconcile_every: every(self.reconcile_every),
             migrate: !self.no_migrate,
+            max_in_flight: self.max_in_flight,
             ..DevConfig::new(config, self.jwt_secret)
         })
     }
@@ -178,6 +187,28 @@ impl DevServer {
 /// How long [`DevServer::shutdown`] waits for in-flight work.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
+/// [`DevConfig::max_in_flight`] unless told otherwise.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+
+/// The local stand-in for the entry's reserved concurrency: in AWS each container handles one
+/// request and the reservation caps the containers; here one process takes every connection.
+/// Unbounded, a load tool's 256 connections all start their Redis call at once, each with its
+/// own deadline (`REDIS_TIMEOUT_MS`), and on a busy machine they time out together: 503s, and
+/// give-backs that pile onto the database pool. Bounded, the surplus waits here, before its
+/// deadline starts, and each admitted request runs at full speed.
+pub async fn limit_in_flight(
+    axum::extract::State(turns): axum::extract::State<Arc<Semaphore>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    // Never closed: the semaphore lives as long as the router that holds it.
+    let _turn = turns
+        .acquire()
+        .await
+        .expect("the in-flight semaphore is never closed");
+    next.run(req).await
+}
+
 /// Connects everything, applies migrations, binds, and starts the server, the pollers and the
 /// schedules. Returns once all of it is up, so `GET /health` answers from the first request.
 pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
@@ -198,7 +229,11 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     let addr = listener.local_addr()?;
     let (stop, stopped) = watch::channel(false);
 
-    let router = app(functions.entry.clone(), functions.admin.clone(), verifier);
+    let mut router = app(functions.entry.clone(), functions.admin.clone(), verifier);
+    if dev.max_in_flight > 0 {
+        let turns = Arc::new(Semaphore::new(dev.max_in_flight));
+        router = router.layer(axum::middleware::from_fn_with_state(turns, limit_in_flight));
+    }
     let mut shutdown = stopped.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, router)
@@ -244,7 +279,7 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
             },
         )?);
     }
-    tracing::info!(%addr, pollers = dev.pollers, queue = %source.url, "dev server up");
+    tracing::info!(%addr, pollers = dev.pollers, max_in_flight = dev.max_in_flight, queue = %source.url, "dev server up");
     Ok(DevServer {
         addr,
         functions,

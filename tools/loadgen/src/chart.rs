@@ -1,9 +1,11 @@
-//! The demo's PNG chart: requests/s, p99 latency and Redis stock over the same time axis.
+//! The demo's PNG chart, at 100 ms resolution: responses by class per 100 ms, p99 latency per
+//! 100 ms and the Redis stock (sampled every 100 ms), over the same time axis, so a crowd that
+//! lasts two seconds shows its shape (the opening rush, the sell-out, the sold-out flood).
 //!
 //! Text uses DejaVu Sans compiled in (the `dejavu` crate) through plotters' `ab_glyph`
 //! backend, so the chart renders the same on a machine with no system fonts.
 
-use crate::load::Second;
+use crate::load::{Bucket, BUCKET};
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
@@ -28,11 +30,20 @@ fn register_fonts() {
     });
 }
 
+/// The points of one chart line: each bucket's value at the bucket's middle, in seconds.
+pub fn points(timeline: &[Bucket], value: impl Fn(&Bucket) -> f64) -> Vec<(f64, f64)> {
+    let half = BUCKET.as_secs_f64() / 2.0;
+    timeline
+        .iter()
+        .map(|b| (b.start_ms as f64 / 1000.0 + half, value(b)))
+        .collect()
+}
+
 /// Draws the three panels into `path` (PNG, 1200×900).
 pub fn draw(
     path: &Path,
     title: &str,
-    timeline: &[Second],
+    timeline: &[Bucket],
     stock: &[StockSample],
     total_stock: i64,
 ) -> anyhow::Result<()> {
@@ -44,41 +55,43 @@ pub fn draw(
         .map_err(err)?;
     let panels = root.split_evenly((3, 1));
 
-    // The crowd's seconds are centred on their middle (second 0 covers 0.0-1.0 s).
     let t_end = stock
         .iter()
         .map(|s| s.t)
-        .chain(timeline.last().map(|s| s.second as f64 + 1.0))
-        .fold(1.0_f64, f64::max);
+        .chain(
+            timeline
+                .last()
+                .map(|b| (b.start_ms as f64 / 1000.0) + BUCKET.as_secs_f64()),
+        )
+        .fold(BUCKET.as_secs_f64(), f64::max);
     let t_start = stock.iter().map(|s| s.t).fold(0.0_f64, f64::min);
 
-    let rps: Vec<(f64, f64)> = timeline
-        .iter()
-        .map(|s| (s.second as f64 + 0.5, s.requests as f64))
-        .collect();
-    let accepted: Vec<(f64, f64)> = timeline
-        .iter()
-        .map(|s| (s.second as f64 + 0.5, s.accepted as f64))
-        .collect();
-    let p99: Vec<(f64, f64)> = timeline
-        .iter()
-        .map(|s| (s.second as f64 + 0.5, s.p99_ms))
-        .collect();
+    let all = points(timeline, |b| b.requests as f64);
+    let accepted = points(timeline, |b| b.accepted as f64);
+    let sold_out = points(timeline, |b| b.sold_out as f64);
+    let refused = points(timeline, |b| b.refused as f64);
+    let rejected = points(timeline, |b| b.rejected as f64);
+    let failed = points(timeline, |b| b.failed as f64);
+    let p99 = points(timeline, |b| b.p99_ms);
     let stock_pts: Vec<(f64, f64)> = stock.iter().map(|s| (s.t, s.stock as f64)).collect();
 
     line_panel(
         &panels[0],
-        "requests per second",
-        "req/s",
+        "responses per 100 ms",
+        "per 100 ms",
         (t_start, t_end),
         &[
-            ("all responses", &rps, BLUE),
+            ("all responses", &all, BLUE),
             ("accepted (202)", &accepted, GREEN),
+            ("sold_out", &sold_out, RGBColor(230, 140, 0)),
+            ("other refusals (409/429)", &refused, CYAN),
+            ("bad request / no token", &rejected, RGBColor(128, 128, 128)),
+            ("5xx / timeout / transport", &failed, RED),
         ],
     )?;
     line_panel(
         &panels[1],
-        "p99 latency per second",
+        "p99 latency per 100 ms",
         "ms",
         (t_start, t_end),
         &[("p99", &p99[..], RED)],

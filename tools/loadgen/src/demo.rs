@@ -93,7 +93,8 @@ pub struct DemoReport {
     pub drained: bool,
     pub reconcile: serde_json::Value,
     pub store: StoreFacts,
-    pub timeline: Vec<load::Second>,
+    /// Responses per 100 ms, by class (what the chart draws).
+    pub timeline: Vec<load::Bucket>,
     pub stock_samples: Vec<StockSample>,
     pub chart: String,
 }

@@ -2,10 +2,10 @@
 //!
 //! # Layout
 //! - [`load`]: the generator: a request [`load::Plan`], concurrent keep-alive clients with
-//!   JWTs, HdrHistogram latencies, outcomes by error code, a per-second timeline.
+//!   JWTs, HdrHistogram latencies, outcomes by error code, a timeline of 100 ms buckets.
 //! - [`demo`]: the flash sale end to end through the in-process dev server, checked against
 //!   PostgreSQL and Redis afterwards.
-//! - [`chart`]: the demo's PNG (requests/s, p99, stock remaining).
+//! - [`chart`]: the demo's PNG at 100 ms resolution (responses by class, p99, stock remaining).
 
 pub mod chart;
 pub mod demo;

@@ -3,8 +3,8 @@
 //! A [`Plan`] is the list of requests to make, decided up front (so a run is reproducible from
 //! its seed and the generator does no thinking on the hot path). [`run`] fires it with a fixed
 //! number of workers over a pooled, keep-alive client, and counts what came back: outcome (HTTP
-//! status plus the JSON `error` code), latency in an HdrHistogram (µs), and a per-second
-//! timeline (requests, accepted, p99).
+//! status plus the JSON `error` code), latency in an HdrHistogram (µs), and a [`Timeline`] of
+//! 100 ms buckets (responses by class, p99), so a crowd of two seconds shows its shape.
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -145,15 +145,104 @@ impl Latency {
     }
 }
 
-/// One second of the run.
-#[derive(Clone, Debug, Serialize)]
+/// Width of one [`Bucket`] of the timeline.
+pub const BUCKET: Duration = Duration::from_millis(100);
+
+/// How a response counts in the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// 202: a unit reserved.
+    Accepted,
+    /// 409 `sold_out`.
+    SoldOut,
+    /// Any other business refusal (409 `not_started`, `ended`, `already_purchased`, 429, ...).
+    Refused,
+    /// Bad input or no valid token (any other 4xx).
+    Rejected,
+    /// 5xx, a timeout or a transport error: the server did not answer the request properly.
+    Failed,
+}
+
+impl Class {
+    /// The class of a response (`None`: no response at all) and its [`outcome`] name.
+    pub fn of(status: Option<u16>, outcome: &str) -> Self {
+        match status {
+            Some(202) => Class::Accepted,
+            Some(409) if outcome == "sold_out" => Class::SoldOut,
+            Some(409 | 429) => Class::Refused,
+            Some(400..=499) => Class::Rejected,
+            _ => Class::Failed,
+        }
+    }
+}
+
+/// One 100 ms of the run, by when its responses came back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Second {
-    /// Seconds since the first request (0 = the first second).
-    pub second: u64,
+pub struct Bucket {
+    /// Start of the bucket, in ms since the first request.
+    pub start_ms: u64,
     pub requests: u64,
     pub accepted: u64,
+    pub sold_out: u64,
+    pub refused: u64,
+    pub rejected: u64,
+    pub failed: u64,
     pub p99_ms: f64,
+}
+
+/// Responses counted into [`BUCKET`]-wide buckets; one per worker, merged at the end.
+#[derive(Default)]
+pub struct Timeline {
+    buckets: BTreeMap<u64, (Bucket, Option<Histogram<u64>>)>,
+}
+
+impl Timeline {
+    /// Counts a response that came back `at` after the first request, after `micros`.
+    pub fn record(&mut self, at: Duration, micros: u64, class: Class) {
+        let index = (at.as_millis() / BUCKET.as_millis()) as u64;
+        let (b, h) = self.buckets.entry(index).or_default();
+        b.requests += 1;
+        match class {
+            Class::Accepted => b.accepted += 1,
+            Class::SoldOut => b.sold_out += 1,
+            Class::Refused => b.refused += 1,
+            Class::Rejected => b.rejected += 1,
+            Class::Failed => b.failed += 1,
+        }
+        let _ = h.get_or_insert_with(histogram).record(micros.max(1));
+    }
+
+    pub fn merge(&mut self, other: Timeline) {
+        for (index, (o, oh)) in other.buckets {
+            let (b, h) = self.buckets.entry(index).or_default();
+            b.requests += o.requests;
+            b.accepted += o.accepted;
+            b.sold_out += o.sold_out;
+            b.refused += o.refused;
+            b.rejected += o.rejected;
+            b.failed += o.failed;
+            if let Some(oh) = oh {
+                let _ = h.get_or_insert_with(histogram).add(&oh);
+            }
+        }
+    }
+
+    /// Every bucket from the first to the last response, the quiet ones as zeros.
+    pub fn buckets(&self) -> Vec<Bucket> {
+        let last = self.buckets.keys().last().copied().unwrap_or(0);
+        let width = BUCKET.as_millis() as u64;
+        (0..=last)
+            .map(|index| {
+                let (b, h) = self.buckets.get(&index).cloned().unwrap_or_default();
+                Bucket {
+                    start_ms: index * width,
+                    p99_ms: h.map_or(0.0, |h| h.value_at_quantile(0.99) as f64 / 1000.0),
+                    ..b
+                }
+            })
+            .collect()
+    }
 }
 
 /// What a run measured.
@@ -170,7 +259,8 @@ pub struct LoadReport {
     /// Request kind (`valid`, `no_token`, ...) -> count, as planned.
     pub requests_by_kind: BTreeMap<String, u64>,
     pub latency: Latency,
-    pub timeline: Vec<Second>,
+    /// Responses per 100 ms ([`BUCKET`]).
+    pub timeline: Vec<Bucket>,
     /// Wall-clock time of the first request (RFC 3339).
     pub started_at: String,
 }
@@ -179,7 +269,7 @@ pub struct LoadReport {
 struct Tally {
     latency: Histogram<u64>,
     outcomes: BTreeMap<String, u64>,
-    seconds: BTreeMap<u64, (u64, u64, Histogram<u64>)>,
+    timeline: Timeline,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -191,22 +281,16 @@ impl Tally {
         Self {
             latency: histogram(),
             outcomes: BTreeMap::new(),
-            seconds: BTreeMap::new(),
+            timeline: Timeline::default(),
         }
     }
 
-    fn record(&mut self, second: u64, micros: u64, outcome: String) {
+    fn record(&mut self, at: Duration, micros: u64, status: Option<u16>, outcome: String) {
         let micros = micros.max(1);
         let _ = self.latency.record(micros);
-        let accepted = outcome == "accepted";
+        self.timeline
+            .record(at, micros, Class::of(status, &outcome));
         *self.outcomes.entry(outcome).or_default() += 1;
-        let s = self
-            .seconds
-            .entry(second)
-            .or_insert_with(|| (0, 0, histogram()));
-        s.0 += 1;
-        s.1 += u64::from(accepted);
-        let _ = s.2.record(micros);
     }
 
     fn merge(&mut self, other: Tally) {
@@ -214,15 +298,7 @@ impl Tally {
         for (k, v) in other.outcomes {
             *self.outcomes.entry(k).or_default() += v;
         }
-        for (sec, (n, a, h)) in other.seconds {
-            let s = self
-                .seconds
-                .entry(sec)
-                .or_insert_with(|| (0, 0, histogram()));
-            s.0 += n;
-            s.1 += a;
-            let _ = s.2.add(&h);
-        }
+        self.timeline.merge(other.timeline);
     }
 }
 
@@ -292,18 +368,18 @@ pub async fn run(plan: &Plan, opts: &RunOptions) -> anyhow::Result<LoadReport> {
                         req = req.header("authorization", format!("Bearer {token}"));
                     }
                     let t0 = Instant::now();
-                    let outcome = match req.send().await {
+                    let (status, outcome) = match req.send().await {
                         Ok(resp) => {
                             let status = resp.status().as_u16();
                             let body = resp.bytes().await.unwrap_or_default();
-                            outcome(status, &body)
+                            (Some(status), outcome(status, &body))
                         }
-                        Err(e) if e.is_timeout() => "timeout".to_string(),
-                        Err(_) => "transport_error".to_string(),
+                        Err(e) if e.is_timeout() => (None, "timeout".to_string()),
+                        Err(_) => (None, "transport_error".to_string()),
                     };
                     let done = Instant::now();
-                    let second = done.duration_since(started).as_secs();
-                    tally.record(second, done.duration_since(t0).as_micros() as u64, outcome);
+                    let micros = done.duration_since(t0).as_micros() as u64;
+                    tally.record(done.duration_since(started), micros, status, outcome);
                     pb.inc(1);
                 }
                 tally
@@ -318,23 +394,7 @@ pub async fn run(plan: &Plan, opts: &RunOptions) -> anyhow::Result<LoadReport> {
     pb.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
     let requests = total.latency.len();
-    let last = total.seconds.keys().last().copied().unwrap_or(0);
-    let timeline = (0..=last)
-        .map(|sec| match total.seconds.get(&sec) {
-            Some((n, a, h)) => Second {
-                second: sec,
-                requests: *n,
-                accepted: *a,
-                p99_ms: h.value_at_quantile(0.99) as f64 / 1000.0,
-            },
-            None => Second {
-                second: sec,
-                requests: 0,
-                accepted: 0,
-                p99_ms: 0.0,
-            },
-        })
-        .collect();
+    let timeline = total.timeline.buckets();
     Ok(LoadReport {
         requests,
         concurrency,

@@ -1,17 +1,26 @@
 //! `seckill-token --user alice [--admin] [--ttl-secs N]`: prints a dev JWT for curl.
+//! `seckill-token --users N --prefix u`: prints N user tokens (`u0` .. `u<N-1>`), one a line,
+//! for a load tool that needs a distinct buyer per request (`make wrk-check`).
 //!
 //! Signed with `SECKILL_JWT_SECRET` (HS256), exactly what the dev server verifies.
 
 use clap::Parser;
 use seckill_shared::auth::{mint, ADMIN_SCOPE};
+use std::io::{BufWriter, Write};
 
-/// Prints a token the local dev server accepts.
+/// Prints a token the local dev server accepts, or many.
 #[derive(Parser, Debug)]
 #[command(name = "seckill-token", version, about)]
 struct Args {
     /// The user id (the token's `sub`).
-    #[arg(long, default_value = "alice")]
+    #[arg(long, default_value = "alice", conflicts_with = "users")]
     user: String,
+    /// Bulk mode: this many tokens, for the users `<prefix>0` .. `<prefix><N-1>`, one a line.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    users: Option<u32>,
+    /// The user ids' prefix in bulk mode.
+    #[arg(long, default_value = "user-", requires = "users")]
+    prefix: String,
     /// Grant the admin scope (`seckill:admin`).
     #[arg(long)]
     admin: bool,
@@ -26,6 +35,20 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let scope = if args.admin { ADMIN_SCOPE } else { "" };
-    println!("{}", mint(&args.secret, &args.user, scope, args.ttl_secs)?);
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    match args.users {
+        None => writeln!(
+            out,
+            "{}",
+            mint(&args.secret, &args.user, scope, args.ttl_secs)?
+        )?,
+        Some(n) => {
+            for i in 0..n {
+                let user = format!("{}{i}", args.prefix);
+                writeln!(out, "{}", mint(&args.secret, &user, scope, args.ttl_secs)?)?;
+            }
+        }
+    }
+    out.flush()?;
     Ok(())
 }

@@ -3,8 +3,8 @@
 //! `UPDATE_GOLDEN=1 cargo test -p seckill-loadgen demo` and commit the new files on their own.
 
 use super::{build_report, DemoOptions, DemoReport, StoreFacts};
-use crate::chart::StockSample;
-use crate::load::{Latency, LoadReport, Second};
+use crate::chart::{self, StockSample};
+use crate::load::{Bucket, Class, Latency, LoadReport, Timeline};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,14 +56,93 @@ fn load() -> LoadReport {
             max_ms: 250.5,
             mean_ms: 20.0,
         },
-        timeline: vec![Second {
-            second: 0,
-            requests: 4_000,
-            accepted: 500,
-            p99_ms: 120.5,
-        }],
+        timeline: crowd_timeline().buckets(),
         started_at: "2025-01-02T03:04:05Z".into(),
     }
+}
+
+/// A crowd of two seconds, as the workers would record it: an opening rush that sells out within
+/// 300 ms, then the sold-out flood thinning out, with a few early, bad and failed requests.
+fn crowd_timeline() -> Timeline {
+    let mut t = Timeline::default();
+    let mut at = |ms: u64, micros: u64, class: Class, n: u64| {
+        for i in 0..n {
+            t.record(
+                Duration::from_millis(ms) + Duration::from_micros(i),
+                micros + i,
+                class,
+            );
+        }
+    };
+    at(5, 900, Class::Refused, 3); // not_started: the crowd starts 150 ms early
+    at(20, 1_200, Class::Rejected, 2);
+    at(110, 4_000, Class::Accepted, 300);
+    at(150, 8_000, Class::SoldOut, 40);
+    at(250, 6_000, Class::Accepted, 200);
+    at(260, 9_000, Class::SoldOut, 200);
+    at(399, 2_500_000, Class::Failed, 1);
+    for bucket in 3..20 {
+        at(
+            bucket * 100 + 30,
+            700 + bucket,
+            Class::SoldOut,
+            400 - 20 * bucket,
+        );
+    }
+    t
+}
+
+#[test]
+fn a_two_second_crowd_is_drawn_from_twenty_buckets_of_100_ms() {
+    let buckets = crowd_timeline().buckets();
+    assert_eq!(buckets.len(), 20);
+    let starts: Vec<u64> = buckets.iter().map(|b| b.start_ms).collect();
+    assert_eq!(starts, (0..20).map(|i| i * 100).collect::<Vec<_>>());
+    assert_eq!(
+        buckets[1],
+        Bucket {
+            start_ms: 100,
+            requests: 340,
+            accepted: 300,
+            sold_out: 40,
+            p99_ms: 8.039,
+            ..Bucket::default()
+        }
+    );
+    assert_eq!((buckets[2].accepted, buckets[3].failed), (200, 1));
+    // The chart puts each bucket at its middle (in ms here, to compare whole numbers).
+    let accepted: Vec<(i64, f64)> = chart::points(&buckets, |b| b.accepted as f64)
+        .into_iter()
+        .map(|(t, n)| ((t * 1000.0).round() as i64, n))
+        .collect();
+    assert_eq!(&accepted[..3], &[(50, 0.0), (150, 300.0), (250, 200.0)]);
+}
+
+#[test]
+fn the_chart_of_a_two_second_crowd_renders() {
+    let path = std::env::temp_dir().join(format!("seckill-chart-{}.png", std::process::id()));
+    let samples = [
+        StockSample {
+            t: -0.1,
+            stock: 500,
+        },
+        StockSample { t: 0.2, stock: 200 },
+        StockSample { t: 0.3, stock: 0 },
+    ];
+    chart::draw(
+        &path,
+        "two seconds",
+        &crowd_timeline().buckets(),
+        &samples,
+        500,
+    )
+    .expect("chart renders");
+    let size = std::fs::metadata(&path).expect("chart written").len();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        size > 10_000,
+        "a 1200x900 PNG with three panels, got {size} bytes"
+    );
 }
 
 fn store() -> StoreFacts {
