@@ -420,7 +420,7 @@ BREAKAGES = [
      "GET /activities/{activityId} (no token"),
     ("a public route's burst is above the stage's",
      lambda t: t.params.update(HealthThrottlingBurstLimit=2001),
-     "GET /health (no token"),
+     "ThrottlingBurstLimit 2001 <= the stage's"),
 ]
 
 
