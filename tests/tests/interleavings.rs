@@ -17,6 +17,7 @@ use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
+use seckill_shared::keys::SENTINEL;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::lock;
 use seckill_shared::on_both_redis;
@@ -160,29 +161,30 @@ impl World {
         Ok(lifecycle::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
     }
 
+    /// The users `users` holds (the sentinel field not counted).
     async fn users(&self) -> anyhow::Result<BTreeSet<String>> {
         let keys = self.env.redis.keys(self.id());
         let users: Vec<String> = self
             .env
             .redis
-            .cmd(redis::cmd("SMEMBERS").arg(&keys.users))
+            .cmd(redis::cmd("HKEYS").arg(&keys.users))
             .await?;
-        Ok(users.into_iter().collect())
+        Ok(users.into_iter().filter(|u| u != SENTINEL).collect())
     }
 
     /// Users holding a live (confirmed or paid) order.
     async fn holders(&self) -> anyhow::Result<BTreeSet<String>> {
-        let users = order::live_holders(&self.env.pool, self.id()).await?;
-        Ok(users.into_iter().collect())
+        let holders = order::live_holders(&self.env.pool, self.id()).await?;
+        Ok(holders.into_iter().map(|(user, _)| user).collect())
     }
 
     /// Drift by hand: Redis stock set behind every script's back.
     async fn set_stock(&self, stock: i64) -> anyhow::Result<()> {
         let keys = self.env.redis.keys(self.id());
-        let _: () = self
+        let _: i64 = self
             .env
             .redis
-            .cmd(redis::cmd("SET").arg(&keys.stock).arg(stock).arg("KEEPTTL"))
+            .cmd(redis::cmd("HSET").arg(&keys.meta).arg("stock").arg(stock))
             .await?;
         Ok(())
     }
@@ -216,7 +218,7 @@ impl World {
 
     /// Every unit is in exactly one place: Redis stock, a pending reservation, or a live
     /// order; the database's remaining stock is the total minus the live orders; and the
-    /// Redis user set holds exactly the users behind a live order or a pending reservation.
+    /// Redis `users` holds exactly the users behind a live order or a pending reservation.
     async fn assert_conserved(&self) -> anyhow::Result<()> {
         verdict(self.violations().await?)
     }
@@ -256,7 +258,7 @@ impl World {
         let users = self.users().await?;
         if users != expected {
             out.push(format!(
-                "user set {users:?} != live holders + pending {expected:?}"
+                "users {users:?} != live holders + pending {expected:?}"
             ));
         }
         Ok(out)
@@ -356,7 +358,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
     w.assert_conserved().await
 }
 
-/// `PUT endAt` later must move the expiry of every key of the sale, the user set and the ledger
+/// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
 /// included: otherwise they vanish at the old end + buffer and earlier buyers may buy again.
 async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
     kind: RedisKind,
@@ -376,7 +378,7 @@ async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
     let buffer = ChronoDuration::from_std(w.env.config.expiry_buffer)?;
     let must_live_ms = (new_end + buffer - Utc::now()).num_milliseconds() - 60_000;
     let keys = w.env.redis.keys(w.id());
-    for key in [&keys.stock, &keys.meta, &keys.users, &keys.ledger] {
+    for key in [&keys.meta, &keys.users, &keys.ledger] {
         let ttl: i64 = w.env.redis.cmd(redis::cmd("PTTL").arg(key)).await?;
         assert!(
             ttl >= must_live_ms,
@@ -1111,3 +1113,4 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
     broken.extend(w.violations().await?);
     verdict(broken)
 }
+
