@@ -1135,8 +1135,9 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
 /// Reconcile's orphan check marks the users it found with no ledger entry, reads the database,
 /// then drops those with no live order while the mark is still its own. The purchase reads
 /// only `users`: while the check looks, alice (an order) and ghost (a field with nothing behind
-/// it) are refused; alice cancels and buys again before the drop and is kept; ghost is dropped
-/// and then buys exactly once.
+/// it) are refused; alice cancels before the database read (which then finds no order of
+/// hers) and buys again before the drop: her reservation must keep her field, or she could
+/// buy a second time. Ghost is dropped and then buys exactly once.
 async fn an_orphan_check_never_lets_a_user_buy_twice(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let first = w.confirmed("alice", 1).await?;
@@ -1154,12 +1155,12 @@ async fn an_orphan_check_never_lets_a_user_buy_twice(kind: RedisKind) -> anyhow:
             "{user} marked: {status} {body}"
         );
     }
-    checking.resume();
-    within("reconcile's database check", dropping.reached()).await?;
     assert_eq!(
         w.cancel(first.id).await?,
         CancelOutcome::Cancelled { quantity: 1 }
     );
+    checking.resume();
+    within("reconcile's database check", dropping.reached()).await?;
     let again = w.pending("alice", 1).await?;
     let (status, body) = w.buy("ghost", 1).await;
     assert_eq!(body["error"], "already_purchased", "ghost: {status} {body}");
