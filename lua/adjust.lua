@@ -3,10 +3,10 @@
 -- Stock changes are applied as a delta (never a SET, which would erase sales made meanwhile),
 -- and only by the current lock owner, so a paused admin whose lease expired changes nothing.
 -- Every key of the sale is given the new expiry (end + buffer): a window moved later must
--- keep the user set and the ledger as long as the stock.
+-- keep `users` and the ledger as long as the meta (which holds the stock).
 --
--- KEYS[1] stock   KEYS[2] meta   KEYS[3] lock (a hash of its holder's holds, see
--- lock_acquire.lua)   KEYS[4] users   KEYS[5] ledger
+-- KEYS[1] meta (the stock is its `stock` field)   KEYS[2] lock (a hash of its holder's holds,
+-- see lock_acquire.lua)   KEYS[3] users   KEYS[4] ledger
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id (the fencing token, plus "-revert" for a revert)
@@ -19,20 +19,20 @@
 --   0 applied (stock = new Redis stock)      1 not the lock owner (nothing changed)
 --   2 not loaded in Redis (the caller loads it)
 --   3 refused: Redis stock would go below 0 (units are sold or reserved)
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {1, -1} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {2, -1} end
-local stock = tonumber(redis.call('GET', KEYS[1]) or '0')
-if redis.call('HGET', KEYS[2], 'change') == ARGV[9] then return {0, stock} end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return {1, -1} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {2, -1} end
+local stock = tonumber(redis.call('HGET', KEYS[1], 'stock') or '0')
+if redis.call('HGET', KEYS[1], 'change') == ARGV[9] then return {0, stock} end
 local delta = tonumber(ARGV[2])
 if stock + delta < 0 then return {3, stock} end
 if delta ~= 0 then
-  stock = redis.call('INCRBY', KEYS[1], delta)
-  redis.call('HINCRBY', KEYS[2], 'seq', 1)
+  stock = redis.call('HINCRBY', KEYS[1], 'stock', delta)
+  redis.call('HINCRBY', KEYS[1], 'seq', 1)
 end
-redis.call('HSET', KEYS[2], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
+redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
   'title', ARGV[10])
-for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4], KEYS[5]}) do
+for _, key in ipairs({KEYS[1], KEYS[3], KEYS[4]}) do
   if redis.call('EXISTS', key) == 1 then redis.call('PEXPIREAT', key, ARGV[8]) end
 end
 return {0, stock}

@@ -6,7 +6,12 @@
 -- attempt's entry is ever finished (cancel_finish.lua), so a late or second canceller can
 -- never give the units back again.
 --
--- KEYS[1] meta   KEYS[2] ledger
+-- The order is live, so its user holds the sale's quota: the user's field in `users` is
+-- (re)asserted with the order's request id (HSETNX: a field already there stays). Every
+-- ledger entry of a user comes with the user's field, so a purchase needs to read only
+-- `users` to refuse a user with anything in flight.
+--
+-- KEYS[1] meta   KEYS[2] ledger   KEYS[3] users
 -- ARGV[1] user id   ARGV[2] cancel id   ARGV[3] quantity   ARGV[4] now (ms)   ARGV[5] order id
 -- ARGV[6] the order's request id
 --
@@ -24,6 +29,7 @@ if v then
   -- The order's own reservation gives way too: the order row proves the database holds it.
   if not (kind == 'x' or (kind == 'r' and id == ARGV[6])) then return {0, epoch} end
 end
+redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[6])
 redis.call('HSET', KEYS[2], ARGV[1],
   'c|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5])
 return {1, epoch}

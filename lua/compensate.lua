@@ -6,7 +6,7 @@
 -- it in the same step, so a retry, a redelivery or a concurrent repair gives the units back
 -- at most once.
 --
--- KEYS[1] stock   KEYS[2] users   KEYS[3] ledger   KEYS[4] meta   (same {<activityId>} tag)
+-- KEYS[1] meta (its `stock` field)   KEYS[2] users   KEYS[3] ledger   (same {<activityId>} tag)
 -- ARGV[1] user id
 -- ARGV[2] request id
 -- ARGV[3] mode: "full"  = stock back and user removed (the purchase never happened)
@@ -18,9 +18,9 @@ if not v then return {0, 0} end
 local kind, rid, qty = string.match(v, '^(%a)|([^|]+)|(%d+)|')
 if kind ~= 'r' or rid ~= ARGV[2] then return {0, 0} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('INCRBY', KEYS[1], qty)
-  redis.call('HINCRBY', KEYS[4], 'seq', 1)
+  redis.call('HINCRBY', KEYS[1], 'stock', qty)
+  redis.call('HINCRBY', KEYS[1], 'seq', 1)
 end
-if ARGV[3] == 'full' then redis.call('SREM', KEYS[2], ARGV[1]) end
+if ARGV[3] == 'full' then redis.call('HDEL', KEYS[2], ARGV[1]) end
 redis.call('HDEL', KEYS[3], ARGV[1])
 return {1, tonumber(qty)}

@@ -13,4 +13,4 @@ local kind, token = string.match(v, '^(%a)|([^|]+)|')
 if kind ~= 'x' or token ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 if ARGV[3] ~= 'drop' then return 0 end
-return redis.call('SREM', KEYS[1], ARGV[1])
+return redis.call('HDEL', KEYS[1], ARGV[1])

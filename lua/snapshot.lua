@@ -1,11 +1,22 @@
 -- snapshot.lua: read an activity's Redis state in one atomic step (reconcile, admin stats).
 --
--- KEYS[1] stock   KEYS[2] meta   KEYS[3] users   KEYS[4] ledger
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger
 --
 -- Returns {loaded, stock, participants, ledger, seq} where loaded is 1 when meta exists,
--- stock is -1 when the stock key is missing, ledger is the flat HGETALL list (user, entry,
--- ...) and seq is the sale's stock sequence (bumped by every script that moves stock).
-local loaded = redis.call('EXISTS', KEYS[2])
-local stock = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
-return {loaded, stock, redis.call('SCARD', KEYS[3]), redis.call('HGETALL', KEYS[4]), seq}
+-- stock is -1 when the meta has no stock, participants counts the users' fields and ledger
+-- is the flat HGETALL list (user, entry, ...), both without the sentinel field "" preheat.lua
+-- keeps in each, and seq is the sale's stock sequence (bumped by every script that moves
+-- stock).
+local loaded = redis.call('EXISTS', KEYS[1])
+local stock = tonumber(redis.call('HGET', KEYS[1], 'stock') or '-1')
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local participants = redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], '')
+local flat = redis.call('HGETALL', KEYS[3])
+local ledger = {}
+for i = 1, #flat, 2 do
+  if flat[i] ~= '' then
+    ledger[#ledger + 1] = flat[i]
+    ledger[#ledger + 1] = flat[i + 1]
+  end
+end
+return {loaded, stock, participants, ledger, seq}

@@ -307,11 +307,12 @@ async fn add_users(b: &Bench, activity_id: i64, n: usize) -> anyhow::Result<()> 
     let k = b.redis.keys(activity_id);
     let mut con = b.admin.clone();
     for chunk in b.users[..n].chunks(1000) {
-        let _: i64 = redis::cmd("SADD")
-            .arg(&k.users)
-            .arg(chunk)
-            .query_async(&mut con)
-            .await?;
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&k.users);
+        for user in chunk {
+            hset.arg(user).arg(Uuid::now_v7().to_string());
+        }
+        let _: i64 = hset.query_async(&mut con).await?;
     }
     Ok(())
 }
@@ -446,8 +447,7 @@ async fn bare_loop(
         async move {
             let r: redis::RedisResult<(i64, i64, i64, i64)> = redis::cmd("EVALSHA")
                 .arg(sha.as_str())
-                .arg(4)
-                .arg(&k.stock)
+                .arg(3)
                 .arg(&k.meta)
                 .arg(&k.users)
                 .arg(&k.ledger)

@@ -45,7 +45,12 @@ pub async fn measure(
             })
             .collect();
         let mut pipe = redis::pipe();
-        pipe.cmd("SADD").arg(&k.users).arg(&ids).ignore();
+        let mut users = redis::cmd("HSET");
+        users.arg(&k.users);
+        for id in &ids {
+            users.arg(id).arg(uuid::Uuid::now_v7().to_string());
+        }
+        pipe.add_command(users).ignore();
         let mut hset = redis::cmd("HSET");
         hset.arg(&k.ledger);
         for id in &ids {

@@ -298,8 +298,9 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                 .await?;
         }
         Strategy::Lock => {
-            let _: () = redis::cmd("SET")
-                .arg(&keys.stock)
+            let _: i64 = redis::cmd("HSET")
+                .arg(&keys.meta)
+                .arg("stock")
                 .arg(wl.stock)
                 .query_async(&mut con)
                 .await?;
@@ -431,14 +432,17 @@ async fn lock(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
         tokio::time::sleep(LOCK_RETRY).await;
     }
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let stock: Option<i64> = redis::cmd("GET")
-        .arg(&c.keys.stock)
+    let stock: Option<i64> = redis::cmd("HGET")
+        .arg(&c.keys.meta)
+        .arg("stock")
         .query_async(&mut cm)
         .await?;
     let outcome = if stock.unwrap_or(0) >= 1 {
         c.calls.fetch_add(1, Ordering::Relaxed);
-        let left: i64 = redis::cmd("DECR")
-            .arg(&c.keys.stock)
+        let left: i64 = redis::cmd("HINCRBY")
+            .arg(&c.keys.meta)
+            .arg("stock")
+            .arg(-1)
             .query_async(&mut cm)
             .await?;
         if left < 0 {
@@ -492,8 +496,7 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     c.calls.fetch_add(1, Ordering::Relaxed);
     let (code, _, _, _): (i64, i64, i64, i64) = redis::cmd("EVALSHA")
         .arg(&c.purchase_sha)
-        .arg(4)
-        .arg(&c.keys.stock)
+        .arg(3)
         .arg(&c.keys.meta)
         .arg(&c.keys.users)
         .arg(&c.keys.ledger)
@@ -522,8 +525,9 @@ async fn final_stock(env: &mut Env, c: &Ctx, s: Strategy) -> anyhow::Result<i64>
         Strategy::DbOnly => activity::remaining_stock(&env.pool, c.activity_id)
             .await?
             .ok_or(sqlx::Error::RowNotFound)? as i64,
-        _ => redis::cmd("GET")
-            .arg(&c.keys.stock)
+        _ => redis::cmd("HGET")
+            .arg(&c.keys.meta)
+            .arg("stock")
             .query_async::<Option<i64>>(&mut con)
             .await?
             .unwrap_or(0),
@@ -568,7 +572,11 @@ async fn measure(env: &mut Env, s: Strategy, wl: Workload) -> anyhow::Result<Row
             None,
         ),
         _ => (
-            Some(Sampler::start(sampler_con, c.keys.stock.clone(), None)),
+            Some(Sampler::start(
+                sampler_con,
+                c.keys.meta.clone(),
+                Some("stock".into()),
+            )),
             None,
             None,
         ),

@@ -128,7 +128,7 @@ pub struct Config {
     pub database_url: String,
     #[command(flatten)]
     pub redis: RedisTopology,
-    /// Prefix of every Redis key (`<prefix>:{<activityId>}:stock`); tests use a fresh one.
+    /// Prefix of every Redis key (`<prefix>:{<activityId>}:meta`); tests use a fresh one.
     #[arg(
         long = "key-prefix",
         env = "SECKILL_KEY_PREFIX",

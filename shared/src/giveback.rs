@@ -66,7 +66,7 @@ pub async fn claim(
 }
 
 /// How much a `failed` row with `why` gives back: a user refused because they already hold
-/// an order keeps their place in the user set; every other failure removes them.
+/// an order keeps their field in `users`; every other failure removes them.
 pub fn compensation_for(why: Option<&str>) -> Compensation {
     if why == Some(reason::ALREADY_PURCHASED) {
         Compensation::StockOnly

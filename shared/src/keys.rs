@@ -4,19 +4,26 @@
 //! touches live in one cluster slot: the same scripts run on a single Redis and on Redis
 //! Cluster without `CROSSSLOT` errors.
 
+/// The field `lua/preheat.lua` puts in `users` and `ledger` so they exist, with the sale's
+/// expiry, while they hold no user: a hash whose last field goes is deleted, and the next
+/// write would create it without an expiry. Never a user id (the auth refuses an empty
+/// `sub`); everything that counts or scans users or the ledger skips it. The scripts spell
+/// it `''`.
+pub const SENTINEL: &str = "";
+
 /// The keys of one activity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {
-    /// Units left in Redis (string integer).
-    pub stock: String,
-    /// Hash: startMs, endMs, limit, total, version, expireAtMs, seq (the stock sequence),
-    /// epoch (the load epoch), change (the last admin change applied), title (for the public
-    /// view).
+    /// Hash: stock (units left in Redis), startMs, endMs, limit, total, version, expireAtMs,
+    /// seq (the stock sequence), epoch (the load epoch), change (the last admin change
+    /// applied), title (for the public view). A sale is loaded when its meta exists.
     pub meta: String,
-    /// Set of user ids holding a reservation or an order.
+    /// Hash user id -> the request id of the purchase that added the user: users holding a
+    /// reservation, an order or a cancel in flight (one order per user), plus [`SENTINEL`].
     pub users: String,
     /// Hash user id -> in-flight entry: `r|requestId|qty|ms` reservation,
-    /// `c|cancelId|qty|ms|orderId` cancel attempt, `x|token|0|ms` orphan check mark.
+    /// `c|cancelId|qty|ms|orderId` cancel attempt, `x|token|0|ms` orphan check mark; plus
+    /// [`SENTINEL`].
     pub ledger: String,
     /// The admin lock: a hash of its holder's owner id → hold count and `token` → its fencing token, with a lease.
     pub lock: String,
@@ -28,7 +35,6 @@ impl Keys {
     pub fn new(prefix: &str, activity_id: i64) -> Self {
         let base = format!("{prefix}:{{{activity_id}}}");
         Self {
-            stock: format!("{base}:stock"),
             meta: format!("{base}:meta"),
             users: format!("{base}:users"),
             ledger: format!("{base}:ledger"),
@@ -45,7 +51,7 @@ mod tests {
     #[test]
     fn every_key_shares_the_activity_hash_tag() {
         let k = Keys::new("seckill", 42);
-        for key in [&k.stock, &k.meta, &k.users, &k.ledger, &k.lock, &k.fence] {
+        for key in [&k.meta, &k.users, &k.ledger, &k.lock, &k.fence] {
             let open = key.find('{').unwrap();
             let close = key.find('}').unwrap();
             assert_eq!(&key[open + 1..close], "42", "{key}");

@@ -8,7 +8,7 @@
 //! (a paused admin with an older token is then refused), and `lua/preheat.lua` writes only
 //! for the lock's current owner.
 //!
-//! A sale that is not loaded gets its user set rebuilt from the database's live orders before
+//! A sale that is not loaded gets its `users` rebuilt from the database's live orders before
 //! the meta appears, so that after Redis lost a running sale (a restart with no data) nobody
 //! who bought can buy again in Redis.
 
@@ -24,8 +24,8 @@ use std::time::Duration;
 /// How long a loader waits for the sale's lock before leaving the load to its next run.
 const LOCK_WAIT: Duration = Duration::from_millis(500);
 
-/// Users added to the set per script call when it is rebuilt.
-const SADD_CHUNK: usize = 1000;
+/// Users added to `users` per script call when it is rebuilt.
+const REBUILD_CHUNK: usize = 1000;
 
 /// Why a load did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -89,8 +89,8 @@ pub async fn fence_and_read(
     Ok(row)
 }
 
-/// Loads `row` for the lock `owner`: when the sale is not in Redis, the user set is rebuilt
-/// from the live orders first (what a lost sale left of its set and ledger goes); then
+/// Loads `row` for the lock `owner`: when the sale is not in Redis, `users` is rebuilt from
+/// the live orders first (what a lost sale left of its set and ledger goes); then
 /// `lua/preheat.lua` writes stock, meta and expiry. A load from scratch needs a `row` read by
 /// [`fence_and_read`] with a new epoch.
 pub async fn load_fenced(
@@ -102,7 +102,7 @@ pub async fn load_fenced(
 ) -> Result<PreheatOutcome, LoadError> {
     if sale::loaded_version(redis, row.id).await?.is_none() {
         let holders = order::live_holders(pool, row.id).await?;
-        let mut chunks = holders.chunks(SADD_CHUNK).peekable();
+        let mut chunks = holders.chunks(REBUILD_CHUNK).peekable();
         if chunks.peek().is_none() {
             sale::rebuild_users(redis, row.id, owner, true, &[]).await?;
         }
@@ -115,7 +115,7 @@ pub async fn load_fenced(
             tracing::info!(
                 activity_id = row.id,
                 holders = holders.len(),
-                "user set rebuilt from the live orders"
+                "users rebuilt from the live orders"
             );
         }
     }

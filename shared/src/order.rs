@@ -221,17 +221,23 @@ pub async fn by_requests(
     .await
 }
 
-/// The users holding a live (confirmed or paid) order of an activity.
+/// The users holding a live (confirmed or paid) order of an activity, each with the order's
+/// request id.
 pub async fn live_holders(
     db: impl PgExecutor<'_>,
     activity_id: i64,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        "select user_id from orders where activity_id = $1 and status in ('confirmed', 'paid')",
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')",
         activity_id
     )
     .fetch_all(db)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
 }
 
 /// Which of `users` hold a live order of the activity: reconcile's check of the users it

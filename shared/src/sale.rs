@@ -35,8 +35,7 @@ pub async fn purchase(
 ) -> Result<Result<Reservation, Refusal>, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::PURCHASE.prepare_invoke();
-    inv.key(&k.stock)
-        .key(&k.meta)
+    inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
         .arg(user_id)
@@ -83,10 +82,9 @@ pub async fn compensate(
 ) -> Result<Option<i64>, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::COMPENSATE.prepare_invoke();
-    inv.key(&k.stock)
+    inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
-        .key(&k.meta)
         .arg(user_id)
         .arg(request_id.to_string())
         .arg(match mode {
@@ -147,6 +145,7 @@ pub async fn cancel_begin(
     let mut inv = scripts::CANCEL_BEGIN.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.ledger)
+        .key(&k.users)
         .arg(attempt.user_id)
         .arg(attempt.cancel_id.to_string())
         .arg(attempt.quantity)
@@ -173,10 +172,9 @@ pub async fn cancel_finish(
 ) -> Result<Option<i64>, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::CANCEL_FINISH.prepare_invoke();
-    inv.key(&k.stock)
+    inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
-        .key(&k.meta)
         .arg(user_id)
         .arg(cancel_id.to_string());
     let (applied, qty): (i64, i64) = redis.script(&inv).await?;
@@ -266,8 +264,9 @@ pub async fn ledger_entry(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     pub loaded: bool,
-    /// `None` when the stock key is missing.
+    /// `None` when the meta holds no stock (the sale is not loaded).
     pub stock: Option<i64>,
+    /// Users holding a reservation, an order or a cancel in flight (the sentinel not counted).
     pub participants: i64,
     pub ledger: Vec<LedgerEntry>,
     /// The stock sequence: bumped by every script that moves the stock.
@@ -294,7 +293,7 @@ impl Snapshot {
 pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
-    inv.key(&k.stock).key(&k.meta).key(&k.users).key(&k.ledger);
+    inv.key(&k.meta).key(&k.users).key(&k.ledger);
     let (loaded, stock, participants, flat, seq): (i64, i64, i64, Vec<String>, i64) =
         redis.script(&inv).await?;
     let ledger = flat
@@ -316,10 +315,12 @@ pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, Cache
 /// Units left in Redis, `None` when the activity is not loaded.
 pub async fn stock(redis: &Redis, activity_id: i64) -> Result<Option<i64>, CacheError> {
     let k = redis.keys(activity_id);
-    redis.cmd(redis::cmd("GET").arg(&k.stock)).await
+    redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("stock"))
+        .await
 }
 
-/// What the public view shows of a loaded sale, as its meta and stock hold it.
+/// What the public view shows of a loaded sale, as its meta holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleView {
     pub title: String,
@@ -329,26 +330,20 @@ pub struct SaleView {
     pub stock: i64,
 }
 
-/// The public view of a loaded sale in one round trip (the meta's fields and the stock, both
-/// under the sale's hash tag, so one node answers on a cluster too). `None` when Redis does
+/// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it).
+/// `None` when Redis does
 /// not hold the whole view: the sale is not loaded (before preheat, after its keys expired),
 /// or its meta was written before the meta carried the title.
 pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, CacheError> {
     let k = redis.keys(activity_id);
-    let mut pipe = redis::pipe();
-    pipe.cmd("HMGET")
-        .arg(&k.meta)
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(&k.meta)
         .arg("title")
         .arg("startMs")
         .arg("endMs")
-        .cmd("GET")
-        .arg(&k.stock);
-    let mut conn = redis.conn.clone();
-    #[allow(clippy::type_complexity)]
-    let ((title, start_ms, end_ms), stock): (
-        (Option<String>, Option<i64>, Option<i64>),
-        Option<i64>,
-    ) = redis.run(pipe.query_async(&mut conn)).await?;
+        .arg("stock");
+    let (title, start_ms, end_ms, stock): (Option<String>, Option<i64>, Option<i64>, Option<i64>) =
+        redis.cmd(&cmd).await?;
     let (Some(title), Some(start_ms), Some(end_ms), Some(stock)) = (title, start_ms, end_ms, stock)
     else {
         return Ok(None);
@@ -386,8 +381,7 @@ pub async fn preheat(
 ) -> Result<PreheatOutcome, CacheError> {
     let k = redis.keys(activity.id);
     let mut inv = scripts::PREHEAT.prepare_invoke();
-    inv.key(&k.stock)
-        .key(&k.meta)
+    inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.lock)
@@ -451,8 +445,7 @@ pub async fn adjust(
 ) -> Result<Adjust, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::ADJUST.prepare_invoke();
-    inv.key(&k.stock)
-        .key(&k.meta)
+    inv.key(&k.meta)
         .key(&k.lock)
         .key(&k.users)
         .key(&k.ledger)
@@ -484,15 +477,32 @@ pub async fn loaded_version(redis: &Redis, activity_id: i64) -> Result<Option<i6
         .await
 }
 
-/// `lua/rebuild_users.lua`: one chunk of the user set of a sale that is not loaded, for the
-/// lock `owner`; the first chunk empties the set and the ledger first. Returns false when
-/// refused (not the owner, or the sale is loaded).
+/// Whether `users` and the ledger both hold their [`SENTINEL`](crate::keys::SENTINEL) field,
+/// as `lua/preheat.lua` leaves them: a sale loaded without them (or whose hash was lost) is
+/// given them back by the next preheat.
+pub async fn has_sentinels(redis: &Redis, activity_id: i64) -> Result<bool, CacheError> {
+    let k = redis.keys(activity_id);
+    for key in [&k.users, &k.ledger] {
+        let there: bool = redis
+            .cmd(redis::cmd("HEXISTS").arg(key).arg(crate::keys::SENTINEL))
+            .await?;
+        if !there {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `lua/rebuild_users.lua`: one chunk of `users` of a sale that is not loaded, for the lock
+/// `owner`: each holder of a live order with its order's request id; the first chunk empties
+/// `users` and the ledger first. Returns false when refused (not the owner, or the sale is
+/// loaded).
 pub async fn rebuild_users(
     redis: &Redis,
     activity_id: i64,
     owner: &str,
     first: bool,
-    users: &[String],
+    holders: &[(String, Uuid)],
 ) -> Result<bool, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::REBUILD_USERS.prepare_invoke();
@@ -502,8 +512,8 @@ pub async fn rebuild_users(
         .key(&k.lock)
         .arg(owner)
         .arg(if first { "first" } else { "more" });
-    for u in users {
-        inv.arg(u);
+    for (user, request_id) in holders {
+        inv.arg(user).arg(request_id.to_string());
     }
     let done: i64 = redis.script(&inv).await?;
     scripts::flag("rebuild_users.lua", done)
@@ -557,10 +567,9 @@ pub async fn fix_stock(
 ) -> Result<bool, CacheError> {
     let k = redis.keys(activity_id);
     let mut inv = scripts::FIX_STOCK.prepare_invoke();
-    inv.key(&k.stock)
+    inv.key(&k.meta)
         .key(&k.ledger)
         .key(&k.lock)
-        .key(&k.meta)
         .arg(owner)
         .arg(observed_seq)
         .arg(target);

@@ -45,6 +45,7 @@ use seckill_entry::EntryState;
 use seckill_shared::activity::{self, ActivityPatch};
 use seckill_shared::cache::Redis;
 use seckill_shared::config::Config;
+use seckill_shared::keys::SENTINEL;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, Order};
 use seckill_shared::pause;
@@ -1204,7 +1205,6 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
                     .patient
                     .cmd(
                         redis::cmd("DEL")
-                            .arg(&k.stock)
                             .arg(&k.meta)
                             .arg(&k.users)
                             .arg(&k.ledger)
@@ -1539,10 +1539,9 @@ impl Chaos {
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<()> {
         let k = self.patient.keys(id);
-        let members: HashSet<String> = self
-            .patient
-            .cmd(redis::cmd("SMEMBERS").arg(&k.users))
-            .await?;
+        let mut members: HashSet<String> =
+            self.patient.cmd(redis::cmd("HKEYS").arg(&k.users)).await?;
+        members.remove(SENTINEL);
         let mut holders: HashSet<String> = rows
             .values()
             .filter(|r| is_live(&r.status))

@@ -596,11 +596,11 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     let first = reserve(&env, a.id, "alice", 1).await;
     assert_eq!(c.handle_message(&first).await?.outcome, Outcome::Committed);
     let existing = rows(&env, a.id).await;
-    // Redis lost its user set (failover without persistence): alice can reserve again.
+    // Redis lost its users field (failover without persistence): alice can reserve again.
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
-        .cmd(redis::cmd("SREM").arg(&k.users).arg("alice"))
+        .cmd(redis::cmd("HDEL").arg(&k.users).arg("alice"))
         .await?;
     let second = reserve(&env, a.id, "alice", 1).await;
     assert_eq!(snapshot(&env, a.id).await.stock, Some(8));
@@ -911,7 +911,7 @@ async fn second_order_in_batch(batch_writes: bool) -> (Final, order_consumer::Ba
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
-        .cmd(redis::cmd("SREM").arg(&k.users).arg("p0"))
+        .cmd(redis::cmd("HDEL").arg(&k.users).arg("p0"))
         .await
         .unwrap();
     let mut messages = vec![reserve(&env, a.id, "p0", 1).await];

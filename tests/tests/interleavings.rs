@@ -17,6 +17,7 @@ use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::{router, EntryState};
 use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
+use seckill_shared::keys::SENTINEL;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::lock;
 use seckill_shared::on_both_redis;
@@ -51,6 +52,8 @@ on_both_redis!(
     a_reservation_lost_with_redis_is_not_committed_after_the_reload,
     a_cancel_during_a_reload_waits_for_it,
     the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out,
+    an_orphan_check_never_lets_a_user_buy_twice,
+    a_reload_of_a_lost_sale_while_buyers_click_lets_no_buyer_buy_again,
 );
 
 const GRACE: Duration = Duration::from_secs(5);
@@ -160,29 +163,46 @@ impl World {
         Ok(lifecycle::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
     }
 
+    /// The users `users` holds (the sentinel field not counted).
     async fn users(&self) -> anyhow::Result<BTreeSet<String>> {
         let keys = self.env.redis.keys(self.id());
         let users: Vec<String> = self
             .env
             .redis
-            .cmd(redis::cmd("SMEMBERS").arg(&keys.users))
+            .cmd(redis::cmd("HKEYS").arg(&keys.users))
             .await?;
-        Ok(users.into_iter().collect())
+        Ok(users.into_iter().filter(|u| u != SENTINEL).collect())
     }
 
     /// Users holding a live (confirmed or paid) order.
     async fn holders(&self) -> anyhow::Result<BTreeSet<String>> {
-        let users = order::live_holders(&self.env.pool, self.id()).await?;
-        Ok(users.into_iter().collect())
+        let holders = order::live_holders(&self.env.pool, self.id()).await?;
+        Ok(holders.into_iter().map(|(user, _)| user).collect())
+    }
+
+    /// A user in `users` with nothing behind them (no entry, no order): what a crash can leave.
+    async fn orphan(&self, user: &str) -> anyhow::Result<()> {
+        let keys = self.env.redis.keys(self.id());
+        let _: i64 = self
+            .env
+            .redis
+            .cmd(
+                redis::cmd("HSET")
+                    .arg(&keys.users)
+                    .arg(user)
+                    .arg(Uuid::new_v4().to_string()),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Drift by hand: Redis stock set behind every script's back.
     async fn set_stock(&self, stock: i64) -> anyhow::Result<()> {
         let keys = self.env.redis.keys(self.id());
-        let _: () = self
+        let _: i64 = self
             .env
             .redis
-            .cmd(redis::cmd("SET").arg(&keys.stock).arg(stock).arg("KEEPTTL"))
+            .cmd(redis::cmd("HSET").arg(&keys.meta).arg("stock").arg(stock))
             .await?;
         Ok(())
     }
@@ -216,7 +236,7 @@ impl World {
 
     /// Every unit is in exactly one place: Redis stock, a pending reservation, or a live
     /// order; the database's remaining stock is the total minus the live orders; and the
-    /// Redis user set holds exactly the users behind a live order or a pending reservation.
+    /// Redis `users` holds exactly the users behind a live order or a pending reservation.
     async fn assert_conserved(&self) -> anyhow::Result<()> {
         verdict(self.violations().await?)
     }
@@ -256,7 +276,7 @@ impl World {
         let users = self.users().await?;
         if users != expected {
             out.push(format!(
-                "user set {users:?} != live holders + pending {expected:?}"
+                "users {users:?} != live holders + pending {expected:?}"
             ));
         }
         Ok(out)
@@ -356,7 +376,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
     w.assert_conserved().await
 }
 
-/// `PUT endAt` later must move the expiry of every key of the sale, the user set and the ledger
+/// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
 /// included: otherwise they vanish at the old end + buffer and earlier buyers may buy again.
 async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
     kind: RedisKind,
@@ -376,7 +396,7 @@ async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
     let buffer = ChronoDuration::from_std(w.env.config.expiry_buffer)?;
     let must_live_ms = (new_end + buffer - Utc::now()).num_milliseconds() - 60_000;
     let keys = w.env.redis.keys(w.id());
-    for key in [&keys.stock, &keys.meta, &keys.users, &keys.ledger] {
+    for key in [&keys.meta, &keys.users, &keys.ledger] {
         let ttl: i64 = w.env.redis.cmd(redis::cmd("PTTL").arg(key)).await?;
         assert!(
             ttl >= must_live_ms,
@@ -1110,4 +1130,131 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
     }
     broken.extend(w.violations().await?);
     verdict(broken)
+}
+
+/// Reconcile's orphan check marks the users it found with no ledger entry, reads the database,
+/// then drops those with no live order while the mark is still its own. The purchase reads
+/// only `users`: while the check looks, alice (an order) and ghost (a field with nothing behind
+/// it) are refused; alice cancels before the database read (which then finds no order of
+/// hers) and buys again before the drop: her reservation must keep her field, or she could
+/// buy a second time. Ghost is dropped and then buys exactly once.
+async fn an_orphan_check_never_lets_a_user_buy_twice(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let first = w.confirmed("alice", 1).await?;
+    w.orphan("ghost").await?;
+
+    let checking = pause::arm("reconcile.orphans.before_db_check", w.id());
+    let dropping = pause::arm("reconcile.orphans.before_drop", w.id());
+    let reconcile = w.reconcile();
+    let run = tokio::spawn(async move { reconcile.run(Utc::now()).await });
+    within("reconcile's marks", checking.reached()).await?;
+    for user in ["alice", "ghost"] {
+        let (status, body) = w.buy(user, 1).await;
+        assert_eq!(
+            body["error"], "already_purchased",
+            "{user} marked: {status} {body}"
+        );
+    }
+    assert_eq!(
+        w.cancel(first.id).await?,
+        CancelOutcome::Cancelled { quantity: 1 }
+    );
+    checking.resume();
+    within("reconcile's database check", dropping.reached()).await?;
+    let again = w.pending("alice", 1).await?;
+    let (status, body) = w.buy("ghost", 1).await;
+    assert_eq!(body["error"], "already_purchased", "ghost: {status} {body}");
+    dropping.resume();
+    joined("reconcile", run).await?;
+
+    let users = w.users().await?;
+    assert!(
+        users.contains("alice") && !users.contains("ghost"),
+        "{users:?}"
+    );
+    let (status, body) = w.buy("alice", 1).await;
+    assert_eq!(body["error"], "already_purchased", "alice: {status} {body}");
+    let done = w.consumer().handle_message(&again).await?;
+    assert_eq!(done.outcome, Outcome::Committed, "{done:?}");
+    w.confirmed("ghost", 1).await?;
+    let (status, body) = w.buy("ghost", 1).await;
+    assert_eq!(body["error"], "already_purchased", "ghost: {status} {body}");
+    w.assert_conserved().await
+}
+
+/// Redis lost a running sale; preheat reloads it (rebuilds `users` from the live orders, then
+/// loads the meta) while buyers keep clicking. Nobody who bought gets a 202 again, everyone
+/// else gets at most one, and `users` and the ledger come back with their sentinel fields
+/// and the sale's expiry; a sale that lost its sentinels gets them back on the next preheat.
+async fn a_reload_of_a_lost_sale_while_buyers_click_lets_no_buyer_buy_again(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 20).await?;
+    w.confirmed("alice", 1).await?;
+    w.confirmed("bob", 2).await?;
+    w.unload().await?;
+
+    let paused = pause::arm("preheat.before_load", w.id());
+    let preheat = w.preheat();
+    let reload = tokio::spawn(async move { preheat.run(Utc::now()).await });
+    within("the reload's read", paused.reached()).await?;
+    let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut buyers = Vec::new();
+    for user in ["alice", "bob", "carol", "dave"] {
+        let (app, loaded) = (w.app.clone(), loaded.clone());
+        let path = format!("/activities/{}/orders", w.id());
+        buyers.push(tokio::spawn(async move {
+            let (mut accepted, mut after_load) = (0, 0);
+            while after_load < 5 {
+                if loaded.load(std::sync::atomic::Ordering::SeqCst) {
+                    after_load += 1;
+                }
+                let (status, _) = call(&app, request("POST", &path, Some((user, "")), None)).await;
+                accepted += usize::from(status == StatusCode::ACCEPTED);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (user, accepted)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    paused.resume();
+    joined("the reload", reload).await?;
+    loaded.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut accepted = Vec::new();
+    for buyer in buyers {
+        accepted.push(within("a buyer", buyer).await??);
+    }
+
+    assert_eq!(
+        accepted,
+        vec![("alice", 0), ("bob", 0), ("carol", 1), ("dave", 1)]
+    );
+    let keys = w.env.redis.keys(w.id());
+    let expire_at = w.db_row().await?.expire_at(w.env.config.expiry_buffer);
+    for key in [&keys.users, &keys.ledger] {
+        let sentinel: bool = w
+            .env
+            .redis
+            .cmd(redis::cmd("HEXISTS").arg(key).arg(SENTINEL))
+            .await?;
+        let at: i64 = w.env.redis.cmd(redis::cmd("PEXPIRETIME").arg(key)).await?;
+        assert!(sentinel, "{key} has no sentinel");
+        assert_eq!(at, expire_at.timestamp_millis(), "{key}");
+    }
+    w.assert_conserved().await?;
+
+    let _: i64 = w
+        .env
+        .redis
+        .cmd(redis::cmd("HDEL").arg(&keys.users).arg(SENTINEL))
+        .await?;
+    let _: i64 = w
+        .env
+        .redis
+        .cmd(redis::cmd("HDEL").arg(&keys.ledger).arg(SENTINEL))
+        .await?;
+    w.preheat().run(Utc::now()).await?;
+    assert!(sale::has_sentinels(&w.env.redis, w.id()).await?);
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(15));
+    w.assert_conserved().await
 }

@@ -181,10 +181,7 @@ async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> a
     .await?;
     // The cache lost the running sale (failover, flush, eviction).
     let k = env.redis.keys(running.id);
-    let _: i64 = env
-        .redis
-        .cmd(redis::cmd("DEL").arg(&k.stock).arg(&k.meta))
-        .await?;
+    let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.meta)).await?;
 
     let report = preheat(&env).run(Utc::now()).await?;
 
@@ -197,7 +194,7 @@ async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> a
     for a in [&running, &soon] {
         let k = env.redis.keys(a.id);
         let expected = a.expire_at(env.config.expiry_buffer).timestamp_millis();
-        for key in [&k.stock, &k.meta] {
+        for key in [&k.meta, &k.users, &k.ledger] {
             let at: i64 = env.redis.cmd(redis::cmd("PEXPIRETIME").arg(key)).await?;
             assert_eq!(at, expected, "{key}");
         }
@@ -277,7 +274,12 @@ async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> a
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
-        .cmd(redis::cmd("SADD").arg(&k.users).arg("ghost"))
+        .cmd(
+            redis::cmd("HSET")
+                .arg(&k.users)
+                .arg("ghost")
+                .arg(Uuid::new_v4().to_string()),
+        )
         .await?;
 
     let report = reconcile(&env).run(Utc::now()).await?;
@@ -303,8 +305,11 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     let job = reconcile(&env);
     let k = env.redis.keys(a.id);
     let set_stock = |n: i64| {
-        let (conn, key) = (env.redis.clone(), k.stock.clone());
-        async move { conn.cmd::<()>(redis::cmd("SET").arg(key).arg(n)).await }
+        let (conn, key) = (env.redis.clone(), k.meta.clone());
+        async move {
+            conn.cmd::<i64>(redis::cmd("HSET").arg(key).arg("stock").arg(n))
+                .await
+        }
     };
 
     // Too low by 3 (units leaked), ledger quiet.
@@ -348,13 +353,17 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     );
     assert_eq!((r.redis_stock, r.drift), (Some(8), 0));
 
-    // A lost stock key with the meta still there is restored with the sale's expiry.
-    let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.stock)).await?;
+    // A lost stock field with the rest of the meta still there is restored, and the meta
+    // keeps the sale's expiry.
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("HDEL").arg(&k.meta).arg("stock"))
+        .await?;
     job.run(Utc::now()).await?;
     assert_eq!(redis_stock(&env, a.id).await, Some(8));
     let at: i64 = env
         .redis
-        .cmd(redis::cmd("PEXPIRETIME").arg(&k.stock))
+        .cmd(redis::cmd("PEXPIRETIME").arg(&k.meta))
         .await?;
     assert_eq!(at, a.expire_at(env.config.expiry_buffer).timestamp_millis());
 
@@ -463,8 +472,8 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
 
 /// Takes one unit from Redis stock if there is one: a leak (a unit lost to a crash), injected
 /// while purchases run, for reconcile to find. Never drives the stock below zero by itself.
-const LEAK: &str = "if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then \
-                    return redis.call('DECR', KEYS[1]) end return -1";
+const LEAK: &str = "if tonumber(redis.call('HGET', KEYS[1], 'stock') or '0') > 0 then \
+                    return redis.call('HINCRBY', KEYS[1], 'stock', -1) end return -1";
 
 async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     kind: RedisKind,
@@ -512,14 +521,14 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     // Putting back too many would show up as the database refusing an accepted reservation.
     let leaker = {
         let (env, buying) = (env.clone(), buying.clone());
-        let stock_key = env.redis.keys(id).stock;
+        let meta_key = env.redis.keys(id).meta;
         tokio::spawn(async move {
             let leak = redis::Script::new(LEAK);
             let mut leaked = 0;
             while buying.load(Ordering::SeqCst) {
                 let left: i64 = env
                     .redis
-                    .script(leak.prepare_invoke().key(&stock_key))
+                    .script(leak.prepare_invoke().key(&meta_key))
                     .await?;
                 leaked += i64::from(left >= 0);
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -634,7 +643,12 @@ async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result
     let k = env.redis.keys(a.id);
     let _: i64 = env
         .redis
-        .cmd(redis::cmd("SADD").arg(&k.users).arg("ghost"))
+        .cmd(
+            redis::cmd("HSET")
+                .arg(&k.users)
+                .arg("ghost")
+                .arg(Uuid::new_v4().to_string()),
+        )
         .await?;
 
     reconcile(&env).run(Utc::now()).await?;

@@ -140,9 +140,9 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
             ("endMs", (now + 60_000).to_string()),
             ("limit", "1".into()),
             ("expireAtMs", (now + 120_000).to_string()),
+            ("stock", "1".into()),
         ]))
         .await?;
-    let _: () = redis.cmd(redis::cmd("SET").arg(&k.stock).arg(1)).await?;
     let decision = sale::purchase(
         &redis,
         1,

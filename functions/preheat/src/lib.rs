@@ -1,17 +1,18 @@
 //! Preheat: loads every published activity that starts within the lead time (or is already
-//! running and missing from Redis) into Redis, so the purchase script finds its stock, window,
-//! limit, an empty user set and an empty ledger when the sale opens.
+//! running and missing from Redis) into Redis, so the purchase script finds its stock, window
+//! and limit (all in the meta hash), and `users` and the ledger already there with the sale's
+//! expiry (each holds a sentinel field, so it never empties out and loses it) when it opens.
 //!
 //! # Idempotent by construction
 //!
 //! Each activity is loaded by one Lua script (`lua/preheat.lua`, via [`sale::preheat`]) that
-//! writes the stock with `SET NX`, never `INCR` and never a plain `SET`: running preheat twice,
-//! concurrently with itself, or while purchases decrement the stock, never resets a loaded sale.
-//! A meta hash that is already there is only replaced by a newer `config_version` (an admin
-//! change). The keys expire `expiry_buffer` after the sale ends, so nothing lingers.
+//! writes the stock only into a meta it creates, never `INCR` and never over a loaded sale:
+//! running preheat twice, concurrently with itself, or while purchases decrement the stock,
+//! never resets a loaded sale. A meta hash that is already there is only replaced by a newer
+//! `config_version` (an admin change). The keys expire `expiry_buffer` after the sale ends, so nothing lingers.
 //!
 //! A load is fenced like an admin write (`seckill_shared::load`): it holds the sale's lock,
-//! records its token while reading the row, and rebuilds the user set from the live orders
+//! records its token while reading the row, and rebuilds `users` from the live orders
 //! when Redis does not hold the sale, so a sale Redis lost keeps its one-order-per-user memory.
 //!
 //! # Why the stock keys must not be evictable
@@ -22,9 +23,10 @@
 //! 503). Under any `volatile-*` or `allkeys-*` policy, and on ElastiCache Serverless, which evicts
 //! keys carrying a TTL under memory pressure (ours all carry one), Redis may silently drop them:
 //!
-//! - a lost **stock** key makes the sale look sold out until it is re-seeded from the database's
-//!   remaining stock, which does not know the reservations still in flight;
-//! - a lost **user set** lets a user who already bought try again; only the database's unique
+//! - a lost **meta** (which holds the stock) makes the sale look not loaded until it is
+//!   re-seeded from the database's remaining stock, which does not know the reservations still
+//!   in flight;
+//! - a lost **`users`** lets a user who already bought try again; only the database's unique
 //!   index on `(activity_id, user_id)` catches the second order;
 //! - a lost **ledger** hides crashed reservations from reconcile, so their units stay lost until
 //!   the stock is corrected from the database.
@@ -83,11 +85,17 @@ pub struct PreheatFailure {
 }
 
 impl Preheat {
-    /// One activity: nothing to do when Redis holds its current config version; otherwise a
-    /// fenced load under its lock (`seckill_shared::load`).
+    /// One activity: nothing to do when Redis holds its current config version and the
+    /// sentinels of `users` and the ledger; otherwise a fenced load under its lock
+    /// (`seckill_shared::load`), which also puts missing sentinels back.
     async fn preheat_one(&self, a: &Activity) -> Result<PreheatOutcome, LoadError> {
         match sale::loaded_version(&self.redis, a.id).await? {
-            Some(version) if version >= a.config_version => Ok(PreheatOutcome::AlreadyLoaded),
+            Some(version)
+                if version >= a.config_version
+                    && sale::has_sentinels(&self.redis, a.id).await? =>
+            {
+                Ok(PreheatOutcome::AlreadyLoaded)
+            }
             _ => {
                 let (outcome, _) =
                     load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;

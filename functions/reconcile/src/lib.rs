@@ -4,7 +4,7 @@
 //! ([`activity::due_for_reconcile`]), [`Reconcile::run`]:
 //!
 //! 1. **Snapshots** the activity's Redis state in one script (`lua/snapshot.lua`). A running
-//!    sale missing from Redis is loaded here, fenced under its lock and with its user set
+//!    sale missing from Redis is loaded here, fenced under its lock and with its `users`
 //!    rebuilt from the live orders (`seckill_shared::load`), so a flushed or failed-over cache
 //!    does not wait for the next preheat; an upcoming sale is left to preheat.
 //! 2. **Repairs the ledger**:
@@ -17,7 +17,7 @@
 //!    - a stale cancel `c|cancelId|..|orderId` is finished (`sale::cancel_finish`) when the
 //!      order row records that cancel id, and dropped otherwise (that attempt never
 //!      committed); a stale orphan-check mark is dropped.
-//! 3. **Drops orphan users**: in the Redis set with neither a ledger entry nor a live order.
+//! 3. **Drops orphan users**: in the Redis `users` hash with neither a ledger entry nor a live order.
 //!    Candidates are marked in the ledger before the database is read, and removed only while
 //!    the mark is still there (`lua/mark_users.lua`, `lua/drop_user.lua`).
 //! 4. **Checks the database against itself**: under `select ... for update` on the activity
@@ -62,6 +62,7 @@ use futures::{FutureExt, StreamExt};
 use seckill_shared::activity::{self, Activity, Phase};
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::giveback::{self, GiveBack};
+use seckill_shared::keys::SENTINEL;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
@@ -165,7 +166,7 @@ pub struct ActivityReport {
     pub settled: usize,
     /// Stale cancels the database had committed, finished in Redis.
     pub cancels_finished: usize,
-    /// Users in the set with nothing behind them, removed.
+    /// Users in `users` with nothing behind them, removed.
     pub users_dropped: usize,
     /// The database's remaining stock before this run fixed it, when it was wrong.
     pub db_stock_fixed_from: Option<i64>,
@@ -566,9 +567,9 @@ impl Reconcile {
         Ok(())
     }
 
-    /// Step 3: removes users in the set with neither a ledger entry nor a live order.
+    /// Step 3: removes users in `users` with neither a ledger entry nor a live order.
     ///
-    /// The set is scanned first and the ledger read after it; each candidate then gets a mark
+    /// `users` is scanned first and the ledger read after it; each candidate then gets a mark
     /// in the ledger (`lua/mark_users.lua`) *before* the database is read, and is removed only
     /// if the mark is still there (`lua/drop_user.lua`). Anything the user does meanwhile (a
     /// cancel, which begins by overwriting the mark, and so any re-purchase after it) removes
@@ -576,7 +577,7 @@ impl Reconcile {
     async fn drop_orphan_users(&self, id: i64, now: DateTime<Utc>) -> anyhow::Result<usize> {
         let users = scan_users(&self.redis, id)
             .await
-            .context("failed to scan the user set")?;
+            .context("failed to scan the users")?;
         if users.is_empty() {
             return Ok(0);
         }
@@ -598,7 +599,7 @@ impl Reconcile {
             seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
             let active: HashSet<String> = order::live_holders_among(&self.pool, id, &marked)
                 .await
-                .context("failed to look up the orders of users in the set")?
+                .context("failed to look up the orders of users in `users`")?
                 .into_iter()
                 .collect();
             seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
@@ -608,7 +609,7 @@ impl Reconcile {
                     tracing::warn!(
                         user = user.as_str(),
                         repair = "user_dropped",
-                        "user with nothing behind them removed from the set"
+                        "user with nothing behind them removed from users"
                     );
                     dropped += 1;
                 }
@@ -725,21 +726,6 @@ impl Reconcile {
         }
         if !sale::fix_stock(&self.redis, id, &guard.owner, snap.seq, target).await? {
             return Ok(StockCheck::Moved);
-        }
-        if snap.stock.is_none() {
-            // The key was gone (evicted, flushed) and `SET .. KEEPTTL` created it without an
-            // expiry: give it the sale's, unless something else already did.
-            let keys = self.redis.keys(id);
-            let expire_at = a.expire_at(self.config.expiry_buffer).timestamp_millis();
-            let _: i64 = self
-                .redis
-                .cmd(
-                    redis::cmd("PEXPIREAT")
-                        .arg(&keys.stock)
-                        .arg(expire_at)
-                        .arg("NX"),
-                )
-                .await?;
         }
         tracing::warn!(
             from = ?snap.stock,
@@ -878,7 +864,8 @@ pub fn stale_entries(
     ledger.iter().filter(|e| is_stale(e, now, grace)).collect()
 }
 
-/// Every member of the activity's user set, by `SSCAN` (never one huge `SMEMBERS` reply).
+/// Every user of the activity's `users` hash, by `HSCAN` (never one huge `HKEYS` reply),
+/// without the sentinel field.
 async fn scan_users(redis: &Redis, id: i64) -> Result<Vec<String>, CacheError> {
     let keys = redis.keys(id);
     let mut cursor = "0".to_string();
@@ -886,20 +873,22 @@ async fn scan_users(redis: &Redis, id: i64) -> Result<Vec<String>, CacheError> {
     loop {
         let (next, batch): (String, Vec<String>) = redis
             .cmd(
-                redis::cmd("SSCAN")
+                redis::cmd("HSCAN")
                     .arg(&keys.users)
                     .arg(&cursor)
                     .arg("COUNT")
                     .arg(1000),
             )
             .await?;
-        users.extend(batch);
+        // Field, value, field, value... (`NOVALUES` needs Redis 7.4).
+        let fields = batch.into_iter().step_by(2);
+        users.extend(fields.filter(|u| u != SENTINEL));
         if next == "0" {
             break;
         }
         cursor = next;
     }
-    // SSCAN may return a member more than once.
+    // HSCAN may return a field more than once.
     users.sort_unstable();
     users.dedup();
     Ok(users)

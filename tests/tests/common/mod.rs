@@ -128,7 +128,7 @@ pub async fn redis_stock(env: &TestEnv, activity_id: i64) -> Option<i64> {
 pub async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool {
     let k = env.redis.keys(activity_id);
     env.redis
-        .cmd(redis::cmd("SISMEMBER").arg(&k.users).arg(user))
+        .cmd(redis::cmd("HEXISTS").arg(&k.users).arg(user))
         .await
         .unwrap()
 }
