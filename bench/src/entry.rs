@@ -91,6 +91,29 @@ pub struct EntryResults {
     pub accepted_router: Option<Measure>,
     pub sqs_bare_send: Option<Measure>,
     pub accepted_vs_sqs: Option<f64>,
+    /// The public view over HTTP against cached sold-out purchases over HTTP.
+    pub view: Option<PublicView>,
+    /// `already_purchased` one request at a time: the router and the bare script.
+    pub sequential_entry: Measure,
+    pub sequential_bare: Measure,
+    /// µs the router and handler add to one bare script call (the sequential rows' difference).
+    pub entry_overhead_us: f64,
+    /// What each candidate on the refusal path costs (see `costs`).
+    pub costs: Vec<crate::costs::Cost>,
+}
+
+/// `GET /activities/{id}` on the dev server, against sold-out purchases on the same server at
+/// the same concurrency, and the database transactions the view row caused.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicView {
+    pub view: Measure,
+    pub sold_out: Measure,
+    pub view_vs_sold_out: f64,
+    /// `xact_commit + xact_rollback` of the bench's database (pg_stat_database) over the view
+    /// row, less the reads of the counter itself.
+    pub db_transactions: i64,
+    pub db_transactions_per_request: f64,
 }
 
 pub struct Sizes {
@@ -111,6 +134,8 @@ struct Bench {
     admin: redis::aio::MultiplexedConnection,
     users: Arc<Vec<String>>,
     purchase_sha: String,
+    pool: PgPool,
+    database_url: String,
 }
 
 pub async fn run(
@@ -145,6 +170,8 @@ pub async fn run(
         admin,
         users,
         purchase_sha,
+        pool: pool.clone(),
+        database_url: database_url.to_string(),
     };
     let result = sections(&b, &sqs, &queue_url, sizes).await;
     let mut con = b.admin.clone();
@@ -164,6 +191,13 @@ async fn sections(
     let open_id = 1;
     let rejected = rejections(b, open_id, sizes).await?;
     let sold_out = sold_out(b, sizes).await?;
+    eprintln!("  what cost what (one call at a time, one thread):");
+    let (users, path) = (b.users.clone(), format!("/activities/{SOLD_OUT_ID}/orders"));
+    let costs = crate::costs::measure(b.router.clone(), move |i| {
+        let user = &users[i % users.len()];
+        testing::request("POST", &path, Some((user, "")), Some(BODY))
+    })
+    .await?;
 
     // 3. HTTP on the dev server's app (authorizer middleware + routers), with a trivial route.
     let (http_entry, http_trivial) = match http(b, open_id, rejected.users, sizes).await {
@@ -174,7 +208,16 @@ async fn sections(
         }
     };
 
-    // 4. Accepted purchases with their SQS send, against bare sends on the same emulator.
+    // 4. The public view over HTTP, against the sold-out flood over HTTP.
+    let view = match public_view(b, sizes).await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("  ! public view section failed: {e:#}");
+            None
+        }
+    };
+
+    // 5. Accepted purchases with their SQS send, against bare sends on the same emulator.
     let (accepted_router, sqs_bare_send) = match accepted(b, sqs, queue_url, sizes).await {
         Ok((a, s)) => (Some(a), Some(s)),
         Err(e) => {
@@ -201,6 +244,12 @@ async fn sections(
             (Some(a), Some(s)) => Some(a.per_s / s.per_s),
             _ => None,
         },
+        entry_overhead_us: (1.0 / rejected.sequential_entry.per_s
+            - 1.0 / rejected.sequential_bare.per_s)
+            * 1e6,
+        sequential_entry: rejected.sequential_entry,
+        sequential_bare: rejected.sequential_bare,
+        costs,
         in_process: rejected.in_process,
         bare_script: rejected.bare_script,
         sold_out_router: sold_out.router,
@@ -209,6 +258,7 @@ async fn sections(
         http_trivial,
         accepted_router,
         sqs_bare_send,
+        view,
     })
 }
 
@@ -219,16 +269,19 @@ struct Rejections {
     in_process: Measure,
     in_process_with_build: Measure,
     bare_script: Measure,
+    sequential_entry: Measure,
+    sequential_bare: Measure,
 }
 
 /// 1. Rejections that reach Redis: already_purchased (not short-circuited by the sold-out
-///    cache: the activity has plenty of stock). 10k users, all already in the user set.
+///    cache: the activity has plenty of stock). 10k users, each already holding a reservation
+///    made by the purchase script.
 async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Rejections> {
     let (c, n) = (sizes.concurrency, sizes.rejections);
     let users = b.users.len().min(10_000);
     let sale = open_activity(open_id, 1_000_000);
     seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
-    add_users(b, open_id, users).await?;
+    buy_for(b, open_id, users).await?;
     // Warm-up (discarded): the router's connection, the script cache, runtime threads.
     let warm = n.min(10_000);
     let code = Refusal::AlreadyPurchased.code();
@@ -250,11 +303,18 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
     let in_process_with_build = router_loop(b, what, open_id, users, n, c, code, false).await?;
     let what = "bare EVALSHA (already_purchased)";
     let bare_script = bare_loop(b, what, open_id, users, n, c, purchased).await?;
+    let one = n.min(5_000);
+    let what = "entry in-process, one at a time (already_purchased)";
+    let sequential_entry = router_loop(b, what, open_id, users, one, 1, code, true).await?;
+    let what = "bare EVALSHA, one at a time (already_purchased)";
+    let sequential_bare = bare_loop(b, what, open_id, users, one, 1, purchased).await?;
     Ok(Rejections {
         users,
         in_process,
         in_process_with_build,
         bare_script,
+        sequential_entry,
+        sequential_bare,
     })
 }
 
@@ -265,10 +325,13 @@ struct SoldOut {
     bare_script: Measure,
 }
 
+/// The activity the sold-out flood runs on (loaded with no stock).
+const SOLD_OUT_ID: i64 = 2;
+
 /// 2. The sold-out flood: an activity with no stock left.
 async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
     let (c, n, users) = (sizes.concurrency, sizes.sold_out, b.users.len());
-    let id = 2;
+    let id = SOLD_OUT_ID;
     let sale = open_activity(id, 0);
     seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
     let what = "entry in-process, sold out (cache warm)";
@@ -303,17 +366,27 @@ fn request_build_cost() -> f64 {
     t.elapsed().as_secs_f64() * 1e6 / n as f64
 }
 
-async fn add_users(b: &Bench, activity_id: i64, n: usize) -> anyhow::Result<()> {
-    let k = b.redis.keys(activity_id);
-    let mut con = b.admin.clone();
-    for chunk in b.users[..n].chunks(1000) {
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&k.users);
-        for user in chunk {
-            hset.arg(user).arg(Uuid::now_v7().to_string());
+/// The first `n` users buy one unit each through the product's own script, so each of them
+/// holds a reservation: their next purchase is `already_purchased`.
+async fn buy_for(b: &Bench, activity_id: i64, n: usize) -> anyhow::Result<()> {
+    let (redis, users) = (b.redis.clone(), b.users.clone());
+    let run = util::run_tasks(16, n, move |i| {
+        let (redis, users) = (redis.clone(), users.clone());
+        async move {
+            let far = sale::far_deadline();
+            match sale::purchase(&redis, activity_id, &users[i], 1, Uuid::now_v7(), far).await {
+                Ok(Ok(_)) => Outcome::Sold,
+                other => Outcome::Error(format!("{other:?}")),
+            }
         }
-        let _: i64 = hset.query_async(&mut con).await?;
-    }
+    })
+    .await;
+    anyhow::ensure!(
+        run.counts.sold == n as u64,
+        "only {} of {n} users could buy: {:?}",
+        run.counts.sold,
+        run.counts.first_error
+    );
     Ok(())
 }
 
@@ -562,6 +635,146 @@ async fn http(
     let trivial = Measure::from_run("HTTP dev server: trivial route (same auth)", &run, c, None);
     server.abort();
     Ok((entry, trivial))
+}
+
+/// The dev server's app on 127.0.0.1:0 (its own functions, pools and key prefix): the sold-out
+/// flood on a sale loaded with no stock, then the public view of a running sale the database
+/// and Redis both hold, each `sizes.http` requests at the same concurrency. The view row's database transactions are read from
+/// `pg_stat_database` before it and after the server and its pools are gone (a backend reports
+/// its counts when idle at most once a second, and at exit), until the figure settles.
+async fn public_view(b: &Bench, sizes: &Sizes) -> anyhow::Result<PublicView> {
+    let secret = "bench-secret-local-only";
+    let row = seckill_shared::activity::insert(
+        &b.pool,
+        &seckill_shared::activity::NewActivity {
+            title: "bench public view".into(),
+            total_stock: 1_000_000,
+            per_order_limit: 1,
+            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
+            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
+        },
+    )
+    .await?;
+    let mut config = b.config.clone();
+    config.key_prefix = util::fresh_prefix();
+    let redis = Redis::connect(&config).await?;
+    let buffer = Duration::from_secs(3600);
+    testing::load_without_db(&redis, &row, buffer).await?;
+    // A sale Redis holds and the database does not, so its id cannot be a row's.
+    let sold_out_id = row.id + 1_000_000;
+    testing::load_without_db(&redis, &open_activity(sold_out_id, 0), buffer).await?;
+    let functions = seckill_devserver::Functions::connect(&config).await?;
+    let app = seckill_devserver::app(
+        functions.entry.clone(),
+        functions.admin.clone(),
+        JwtVerifier::new(secret)?,
+    );
+    drop(functions);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let tokens: Arc<Vec<String>> = Arc::new(
+        b.users[..b.users.len().min(2_000)]
+            .iter()
+            .map(|u| mint(secret, u, "", 3600))
+            .collect::<anyhow::Result<_>>()?,
+    );
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(sizes.concurrency)
+        .build()?;
+    let c = sizes.concurrency;
+
+    let url = Arc::new(format!("http://{addr}/activities/{sold_out_id}/orders"));
+    let (client, t) = (http.clone(), tokens.clone());
+    let run = util::run_tasks(c, sizes.http, move |i| {
+        let (client, t, url) = (client.clone(), t.clone(), url.clone());
+        async move {
+            let r = client
+                .post(url.as_str())
+                .bearer_auth(&t[i % t.len()])
+                .header("content-type", "application/json")
+                .body(BODY)
+                .send()
+                .await;
+            expect_status(r, 409).await
+        }
+    })
+    .await;
+    let sold_out = Measure::from_run(
+        "HTTP dev server: POST orders (sold out, cache warm)",
+        &run,
+        c,
+        None,
+    );
+
+    let before = db_transactions(&b.database_url).await?;
+    let url = Arc::new(format!("http://{addr}/activities/{}", row.id));
+    let client = http.clone();
+    let run = util::run_tasks(c, sizes.http, move |_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { expect_status(client.get(url.as_str()).send().await, 200).await }
+    })
+    .await;
+    let view = Measure::from_run("HTTP dev server: GET activity (public view)", &run, c, None);
+    server.abort();
+    let _ = server.await;
+    drop(http);
+    let after = settled_db_transactions(&b.database_url).await?;
+    let mut con = b.admin.clone();
+    util::delete_prefix(&mut con, &config.key_prefix).await?;
+    // Each read of the counter is one transaction of its own connection.
+    let db_transactions = (after - before - 1).max(0);
+    eprintln!(
+        "  public view: {db_transactions} database transactions for {} requests",
+        view.attempts
+    );
+    Ok(PublicView {
+        view_vs_sold_out: view.per_s / sold_out.per_s,
+        db_transactions_per_request: db_transactions as f64 / view.attempts as f64,
+        db_transactions,
+        view,
+        sold_out,
+    })
+}
+
+async fn expect_status(r: reqwest::Result<reqwest::Response>, want: u16) -> Outcome {
+    match r {
+        Ok(resp) if resp.status().as_u16() == want => {
+            let _ = resp.bytes().await;
+            Outcome::Refused
+        }
+        Ok(resp) => Outcome::Error(format!("status {}", resp.status())),
+        Err(e) => Outcome::Error(e.to_string()),
+    }
+}
+
+/// `xact_commit + xact_rollback` of the database `url` names, on a connection of its own.
+async fn db_transactions(url: &str) -> anyhow::Result<i64> {
+    use sqlx::Connection;
+    let mut con = sqlx::PgConnection::connect(url).await?;
+    let (n,): (i64,) = sqlx::query_as(
+        "select (xact_commit + xact_rollback)::bigint from pg_stat_database
+         where datname = current_database()",
+    )
+    .fetch_one(&mut con)
+    .await?;
+    con.close().await?;
+    Ok(n)
+}
+
+/// [`db_transactions`] once two reads a second apart agree (at most ~12 s).
+async fn settled_db_transactions(url: &str) -> anyhow::Result<i64> {
+    let mut last = db_transactions(url).await?;
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        // The previous read's own transaction is counted by now.
+        let now = db_transactions(url).await? - 1;
+        if now == last {
+            return Ok(now);
+        }
+        last = now + 1;
+    }
+    Ok(last)
 }
 
 async fn accepted(

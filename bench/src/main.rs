@@ -11,22 +11,35 @@
 //! # Layout
 //! - [`util`]: the bounded concurrent loop, hdrhistogram, INFO commandstats, stock sampler.
 //! - [`strategies`]: lua / hincrby / lock / db-only / limit under two workloads, kill runs.
-//! - [`entry`]: the entry router in-process and over HTTP, sold-out flood, accepted + SQS.
+//! - [`scripts`]: the seeds', hmdp's and our purchase scripts by EVALSHA, server µs per call.
+//! - [`entry`]: the entry router in-process and over HTTP, sold-out flood, public view,
+//!   accepted + SQS.
+//! - [`costs`]: what each candidate on the entry's refusal path costs, before and after.
+//! - [`alloc`]: the counting allocator the costs section reads.
 //! - [`consumer`]: `Consumer::handle_batch` against one transaction per order.
+//! - [`polls`]: `GET …/orders/me` with a million orders in the table.
 //! - [`memory`]: `MEMORY USAGE` of the user set and ledger per participant.
 //! - [`binaries`]: release binary sizes and time to ready.
 //! - [`report`]: the table, RESULTS.md and results.json.
 
+mod alloc;
 mod binaries;
 mod consumer;
+mod costs;
 mod entry;
 mod memory;
+mod polls;
 mod report;
+mod scripts;
 mod strategies;
 mod util;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Counts allocations per thread for the costs section (the system allocator underneath).
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 /// Command-line options.
 #[derive(clap::Parser, Debug, Clone)]
@@ -44,11 +57,11 @@ pub struct Args {
     /// Concurrent tasks for the strategies and the entry loops.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
-    /// Sections to run (comma-separated): strategies,entry,consumer,memory,binaries.
+    /// Sections to run (comma-separated): strategies,scripts,entry,consumer,polls,memory,binaries.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "strategies,entry,consumer,memory,binaries"
+        default_value = "strategies,scripts,entry,consumer,polls,memory,binaries"
     )]
     pub sections: Vec<String>,
     /// Where RESULTS.md and results.json go.
@@ -104,6 +117,9 @@ pub struct Sizes {
     pub consumer_connections: u32,
     pub memory_users: Vec<usize>,
     pub init_repeats: usize,
+    /// Orders in the table while `GET …/orders/me` is polled.
+    pub poll_orders: usize,
+    pub polls: usize,
 }
 
 impl Sizes {
@@ -129,6 +145,8 @@ impl Sizes {
                 vec![100_000, 1_000_000]
             },
             init_repeats: if q { 1 } else { 3 },
+            poll_orders: if q { 100_000 } else { 1_000_000 },
+            polls: if q { 5_000 } else { 50_000 },
         }
     }
 }
@@ -167,8 +185,10 @@ fn main() -> anyhow::Result<()> {
 #[serde(rename_all = "camelCase")]
 pub struct Results {
     pub rows: Vec<strategies::Row>,
+    pub scripts: Vec<scripts::ScriptRow>,
     pub entry: Option<entry::EntryResults>,
     pub consumer: Option<consumer::ConsumerResults>,
+    pub polls: Option<polls::PollResults>,
     pub memory: Vec<memory::MemoryRow>,
     pub binaries: Vec<binaries::BinaryRow>,
 }
@@ -255,11 +275,37 @@ async fn measure(args: &Args, sizes: &Sizes, stores: &mut Stores) -> anyhow::Res
     if want("strategies") {
         results.rows = measure_strategies(sizes, stores).await?;
     }
+    if want("scripts") {
+        eprintln!(
+            "== purchase scripts side by side ({} tasks, EVALSHA)",
+            sizes.concurrency
+        );
+        results.scripts = scripts::run(
+            &stores.client,
+            &stores.admin,
+            stores.users.clone(),
+            sizes.attempts,
+            sizes.concurrency,
+        )
+        .await?;
+    }
     if want("entry") {
         results.entry = Some(measure_entry(sizes, stores).await?);
     }
     if want("consumer") {
         results.consumer = Some(measure_consumer(sizes, stores).await?);
+    }
+    if want("polls") {
+        eprintln!(
+            "== order polling ({} orders in the table, {} polls, {} tasks)",
+            sizes.poll_orders, sizes.polls, sizes.db_pool
+        );
+        let poll_sizes = polls::Sizes {
+            orders: sizes.poll_orders,
+            polls: sizes.polls,
+            concurrency: sizes.db_pool as usize,
+        };
+        results.polls = Some(polls::run(&stores.database_url, &poll_sizes).await?);
     }
     if want("memory") {
         results.memory = measure_memory(sizes, &mut stores.admin).await;

@@ -3,8 +3,8 @@
 //! # Layout
 //! - [`machine`]: where and when the run happened (RESULTS.md's header).
 //! - One module per section of the table, in the order it prints them: [`strategies`],
-//!   [`ratios`] (also computed here for results.json), [`entry`], [`consumer`], [`memory`],
-//!   [`binaries`].
+//!   [`scripts`], [`ratios`] (also computed here for results.json), [`entry`], [`consumer`],
+//!   [`polls`], [`memory`], [`binaries`].
 //! - `method.md`: "How it was measured", the end of RESULTS.md.
 
 mod binaries;
@@ -12,7 +12,9 @@ mod consumer;
 mod entry;
 mod machine;
 mod memory;
+mod polls;
 mod ratios;
+mod scripts;
 mod strategies;
 
 pub use machine::{redis_clients, Machine};
@@ -55,9 +57,11 @@ impl Document {
             "command": m.command,
             "sizes": self.sizes,
             "rows": self.results.rows,
+            "scripts": self.results.scripts,
             "ratios": self.ratios,
             "entry": self.results.entry,
             "consumer": self.results.consumer,
+            "polls": self.results.polls,
             "memory": self.results.memory,
             "binaries": self.results.binaries,
         })
@@ -70,12 +74,18 @@ impl Document {
         if !r.rows.is_empty() {
             strategies::table(&mut s, &r.rows, &self.sizes);
         }
+        if !r.scripts.is_empty() {
+            scripts::table(&mut s, &r.scripts);
+        }
         ratios::table(&mut s, &self.ratios);
         if let Some(e) = &r.entry {
             entry::table(&mut s, e);
         }
         if let Some(c) = &r.consumer {
             consumer::table(&mut s, c);
+        }
+        if let Some(p) = &r.polls {
+            polls::table(&mut s, p);
         }
         if !r.memory.is_empty() {
             memory::table(&mut s, &r.memory);

@@ -172,6 +172,49 @@ pub async fn commandstats(
     Ok(out)
 }
 
+/// Calls and microseconds the server spent in one command, from `INFO commandstats`
+/// (`cmdstat_<name>:calls=…,usec=…`). A script's `usec` covers its whole run, the commands it
+/// calls included.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommandTime {
+    pub calls: u64,
+    pub usec: u64,
+}
+
+impl CommandTime {
+    /// Server µs per call between two snapshots (`None` when no call happened).
+    pub fn us_per_call_since(self, before: CommandTime) -> Option<f64> {
+        let calls = self.calls.saturating_sub(before.calls);
+        (calls > 0).then(|| self.usec.saturating_sub(before.usec) as f64 / calls as f64)
+    }
+}
+
+/// [`CommandTime`] of `command` (lower case, e.g. `evalsha`) now.
+pub async fn command_time(
+    con: &mut MultiplexedConnection,
+    command: &str,
+) -> anyhow::Result<CommandTime> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await?;
+    let prefix = format!("cmdstat_{command}:");
+    let Some(fields) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return Ok(CommandTime::default());
+    };
+    let field = |name: &str| {
+        fields
+            .split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(CommandTime {
+        calls: field("calls="),
+        usec: field("usec="),
+    })
+}
+
 /// Commands the server executed between two snapshots (including those run inside scripts),
 /// not counting the `INFO` calls that took the snapshots.
 pub fn commands_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {

@@ -4,11 +4,10 @@
 
 use crate::error::ApiError;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
 use axum::Router;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
 
 /// Largest request body any route accepts. Our bodies are a few fields; anything bigger is an
 /// attack or a bug, and it is refused before it is parsed.
@@ -55,9 +54,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
 }
 
 /// Reads a named path parameter as a positive integer id (`activityId`, `orderId`).
-pub fn positive_id(params: &HashMap<String, String>, name: &str) -> Result<i64, ApiError> {
+pub fn positive_id(params: &RawPathParams, name: &str) -> Result<i64, ApiError> {
     let raw = params
-        .get(name)
+        .iter()
+        .find_map(|(key, value)| (key == name).then_some(value))
         .ok_or_else(|| ApiError::BadRequest(format!("missing path parameter {name}")))?;
     match raw.parse::<i64>() {
         Ok(id) if id > 0 => Ok(id),
@@ -126,13 +126,13 @@ async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
+/// The route's path parameters, percent-decoded, without the map and strings `Path` builds.
 async fn path_params<S: Send + Sync>(
     parts: &mut Parts,
     state: &S,
-) -> Result<HashMap<String, String>, ApiError> {
-    Path::<HashMap<String, String>>::from_request_parts(parts, state)
+) -> Result<RawPathParams, ApiError> {
+    RawPathParams::from_request_parts(parts, state)
         .await
-        .map(|Path(p)| p)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 

@@ -15,11 +15,15 @@ pub fn table(s: &mut String, e: &EntryResults) {
         Some(&e.in_process),
         Some(&e.in_process_with_build),
         Some(&e.bare_script),
+        Some(&e.sequential_entry),
+        Some(&e.sequential_bare),
         Some(&e.sold_out_router),
         Some(&e.sold_out_router_with_build),
         Some(&e.sold_out_bare_script),
         e.http_entry.as_ref(),
         e.http_trivial.as_ref(),
+        e.view.as_ref().map(|v| &v.sold_out),
+        e.view.as_ref().map(|v| &v.view),
         e.accepted_router.as_ref(),
         e.sqs_bare_send.as_ref(),
     ];
@@ -35,6 +39,43 @@ pub fn table(s: &mut String, e: &EntryResults) {
             m.redis_commands_per_attempt
                 .map(|c| format!("{c:.3}"))
                 .unwrap_or_else(|| "-".into())
+        );
+    }
+    s.push('\n');
+    let _ = writeln!(
+        s,
+        "One request at a time, the router and handler add {:.1} µs to the bare script call (already_purchased).\n",
+        e.entry_overhead_us
+    );
+    if !e.costs.is_empty() {
+        costs(s, &e.costs);
+    }
+    if let Some(v) = &e.view {
+        let _ = writeln!(
+            s,
+            "Public view row: {} database transactions (pg_stat_database `xact_commit + xact_rollback` of the bench's database) for {} requests.\n",
+            v.db_transactions, v.view.attempts
+        );
+    }
+}
+
+/// "What cost what": each candidate of the refusal path, before and after.
+fn costs(s: &mut String, costs: &[crate::costs::Cost]) {
+    s.push_str("What cost what on the refusal path (each candidate alone, one call at a time on one thread; before = its former shape, rebuilt in the bench; after = what the entry runs now, \"-\" where it did not change)\n\n");
+    s.push_str("| candidate | before | µs | allocs | after | µs | allocs |\n|---|---|---:|---:|---|---:|---:|\n");
+    for c in costs {
+        let (what, us, allocs) = match &c.after {
+            Some(a) => (
+                a.what.as_str(),
+                format!("{:.3}", a.us),
+                format!("{:.1}", a.allocations),
+            ),
+            None => ("-", "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.3} | {:.1} | {what} | {us} | {allocs} |",
+            c.candidate, c.before.what, c.before.us, c.before.allocations
         );
     }
     s.push('\n');

@@ -3,13 +3,14 @@
 
 use super::round;
 use crate::entry::EntryResults;
+use crate::scripts::ScriptRow;
 use crate::strategies::Row;
 use crate::Results;
 use serde_json::{json, Map, Value};
 use std::fmt::Write;
 
 /// Every ratio, in the order the table prints them, with its goal (or what it shows).
-const GOALS: [(&str, &str); 14] = [
+const GOALS: [(&str, &str); 18] = [
     (
         "entryVsLimit",
         "≥ 0.8 (router + handler; requests built beforehand)",
@@ -25,7 +26,20 @@ const GOALS: [(&str, &str); 14] = [
     ),
     ("acceptedVsSqs", "(shows our overhead over the emulator)"),
     ("consumerVsBaseline", "≥ 2"),
-    ("luaVsHincrbyFailureHeavy", ""),
+    (
+        "scriptServerCostVsSeed000SuccessHeavy",
+        "≤ 1.2 (server µs per call, ours ÷ seed 000's combined script)",
+    ),
+    ("scriptServerCostVsSeed000FailureHeavy", "≤ 1.2"),
+    (
+        "publicViewVsSoldOut",
+        "≥ 0.9 (HTTP dev server, same concurrency: public view ÷ cached sold-out purchases)",
+    ),
+    (
+        "publicViewDbTxPerRequest",
+        "≤ 0.01 (database transactions per public view request)",
+    ),
+    ("luaVsHincrbyFailureHeavy", "≥ 1.0"),
     ("luaVsLock", "(success-heavy)"),
     ("luaVsLockFailureHeavy", ""),
     ("luaVsHincrbySuccessHeavy", ""),
@@ -49,6 +63,24 @@ pub fn measured(results: &Results) -> Map<String, Value> {
             .map_or(Value::Null, |c| json!(round(c.consumer_vs_baseline, 3))),
     );
     ratios.extend(strategies(&results.rows));
+    ratios.extend(scripts(&results.scripts));
+    ratios
+}
+
+/// Our purchase script's server time per call against seed 000's, under each workload.
+fn scripts(rows: &[ScriptRow]) -> Map<String, Value> {
+    let cost = |script: &str, wl: &str| {
+        rows.iter()
+            .find(|r| r.script == script && r.workload == wl)
+            .and_then(|r| r.server_us_per_call)
+    };
+    let mut ratios = Map::new();
+    for (key, wl) in [
+        ("scriptServerCostVsSeed000SuccessHeavy", "success-heavy"),
+        ("scriptServerCostVsSeed000FailureHeavy", "failure-heavy"),
+    ] {
+        ratios.insert(key.into(), div(cost("ours", wl), cost("seed000", wl)));
+    }
     ratios
 }
 
@@ -76,6 +108,17 @@ fn entry(e: Option<&EntryResults>) -> Map<String, Value> {
     ratios.insert(
         "httpEntryVsTrivial".into(),
         ratio(e.and_then(|e| e.http_entry_vs_trivial)),
+    );
+    let view = e.and_then(|e| e.view.as_ref());
+    ratios.insert(
+        "publicViewVsSoldOut".into(),
+        ratio(view.map(|v| v.view_vs_sold_out)),
+    );
+    ratios.insert(
+        "publicViewDbTxPerRequest".into(),
+        view.map_or(Value::Null, |v| {
+            json!(round(v.db_transactions_per_request, 4))
+        }),
     );
     ratios
 }
@@ -118,6 +161,8 @@ pub fn table(s: &mut String, ratios: &Map<String, Value>) {
 
 fn shown(ratios: &Map<String, Value>, key: &str) -> String {
     match ratios.get(key).and_then(Value::as_f64) {
+        // A count per request, not a ratio of two rates.
+        Some(v) if key.ends_with("PerRequest") => format!("{v:.4}"),
         Some(v) => format!("{v:.2}×"),
         None => "not measured".into(),
     }

@@ -6,8 +6,11 @@
 use super::{Document, Machine};
 use crate::binaries::BinaryRow;
 use crate::consumer::{ConsumerResults, ConsumerRun};
-use crate::entry::{EntryResults, Measure};
+use crate::costs::{Cost, Variant};
+use crate::entry::{EntryResults, Measure, PublicView};
 use crate::memory::MemoryRow;
+use crate::polls::PollResults;
+use crate::scripts::ScriptRow;
 use crate::strategies::{KillRun, Row};
 use crate::{Results, Sizes};
 use std::path::PathBuf;
@@ -43,6 +46,8 @@ fn sizes() -> Sizes {
         consumer_connections: 4,
         memory_users: vec![10_000, 100_000],
         init_repeats: 1,
+        poll_orders: 100_000,
+        polls: 5_000,
     }
 }
 
@@ -145,7 +150,70 @@ fn measure(what: &str, per_s: f64, commands: Option<f64>) -> Measure {
     }
 }
 
-/// The HTTP pair measured, the accepted / SQS pair not (those rows and that ratio are absent).
+fn script_row(script: &'static str, workload: &'static str, us: Option<f64>) -> ScriptRow {
+    ScriptRow {
+        script,
+        what: script,
+        workload,
+        attempts: 3_000,
+        stock: 3_000,
+        concurrency: 64,
+        attempts_per_s: 40_000.4,
+        p50_ms: 1.5,
+        p99_ms: 3.25,
+        server_us_per_call: us,
+        redis_commands_per_call: 4.5,
+        sold: 3_000,
+        errors: 0,
+    }
+}
+
+/// Seed 000 and ours under both workloads (both ratios measured), a peer without a server
+/// figure ("-").
+fn scripts() -> Vec<ScriptRow> {
+    vec![
+        script_row("seed000", "success-heavy", Some(4.0)),
+        script_row("hmdp", "success-heavy", None),
+        script_row("ours", "success-heavy", Some(6.0)),
+        script_row("seed000", "failure-heavy", Some(2.0)),
+        script_row("ours", "failure-heavy", Some(2.2)),
+    ]
+}
+
+fn polls() -> PollResults {
+    PollResults {
+        orders_in_table: 100_000,
+        insert_seconds: 2.345,
+        polls: 5_000,
+        concurrency: 16,
+        polls_per_s: 9_000.5,
+        p50_ms: 1.75,
+        p99_ms: 4.5,
+        db_execution_ms: 0.0456,
+        db_round_trip_ms: 0.2345,
+        plan_indexes: vec!["orders_by_buyer".into()],
+        errors: 0,
+    }
+}
+
+fn cost(candidate: &str, before_us: f64, after: Option<f64>) -> Cost {
+    Cost {
+        candidate: candidate.into(),
+        before: Variant {
+            what: format!("{candidate}, before"),
+            us: before_us,
+            allocations: 3.0,
+        },
+        after: after.map(|us| Variant {
+            what: format!("{candidate}, after"),
+            us,
+            allocations: 0.5,
+        }),
+    }
+}
+
+/// The HTTP pair and the public view measured, the accepted / SQS pair not (those rows and
+/// that ratio are absent).
 fn entry() -> EntryResults {
     EntryResults {
         request_build_us: 3.456,
@@ -165,6 +233,17 @@ fn entry() -> EntryResults {
         accepted_router: None,
         sqs_bare_send: None,
         accepted_vs_sqs: None,
+        view: Some(PublicView {
+            view: measure("HTTP public view", 4_000.0, None),
+            sold_out: measure("HTTP sold out", 8_000.0, None),
+            view_vs_sold_out: 0.5,
+            db_transactions: 2_999,
+            db_transactions_per_request: 0.99967,
+        }),
+        sequential_entry: measure("router, one at a time", 4_000.0, Some(4.0)),
+        sequential_bare: measure("bare EVALSHA, one at a time", 5_000.0, Some(4.0)),
+        entry_overhead_us: 50.0,
+        costs: vec![cost("span", 2.5, Some(0.1)), cost("request id", 0.3, None)],
     }
 }
 
@@ -256,8 +335,10 @@ fn binaries() -> Vec<BinaryRow> {
 fn full_results() -> Results {
     Results {
         rows: rows(),
+        scripts: scripts(),
         entry: Some(entry()),
         consumer: Some(consumer()),
+        polls: Some(polls()),
         memory: vec![memory(10_000, "user-0000001"), memory(100_000, "uuid")],
         binaries: binaries(),
     }

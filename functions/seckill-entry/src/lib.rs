@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tracing::Span;
 use utoipa_axum::router::OpenApiRouter;
@@ -267,7 +267,9 @@ pub struct Accepted {
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
 )]
-#[tracing::instrument(skip_all, fields(activity_id, request_id, outcome))]
+// The span is debug-level: at info, the default, a refusal (the bulk of a sale's traffic) pays
+// for no span, and the events that are logged carry the activity and request ids themselves.
+#[tracing::instrument(level = "debug", skip_all, fields(activity_id, request_id, outcome))]
 async fn purchase(
     State(state): State<EntryState>,
     identity: Identity,
@@ -347,7 +349,13 @@ async fn send(
         return after_send_error(state, message, send_error).await;
     }
     s.counters.accept();
-    tracing::info!(quantity = message.quantity, stock_left, "purchase accepted");
+    tracing::info!(
+        activity_id = message.activity_id,
+        request_id = %message.request_id,
+        quantity = message.quantity,
+        stock_left,
+        "purchase accepted"
+    );
     Ok(accepted(message.request_id))
 }
 
@@ -398,7 +406,8 @@ async fn decide(
             s.breaker.failure();
             s.counters.unavailable();
             Span::current().record("outcome", "unavailable");
-            tracing::info!(error = %e, "purchase script unanswered; giving back whatever it did");
+            tracing::info!(activity_id = r.activity_id, request_id = %r.request_id, error = %e,
+                "purchase script unanswered; giving back whatever it did");
             give_back_unanswered(state, reservation.clone()).await;
             Err(e.into())
         }
@@ -493,9 +502,10 @@ async fn after_send_error(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let span = Span::current();
+    let (activity_id, request_id) = (message.activity_id, message.request_id);
     match giveback::give_back(&s.pool, &s.redis, message, reason::SEND_FAILED).await {
         Ok(done) if done.order().is_some() => {
-            tracing::info!(error = %send_error, "send reported a failure but the order is in");
+            tracing::info!(activity_id, %request_id, error = %send_error, "send reported a failure but the order is in");
             s.counters.accept();
             Ok(accepted(message.request_id))
         }
@@ -503,7 +513,7 @@ async fn after_send_error(
             span.record("outcome", "compensated");
             s.sold_out.forget(message.activity_id);
             s.counters.compensation();
-            tracing::warn!(error = %send_error, ?done, "send failed; reservation given back");
+            tracing::warn!(activity_id, %request_id, error = %send_error, ?done, "send failed; reservation given back");
             Err(ApiError::unavailable("order queue", send_error))
         }
         Err(e @ GiveBackError::Cache(_)) => {
@@ -511,12 +521,12 @@ async fn after_send_error(
             // reconcile applies it on its next run.
             span.record("outcome", "compensated");
             s.counters.compensation();
-            tracing::warn!(error = %send_error, compensation_error = %e, "send failed; units go back with reconcile's next run");
+            tracing::warn!(activity_id, %request_id, error = %send_error, compensation_error = %e, "send failed; units go back with reconcile's next run");
             Err(ApiError::unavailable("order queue", send_error))
         }
         Err(e) => {
             span.record("outcome", "undecided");
-            tracing::error!(error = %send_error, claim_error = %e,
+            tracing::error!(activity_id, %request_id, error = %send_error, claim_error = %e,
                 "send failed and the database is out of reach; the request stays pending");
             s.counters.accept();
             Ok(accepted(message.request_id))
@@ -717,21 +727,23 @@ async fn cancel(
 /// Per-container memory of "Redis said sold out": activity -> (units Redis had left, when).
 /// A request asking for more than that is refused without reaching Redis while the memory is
 /// fresh. The memory is short because stock comes back (cancellations, compensations).
+/// Every request of a flood reads it, so readers share a read lock instead of queueing on a
+/// mutex.
 struct SoldOutCache {
     ttl: Duration,
-    seen: Mutex<HashMap<i64, (i64, Instant)>>,
+    seen: RwLock<HashMap<i64, (i64, Instant)>>,
 }
 
 impl SoldOutCache {
     fn new(ttl: Duration) -> Self {
         Self {
             ttl,
-            seen: Mutex::new(HashMap::new()),
+            seen: RwLock::new(HashMap::new()),
         }
     }
 
     fn refuses(&self, activity_id: i64, quantity: i64) -> bool {
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.seen.read().unwrap_or_else(|p| p.into_inner());
         matches!(seen.get(&activity_id), Some((left, at)) if quantity > *left && at.elapsed() < self.ttl)
     }
 
@@ -739,7 +751,7 @@ impl SoldOutCache {
         if self.ttl.is_zero() {
             return;
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
         // Drop stale entries now and then so a long-lived container does not collect them.
         if seen.len() > 1024 {
             seen.retain(|_, (_, at)| at.elapsed() < self.ttl);
@@ -749,7 +761,7 @@ impl SoldOutCache {
 
     fn forget(&self, activity_id: i64) {
         self.seen
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&activity_id);
     }

@@ -1,0 +1,300 @@
+//! Purchase scripts side by side, each by EVALSHA on the same Redis in the same run, under the
+//! strategies' two workloads: what one call costs the server (`INFO commandstats`: the
+//! `evalsha` usec over its calls during the row) and how many calls a second one connection
+//! carries.
+//!
+//! - `seed000`: seed article 000's combined script (GET stock, SISMEMBER user, DECR, SADD),
+//!   `bench/scripts/seed000_combined.lua`.
+//! - `seed001`: seed article 001's Lua (HGET + HINCRBY on the goods hash),
+//!   `bench/scripts/seed001_hget_hincrby.lua`.
+//! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
+//!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
+//! - `ours`: `lua/purchase.lua` through `sale::purchase`, as the strategies' `lua` row runs
+//!   it, on a sale loaded by the product's own preheat (`testing::load_without_db`).
+//!
+//! The peers' keys are written here directly (they are the peers' own layouts); ours are
+//! only ever written by the product's scripts.
+
+use crate::strategies::{open_activity, Workload};
+use crate::util::{self, Outcome};
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::Script;
+use seckill_shared::cache::{Redis, RedisConn};
+use seckill_shared::sale;
+use serde::Serialize;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+use uuid::Uuid;
+
+static SEED000: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/seed000_combined.lua")));
+static SEED001: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/seed001_hget_hincrby.lua")));
+static HMDP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
+
+/// One purchase script of the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Seed000,
+    Seed001,
+    Hmdp,
+    Ours,
+}
+
+impl Peer {
+    pub const ALL: [Peer; 4] = [Peer::Seed000, Peer::Seed001, Peer::Hmdp, Peer::Ours];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Seed000 => "seed000",
+            Peer::Seed001 => "seed001",
+            Peer::Hmdp => "hmdp",
+            Peer::Ours => "ours",
+        }
+    }
+
+    /// What the script does, for the table.
+    pub fn what(self) -> &'static str {
+        match self {
+            Peer::Seed000 => "seed 000: GET, SISMEMBER, DECR, SADD",
+            Peer::Seed001 => "seed 001: HGET, HINCRBY (no user check)",
+            Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
+            Peer::Ours => "ours: lua/purchase.lua via sale::purchase",
+        }
+    }
+}
+
+/// One row: one script under one workload.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptRow {
+    pub script: &'static str,
+    pub what: &'static str,
+    pub workload: &'static str,
+    pub attempts: usize,
+    pub stock: i64,
+    pub concurrency: usize,
+    pub attempts_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Server µs per EVALSHA (`cmdstat_evalsha` usec ÷ calls over the row).
+    pub server_us_per_call: Option<f64>,
+    /// Commands the server executed per call, the script's own calls included.
+    pub redis_commands_per_call: f64,
+    pub sold: u64,
+    pub errors: u64,
+}
+
+/// What one row's attempts need.
+struct Ctx {
+    peer: Peer,
+    cm: ConnectionManager,
+    redis: Redis,
+    sha: String,
+    stock: String,
+    users: String,
+    goods: String,
+    stream: String,
+    users_list: Arc<Vec<String>>,
+    order_ids: Vec<String>,
+}
+
+/// Every script under both workloads (`attempts` each), after a discarded warm-up of each.
+pub async fn run(
+    client: &redis::Client,
+    admin: &MultiplexedConnection,
+    users: Arc<Vec<String>>,
+    attempts: usize,
+    concurrency: usize,
+) -> anyhow::Result<Vec<ScriptRow>> {
+    for peer in Peer::ALL {
+        let warm = Workload::success_heavy(attempts.min(2_000));
+        measure(client, admin, &users, peer, warm, concurrency).await?;
+    }
+    let mut rows = Vec::new();
+    for wl in [
+        Workload::success_heavy(attempts),
+        Workload::failure_heavy(attempts),
+    ] {
+        for peer in Peer::ALL {
+            eprintln!(
+                "- {} / {}: {} attempts, stock {}",
+                peer.name(),
+                wl.name,
+                wl.attempts,
+                wl.stock
+            );
+            let row = measure(client, admin, &users, peer, wl, concurrency).await?;
+            eprintln!(
+                "  {:>9.0}/s  server {:.2} µs/call  cmds/call {:.2}  sold {}",
+                row.attempts_per_s,
+                row.server_us_per_call.unwrap_or(f64::NAN),
+                row.redis_commands_per_call,
+                row.sold
+            );
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+async fn measure(
+    client: &redis::Client,
+    admin: &MultiplexedConnection,
+    users: &Arc<Vec<String>>,
+    peer: Peer,
+    wl: Workload,
+    concurrency: usize,
+) -> anyhow::Result<ScriptRow> {
+    let c = Arc::new(setup(client, admin, users, peer, wl).await?);
+    let mut con = admin.clone();
+    let before = util::commandstats(&mut con).await?;
+    let time_before = util::command_time(&mut con, "evalsha").await?;
+    let ctx = c.clone();
+    let run = util::run_tasks(concurrency, wl.attempts, move |i| {
+        let ctx = ctx.clone();
+        async move {
+            attempt(&ctx, i)
+                .await
+                .unwrap_or_else(|e| Outcome::Error(format!("{e:#}")))
+        }
+    })
+    .await;
+    let time_after = util::command_time(&mut con, "evalsha").await?;
+    let after = util::commandstats(&mut con).await?;
+    run.warn_errors(peer.name());
+    // The two INFO calls between the snapshots are not the script's.
+    let commands = util::commands_between(&before, &after);
+    util::delete_prefix(&mut con, &c.redis.prefix).await?;
+    Ok(ScriptRow {
+        script: peer.name(),
+        what: peer.what(),
+        workload: wl.name,
+        attempts: wl.attempts,
+        stock: wl.stock,
+        concurrency,
+        attempts_per_s: run.per_sec(),
+        p50_ms: run.p50_ms(),
+        p99_ms: run.p99_ms(),
+        server_us_per_call: time_after.us_per_call_since(time_before),
+        redis_commands_per_call: commands as f64 / wl.attempts as f64,
+        sold: run.counts.sold,
+        errors: run.counts.errors,
+    })
+}
+
+async fn setup(
+    client: &redis::Client,
+    admin: &MultiplexedConnection,
+    users: &Arc<Vec<String>>,
+    peer: Peer,
+    wl: Workload,
+) -> anyhow::Result<Ctx> {
+    let prefix = util::fresh_prefix();
+    let cm = util::manager(client).await?;
+    let redis = Redis {
+        conn: RedisConn::Standalone(cm.clone()),
+        prefix: prefix.clone(),
+        timeout: Duration::from_secs(5),
+    };
+    let activity_id = 1;
+    let tag = format!("{prefix}:{{{activity_id}}}");
+    let mut con = admin.clone();
+    let script = match peer {
+        Peer::Seed000 => Some(&*SEED000),
+        Peer::Seed001 => Some(&*SEED001),
+        Peer::Hmdp => Some(&*HMDP),
+        Peer::Ours => None,
+    };
+    let sha = match script {
+        Some(s) => s.prepare_invoke().load_async(&mut con).await?,
+        None => String::new(),
+    };
+    let c = Ctx {
+        peer,
+        cm,
+        sha,
+        stock: format!("{tag}:stock"),
+        users: format!("{tag}:users"),
+        goods: format!("{tag}:goods"),
+        stream: format!("{tag}:stream.orders"),
+        users_list: users.clone(),
+        order_ids: if peer == Peer::Hmdp {
+            (0..wl.attempts)
+                .map(|i| (i as u64 + 1).to_string())
+                .collect()
+        } else {
+            Vec::new()
+        },
+        redis,
+    };
+    match peer {
+        Peer::Seed000 | Peer::Hmdp => {
+            let _: () = redis::cmd("SET")
+                .arg(&c.stock)
+                .arg(wl.stock)
+                .query_async(&mut con)
+                .await?;
+        }
+        Peer::Seed001 => {
+            let _: i64 = redis::cmd("HSET")
+                .arg(&c.goods)
+                .arg("stock")
+                .arg(wl.stock)
+                .query_async(&mut con)
+                .await?;
+        }
+        Peer::Ours => {
+            seckill_shared::testing::load_without_db(
+                &c.redis,
+                &open_activity(activity_id, wl.stock),
+                Duration::from_secs(3600),
+            )
+            .await?;
+        }
+    }
+    Ok(c)
+}
+
+async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
+    let user = &c.users_list[i % c.users_list.len()];
+    let mut cm = c.cm.clone();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&c.sha);
+    // Each script's answer for "bought"; any other answer it documents is a refusal.
+    let (code, bought): (i64, i64) = match c.peer {
+        Peer::Ours => {
+            let d =
+                sale::purchase(&c.redis, 1, user, 1, Uuid::now_v7(), sale::far_deadline()).await?;
+            return Ok(if d.is_ok() {
+                Outcome::Sold
+            } else {
+                Outcome::Refused
+            });
+        }
+        Peer::Seed000 => {
+            cmd.arg(2).arg(&c.stock).arg(&c.users).arg(user);
+            (cmd.query_async(&mut cm).await?, 1)
+        }
+        Peer::Seed001 => {
+            cmd.arg(1).arg(&c.goods).arg("stock").arg(1);
+            (cmd.query_async(&mut cm).await?, 1)
+        }
+        Peer::Hmdp => {
+            cmd.arg(3)
+                .arg(&c.stock)
+                .arg(&c.users)
+                .arg(&c.stream)
+                .arg(1)
+                .arg(user)
+                .arg(&c.order_ids[i]);
+            (cmd.query_async(&mut cm).await?, 0)
+        }
+    };
+    Ok(match code {
+        _ if code == bought => Outcome::Sold,
+        -1 => Outcome::Error(format!("{} found no stock key", c.peer.name())),
+        _ => Outcome::Refused,
+    })
+}
