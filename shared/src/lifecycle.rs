@@ -155,6 +155,7 @@ async fn announce(
     match begin {
         CancelBegin::Busy => Ok(Err(other_attempt(pool, redis, order).await?)),
         CancelBegin::Recorded => Ok(Ok(Some(epoch))),
+        CancelBegin::NotHeld => Ok(Err(not_held(pool, order).await?)),
         CancelBegin::NotLoaded => {
             // Only a sale no loader will load again may change in the database alone: a load
             // in progress would write a stock read before this commit, and the unit would be
@@ -166,6 +167,26 @@ async fn announce(
             Ok(Ok(None))
         }
     }
+}
+
+/// Redis holds nothing for the order any more: the row, read again, says why. A cancelled or
+/// otherwise final order answers as a repeated cancel would. A row still `confirmed` means
+/// Redis lost the user's quota without losing the sale (which no protocol step does): the
+/// attempt changes nothing and answers `Busy`, loudly.
+async fn not_held(pool: &PgPool, order: &Order) -> Result<CancelOutcome, ApiError> {
+    let row = crate::order::get(pool, order.id).await?;
+    let status = row.map(|o| o.status).unwrap_or_default();
+    Ok(match OrderStatus::parse(&status) {
+        Some(OrderStatus::Cancelled) => CancelOutcome::AlreadyCancelled,
+        Some(OrderStatus::Confirmed) => {
+            tracing::error!(
+                order_id = order.id,
+                "a confirmed order whose user holds no quota in redis"
+            );
+            CancelOutcome::Busy
+        }
+        _ => CancelOutcome::NotCancellable(status),
+    })
 }
 
 /// The order was no longer `confirmed` when this attempt committed: another attempt, a pay,

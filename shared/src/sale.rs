@@ -119,6 +119,9 @@ pub enum CancelBegin {
     Busy,
     /// The activity is not in Redis (sale long over): only the database changes.
     NotLoaded,
+    /// The user's field in `users` does not name the order's request: the order holds nothing
+    /// in Redis any more (another attempt cancelled it and finished). Nothing was written.
+    NotHeld,
 }
 
 /// One cancel attempt, as `lua/cancel_begin.lua` announces it.
@@ -157,6 +160,7 @@ pub async fn cancel_begin(
         0 => CancelBegin::Busy,
         1 => CancelBegin::Recorded,
         2 => CancelBegin::NotLoaded,
+        3 => CancelBegin::NotHeld,
         other => return Err(scripts::unknown_answer("cancel_begin.lua", other)),
     };
     Ok((begin, epoch))

@@ -279,6 +279,36 @@ async fn concurrent_cancels_of_one_order_give_stock_back_once(
 }
 on_both_redis!(concurrent_cancels_of_one_order_give_stock_back_once);
 
+/// A second cancel read the order while it was still confirmed (a double click, the payment
+/// timeout) and only runs once the first has committed and finished: Redis holds nothing for
+/// the order any more, so it answers as a repeated cancel, writes nothing, and the user, who
+/// got the quota back, can buy again.
+async fn a_cancel_that_read_the_order_before_another_finished_it_gives_no_quota_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 4).await;
+    let stale = order::get(&w.env.pool, id).await?.expect("the order");
+    let (pool, redis) = (&w.env.pool, &w.env.redis);
+    let now = chrono::Utc::now();
+
+    let first = lifecycle::cancel_order(pool, redis, &stale, now).await?;
+    assert_eq!(first, CancelOutcome::Cancelled { quantity: 4 });
+    let second = lifecycle::cancel_order(pool, redis, &stale, now).await?;
+    assert_eq!(second, CancelOutcome::AlreadyCancelled);
+
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert!(snap.ledger.is_empty(), "{:?}", snap.ledger);
+    assert_eq!(
+        snap.participants, 0,
+        "the second cancel gave alice a quota back"
+    );
+    w.reserve("alice", 1).await;
+    Ok(())
+}
+on_both_redis!(a_cancel_that_read_the_order_before_another_finished_it_gives_no_quota_back);
+
 /// The consumer committed the order but had not yet dropped its ledger entry when the cancel
 /// came: the order row proves the commit, so the cancel settles the entry and proceeds.
 async fn cancel_right_after_commit_before_settle_still_cancels(
