@@ -461,6 +461,7 @@ async fn lock(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     let _: i64 = scripts::LOCK_RELEASE
         .key(&c.keys.lock)
         .arg(&owner)
+        .arg("all")
         .invoke_async(&mut cm)
         .await?;
     Ok(outcome)
