@@ -5,9 +5,35 @@
 
 use crate::config::Config;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
 
 /// The schema, compiled into the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Every pool's options. A connection handed back while the server still has a transaction
+/// open on it is closed, never pooled again: a future cancelled during `Pool::begin`'s BEGIN
+/// round trip leaves the session inside a transaction that sqlx does not know about (sqlx
+/// 0.8/0.9, launchbadge/sqlx#4393), and the next borrower's statements would run inside it,
+/// holding their locks with nobody to commit them. Outside a transaction block every statement
+/// is its own transaction, so `now()` (the transaction's start) equals the statement's start;
+/// inside one it does not. Closing the session is what releases the locks.
+pub fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new().after_release(|conn, _meta| {
+        Box::pin(async move {
+            // One simple-protocol message, so outside a transaction block the statement is the
+            // whole implicit transaction (with Parse/Bind/Execute the statement's start comes
+            // after the transaction's). Reads no table: nothing for `query!` to check.
+            let row = sqlx::raw_sql("select now() <> statement_timestamp()")
+                .fetch_one(&mut *conn)
+                .await?;
+            let in_transaction: bool = row.try_get(0)?;
+            if in_transaction {
+                tracing::warn!("a connection came back inside a transaction; closed");
+            }
+            Ok(!in_transaction)
+        })
+    })
+}
 
 /// A small pool: `MaximumConcurrency × db_max_connections` is the most the database sees.
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
@@ -25,7 +51,7 @@ pub async fn connect_to(
     max_connections: u32,
     acquire_timeout: std::time::Duration,
 ) -> anyhow::Result<PgPool> {
-    PgPoolOptions::new()
+    pool_options()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
         .connect(url)
@@ -36,7 +62,7 @@ pub async fn connect_to(
 /// Same as [`connect`], but does not touch the network until the first query: a Lambda
 /// container whose database is briefly unreachable still starts and reports per message.
 pub fn connect_lazy(config: &Config) -> anyhow::Result<PgPool> {
-    Ok(PgPoolOptions::new()
+    Ok(pool_options()
         .max_connections(config.db_max_connections)
         .acquire_timeout(config.db_acquire_timeout)
         .connect_lazy(&config.database_url)?)

@@ -55,7 +55,7 @@ pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
         .await?;
     admin.close().await?;
     let url = with_database(&base, &name);
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = crate::db::pool_options()
         .max_connections(16)
         .connect(&url)
         .await?;
