@@ -1,4 +1,4 @@
--- seed000_combined.lua: the combined stock + one-order-per-user script of seed article 000
+-- seed000_combined.lua: the combined stock + one-order-per-user script (GET, SISMEMBER, DECR, SADD)
 -- ("把库存与限购合成一个 Lua 脚本", /work/shared/seeds/000_*), as the article gives it, for the
 -- benchmark's side-by-side script rows only (the product's scripts are in lua/).
 --

@@ -1,4 +1,4 @@
--- seed001_hget_hincrby.lua: the "Lua 脚本原子扣减" script of seed article 001
+-- seed001_hget_hincrby.lua: the "Lua 脚本原子扣减" script: atomic deduction on a goods hash (HGET + HINCRBY)
 -- (/work/shared/seeds/001_*): read the stock field of the goods hash, take the units when
 -- enough are left. No user set, no ledger. For the benchmark's side-by-side script rows only.
 --

@@ -11,7 +11,7 @@
 //! # Layout
 //! - [`util`]: the bounded concurrent loop, hdrhistogram, INFO commandstats, stock sampler.
 //! - [`strategies`]: lua / hincrby / lock / db-only / limit under two workloads, kill runs.
-//! - [`scripts`]: the seeds', hmdp's and our purchase scripts by EVALSHA, server µs per call.
+//! - [`scripts`]: the widely copied purchase scripts and ours by EVALSHA, server µs per call.
 //! - [`entry`]: the entry router in-process and over HTTP, sold-out flood, public view,
 //!   accepted + SQS.
 //! - [`costs`]: what each candidate on the entry's refusal path costs, before and after.

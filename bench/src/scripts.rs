@@ -3,9 +3,9 @@
 //! `evalsha` usec over its calls during the row) and how many calls a second one connection
 //! carries.
 //!
-//! - `seed000`: seed article 000's combined script (GET stock, SISMEMBER user, DECR, SADD),
+//! - `seed000`: the combined check-and-set script (GET stock, SISMEMBER user, DECR, SADD),
 //!   `bench/scripts/seed000_combined.lua`.
-//! - `seed001`: seed article 001's Lua (HGET + HINCRBY on the goods hash),
+//! - `seed001`: atomic deduction on a goods hash (HGET + HINCRBY),
 //!   `bench/scripts/seed001_hget_hincrby.lua`.
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.

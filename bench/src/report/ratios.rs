@@ -67,7 +67,8 @@ pub fn measured(results: &Results) -> Map<String, Value> {
     ratios
 }
 
-/// Our purchase script's server time per call against seed 000's, under each workload.
+/// Our purchase script's server time per call against the combined GET/SISMEMBER/DECR/SADD
+/// script's, under each workload.
 fn scripts(rows: &[ScriptRow]) -> Map<String, Value> {
     let cost = |script: &str, wl: &str| {
         rows.iter()

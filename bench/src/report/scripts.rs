@@ -1,4 +1,5 @@
-//! The purchase scripts' table: the seeds', hmdp's and ours, server µs per call.
+//! The purchase scripts' table: the combined GET/SISMEMBER/DECR/SADD script, HGET + HINCRBY,
+//! hmdp's and ours, server µs per call.
 
 use crate::scripts::ScriptRow;
 use std::fmt::Write;

@@ -168,7 +168,7 @@ fn script_row(script: &'static str, workload: &'static str, us: Option<f64>) -> 
     }
 }
 
-/// Seed 000 and ours under both workloads (both ratios measured), a peer without a server
+/// The combined GET/SISMEMBER/DECR/SADD script and ours under both workloads (both ratios measured), a peer without a server
 /// figure ("-").
 fn scripts() -> Vec<ScriptRow> {
     vec![
