@@ -14,7 +14,9 @@ async fn main() -> Result<(), Error> {
     let job = &job;
     lambda_runtime::run(service_fn(
         move |_event: LambdaEvent<serde_json::Value>| async move {
-            let report = job.run(chrono::Utc::now()).await?;
+            // Boxed: the run's future is deep enough that, inlined into this block, computing
+            // the block's layout overflows rustc's query depth in release builds.
+            let report = Box::pin(job.run(chrono::Utc::now())).await?;
             Ok::<_, Error>(serde_json::to_value(report)?)
         },
     ))
