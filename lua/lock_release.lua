@@ -12,7 +12,12 @@
 -- ARGV[1] owner   ARGV[2] "all" (the outermost release) or "one" (a nested release)
 --
 -- Returns 1 = released (the lock is gone), 2 = a nested hold given back (the owner still
--- holds the lock), 0 = not the owner (nothing changed).
+-- holds the lock), 0 = not the owner (nothing changed). Any other mode, or none, is an error
+-- and changes nothing: guessing one would either end a lock an outer holder still works
+-- under or keep one its outermost holder thinks it gave back.
+if ARGV[2] ~= 'all' and ARGV[2] ~= 'one' then
+  return redis.error_reply('lock_release: mode must be "all" or "one"')
+end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 if ARGV[2] == 'all' then
   redis.call('DEL', KEYS[1])

@@ -215,6 +215,40 @@ async fn a_nested_release_delivered_twice_leaves_the_outer_hold(
 }
 on_both_redis!(a_nested_release_delivered_twice_leaves_the_outer_hold);
 
+async fn a_release_without_a_mode_is_an_error_and_keeps_every_hold(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    // Arrange: the lock held twice by one owner.
+    let (env, id) = setup(kind).await?;
+    let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
+    let nested = outer.reenter().await?;
+    let before = testing::lock_hold(&env.redis, id).await?;
+    assert_eq!(before, hold(&outer.owner, 2, outer.token));
+
+    // Act: the owner's release script called with no mode, and with one it does not know.
+    for mode in [None, Some("ALL"), Some("")] {
+        let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
+        inv.key(env.redis.keys(id).lock).arg(&outer.owner);
+        if let Some(mode) = mode {
+            inv.arg(mode);
+        }
+        let answer = env.redis.script::<i64>(&inv).await;
+
+        // Assert: refused as an error, not read as either release.
+        let error = answer.expect_err("a release with no known mode must be refused");
+        assert!(
+            error.to_string().contains("mode must be"),
+            "{mode:?}: {error}"
+        );
+        assert_eq!(testing::lock_hold(&env.redis, id).await?, before);
+    }
+    assert!(nested.release().await?);
+    assert!(outer.release().await?);
+    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    Ok(())
+}
+on_both_redis!(a_release_without_a_mode_is_an_error_and_keeps_every_hold);
+
 async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: the lock held twice.
     let (env, id) = setup(kind).await?;
