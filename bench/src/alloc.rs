@@ -1,8 +1,10 @@
-//! A counting global allocator: the system allocator plus a per-thread count of allocations,
-//! so the costs section can say how many allocations one call of a candidate makes on the
+//! A counting global allocator: mimalloc, the allocator the request-serving binaries run on
+//! (so the in-process rows time what they will), plus a per-thread count of allocations, so
+//! the costs section can say how many allocations one call of a candidate makes on the
 //! calling thread. The count is a thread-local cell (no shared atomic on every allocation).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc;
+use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 
 pub struct Counting;
@@ -16,25 +18,25 @@ fn count() {
     let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
 }
 
-// SAFETY: every call is forwarded unchanged to `System`; counting touches no allocator state.
+// SAFETY: every call is forwarded unchanged to `MiMalloc`; counting touches no allocator state.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
-        System.alloc(layout)
+        MiMalloc.alloc(layout)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
-        System.alloc_zeroed(layout)
+        MiMalloc.alloc_zeroed(layout)
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
-        System.realloc(ptr, layout, new_size)
+        MiMalloc.realloc(ptr, layout, new_size)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
+        MiMalloc.dealloc(ptr, layout)
     }
 }
 

@@ -37,7 +37,7 @@ mod util;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Counts allocations per thread for the costs section (the system allocator underneath).
+/// Counts allocations per thread for the costs section (mimalloc underneath, as in the functions).
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
 
@@ -478,8 +478,8 @@ impl Drop for QuietStdout {
     }
 }
 
-/// Drops the bench's own database (its name is a UUID this run created).
-async fn drop_database(url: &str) -> anyhow::Result<()> {
+/// Drops one of the bench's own databases (its name is a UUID this run created).
+pub(crate) async fn drop_database(url: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
     let (base, name) = url
         .rsplit_once('/')
