@@ -1,6 +1,7 @@
-//! Redis memory per participant: the user set and the pending-reservation ledger of one
-//! activity for N users, loaded by pipelined variadic SADD / HSET of the exact entry format
-//! `purchase.lua` writes (`r|<requestId>|<qty>|<reservedAtMs>`), then `MEMORY USAGE ... SAMPLES 0`.
+//! Redis memory per participant: the users hash (user -> request id) and the
+//! pending-reservation ledger of one activity for N users, loaded by pipelined variadic HSETs
+//! of the exact fields `purchase.lua` writes (a uuid v7 request id; a ledger entry
+//! `r|<requestId>|<qty>|<reservedAtMs>`), then `MEMORY USAGE ... SAMPLES 0`.
 
 use crate::util;
 use redis::aio::MultiplexedConnection;

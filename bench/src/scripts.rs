@@ -11,17 +11,29 @@
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
 //! - `ours`: `lua/purchase.lua` through `sale::purchase`, as the strategies' `lua` row runs
 //!   it, on a sale loaded by the product's own preheat (`testing::load_without_db`).
+//! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
+//! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
+//!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET and the
+//!   loaded check), `ours-clock` (+ TIME), `ours-checks` (+ every check up to the stock
+//!   comparison); a test holds them to the script's own lines. With
+//!   `floor` below them and ours' whole script above (which adds the answer table), the rows
+//!   are the refusal's profile on the server.
+//!
+//! Each row also splits its server time: the µs spent inside the Redis commands the script
+//! called (their own `cmdstat_*` usec over the row) and the rest, which is the script call
+//! itself and its Lua (argument tables, number parsing, the reply).
 //!
 //! The peers' keys are written here directly (they are the peers' own layouts); ours are
 //! only ever written by the product's scripts.
 
 use crate::strategies::{open_activity, Workload};
-use crate::util::{self, Outcome};
+use crate::util::{self, CommandTime, Outcome};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Script;
 use seckill_shared::cache::{Redis, RedisConn};
 use seckill_shared::sale;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use uuid::Uuid;
@@ -32,6 +44,32 @@ static SEED001: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/seed001_hget_hincrby.lua")));
 static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
+static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
+
+/// `lua/purchase.lua`'s first step: the meta read (and whether the sale is loaded).
+const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq')
+if not meta[1] then return 1 end
+local epoch = tonumber(meta[4] or '0')
+";
+/// Its second: the server clock.
+const OURS_CLOCK: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+/// Its checks, as it makes them, up to the stock comparison (a refusal's last step).
+const OURS_CHECKS: &str = "if now > tonumber(ARGV[4]) then return 7 end
+if now < tonumber(meta[1]) then return 2 end
+if now >= tonumber(meta[2]) then return 3 end
+local qty = tonumber(ARGV[2])
+if qty > tonumber(meta[3]) then return 4 end
+local stock = tonumber(meta[5] or '0')
+if stock < qty then return 5 end
+";
+static OURS_READ_ONLY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{OURS_READ}return 0")));
+static OURS_READ_CLOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{OURS_READ}{OURS_CLOCK}return 0")));
+static OURS_READ_CLOCK_CHECKS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{OURS_READ}{OURS_CLOCK}{OURS_CHECKS}return 5")));
 
 /// One purchase script of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,10 +78,22 @@ pub enum Peer {
     Seed001,
     Hmdp,
     Ours,
+    Floor,
+    OursRead,
+    OursClock,
+    OursChecks,
 }
 
 impl Peer {
-    pub const ALL: [Peer; 4] = [Peer::Seed000, Peer::Seed001, Peer::Hmdp, Peer::Ours];
+    pub const ALL: [Peer; 5] = [
+        Peer::Seed000,
+        Peer::Seed001,
+        Peer::Hmdp,
+        Peer::Ours,
+        Peer::Floor,
+    ];
+    /// Ours' refusal path cut after each step (failure-heavy only).
+    pub const STEPS: [Peer; 3] = [Peer::OursRead, Peer::OursClock, Peer::OursChecks];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -51,6 +101,10 @@ impl Peer {
             Peer::Seed001 => "seed001",
             Peer::Hmdp => "hmdp",
             Peer::Ours => "ours",
+            Peer::Floor => "floor",
+            Peer::OursRead => "ours-read",
+            Peer::OursClock => "ours-clock",
+            Peer::OursChecks => "ours-checks",
         }
     }
 
@@ -61,6 +115,10 @@ impl Peer {
             Peer::Seed001 => "seed 001: HGET, HINCRBY (no user check)",
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
             Peer::Ours => "ours: lua/purchase.lua via sale::purchase",
+            Peer::Floor => "floor: return 0 (any EVALSHA)",
+            Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded?)",
+            Peer::OursClock => "ours' refusal, steps 1-2: + TIME",
+            Peer::OursChecks => "ours' refusal, steps 1-3: + the checks (bare code answered)",
         }
     }
 }
@@ -80,6 +138,9 @@ pub struct ScriptRow {
     pub p99_ms: f64,
     /// Server µs per EVALSHA (`cmdstat_evalsha` usec ÷ calls over the row).
     pub server_us_per_call: Option<f64>,
+    /// The part of it spent inside the Redis commands the script called (their `cmdstat_*`
+    /// usec over the row ÷ the script's calls); the rest is the call itself and its Lua.
+    pub commands_us_per_call: Option<f64>,
     /// Commands the server executed per call, the script's own calls included.
     pub redis_commands_per_call: f64,
     pub sold: u64,
@@ -108,7 +169,7 @@ pub async fn run(
     attempts: usize,
     concurrency: usize,
 ) -> anyhow::Result<Vec<ScriptRow>> {
-    for peer in Peer::ALL {
+    for &peer in Peer::ALL.iter().chain(&Peer::STEPS) {
         let warm = Workload::success_heavy(attempts.min(2_000));
         measure(client, admin, &users, peer, warm, concurrency).await?;
     }
@@ -117,7 +178,12 @@ pub async fn run(
         Workload::success_heavy(attempts),
         Workload::failure_heavy(attempts),
     ] {
-        for peer in Peer::ALL {
+        let steps = if wl.name == "failure-heavy" {
+            &Peer::STEPS[..]
+        } else {
+            &[]
+        };
+        for &peer in Peer::ALL.iter().chain(steps) {
             eprintln!(
                 "- {} / {}: {} attempts, stock {}",
                 peer.name(),
@@ -149,8 +215,7 @@ async fn measure(
 ) -> anyhow::Result<ScriptRow> {
     let c = Arc::new(setup(client, admin, users, peer, wl).await?);
     let mut con = admin.clone();
-    let before = util::commandstats(&mut con).await?;
-    let time_before = util::command_time(&mut con, "evalsha").await?;
+    let before = util::command_times(&mut con).await?;
     let ctx = c.clone();
     let run = util::run_tasks(concurrency, wl.attempts, move |i| {
         let ctx = ctx.clone();
@@ -161,11 +226,16 @@ async fn measure(
         }
     })
     .await;
-    let time_after = util::command_time(&mut con, "evalsha").await?;
-    let after = util::commandstats(&mut con).await?;
+    let after = util::command_times(&mut con).await?;
     run.warn_errors(peer.name());
     // The two INFO calls between the snapshots are not the script's.
-    let commands = util::commands_between(&before, &after);
+    let commands = util::commands_between(&util::calls(&before), &util::calls(&after));
+    let evalsha =
+        |times: &BTreeMap<String, CommandTime>| times.get("evalsha").copied().unwrap_or_default();
+    let server_us_per_call = evalsha(&after).us_per_call_since(evalsha(&before));
+    let script_calls = evalsha(&after).calls.saturating_sub(evalsha(&before).calls);
+    let commands_us_per_call = (script_calls > 0)
+        .then(|| util::usec_outside(&before, &after, "evalsha") as f64 / script_calls as f64);
     util::delete_prefix(&mut con, &c.redis.prefix).await?;
     Ok(ScriptRow {
         script: peer.name(),
@@ -177,7 +247,8 @@ async fn measure(
         attempts_per_s: run.per_sec(),
         p50_ms: run.p50_ms(),
         p99_ms: run.p99_ms(),
-        server_us_per_call: time_after.us_per_call_since(time_before),
+        server_us_per_call,
+        commands_us_per_call,
         redis_commands_per_call: commands as f64 / wl.attempts as f64,
         sold: run.counts.sold,
         errors: run.counts.errors,
@@ -205,6 +276,10 @@ async fn setup(
         Peer::Seed000 => Some(&*SEED000),
         Peer::Seed001 => Some(&*SEED001),
         Peer::Hmdp => Some(&*HMDP),
+        Peer::Floor => Some(&*FLOOR),
+        Peer::OursRead => Some(&*OURS_READ_ONLY),
+        Peer::OursClock => Some(&*OURS_READ_CLOCK),
+        Peer::OursChecks => Some(&*OURS_READ_CLOCK_CHECKS),
         Peer::Ours => None,
     };
     let sha = match script {
@@ -245,7 +320,8 @@ async fn setup(
                 .query_async(&mut con)
                 .await?;
         }
-        Peer::Ours => {
+        Peer::Floor => {}
+        Peer::Ours | Peer::OursRead | Peer::OursClock | Peer::OursChecks => {
             seckill_shared::testing::load_without_db(
                 &c.redis,
                 &open_activity(activity_id, wl.stock),
@@ -291,10 +367,56 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
                 .arg(&c.order_ids[i]);
             (cmd.query_async(&mut cm).await?, 0)
         }
+        Peer::Floor => {
+            cmd.arg(0);
+            (cmd.query_async(&mut cm).await?, 1)
+        }
+        Peer::OursRead | Peer::OursClock | Peer::OursChecks => {
+            let k = c.redis.keys(1);
+            cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
+            cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
+            cmd.arg(sale::far_deadline());
+            // Each cut answers one integer: 0 after the reads, 5 (sold out) after the checks.
+            let code: i64 = cmd.query_async(&mut cm).await?;
+            let expected = if c.peer == Peer::OursChecks { 5 } else { 0 };
+            return Ok(if code == expected {
+                Outcome::Refused
+            } else {
+                Outcome::Error(format!("{} answered {code}", c.peer.name()))
+            });
+        }
     };
     Ok(match code {
         _ if code == bought => Outcome::Sold,
         -1 => Outcome::Error(format!("{} found no stock key", c.peer.name())),
         _ => Outcome::Refused,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line with what it answers cut off: the steps answer bare integers where the script
+    /// answers its table.
+    fn decision(line: &str) -> &str {
+        line.split(" then return").next().unwrap_or(line).trim()
+    }
+
+    #[test]
+    fn the_refusal_steps_are_the_purchase_scripts_own_lines_in_its_order() {
+        let script: Vec<&str> = include_str!("../../lua/purchase.lua")
+            .lines()
+            .map(decision)
+            .collect();
+        let steps = format!("{OURS_READ}{OURS_CLOCK}{OURS_CHECKS}");
+        let mut at = 0;
+        for line in steps.lines().map(decision) {
+            let found = script[at..].iter().position(|l| *l == line);
+            let Some(offset) = found else {
+                panic!("not in lua/purchase.lua after line {at}: {line}");
+            };
+            at += offset + 1;
+        }
+    }
 }

@@ -150,26 +150,15 @@ where
 pub async fn commandstats(
     con: &mut MultiplexedConnection,
 ) -> anyhow::Result<BTreeMap<String, u64>> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(con)
-        .await?;
-    let mut out = BTreeMap::new();
-    for line in info.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let Some((name, fields)) = rest.split_once(':') else {
-            continue;
-        };
-        let calls = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        out.insert(name.to_string(), calls);
-    }
-    Ok(out)
+    Ok(calls(&command_times(con).await?))
+}
+
+/// The calls of each command in a [`command_times`] snapshot.
+pub fn calls(times: &BTreeMap<String, CommandTime>) -> BTreeMap<String, u64> {
+    times
+        .iter()
+        .map(|(name, t)| (name.clone(), t.calls))
+        .collect()
 }
 
 /// Calls and microseconds the server spent in one command, from `INFO commandstats`
@@ -189,30 +178,58 @@ impl CommandTime {
     }
 }
 
-/// [`CommandTime`] of `command` (lower case, e.g. `evalsha`) now.
-pub async fn command_time(
+/// `INFO commandstats` as name -> [`CommandTime`], every command the server has run.
+pub async fn command_times(
     con: &mut MultiplexedConnection,
-    command: &str,
-) -> anyhow::Result<CommandTime> {
+) -> anyhow::Result<BTreeMap<String, CommandTime>> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
         .await?;
-    let prefix = format!("cmdstat_{command}:");
-    let Some(fields) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
-        return Ok(CommandTime::default());
-    };
-    let field = |name: &str| {
-        fields
-            .split(',')
-            .find_map(|f| f.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    Ok(CommandTime {
-        calls: field("calls="),
-        usec: field("usec="),
-    })
+    Ok(parse_commandstats(&info))
+}
+
+fn parse_commandstats(info: &str) -> BTreeMap<String, CommandTime> {
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let time = CommandTime {
+            calls: field("calls="),
+            usec: field("usec="),
+        };
+        out.insert(name.to_string(), time);
+    }
+    out
+}
+
+/// Server µs spent between two snapshots in the commands other than `outer` (and the `INFO`
+/// calls that took the snapshots): for a script row, the time inside the commands the script
+/// called.
+pub fn usec_outside(
+    before: &BTreeMap<String, CommandTime>,
+    after: &BTreeMap<String, CommandTime>,
+    outer: &str,
+) -> u64 {
+    after
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info" && name.as_str() != outer)
+        .map(|(name, t)| {
+            let was = before.get(name).map_or(0, |b| b.usec);
+            t.usec.saturating_sub(was)
+        })
+        .sum()
 }
 
 /// Commands the server executed between two snapshots (including those run inside scripts),
@@ -345,4 +362,26 @@ pub fn counter() -> Counter {
 /// A connection manager (reconnecting, multiplexed: one TCP connection shared by every task).
 pub async fn manager(client: &redis::Client) -> anyhow::Result<ConnectionManager> {
     Ok(client.get_connection_manager().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commandstats_read_as_calls_and_usec_per_command_and_the_outer_script_is_left_out() {
+        let before = parse_commandstats(
+            "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=100,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\ncmdstat_hmget:calls=10,usec=20,usec_per_call=2.00\r\n",
+        );
+        let after = parse_commandstats(
+            "# Commandstats\r\ncmdstat_evalsha:calls=20,usec=200,usec_per_call=10.00\r\ncmdstat_hmget:calls=20,usec=45,usec_per_call=2.25\r\ncmdstat_time:calls=10,usec=5\r\ncmdstat_info:calls=2,usec=90\r\ncmdstat_client|list:calls=1,usec=3\r\n",
+        );
+        assert_eq!(
+            after["evalsha"].us_per_call_since(before["evalsha"]),
+            Some(10.0)
+        );
+        assert_eq!(after["client|list"], CommandTime { calls: 1, usec: 3 });
+        // hmget 25 + time 5 + client|list 3; neither the script itself nor INFO.
+        assert_eq!(usec_outside(&before, &after, "evalsha"), 33);
+    }
 }

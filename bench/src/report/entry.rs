@@ -53,7 +53,7 @@ pub fn table(s: &mut String, e: &EntryResults) {
     if let Some(v) = &e.view {
         let _ = writeln!(
             s,
-            "Public view row: {} database transactions (pg_stat_database `xact_commit + xact_rollback` of the bench's database) for {} requests.\n",
+            "Public view row: {} database transactions (pg_stat_database `xact_commit + xact_rollback` of the row's own database) for {} requests.\n",
             v.db_transactions, v.view.attempts
         );
     }

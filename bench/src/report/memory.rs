@@ -1,13 +1,13 @@
-//! The Redis memory table: bytes per participant of the user set and the ledger.
+//! The Redis memory table: bytes per participant of the users hash and the ledger.
 
 use crate::memory::MemoryRow;
 use std::fmt::Write;
 
 pub fn table(s: &mut String, rows: &[MemoryRow]) {
     s.push_str(
-        "Redis memory per participant (MEMORY USAGE … SAMPLES 0; user set + pending ledger)\n\n",
+        "Redis memory per participant (MEMORY USAGE … SAMPLES 0; users hash + pending ledger)\n\n",
     );
-    s.push_str("| participants | user id | user set B/participant | ledger B/participant | total B/participant | total MB |\n|---:|---|---:|---:|---:|---:|\n");
+    s.push_str("| participants | user id | users hash B/participant | ledger B/participant | total B/participant | total MB |\n|---:|---|---:|---:|---:|---:|\n");
     for m in rows {
         let _ = writeln!(
             s,

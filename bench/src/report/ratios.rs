@@ -153,11 +153,31 @@ fn div(a: Option<f64>, b: Option<f64>) -> Value {
 }
 
 pub fn table(s: &mut String, ratios: &Map<String, Value>) {
-    s.push_str("Ratios (each measured in this run)\n\n| ratio | value | goal |\n|---|---:|---|\n");
+    s.push_str(
+        "Ratios (each measured in this run; a goal missed is explained under \"Goals missed\" at the end)\n\n| ratio | value | goal | met |\n|---|---:|---|---|\n",
+    );
     for (key, goal) in GOALS {
-        let _ = writeln!(s, "| {key} | {} | {goal} |", shown(ratios, key));
+        let value = ratios.get(key).and_then(Value::as_f64);
+        let met = match value.and_then(|v| met(goal, v)) {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
+        let _ = writeln!(s, "| {key} | {} | {goal} | {met} |", shown(ratios, key));
     }
     s.push('\n');
+}
+
+/// Whether `value` meets a goal written `≥ x …` or `≤ x …`; `None` for a figure only reported.
+fn met(goal: &str, value: f64) -> Option<bool> {
+    let threshold = |rest: &str| rest.split_whitespace().next()?.parse::<f64>().ok();
+    if let Some(rest) = goal.strip_prefix("≥ ") {
+        return Some(value >= threshold(rest)?);
+    }
+    if let Some(rest) = goal.strip_prefix("≤ ") {
+        return Some(value <= threshold(rest)?);
+    }
+    None
 }
 
 fn shown(ratios: &Map<String, Value>, key: &str) -> String {
@@ -166,5 +186,20 @@ fn shown(ratios: &Map<String, Value>, key: &str) -> String {
         Some(v) if key.ends_with("PerRequest") => format!("{v:.4}"),
         Some(v) => format!("{v:.2}×"),
         None => "not measured".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::met;
+
+    #[test]
+    fn a_goal_is_met_on_its_side_of_the_threshold_and_a_reported_figure_has_none() {
+        assert_eq!(met("≥ 0.8 (router + handler)", 0.8), Some(true));
+        assert_eq!(met("≥ 0.8 (router + handler)", 0.79), Some(false));
+        assert_eq!(met("≤ 0.01 (per request)", 0.0019), Some(true));
+        assert_eq!(met("≤ 1.2", 3.3), Some(false));
+        assert_eq!(met("(success-heavy)", 40.0), None);
+        assert_eq!(met("", 1.0), None);
     }
 }
