@@ -39,39 +39,14 @@ psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$
 [ -x "$ST" ] || die "$ST not found: run 'make stack' (scripts/stack.sh installs it)"
 mkdir -p "$WORK"
 
-# The SQS emulator's queues for this run (moto; a DLQ as the real stack has).
-sqs() {
-    ACTION="$1" NAME="fuzz-$RUN_ID" ENDPOINT="$AWS_ENDPOINT_URL_SQS" "$VENV/bin/python" - <<'PY'
-import json, os
-import boto3
+# shellcheck source=scripts/devserver-lib.sh
+source scripts/devserver-lib.sh
+# The SQS emulator's queues for this run (moto).
+sqs() { run_queue "$1" "fuzz-$RUN_ID" "$AWS_ENDPOINT_URL_SQS"; }
 
-sqs = boto3.client("sqs", endpoint_url=os.environ["ENDPOINT"], region_name="us-east-1",
-                   aws_access_key_id="test", aws_secret_access_key="test")
-name = os.environ["NAME"]
-if os.environ["ACTION"] == "create":
-    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName=name, Attributes={
-        "VisibilityTimeout": "30",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"}),
-    })["QueueUrl"]
-    print(url)
-else:
-    for q in (name, f"{name}-dlq"):
-        try:
-            sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=q)["QueueUrl"])
-        except sqs.exceptions.QueueDoesNotExist:
-            pass
-PY
-}
-
-SERVER_PID=""
 cleanup() {
     local rc=$?
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
+    stop_devserver
     psql_pg -c "drop database if exists \"$DB\" with (force)" >/dev/null 2>&1 || true
     sqs delete >/dev/null 2>&1 || true
     exit "$rc"
@@ -87,19 +62,9 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
 export SECKILL_KEY_PREFIX="fuzz$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
 export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
-PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-URL="http://127.0.0.1:$PORT"
-
+RUST_LOG="${RUST_LOG:-warn}" start_devserver target/debug/seckill-devserver "$LOG" \
+    --pollers 2 --preheat-every 2 --reconcile-every 5
 log "dev server on $URL (database $DB, log $LOG)"
-RUST_LOG="${RUST_LOG:-warn}" target/debug/seckill-devserver --addr "127.0.0.1:$PORT" \
-    --pollers 2 --preheat-every 2 --reconcile-every 5 >"$LOG" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 120); do
-    curl -sf -o /dev/null --max-time 2 "$URL/health" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$LOG" >&2; die "the dev server exited"; }
-    sleep 0.5
-done
-curl -sf -o /dev/null --max-time 2 "$URL/health" || { tail -20 "$LOG" >&2; die "no /health within 60 s"; }
 
 USER_TOKEN="$(target/debug/seckill-token --user fuzz-user --ttl-secs 3600)"
 ADMIN_TOKEN="$(target/debug/seckill-token --user fuzz-admin --admin --ttl-secs 3600)"

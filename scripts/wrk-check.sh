@@ -50,43 +50,17 @@ bash scripts/stack.sh serve
 bash scripts/stack.sh wrk
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
-VENV="$REPO/.tools/venv"
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-# A queue of this run's own on fauxqs (with a DLQ, as the real stack has).
-sqs() {
-    ACTION="$1" NAME="$QUEUE" ENDPOINT="$FAUXQS" "$VENV/bin/python" - <<'PY'
-import json, os
-import boto3
+# shellcheck source=scripts/devserver-lib.sh
+source scripts/devserver-lib.sh
+# A queue of this run's own on fauxqs.
+sqs() { run_queue "$1" "$QUEUE" "$FAUXQS"; }
 
-sqs = boto3.client("sqs", endpoint_url=os.environ["ENDPOINT"], region_name="us-east-1",
-                   aws_access_key_id="test", aws_secret_access_key="test")
-name = os.environ["NAME"]
-if os.environ["ACTION"] == "create":
-    dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName=name, Attributes={
-        "VisibilityTimeout": "30",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"}),
-    })["QueueUrl"]
-    print(url)
-else:
-    for q in (name, f"{name}-dlq"):
-        try:
-            sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=q)["QueueUrl"])
-        except sqs.exceptions.QueueDoesNotExist:
-            pass
-PY
-}
-
-SERVER_PID=""
 cleanup() {
     local rc=$?
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
+    stop_devserver
     if [ "${WRK_KEEP:-}" != 1 ]; then
         psql_pg -c "drop database if exists \"$DB\" with (force)" >/dev/null 2>&1 || true
         sqs delete >/dev/null 2>&1 || true
@@ -115,19 +89,9 @@ export SECKILL_KEY_PREFIX="$PREFIX"
 export AWS_ENDPOINT_URL_SQS="$FAUXQS"
 ORDER_QUEUE_URL="$(sqs create)"
 export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
-PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-URL="http://127.0.0.1:$PORT"
-
 # warn: at info the server logs a line per accepted purchase, which is not what is measured here.
+LOG_LEVEL="${LOG_LEVEL:-warn}" start_devserver "$BIN/seckill-devserver" "$LOG"
 log "dev server on $URL (queue $ORDER_QUEUE_URL, database $DB, log $LOG)"
-LOG_LEVEL="${LOG_LEVEL:-warn}" "$BIN/seckill-devserver" --addr "127.0.0.1:$PORT" >"$LOG" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 120); do
-    curl -sf -o /dev/null --max-time 2 "$URL/health" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$LOG" >&2; die "the dev server exited"; }
-    sleep 0.5
-done
-curl -sf -o /dev/null --max-time 2 "$URL/health" || { tail -20 "$LOG" >&2; die "no /health within 60 s"; }
 
 ADMIN_TOKEN="$("$BIN/seckill-token" --user wrk-admin --admin --ttl-secs 3600)"
 start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"
