@@ -100,6 +100,14 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 const GIVE_BACK_WAIT: Duration = Duration::from_secs(5);
 /// A whole seed's limit beyond its actor phase.
 const SEED_LIMIT_BEYOND_PHASE: Duration = Duration::from_secs(180);
+
+/// Bound on each step of a passed seed's clean-up (well within the seed's own limit).
+const CLEAN_UP_STEP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Whether `fut` finished within [`CLEAN_UP_STEP_LIMIT`].
+async fn finishes(fut: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(CLEAN_UP_STEP_LIMIT, fut).await.is_ok()
+}
 /// Reconcile passes at quiescence (reconcile on).
 const FINAL_RECONCILES: usize = 3;
 
@@ -323,8 +331,9 @@ async fn run_seed(v: Variant, seed: u64, phase: Duration) -> anyhow::Result<Vec<
         chaos.check_sale(id).await?;
     }
     chaos.print_report();
-    let findings = chaos.findings();
-    chaos.clean_up(findings.is_empty()).await;
+    let mut findings = chaos.findings();
+    let stuck = chaos.clean_up(findings.is_empty()).await;
+    findings.extend(stuck);
     Ok(findings)
 }
 
@@ -1705,20 +1714,47 @@ impl Chaos {
     }
 
     /// A passed seed's database and queue are dropped (a long campaign would pile them up);
-    /// a failed seed's are kept for a look.
-    async fn clean_up(&self, passed: bool) {
+    /// a failed seed's are kept for a look. Each step is bounded, and one that does not finish
+    /// is a finding that names it: closing the pool waits for every connection to come back,
+    /// so a connection something still holds after quiescence shows here, with the pool's
+    /// count of those not handed back.
+    async fn clean_up(&self, passed: bool) -> Vec<String> {
         if !passed {
             println!(
                 "seed={} [{}]: kept database {} and queue {} for a look",
                 self.seed, self.variant, self.env.config.database_url, self.env.queue.url
             );
-            return;
+            return Vec::new();
         }
-        delete_queue(&self.env.sqs, &self.env.queue.url).await;
-        self.env.pool.close().await;
-        if let Err(e) = drop_database(&self.env.config.database_url).await {
-            println!("seed={}: could not drop its database: {e:#}", self.seed);
+        let mut findings = Vec::new();
+        let mut bounded = |step: &str, done: bool| {
+            if !done {
+                findings.push(format!(
+                    "seed={} [{}] clean-up: {step} did not finish within {CLEAN_UP_STEP_LIMIT:?}",
+                    self.seed, self.variant
+                ));
+            }
+        };
+        let queue = delete_queue(&self.env.sqs, &self.env.queue.url);
+        bounded("deleting the queue", finishes(queue).await);
+        let pool = &self.env.pool;
+        let closing = finishes(pool.close()).await;
+        let held = pool.size() as usize - pool.num_idle();
+        bounded(
+            &format!("closing the pool ({held} connection(s) not handed back)"),
+            closing,
+        );
+        match tokio::time::timeout(
+            CLEAN_UP_STEP_LIMIT,
+            drop_database(&self.env.config.database_url),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => println!("seed={}: could not drop its database: {e:#}", self.seed),
+            Err(_) => bounded("dropping the database", false),
         }
+        findings
     }
 }
 
