@@ -34,6 +34,7 @@ use uuid::Uuid;
 
 on_both_redis!(
     a_late_second_cancel_gives_the_units_back_once,
+    a_stale_cancel_resumed_after_another_finished_leaves_the_buyer_free_to_buy,
     a_cancel_never_takes_over_a_crashed_cancellers_entry,
     extending_a_running_sale_keeps_its_buyers_and_reservations_alive,
     a_send_that_times_out_after_storing_sells_nothing,
@@ -336,6 +337,37 @@ async fn a_late_second_cancel_gives_the_units_back_once(kind: RedisKind) -> anyh
         "alice holds {}",
         second.id
     );
+    w.assert_conserved().await
+}
+
+/// Canceller B read the order as confirmed and stops before announcing its cancel; canceller A
+/// runs all three steps. When B goes on, Redis holds nothing for the order: B answers as a
+/// repeated cancel and writes nothing, so the user A gave the quota back to is not put back in
+/// `users` (where they would be refused as already_purchased) and can buy again.
+async fn a_stale_cancel_resumed_after_another_finished_leaves_the_buyer_free_to_buy(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let bought = w.confirmed("alice", 2).await?;
+
+    let paused = pause::arm("cancel.before_begin", w.id());
+    let b = w.spawn_cancel(&bought);
+    within("canceller B reaching its pause", paused.reached()).await?;
+    assert_eq!(
+        w.cancel(bought.id).await?,
+        CancelOutcome::Cancelled { quantity: 2 }
+    );
+    paused.resume();
+    let late = joined("canceller B", b).await?;
+
+    assert_eq!(late, CancelOutcome::AlreadyCancelled);
+    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    assert!(
+        !w.users().await?.contains("alice"),
+        "the late cancel put alice back in users"
+    );
+    let (status, body) = w.buy("alice", 1).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     w.assert_conserved().await
 }
 
