@@ -3,10 +3,10 @@
 //! `evalsha` usec over its calls during the row) and how many calls a second one connection
 //! carries.
 //!
-//! - `seed000`: the combined check-and-set script (GET stock, SISMEMBER user, DECR, SADD),
-//!   `bench/scripts/seed000_combined.lua`.
-//! - `seed001`: atomic deduction on a goods hash (HGET + HINCRBY),
-//!   `bench/scripts/seed001_hget_hincrby.lua`.
+//! - the combined check-and-set script (GET stock, SISMEMBER user, DECR, SADD),
+//!   `bench/scripts/combined_check_and_set.lua` (rows and ratios name it `seed000`).
+//! - atomic deduction on a goods hash (HGET + HINCRBY), `bench/scripts/hget_hincrby.lua`
+//!   (rows name it `seed001`).
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
 //! - `ours`: `lua/purchase.lua` through `sale::purchase`, as the strategies' `lua` row runs
@@ -39,9 +39,9 @@ use std::time::Duration;
 use uuid::Uuid;
 
 static SEED000: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/seed000_combined.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/combined_check_and_set.lua")));
 static SEED001: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/seed001_hget_hincrby.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/hget_hincrby.lua")));
 static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
 static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));

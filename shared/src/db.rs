@@ -13,7 +13,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// Every pool's options. A connection handed back while the server still has a transaction
 /// open on it is closed, never pooled again: a future cancelled during `Pool::begin`'s BEGIN
 /// round trip leaves the session inside a transaction that sqlx does not know about (sqlx
-/// 0.8/0.9, launchbadge/sqlx#4393), and the next borrower's statements would run inside it,
+/// 0.8 and 0.9 do), and the next borrower's statements would run inside it,
 /// holding their locks with nobody to commit them. Outside a transaction block every statement
 /// is its own transaction, so `now()` (the transaction's start) equals the statement's start;
 /// inside one it does not. Closing the session is what releases the locks.

@@ -101,7 +101,7 @@ const GIVE_BACK_WAIT: Duration = Duration::from_secs(5);
 /// A whole seed's limit beyond its actor phase.
 const SEED_LIMIT_BEYOND_PHASE: Duration = Duration::from_secs(180);
 
-/// Bound on each step of a passed seed's clean-up (well within the seed's own limit).
+/// Bound on each step of the clean-up after a passing run (well within the run's own limit).
 const CLEAN_UP_STEP_LIMIT: Duration = Duration::from_secs(30);
 
 /// Whether `fut` finished within [`CLEAN_UP_STEP_LIMIT`].

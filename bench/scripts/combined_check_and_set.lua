@@ -1,6 +1,6 @@
--- seed000_combined.lua: the combined stock + one-order-per-user script (GET, SISMEMBER, DECR, SADD)
--- ("把库存与限购合成一个 Lua 脚本", /work/shared/seeds/000_*), as the article gives it, for the
--- benchmark's side-by-side script rows only (the product's scripts are in lua/).
+-- combined_check_and_set.lua: stock and one order per user checked and set in one script
+-- (GET, SISMEMBER, DECR, SADD; "把库存与限购合成一个 Lua 脚本"), for the benchmark's
+-- side-by-side script rows only (the product's scripts are in lua/).
 --
 -- KEYS[1] stock key (string integer)
 -- KEYS[2] user set of the activity

@@ -1,6 +1,5 @@
--- seed001_hget_hincrby.lua: the "Lua 脚本原子扣减" script: atomic deduction on a goods hash (HGET + HINCRBY)
--- (/work/shared/seeds/001_*): read the stock field of the goods hash, take the units when
--- enough are left. No user set, no ledger. For the benchmark's side-by-side script rows only.
+-- hget_hincrby.lua: atomic deduction on a goods hash ("Lua 脚本原子扣减": HGET + HINCRBY):
+-- read the stock field of the goods hash, take the units when enough are left. No user set, no ledger. For the benchmark's side-by-side script rows only.
 --
 -- KEYS[1] goods hash
 -- ARGV[1] stock field name
