@@ -17,10 +17,14 @@
 --
 -- KEYS[1] meta (the stock is its `stock` field)   KEYS[2] users   KEYS[3] ledger
 -- KEYS[4] lock (a hash of its holder's holds, see lock_acquire.lua)
--- ARGV[1] stock to load (DB remaining stock)   ARGV[2] total stock
+-- (In a bucketed sale, the keys of one bucket, and for the lock the holder's stamp there.)
+-- ARGV[1] stock to load (DB remaining stock; in a bucketed sale this bucket's share of it)
+-- ARGV[2] total stock
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
 -- ARGV[10] title (the public view reads it from the meta)
+-- ARGV[11] the sale's bucket count (a load from scratch writes it; the count of a loaded
+--          bucket never changes: a sale loaded with another count is unloaded first)
 --
 -- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry and the sentinels), 2 = already loaded,
 -- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
@@ -43,7 +47,7 @@ if version then
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
-  'stock', ARGV[1], 'title', ARGV[10])
+  'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11])
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 expire_all()
 return 1

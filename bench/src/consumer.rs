@@ -100,6 +100,7 @@ async fn new_activity(
             per_order_limit: 1,
             start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
             end_at: chrono::Utc::now() + chrono::Duration::hours(1),
+            buckets: None,
         },
     )
     .await?)
@@ -190,6 +191,7 @@ async fn reservations(
                         quantity: 1,
                         reserved_at_ms: now_ms,
                         load_epoch: Some(epoch),
+                        buckets: None,
                     }),
                     other => Err(anyhow::anyhow!("reservation refused: {other:?}")),
                 }
@@ -284,6 +286,7 @@ async fn baseline_run(
                     quantity: 1,
                     reserved_at_ms: 0,
                     load_epoch: None,
+                    buckets: None,
                 };
                 let mut tx = p.begin().await?;
                 order::insert_confirmed(&mut tx, &m).await?;

@@ -675,6 +675,7 @@ async fn public_view_on(
             per_order_limit: 1,
             start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
             end_at: chrono::Utc::now() + chrono::Duration::hours(1),
+            buckets: None,
         },
     )
     .await?;
@@ -867,6 +868,7 @@ async fn accepted(
         quantity: 1,
         reserved_at_ms: chrono::Utc::now().timestamp_millis(),
         load_epoch: Some(1),
+        buckets: None,
     })?);
     let (client, url) = (sqs.clone(), Arc::new(bare_url.clone()));
     let run = util::run_tasks(c, n, move |_| {

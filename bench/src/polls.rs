@@ -79,6 +79,7 @@ async fn measure(
             per_order_limit: 1,
             start_at: Utc::now() - chrono::Duration::minutes(1),
             end_at: Utc::now() + chrono::Duration::hours(1),
+            buckets: None,
         },
     )
     .await?;

@@ -196,6 +196,7 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         load_epoch: 1,
         created_at: now,
         updated_at: now,
+        buckets: 1,
     }
 }
 
@@ -314,6 +315,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                     per_order_limit: 1,
                     start_at: Utc::now() - chrono::Duration::minutes(1),
                     end_at: Utc::now() + chrono::Duration::hours(1),
+                    buckets: None,
                 },
             )
             .await?;
@@ -486,6 +488,7 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         quantity: 1,
         reserved_at_ms: 0,
         load_epoch: None,
+        buckets: None,
     };
     order::insert_confirmed(&mut tx, &m).await?;
     tx.commit().await?;

@@ -28,6 +28,9 @@ pub struct Activity {
     pub last_fence_token: i64,
     /// Bumped each time Redis loads the sale from scratch (`seckill_shared::load`).
     pub load_epoch: i64,
+    /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
+    /// sale had before buckets). Fixed once the sale has started or has an order.
+    pub buckets: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -64,6 +67,11 @@ impl Phase {
 }
 
 impl Activity {
+    /// The bucket count, as the key layout takes it.
+    pub fn bucket_count(&self) -> u32 {
+        u32::try_from(self.buckets).unwrap_or(1).max(1)
+    }
+
     pub fn phase(&self, now: DateTime<Utc>) -> Phase {
         Phase::of(self.start_at, self.end_at, now)
     }
@@ -96,6 +104,12 @@ pub struct NewActivity {
     /// Before `endAt`; the window lies between 1970-01-01 and 9999-12-31 (UTC).
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
+    /// Stock buckets (default 1): on Redis Cluster, a sale with more than one bucket spreads
+    /// its stock, and its buyers, over that many hash tags and so over the shards. Worth it
+    /// only for a sale hot enough to saturate one shard (see docs/capacity.md).
+    #[schema(minimum = 1, maximum = 16)]
+    #[serde(default)]
+    pub buckets: Option<i64>,
 }
 
 /// A merge update (`PUT /admin/activities/{id}`): any subset of the create fields.
@@ -110,11 +124,15 @@ pub struct ActivityPatch {
     pub per_order_limit: Option<i64>,
     pub start_at: Option<DateTime<Utc>>,
     pub end_at: Option<DateTime<Utc>>,
+    /// Only before the sale starts, and while it has no order.
+    #[schema(minimum = 1, maximum = 16)]
+    pub buckets: Option<i64>,
 }
 
 impl ActivityPatch {
     pub fn is_empty(&self) -> bool {
-        self.title.is_none()
+        self.buckets.is_none()
+            && self.title.is_none()
             && self.total_stock.is_none()
             && self.per_order_limit.is_none()
             && self.start_at.is_none()
@@ -131,8 +149,20 @@ impl NewActivity {
             self.per_order_limit,
             self.start_at,
             self.end_at,
-        )
+        )?;
+        validate_buckets(self.buckets.unwrap_or(1))
     }
+}
+
+/// A bucket count between 1 and [`MAX_BUCKETS`](crate::keys::MAX_BUCKETS).
+pub fn validate_buckets(buckets: i64) -> Result<(), ApiError> {
+    let max = i64::from(crate::keys::MAX_BUCKETS);
+    if (1..=max).contains(&buckets) {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest(format!(
+        "buckets must be between 1 and {max}"
+    )))
 }
 
 /// The rules an activity's fields obey, for a create or for the result of a merge update.
@@ -177,15 +207,17 @@ pub fn validate_fields(
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewActivity) -> Result<Activity, sqlx::Error> {
     sqlx::query_as!(
         Activity,
-        "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, end_at)
-         values ($1, $2, $2, $3, $4, $5)
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
+                                 buckets)
+         values ($1, $2, $2, $3, $4, $5, $6)
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
         new.title.trim(),
         new.total_stock as i32,
         new.per_order_limit as i32,
         new.start_at,
-        new.end_at
+        new.end_at,
+        new.buckets.unwrap_or(1) as i32
     )
     .fetch_one(db)
     .await
@@ -196,7 +228,7 @@ pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Activity>, s
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
          from activities where id = $1",
         id
     )
@@ -213,7 +245,7 @@ pub async fn list(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
          from activities order by id desc limit $1 offset $2",
         limit,
         offset
@@ -232,7 +264,7 @@ pub async fn due_for_preheat(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
          from activities
          where state = 'published' and start_at <= $1 and end_at > $2 order by start_at",
         horizon,
@@ -254,7 +286,7 @@ pub async fn due_for_reconcile(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
          from activities
          where state = 'published' and start_at <= $1 and end_at > $2 order by id",
         horizon,
@@ -317,12 +349,20 @@ pub async fn bump_load_epoch_if_fenced(
         "update activities set load_epoch = load_epoch + 1
          where id = $1 and last_fence_token = $2
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
         id,
         token
     )
     .fetch_optional(db)
     .await
+}
+
+/// The sale's bucket count (1 when there is no such activity: nothing is loaded for it).
+pub async fn bucket_count(db: impl PgExecutor<'_>, id: i64) -> Result<u32, sqlx::Error> {
+    let n = sqlx::query_scalar!("select buckets from activities where id = $1", id)
+        .fetch_optional(db)
+        .await?;
+    Ok(n.and_then(|n| u32::try_from(n).ok()).unwrap_or(1).max(1))
 }
 
 /// The newest fencing token the row accepted (`None`: no such activity).
@@ -379,6 +419,7 @@ pub struct Change<'a> {
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
     pub config_version: i64,
+    pub buckets: i32,
 }
 
 /// Writes an admin change, in the caller's transaction (after the fence).
@@ -391,10 +432,10 @@ pub async fn apply_change(
         Activity,
         "update activities set title = $2, total_stock = $3,
              remaining_stock = remaining_stock + $4, per_order_limit = $5,
-             start_at = $6, end_at = $7, config_version = $8, updated_at = now()
+             start_at = $6, end_at = $7, config_version = $8, buckets = $9, updated_at = now()
          where id = $1
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
         id,
         c.title,
         c.total_stock,
@@ -402,7 +443,8 @@ pub async fn apply_change(
         c.per_order_limit,
         c.start_at,
         c.end_at,
-        c.config_version
+        c.config_version,
+        c.buckets
     )
     .fetch_one(conn)
     .await

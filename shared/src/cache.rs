@@ -80,6 +80,11 @@ impl Redis {
         crate::keys::Keys::new(&self.prefix, activity_id)
     }
 
+    /// The keys of one bucket of an activity under this handle's prefix.
+    pub fn bucket_keys(&self, bucket: crate::keys::Bucket) -> crate::keys::Keys {
+        crate::keys::Keys::of(&self.prefix, bucket)
+    }
+
     /// Runs a script invocation within the timeout.
     pub async fn script<T: FromRedisValue>(
         &self,

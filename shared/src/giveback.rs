@@ -80,15 +80,9 @@ pub fn compensation_for(why: Option<&str>) -> Compensation {
 pub async fn apply(redis: &Redis, row: &Order) -> Result<Option<i64>, CacheError> {
     if OrderStatus::parse(&row.status) == Some(OrderStatus::Failed) {
         let mode = compensation_for(row.failure_reason.as_deref());
-        sale::compensate(redis, row.activity_id, &row.user_id, row.request_id, mode).await
+        sale::compensate(redis, row.home(), &row.user_id, row.request_id, mode).await
     } else {
-        sale::settle(
-            redis,
-            row.activity_id,
-            &row.user_id,
-            &row.request_id.to_string(),
-        )
-        .await?;
+        sale::settle(redis, row.home(), &row.user_id, &row.request_id.to_string()).await?;
         Ok(None)
     }
 }
@@ -130,8 +124,7 @@ pub async fn give_back(
         Claim::Won => {
             crate::pause::point("giveback.after_claim", r.activity_id).await;
             let mode = compensation_for(Some(why));
-            let units =
-                sale::compensate(redis, r.activity_id, &r.user_id, r.request_id, mode).await?;
+            let units = sale::compensate(redis, r.home(), &r.user_id, r.request_id, mode).await?;
             GiveBack::GivenBack(units)
         }
         Claim::Decided(row) => {
@@ -146,7 +139,7 @@ pub async fn give_back(
         Claim::UnknownActivity => {
             let units = sale::compensate(
                 redis,
-                r.activity_id,
+                r.home(),
                 &r.user_id,
                 r.request_id,
                 Compensation::Full,

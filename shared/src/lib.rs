@@ -32,6 +32,7 @@
 
 pub mod activity;
 pub mod auth;
+pub mod buckets;
 pub mod cache;
 pub mod config;
 pub mod db;

@@ -82,6 +82,7 @@ pub async fn cancel_order(
     }
     let attempt = CancelAttempt {
         activity_id: order.activity_id,
+        buckets: order.home().count,
         user_id: order.user_id.as_str(),
         order_id: order.id,
         request_id: order.request_id,
@@ -100,12 +101,8 @@ pub async fn cancel_order(
             if epoch.is_some() {
                 // The database is the system of record and holds the cancel now: a Redis hiccup
                 // here leaves the `c` entry for reconcile, it does not undo the cancel.
-                let finished = sale::cancel_finish(
-                    redis,
-                    attempt.activity_id,
-                    attempt.user_id,
-                    attempt.cancel_id,
-                );
+                let finished =
+                    sale::cancel_finish(redis, attempt.home(), attempt.user_id, attempt.cancel_id);
                 if let Err(e) = finished.await {
                     tracing::warn!(error = %e, "cancel committed; redis half left to reconcile");
                 }
@@ -130,7 +127,7 @@ async fn already_final(redis: &Redis, order: &Order) -> Result<Option<CancelOutc
         Some(OrderStatus::Cancelled) => {
             // Finishes the committed attempt's Redis half if a crash left it (guarded by its id).
             if let Some(cancel_id) = order.cancel_id {
-                sale::cancel_finish(redis, order.activity_id, &order.user_id, cancel_id).await?;
+                sale::cancel_finish(redis, order.home(), &order.user_id, cancel_id).await?;
             }
             Ok(Some(CancelOutcome::AlreadyCancelled))
         }
@@ -198,14 +195,14 @@ async fn decided_first(
     attempt: &CancelAttempt<'_>,
     epoch: Option<i64>,
 ) -> Result<CancelOutcome, ApiError> {
-    let (activity_id, user, cancel_id) = (attempt.activity_id, attempt.user_id, attempt.cancel_id);
+    let (user, cancel_id) = (attempt.user_id, attempt.cancel_id);
     let row = crate::order::get(pool, attempt.order_id).await?;
     let status = row.as_ref().map(|o| o.status.clone()).unwrap_or_default();
     if epoch.is_some() {
         if row.as_ref().and_then(|o| o.cancel_id) == Some(cancel_id) {
-            sale::cancel_finish(redis, activity_id, user, cancel_id).await?;
+            sale::cancel_finish(redis, attempt.home(), user, cancel_id).await?;
         } else {
-            sale::settle(redis, activity_id, user, &cancel_id.to_string()).await?;
+            sale::settle(redis, attempt.home(), user, &cancel_id.to_string()).await?;
         }
     }
     if status == OrderStatus::Cancelled.as_str() {
@@ -246,7 +243,7 @@ async fn other_attempt(
     if cancelled().await? {
         return Ok(CancelOutcome::AlreadyCancelled);
     }
-    let entry = sale::ledger_entry(redis, order.activity_id, &order.user_id).await?;
+    let entry = sale::ledger_entry(redis, order.home(), &order.user_id).await?;
     if !entry.is_some_and(|e| e.kind == EntryKind::Cancel && e.order_id == Some(order.id)) {
         // Gone now, or something else: one last look at the row decides.
         return Ok(if cancelled().await? {
@@ -355,10 +352,11 @@ pub async fn pay_order(
 ) -> Result<Order, ApiError> {
     let paid = sqlx::query_as!(
         Order,
-        "update orders set status = 'paid', paid_at = $3, updated_at = $3
+        r#"update orders set status = 'paid', paid_at = $3, updated_at = $3
          where id = $1 and user_id = $2 and status = 'confirmed'
          returning id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                   created_at, updated_at, paid_at, cancelled_at, cancel_id",
+                   created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                   (select buckets from activities a where a.id = orders.activity_id) as "buckets!""#,
         order_id,
         user_id,
         now

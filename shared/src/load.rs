@@ -13,8 +13,10 @@
 //! who bought can buy again in Redis.
 
 use crate::activity::Activity;
+use crate::buckets;
 use crate::cache::{CacheError, Redis};
 use crate::config::Config;
+use crate::keys::Bucket;
 use crate::lock::{self, LockError, LockGuard};
 use crate::order;
 use crate::sale::{self, PreheatOutcome};
@@ -51,7 +53,15 @@ pub async fn load_under_lock(
     let guard = lock::acquire(redis, pool, activity_id, config.lock_ttl, wait).await?;
     let loaded = async {
         // Under the lock nobody else loads: whether Redis holds the sale cannot change.
-        let fresh = sale::loaded_version(redis, activity_id).await?.is_none();
+        let count = crate::activity::bucket_count(pool, activity_id).await?;
+        let fresh = !buckets::all_loaded(redis, activity_id, count).await?;
+        if fresh && !unload_all(redis, activity_id, count, &guard.owner).await? {
+            let row = crate::activity::get(pool, activity_id).await?;
+            return Ok((
+                PreheatOutcome::NotOwner,
+                row.ok_or(sqlx::Error::RowNotFound)?,
+            ));
+        }
         let row = fence_and_read(pool, &guard, fresh).await?;
         crate::pause::point("preheat.before_load", activity_id).await;
         let outcome = load_fenced(redis, pool, &guard.owner, &row, config.expiry_buffer).await?;
@@ -89,10 +99,11 @@ pub async fn fence_and_read(
     Ok(row)
 }
 
-/// Loads `row` for the lock `owner`: when the sale is not in Redis, `users` is rebuilt from
-/// the live orders first (what a lost sale left of its set and ledger goes); then
-/// `lua/preheat.lua` writes stock, meta and expiry. A load from scratch needs a `row` read by
-/// [`fence_and_read`] with a new epoch.
+/// Loads `row` for the lock `owner`: when the sale is not wholly in Redis (a bucket missing,
+/// or loaded with another bucket count), every bucket is unloaded and gets its `users` rebuilt
+/// from the live orders of its users (what a lost sale left of its set and ledger goes); then
+/// `lua/preheat.lua` writes stock, meta and expiry in every bucket. A load from scratch needs
+/// a `row` read by [`fence_and_read`] with a new epoch.
 pub async fn load_fenced(
     redis: &Redis,
     pool: &PgPool,
@@ -100,14 +111,19 @@ pub async fn load_fenced(
     row: &Activity,
     buffer: Duration,
 ) -> Result<PreheatOutcome, LoadError> {
-    if sale::loaded_version(redis, row.id).await?.is_none() {
-        let holders = order::live_holders(pool, row.id).await?;
-        let mut chunks = holders.chunks(REBUILD_CHUNK).peekable();
-        if chunks.peek().is_none() {
-            sale::rebuild_users(redis, row.id, owner, true, &[]).await?;
+    let count = row.bucket_count();
+    if !buckets::all_loaded(redis, row.id, count).await? {
+        if !unload_all(redis, row.id, count, owner).await? {
+            return Ok(PreheatOutcome::NotOwner);
         }
-        for (i, chunk) in chunks.enumerate() {
-            if !sale::rebuild_users(redis, row.id, owner, i == 0, chunk).await? {
+        let holders = order::live_holders(pool, row.id).await?;
+        for bucket in Bucket::all(row.id, count) {
+            let mine: Vec<(String, uuid::Uuid)> = holders
+                .iter()
+                .filter(|(user, _)| Bucket::home(row.id, count, user) == bucket)
+                .cloned()
+                .collect();
+            if !rebuild_bucket(redis, bucket, owner, &mine).await? {
                 return Ok(PreheatOutcome::NotOwner);
             }
         }
@@ -122,6 +138,48 @@ pub async fn load_fenced(
     Ok(sale::preheat(redis, row, buffer, owner).await?)
 }
 
+/// Rebuilds one bucket's `users` from `holders` (its users' live orders), in chunks.
+async fn rebuild_bucket(
+    redis: &Redis,
+    bucket: Bucket,
+    owner: &str,
+    holders: &[(String, uuid::Uuid)],
+) -> Result<bool, CacheError> {
+    if holders.is_empty() {
+        return sale::rebuild_users(redis, bucket, owner, true, &[]).await;
+    }
+    for (i, chunk) in holders.chunks(REBUILD_CHUNK).enumerate() {
+        if !sale::rebuild_users(redis, bucket, owner, i == 0, chunk).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Unloads every bucket of the layout with `count` buckets (`lua/unload.lua`), so that no
+/// purchase runs in any of them until the load from scratch has rebuilt them all: a bucketed
+/// sale is loaded whole. False: not the lock's owner.
+async fn unload_all(
+    redis: &Redis,
+    activity_id: i64,
+    count: u32,
+    owner: &str,
+) -> Result<bool, CacheError> {
+    for bucket in Bucket::all(activity_id, count) {
+        if !sale::unload(redis, bucket, owner).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The sale's layout in Redis is about to change from `old` buckets: unloads all of them (an
+/// admin changing the bucket count, before the database commits the new count). False: not
+/// the lock's owner.
+pub async fn unload_layout(redis: &Redis, guard: &LockGuard, old: u32) -> Result<bool, CacheError> {
+    unload_all(redis, guard.activity_id, old, &guard.owner).await
+}
+
 /// A load from scratch by a holder whose token the database already recorded (an admin change
 /// that found the sale not loaded): the epoch is bumped only while the row still carries the
 /// guard's token, i.e. no newer holder wrote since. `None`: one did; the load is theirs.
@@ -131,6 +189,13 @@ pub async fn load_after_change(
     guard: &LockGuard,
     buffer: Duration,
 ) -> Result<Option<PreheatOutcome>, LoadError> {
+    let count = crate::activity::bucket_count(pool, guard.activity_id).await?;
+    guard.cover(count).await?;
+    if !buckets::all_loaded(redis, guard.activity_id, count).await?
+        && !unload_all(redis, guard.activity_id, count, &guard.owner).await?
+    {
+        return Ok(Some(PreheatOutcome::NotOwner));
+    }
     let row =
         crate::activity::bump_load_epoch_if_fenced(pool, guard.activity_id, guard.token).await?;
     match row {

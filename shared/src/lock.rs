@@ -75,7 +75,7 @@ use crate::error::ApiError;
 use crate::scripts;
 use sqlx::{PgConnection, PgPool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -132,7 +132,13 @@ pub struct LockGuard {
     lost_rx: watch::Receiver<bool>,
     watchdog: Option<JoinHandle<()>>,
     released: bool,
+    /// The lock's key and, in a bucketed sale, its stamp in every other bucket: renewed and
+    /// released together.
+    held: Held,
 }
+
+/// The keys a guard renews and releases: the lock first, then its stamps.
+type Held = Arc<Mutex<Vec<String>>>;
 
 /// Takes the activity's lock, retrying with jittered backoff for up to `wait`.
 ///
@@ -177,13 +183,14 @@ pub async fn acquire(
     };
     let (token, acquired_at) = token;
     tracing::info!(activity_id, token, "lock acquired");
+    let held: Held = Arc::new(Mutex::new(vec![keys.lock.clone()]));
 
     let valid_until_ms = Arc::new(AtomicU64::new(ttl_ms));
     let lost = Arc::new(AtomicBool::new(false));
     let (lost_tx, lost_rx) = watch::channel(false);
     let watchdog = tokio::spawn(watchdog(
         redis.clone(),
-        keys.lock,
+        held.clone(),
         owner.clone(),
         ttl,
         acquired_at,
@@ -191,7 +198,7 @@ pub async fn acquire(
         lost.clone(),
         lost_tx,
     ));
-    Ok(LockGuard {
+    let guard = LockGuard {
         owner,
         token,
         activity_id,
@@ -203,7 +210,13 @@ pub async fn acquire(
         lost_rx,
         watchdog: Some(watchdog),
         released: false,
-    })
+        held,
+    };
+    // Under the lock the bucket count cannot change: stamp the other buckets before the
+    // holder reads the database, so whatever it then writes there is checked against it.
+    let buckets = crate::activity::bucket_count(pool, activity_id).await?;
+    guard.cover(buckets).await?;
+    Ok(guard)
 }
 
 /// A random pause in `[lo, hi)` ms, so that competing admins do not retry in lockstep.
@@ -215,7 +228,7 @@ fn jitter(lo: u64, hi: u64) -> Duration {
 #[allow(clippy::too_many_arguments)]
 async fn watchdog(
     redis: Redis,
-    lock_key: String,
+    held: Held,
     owner: String,
     ttl: Duration,
     acquired_at: Instant,
@@ -225,6 +238,7 @@ async fn watchdog(
 ) {
     let period = (ttl / 3).max(Duration::from_millis(1));
     let ttl_ms = ttl.as_millis().max(1) as u64;
+    let lock_key = held.lock().unwrap_or_else(|p| p.into_inner())[0].clone();
     let mark_lost = |why: &str| {
         tracing::warn!(lock = %lock_key, why, "lock lost");
         lost.store(true, Ordering::SeqCst);
@@ -233,9 +247,8 @@ async fn watchdog(
     loop {
         tokio::time::sleep(period).await;
         let sent = Instant::now();
-        let mut inv = scripts::LOCK_RENEW.prepare_invoke();
-        inv.key(&lock_key).arg(&owner).arg(ttl_ms);
-        match redis.script::<i64>(&inv).await {
+        let keys = held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match renew_all(&redis, &keys, &owner, ttl_ms).await {
             Ok(1) => {
                 // The lease runs from when we *sent* the renewal, not when it was answered.
                 // `fetch_max`: a re-entry sent later may already have extended it further.
@@ -265,7 +278,58 @@ async fn watchdog(
     }
 }
 
+/// Renews the lock and its stamps: 1 when every one is still this owner's, else the first
+/// other answer.
+async fn renew_all(
+    redis: &Redis,
+    keys: &[String],
+    owner: &str,
+    ttl_ms: u64,
+) -> Result<i64, CacheError> {
+    for key in keys {
+        let mut inv = scripts::LOCK_RENEW.prepare_invoke();
+        inv.key(key).arg(owner).arg(ttl_ms);
+        let answer = redis.script::<i64>(&inv).await?;
+        if answer != 1 {
+            return Ok(answer);
+        }
+    }
+    Ok(1)
+}
+
 impl LockGuard {
+    /// Stamps this holder into every bucket of the sale's layout with `buckets` buckets but
+    /// bucket 0, whose lock this is (`lua/lock_stamp.lua`); the stamps are renewed and
+    /// released with the lock. A loader stamps the layout the database names; an admin
+    /// changing the bucket count stamps the new layout before it writes there.
+    /// [`LockError::Lost`]: a newer holder stamped a bucket first.
+    pub async fn cover(&self, buckets: u32) -> Result<(), LockError> {
+        let ttl_ms = self.ttl.as_millis().max(1) as u64;
+        for bucket in crate::keys::Bucket::all(self.activity_id, buckets).skip(1) {
+            let stamp = self.redis.bucket_keys(bucket).lock;
+            if self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&stamp)
+            {
+                continue;
+            }
+            let mut inv = scripts::LOCK_STAMP.prepare_invoke();
+            inv.key(&stamp).arg(&self.owner).arg(ttl_ms).arg(self.token);
+            match self.redis.script::<i64>(&inv).await? {
+                1 => self
+                    .held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(stamp),
+                0 => return Err(LockError::Lost),
+                other => return Err(scripts::unknown_answer("lock_stamp.lua", other).into()),
+            }
+        }
+        Ok(())
+    }
+
     /// True once the watchdog saw the lease lost, or the last confirmed lease has run out
     /// (e.g. nothing renewed it because the process was paused).
     pub fn is_lost(&self) -> bool {
@@ -347,6 +411,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.stop_watchdog();
         self.released = true;
+        release_stamps(&self.redis, &self.held, &self.owner).await?;
         Ok(release(&self.redis, self.activity_id, &self.owner, Release::All).await?)
     }
 }
@@ -416,6 +481,17 @@ async fn release(
     }
 }
 
+/// Deletes this owner's stamps of the lock in the other buckets (owner-checked like the lock).
+async fn release_stamps(redis: &Redis, held: &Held, owner: &str) -> Result<(), CacheError> {
+    let stamps: Vec<String> = held.lock().unwrap_or_else(|p| p.into_inner())[1..].to_vec();
+    for stamp in stamps {
+        let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
+        inv.key(&stamp).arg(owner).arg("all");
+        redis.script::<i64>(&inv).await?;
+    }
+    Ok(())
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_watchdog();
@@ -428,7 +504,11 @@ impl Drop for LockGuard {
             let redis = self.redis.clone();
             let owner = std::mem::take(&mut self.owner);
             let activity_id = self.activity_id;
+            let held = self.held.clone();
             rt.spawn(async move {
+                if let Err(e) = release_stamps(&redis, &held, &owner).await {
+                    tracing::warn!(activity_id, error = %e, "best-effort stamp release failed");
+                }
                 if let Err(e) = release(&redis, activity_id, &owner, Release::All).await {
                     tracing::warn!(activity_id, error = %e, "best-effort lock release failed");
                 }

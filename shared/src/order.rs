@@ -73,14 +73,27 @@ pub struct Order {
     pub cancelled_at: Option<DateTime<Utc>>,
     /// The cancel attempt that committed the cancellation.
     pub cancel_id: Option<Uuid>,
+    /// The sale's bucket count (fixed once it has an order): with the user, it names the
+    /// bucket that holds the order's quota and ledger entries.
+    #[serde(skip)]
+    pub buckets: i32,
+}
+
+impl Order {
+    /// The bucket holding the user's field in `users` and the order's ledger entries.
+    pub fn home(&self) -> crate::keys::Bucket {
+        let count = u32::try_from(self.buckets).unwrap_or(1);
+        crate::keys::Bucket::home(self.activity_id, count, &self.user_id)
+    }
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
-         from orders where id = $1",
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
+         from orders where id = $1"#,
         id
     )
     .fetch_optional(db)
@@ -93,9 +106,10 @@ pub async fn by_request(
 ) -> Result<Option<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
-         from orders where request_id = $1",
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
+         from orders where request_id = $1"#,
         request_id
     )
     .fetch_optional(db)
@@ -111,14 +125,25 @@ pub async fn latest_for_user(
 ) -> Result<Option<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
          from orders where activity_id = $1 and user_id = $2
-         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1",
+         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1"#,
         activity_id,
         user_id
     )
     .fetch_optional(db)
+    .await
+}
+
+/// Whether the activity has any order row (of any status).
+pub async fn exists_for(db: impl PgExecutor<'_>, activity_id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select exists(select 1 from orders where activity_id = $1) as "exists!""#,
+        activity_id
+    )
+    .fetch_one(db)
     .await
 }
 
@@ -212,9 +237,10 @@ pub async fn by_requests(
 ) -> Result<Vec<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
-         from orders where request_id = any($1)",
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
+         from orders where request_id = any($1)"#,
         request_ids
     )
     .fetch_all(db)
@@ -266,10 +292,11 @@ pub async fn unpaid_before(
 ) -> Result<Vec<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
          from orders where status = 'confirmed' and created_at < $1
-         order by created_at limit $2",
+         order by created_at limit $2"#,
         before,
         limit
     )
@@ -336,9 +363,10 @@ pub async fn of_activity(
 ) -> Result<Vec<Order>, sqlx::Error> {
     sqlx::query_as!(
         Order,
-        "select id, request_id, activity_id, user_id, quantity, status, failure_reason,
-                created_at, updated_at, paid_at, cancelled_at, cancel_id
-         from orders where activity_id = $1 order by id",
+        r#"select id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!"
+         from orders where activity_id = $1 order by id"#,
         activity_id
     )
     .fetch_all(db)

@@ -20,6 +20,17 @@ pub struct OrderMessage {
     /// messages from before epochs existed: no check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_epoch: Option<i64>,
+    /// The sale's bucket count the reservation was made under (absent: 1): with the user it
+    /// names the home bucket whose ledger holds the reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<u32>,
+}
+
+impl OrderMessage {
+    /// The bucket whose ledger holds this reservation.
+    pub fn home(&self) -> crate::keys::Bucket {
+        crate::keys::Bucket::home(self.activity_id, self.buckets.unwrap_or(1), &self.user_id)
+    }
 }
 
 /// Builds an SQS client from the standard AWS environment. `AWS_ENDPOINT_URL_SQS` points it

@@ -4,6 +4,7 @@
 
 use crate::activity::Activity;
 use crate::cache::{CacheError, Redis};
+use crate::keys::Bucket;
 use crate::refusal::Refusal;
 use crate::scripts;
 use chrono::{DateTime, Utc};
@@ -11,20 +12,92 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// A purchase `purchase.lua` made: stock decremented, user added, reservation recorded in the
-/// ledger.
+/// ledger (of the user's home bucket).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reservation {
-    /// Units left after this one.
+    /// Units left after this one (in the home bucket).
     pub stock_left: i64,
     /// The Redis server's clock when the script ran: the reservation's time.
     pub now_ms: i64,
     /// The sale's load epoch, for the order message.
     pub epoch: i64,
+    /// The sale's bucket count the reservation was made under, for the order message.
+    pub buckets: u32,
 }
 
-/// Runs the purchase script for one user and quantity. `deadline_ms` is on the Redis server's
-/// clock: a script that only gets to run after it refuses ([`Refusal::Expired`]), so a caller
-/// that timed out and answered 503 leaves nothing behind. [`far_deadline`] never expires.
+/// Units [`borrow`] took from another bucket, for the home bucket's purchase to add to its
+/// stock (once per id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credit {
+    /// The bucket the units came from.
+    pub donor: Bucket,
+    pub id: Uuid,
+    pub units: i64,
+    pub epoch: i64,
+}
+
+/// What `purchase.lua` answered in one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Accepted(Reservation),
+    Refused(Refusal),
+    /// The sale has this many buckets, not the caller's count: ask the right home bucket.
+    Layout(u32),
+    /// A bucketed sale's home bucket holds only `stock` units, fewer than asked, and the user
+    /// is free to buy: borrow from the other buckets and ask again.
+    Short {
+        stock: i64,
+    },
+}
+
+/// Runs the purchase script in one bucket for one user and quantity, adding `credits` to the
+/// bucket's stock first. `deadline_ms` is on the Redis server's clock: a script that only gets
+/// to run after it refuses ([`Refusal::Expired`]), so a caller that timed out and answered 503
+/// leaves nothing behind. [`far_deadline`] never expires. The flag: every credit is in the
+/// bucket's stock (now or before), so the donors' ledger entries can go.
+pub async fn purchase_script(
+    redis: &Redis,
+    home: Bucket,
+    user_id: &str,
+    quantity: i64,
+    request_id: Uuid,
+    deadline_ms: i64,
+    credits: &[Credit],
+) -> Result<(Decision, bool), CacheError> {
+    let k = redis.bucket_keys(home);
+    let mut inv = scripts::PURCHASE.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.users)
+        .key(&k.ledger)
+        .arg(user_id)
+        .arg(quantity)
+        .arg(request_id.to_string())
+        .arg(deadline_ms)
+        .arg(home.count);
+    for c in credits {
+        inv.arg(c.id.to_string()).arg(c.units).arg(c.epoch);
+    }
+    let (code, stock, now_ms, epoch, credited): (i64, i64, i64, i64, i64) =
+        redis.script(&inv).await?;
+    let decision = match code {
+        0 => Decision::Accepted(Reservation {
+            stock_left: stock,
+            now_ms,
+            epoch,
+            buckets: home.count,
+        }),
+        8 => Decision::Layout(u32::try_from(stock).unwrap_or(1).max(1)),
+        9 => Decision::Short { stock },
+        _ => match Refusal::from_script(code, stock, now_ms) {
+            Some(refusal) => Decision::Refused(refusal),
+            None => return Err(scripts::unknown_answer("purchase.lua", code)),
+        },
+    };
+    Ok((decision, credited == 1))
+}
+
+/// Buys for one user in a sale with one bucket, or in a bucketed one whose count is learnt
+/// from bucket 0 (one more round trip): see [`crate::buckets::purchase`].
 pub async fn purchase(
     redis: &Redis,
     activity_id: i64,
@@ -33,27 +106,81 @@ pub async fn purchase(
     request_id: Uuid,
     deadline_ms: i64,
 ) -> Result<Result<Reservation, Refusal>, CacheError> {
-    let k = redis.keys(activity_id);
-    let mut inv = scripts::PURCHASE.prepare_invoke();
+    let buy = crate::buckets::Purchase {
+        activity_id,
+        user_id,
+        quantity,
+        request_id,
+        deadline_ms,
+    };
+    Ok(crate::buckets::purchase(redis, &buy, 1).await?.0)
+}
+
+/// `lua/borrow.lua`: takes units from `donor` for a purchase in `home` that is short of
+/// `need`, under the transfer id `id`. `None`: nothing there (empty, not loaded, or another
+/// layout).
+pub async fn borrow(
+    redis: &Redis,
+    donor: Bucket,
+    home: Bucket,
+    id: Uuid,
+    need: i64,
+) -> Result<Option<Credit>, CacheError> {
+    let k = redis.bucket_keys(donor);
+    let mut inv = scripts::BORROW.prepare_invoke();
     inv.key(&k.meta)
-        .key(&k.users)
         .key(&k.ledger)
-        .arg(user_id)
-        .arg(quantity)
-        .arg(request_id.to_string())
-        .arg(deadline_ms);
-    let (code, stock, now_ms, epoch): (i64, i64, i64, i64) = redis.script(&inv).await?;
-    if code == 0 {
-        return Ok(Ok(Reservation {
-            stock_left: stock,
-            now_ms,
-            epoch,
-        }));
-    }
-    match Refusal::from_script(code, stock, now_ms) {
-        Some(refusal) => Ok(Err(refusal)),
-        None => Err(scripts::unknown_answer("purchase.lua", code)),
-    }
+        .arg(id.to_string())
+        .arg(need)
+        .arg(home.index)
+        .arg(donor.count);
+    let (units, epoch): (i64, i64) = redis.script(&inv).await?;
+    Ok((units > 0).then_some(Credit {
+        donor,
+        id,
+        units,
+        epoch,
+    }))
+}
+
+/// What `lua/credit.lua` answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credited {
+    Now,
+    Before,
+    /// The home bucket is not loaded: a load from scratch is under way or due.
+    NotLoaded,
+    /// The home bucket was loaded again since the units were taken.
+    OtherEpoch,
+}
+
+/// `lua/credit.lua`: puts a transfer's units into its home bucket, once.
+pub async fn credit(
+    redis: &Redis,
+    home: Bucket,
+    id: Uuid,
+    units: i64,
+    epoch: i64,
+) -> Result<Credited, CacheError> {
+    let k = redis.bucket_keys(home);
+    let mut inv = scripts::CREDIT.prepare_invoke();
+    inv.key(&k.meta).arg(id.to_string()).arg(units).arg(epoch);
+    Ok(match redis.script::<i64>(&inv).await? {
+        1 => Credited::Now,
+        2 => Credited::Before,
+        0 => Credited::NotLoaded,
+        3 => Credited::OtherEpoch,
+        other => return Err(scripts::unknown_answer("credit.lua", other)),
+    })
+}
+
+/// `lua/unload.lua`: removes one bucket's meta for the lock `owner`. False: not the owner.
+pub async fn unload(redis: &Redis, at: Bucket, owner: &str) -> Result<bool, CacheError> {
+    let k = redis.bucket_keys(at);
+    let mut inv = scripts::UNLOAD.prepare_invoke();
+    inv.key(&k.meta).key(&k.lock).arg(owner);
+    let done: i64 = redis.script(&inv).await?;
+    scripts::flag("unload.lua", done)
 }
 
 /// A purchase deadline that never passes, for callers with no timeout of their own to honour
@@ -75,12 +202,12 @@ pub enum Compensation {
 /// the ledger no longer holds this request (already settled or compensated).
 pub async fn compensate(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     user_id: &str,
     request_id: Uuid,
     mode: Compensation,
 ) -> Result<Option<i64>, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::COMPENSATE.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.users)
@@ -99,11 +226,11 @@ pub async fn compensate(
 /// database holds the outcome. Returns whether an entry was dropped.
 pub async fn settle(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     user_id: &str,
     id: &str,
 ) -> Result<bool, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SETTLE.prepare_invoke();
     inv.key(&k.ledger).arg(user_id).arg(id);
     let dropped: i64 = redis.script(&inv).await?;
@@ -128,6 +255,8 @@ pub enum CancelBegin {
 #[derive(Clone, Copy, Debug)]
 pub struct CancelAttempt<'a> {
     pub activity_id: i64,
+    /// The sale's bucket count: with the user it names the home bucket the cancel runs in.
+    pub buckets: u32,
     pub user_id: &'a str,
     pub order_id: i64,
     /// The order's request id: its own reservation entry may give way to the cancel.
@@ -137,6 +266,13 @@ pub struct CancelAttempt<'a> {
     pub cancel_id: Uuid,
 }
 
+impl CancelAttempt<'_> {
+    /// The bucket holding the user's quota and ledger entries.
+    pub fn home(&self) -> Bucket {
+        Bucket::home(self.activity_id, self.buckets, self.user_id)
+    }
+}
+
 /// Announces a cancel attempt in the ledger (`c|<cancelId>|qty|ms|<orderId>`). Returns what
 /// the script answered and the sale's load epoch, which the database commit must still find.
 pub async fn cancel_begin(
@@ -144,7 +280,7 @@ pub async fn cancel_begin(
     attempt: &CancelAttempt<'_>,
     now_ms: i64,
 ) -> Result<(CancelBegin, i64), CacheError> {
-    let k = redis.keys(attempt.activity_id);
+    let k = redis.bucket_keys(attempt.home());
     let mut inv = scripts::CANCEL_BEGIN.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.ledger)
@@ -170,11 +306,11 @@ pub async fn cancel_begin(
 /// (the one the order row recorded). Returns the quantity.
 pub async fn cancel_finish(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     user_id: &str,
     cancel_id: Uuid,
 ) -> Result<Option<i64>, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::CANCEL_FINISH.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.users)
@@ -194,9 +330,13 @@ pub enum EntryKind {
     Cancel,
     /// `x|<token>|0|ms`: reconcile's orphan check is looking at this user.
     Check,
+    /// `t|<transferId>|qty|ms|<homeIndex>|<epoch>` under a [`crate::keys::transfer_field`]:
+    /// units taken from this bucket for a purchase in another (`lua/borrow.lua`), not yet
+    /// known to be there.
+    Transfer,
 }
 
-/// One in-flight entry of the ledger, keyed by user.
+/// One in-flight entry of the ledger, keyed by user (or, for a transfer, by its field).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerEntry {
     pub user_id: String,
@@ -208,6 +348,8 @@ pub struct LedgerEntry {
     pub at_ms: i64,
     /// The order a cancel entry is about.
     pub order_id: Option<i64>,
+    /// A transfer's home bucket index and the load epoch it was taken in.
+    pub transfer: Option<(u32, i64)>,
 }
 
 impl LedgerEntry {
@@ -217,6 +359,7 @@ impl LedgerEntry {
             "r" => EntryKind::Reservation,
             "c" => EntryKind::Cancel,
             "x" => EntryKind::Check,
+            "t" => EntryKind::Transfer,
             _ => return None,
         };
         let id = parts.next()?.to_string();
@@ -226,6 +369,10 @@ impl LedgerEntry {
             EntryKind::Cancel => Some(parts.next()?.parse().ok()?),
             _ => None,
         };
+        let transfer = match kind {
+            EntryKind::Transfer => Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?)),
+            _ => None,
+        };
         Some(Self {
             user_id: user_id.to_string(),
             kind,
@@ -233,12 +380,20 @@ impl LedgerEntry {
             quantity,
             at_ms,
             order_id,
+            transfer,
         })
     }
 
     /// The reservation's request id, when this is a reservation.
     pub fn request_id(&self) -> Option<Uuid> {
         (self.kind == EntryKind::Reservation)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The transfer's id, when this is a transfer.
+    pub fn transfer_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Transfer)
             .then(|| self.id.parse().ok())
             .flatten()
     }
@@ -254,10 +409,10 @@ impl LedgerEntry {
 /// The user's ledger entry, if any.
 pub async fn ledger_entry(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     user_id: &str,
 ) -> Result<Option<LedgerEntry>, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let value: Option<String> = redis
         .cmd(redis::cmd("HGET").arg(&k.ledger).arg(user_id))
         .await?;
@@ -286,6 +441,15 @@ impl Snapshot {
             .sum()
     }
 
+    /// Units taken from this bucket for another, not yet known to be there.
+    pub fn transfer_quantity(&self) -> i64 {
+        self.ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Transfer)
+            .map(|e| e.quantity)
+            .sum()
+    }
+
     pub fn pending_count(&self) -> usize {
         self.ledger
             .iter()
@@ -294,8 +458,8 @@ impl Snapshot {
     }
 }
 
-pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, CacheError> {
-    let k = redis.keys(activity_id);
+pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, CacheError> {
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
     inv.key(&k.meta).key(&k.users).key(&k.ledger);
     let (loaded, stock, participants, flat, seq): (i64, i64, i64, Vec<String>, i64) =
@@ -317,8 +481,8 @@ pub async fn snapshot(redis: &Redis, activity_id: i64) -> Result<Snapshot, Cache
 }
 
 /// Units left in Redis, `None` when the activity is not loaded.
-pub async fn stock(redis: &Redis, activity_id: i64) -> Result<Option<i64>, CacheError> {
-    let k = redis.keys(activity_id);
+pub async fn stock(redis: &Redis, at: impl Into<Bucket>) -> Result<Option<i64>, CacheError> {
+    let k = redis.bucket_keys(at.into());
     redis
         .cmd(redis::cmd("HGET").arg(&k.meta).arg("stock"))
         .await
@@ -334,10 +498,10 @@ pub struct SaleView {
     pub stock: i64,
 }
 
-/// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it).
-/// `None` when Redis does
-/// not hold the whole view: the sale is not loaded (before preheat, after its keys expired),
-/// or its meta was written before the meta carried the title.
+/// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it), and
+/// in a bucketed sale one HGET of each other bucket's stock. `None` when Redis does not hold
+/// the whole view: the sale is not loaded (before preheat, after its keys expired), or its
+/// meta was written before the meta carried the title.
 pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, CacheError> {
     let k = redis.keys(activity_id);
     let mut cmd = redis::cmd("HMGET");
@@ -345,13 +509,26 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, C
         .arg("title")
         .arg("startMs")
         .arg("endMs")
-        .arg("stock");
-    let (title, start_ms, end_ms, stock): (Option<String>, Option<i64>, Option<i64>, Option<i64>) =
-        redis.cmd(&cmd).await?;
-    let (Some(title), Some(start_ms), Some(end_ms), Some(stock)) = (title, start_ms, end_ms, stock)
+        .arg("stock")
+        .arg("buckets");
+    let (title, start_ms, end_ms, stock, buckets): (
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<u32>,
+    ) = redis.cmd(&cmd).await?;
+    let (Some(title), Some(start_ms), Some(end_ms), Some(mut stock)) =
+        (title, start_ms, end_ms, stock)
     else {
         return Ok(None);
     };
+    for other in Bucket::all(activity_id, buckets.unwrap_or(1)).skip(1) {
+        match self::stock(redis, other).await? {
+            Some(s) => stock += s.max(0),
+            None => return Ok(None),
+        }
+    }
     let at = |ms| DateTime::<Utc>::from_timestamp_millis(ms);
     let (Some(start_at), Some(end_at)) = (at(start_ms), at(end_ms)) else {
         return Ok(None);
@@ -375,21 +552,49 @@ pub enum PreheatOutcome {
 }
 
 /// Loads one activity into Redis (stock from the DB's remaining stock), idempotently, for the
-/// holder `owner` of its lock. The caller read `activity` after taking the lock and recording
-/// its fencing token (see [`crate::load`]).
+/// holder `owner` of its lock: every bucket of its layout, each with its share of the stock
+/// (`lua/preheat.lua` per bucket; a bucket already loaded keeps its stock). The caller read
+/// `activity` after taking the lock and recording its fencing token (see [`crate::load`]).
+/// The outcome is the whole sale's: `NotOwner` if any bucket refused, else `Loaded` if any
+/// bucket was loaded now, else `MetaRefreshed` if any meta was, else `AlreadyLoaded`.
 pub async fn preheat(
     redis: &Redis,
     activity: &Activity,
     buffer: Duration,
     owner: &str,
 ) -> Result<PreheatOutcome, CacheError> {
-    let k = redis.keys(activity.id);
+    let count = activity.bucket_count();
+    let shares = crate::buckets::split(i64::from(activity.remaining_stock), count);
+    let mut whole = PreheatOutcome::AlreadyLoaded;
+    for (bucket, share) in Bucket::all(activity.id, count).zip(shares) {
+        let outcome = preheat_bucket(redis, bucket, activity, share, buffer, owner).await?;
+        whole = match (whole, outcome) {
+            (_, PreheatOutcome::NotOwner) => return Ok(PreheatOutcome::NotOwner),
+            (PreheatOutcome::Loaded, _) | (_, PreheatOutcome::Loaded) => PreheatOutcome::Loaded,
+            (PreheatOutcome::MetaRefreshed, _) | (_, PreheatOutcome::MetaRefreshed) => {
+                PreheatOutcome::MetaRefreshed
+            }
+            _ => PreheatOutcome::AlreadyLoaded,
+        };
+    }
+    Ok(whole)
+}
+
+async fn preheat_bucket(
+    redis: &Redis,
+    bucket: Bucket,
+    activity: &Activity,
+    stock: i64,
+    buffer: Duration,
+    owner: &str,
+) -> Result<PreheatOutcome, CacheError> {
+    let k = redis.bucket_keys(bucket);
     let mut inv = scripts::PREHEAT.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.lock)
-        .arg(activity.remaining_stock)
+        .arg(stock)
         .arg(activity.total_stock)
         .arg(activity.start_at.timestamp_millis())
         .arg(activity.end_at.timestamp_millis())
@@ -398,7 +603,8 @@ pub async fn preheat(
         .arg(activity.expire_at(buffer).timestamp_millis())
         .arg(owner)
         .arg(activity.load_epoch)
-        .arg(&activity.title);
+        .arg(&activity.title)
+        .arg(bucket.count);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         0 => PreheatOutcome::AlreadyLoaded,
@@ -441,13 +647,13 @@ pub struct SaleMeta {
 /// the stock `delta` and the new `meta`, once per `change` id.
 pub async fn adjust(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     owner: &str,
     delta: i64,
     meta: &SaleMeta,
     change: &str,
 ) -> Result<Adjust, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::ADJUST.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.lock)
@@ -474,8 +680,11 @@ pub async fn adjust(
 }
 
 /// The config version Redis holds for the activity, `None` when it is not loaded.
-pub async fn loaded_version(redis: &Redis, activity_id: i64) -> Result<Option<i64>, CacheError> {
-    let k = redis.keys(activity_id);
+pub async fn loaded_version(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+) -> Result<Option<i64>, CacheError> {
+    let k = redis.bucket_keys(at.into());
     redis
         .cmd(redis::cmd("HGET").arg(&k.meta).arg("version"))
         .await
@@ -484,8 +693,8 @@ pub async fn loaded_version(redis: &Redis, activity_id: i64) -> Result<Option<i6
 /// Whether `users` and the ledger both hold their [`SENTINEL`](crate::keys::SENTINEL) field,
 /// as `lua/preheat.lua` leaves them: a sale loaded without them (or whose hash was lost) is
 /// given them back by the next preheat.
-pub async fn has_sentinels(redis: &Redis, activity_id: i64) -> Result<bool, CacheError> {
-    let k = redis.keys(activity_id);
+pub async fn has_sentinels(redis: &Redis, at: impl Into<Bucket>) -> Result<bool, CacheError> {
+    let k = redis.bucket_keys(at.into());
     for key in [&k.users, &k.ledger] {
         let there: bool = redis
             .cmd(redis::cmd("HEXISTS").arg(key).arg(crate::keys::SENTINEL))
@@ -503,12 +712,12 @@ pub async fn has_sentinels(redis: &Redis, activity_id: i64) -> Result<bool, Cach
 /// loaded).
 pub async fn rebuild_users(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     owner: &str,
     first: bool,
     holders: &[(String, Uuid)],
 ) -> Result<bool, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::REBUILD_USERS.prepare_invoke();
     inv.key(&k.users)
         .key(&k.ledger)
@@ -526,12 +735,12 @@ pub async fn rebuild_users(
 /// `lua/mark_users.lua`: marks the candidates of an orphan check; returns those marked.
 pub async fn mark_users(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     token: &str,
     now_ms: i64,
     users: &[String],
 ) -> Result<Vec<String>, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::MARK_USERS.prepare_invoke();
     inv.key(&k.users).key(&k.ledger).arg(token).arg(now_ms);
     for u in users {
@@ -544,12 +753,12 @@ pub async fn mark_users(
 /// `drop`, the user, both only while the mark is still there. Returns whether the user went.
 pub async fn drop_user(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     user: &str,
     token: &str,
     drop: bool,
 ) -> Result<bool, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::DROP_USER.prepare_invoke();
     inv.key(&k.users)
         .key(&k.ledger)
@@ -564,12 +773,12 @@ pub async fn drop_user(
 /// empty and the stock sequence still `observed_seq`.
 pub async fn fix_stock(
     redis: &Redis,
-    activity_id: i64,
+    at: impl Into<Bucket>,
     owner: &str,
     observed_seq: i64,
     target: i64,
 ) -> Result<bool, CacheError> {
-    let k = redis.keys(activity_id);
+    let k = redis.bucket_keys(at.into());
     let mut inv = scripts::FIX_STOCK.prepare_invoke();
     inv.key(&k.meta)
         .key(&k.ledger)
@@ -609,6 +818,16 @@ mod tests {
         assert!(c.cancel_id().is_some() && c.request_id().is_none());
         let x = LedgerEntry::parse("carol", "x|tok|0|1900").unwrap();
         assert_eq!((x.kind, x.id.as_str()), (EntryKind::Check, "tok"));
+        let t = LedgerEntry::parse(
+            " transfer:6f1c1a2e-0000-4000-8000-000000000003",
+            "t|6f1c1a2e-0000-4000-8000-000000000003|4|2000|2|7",
+        )
+        .unwrap();
+        assert_eq!(
+            (t.kind, t.quantity, t.transfer),
+            (EntryKind::Transfer, 4, Some((2, 7)))
+        );
+        assert!(t.transfer_id().is_some() && t.request_id().is_none());
         assert!(LedgerEntry::parse("x", "garbage").is_none());
     }
 }

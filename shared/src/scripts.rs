@@ -30,6 +30,10 @@ script!(FIX_STOCK, "fix_stock.lua");
 script!(DROP_USER, "drop_user.lua");
 script!(MARK_USERS, "mark_users.lua");
 script!(REBUILD_USERS, "rebuild_users.lua");
+script!(BORROW, "borrow.lua");
+script!(CREDIT, "credit.lua");
+script!(UNLOAD, "unload.lua");
+script!(LOCK_STAMP, "lock_stamp.lua");
 
 /// A script answered a code its wrapper does not know: the script and its wrapper disagree.
 /// That is a bug to surface, never a default outcome.

@@ -170,6 +170,19 @@ impl TestEnv {
         start_at: DateTime<Utc>,
         end_at: DateTime<Utc>,
     ) -> anyhow::Result<Activity> {
+        self.sale_in_buckets(stock, limit, start_at, end_at, 1)
+            .await
+    }
+
+    /// [`Env::sale`] with its stock in `buckets` buckets.
+    pub async fn sale_in_buckets(
+        &self,
+        stock: i64,
+        limit: i64,
+        start_at: DateTime<Utc>,
+        end_at: DateTime<Utc>,
+        buckets: u32,
+    ) -> anyhow::Result<Activity> {
         let a = activity::insert(
             &self.pool,
             &NewActivity {
@@ -178,6 +191,7 @@ impl TestEnv {
                 per_order_limit: limit,
                 start_at,
                 end_at,
+                buckets: Some(i64::from(buckets)),
             },
         )
         .await?;
@@ -188,12 +202,23 @@ impl TestEnv {
 
     /// A sale that is open now (started a minute ago, ends in an hour).
     pub async fn open_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
+        self.open_sale_in_buckets(stock, limit, 1).await
+    }
+
+    /// [`Env::open_sale`] with its stock in `buckets` buckets.
+    pub async fn open_sale_in_buckets(
+        &self,
+        stock: i64,
+        limit: i64,
+        buckets: u32,
+    ) -> anyhow::Result<Activity> {
         let now = Utc::now();
-        self.sale(
+        self.sale_in_buckets(
             stock,
             limit,
             now - ChronoDuration::minutes(1),
             now + ChronoDuration::hours(1),
+            buckets,
         )
         .await
     }

@@ -701,6 +701,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
                     quantity: 1,
                     reserved_at_ms: now_ms,
                     load_epoch: Some(epoch),
+                    buckets: None,
                 };
                 queue.send(&m).await.unwrap();
                 true

@@ -515,6 +515,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             per_order_limit: 1,
             start_at: now - hour * 2,
             end_at: now - hour,
+            buckets: None,
         },
     )
     .await?;

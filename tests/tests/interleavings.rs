@@ -594,6 +594,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
             per_order_limit: 1,
             start_at: now - ChronoDuration::seconds(1),
             end_at: now + ChronoDuration::hours(1),
+            buckets: None,
         },
     )
     .await?;
@@ -631,6 +632,7 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
                 per_order_limit: 1,
                 start_at: start,
                 end_at: end,
+                buckets: None,
             },
         )
         .await?;
@@ -679,6 +681,7 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
             per_order_limit: 1,
             start_at: now + ChronoDuration::minutes(10),
             end_at: now + ChronoDuration::hours(1),
+            buckets: None,
         },
     )
     .await?;

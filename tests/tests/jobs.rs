@@ -64,6 +64,7 @@ async fn insert_activity(
             per_order_limit: 5,
             start_at,
             end_at,
+            buckets: None,
         },
     )
     .await?)
@@ -393,6 +394,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         request_id: rid,
         quantity: 2,
         cancel_id: alice_cancel,
+        buckets: 1,
     };
     let (begun, _) = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(begun, CancelBegin::Recorded);
@@ -409,6 +411,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         request_id: rid,
         quantity: 1,
         cancel_id: Uuid::now_v7(),
+        buckets: 1,
     };
     sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(redis_stock(&env, a.id).await, Some(7));

@@ -231,6 +231,7 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             per_order_limit: 1,
             start_at: now - chrono::Duration::minutes(1),
             end_at: now + chrono::Duration::hours(1),
+            buckets: None,
         },
     )
     .await?;

@@ -347,6 +347,7 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(
         request_id: order.request_id,
         quantity: 3,
         cancel_id,
+        buckets: 1,
     };
     sale::cancel_begin(&w.env.redis, &attempt, now.timestamp_millis())
         .await
@@ -433,6 +434,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
         quantity: 1,
         reserved_at_ms: 0,
         load_epoch: None,
+        buckets: None,
     };
     assert!(order::insert_failed(&w.env.pool, &refused, reason::SOLD_OUT).await?);
     let me = w.me("bob").await;

@@ -29,6 +29,7 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
             per_order_limit: 1,
             start_at: now - ChronoDuration::minutes(1),
             end_at: now + ChronoDuration::hours(1),
+            buckets: None,
         },
     )
     .await?;

@@ -149,6 +149,7 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
             per_order_limit: 1,
             start_at: now + chrono::Duration::days(7),
             end_at: now + chrono::Duration::days(8),
+            buckets: None,
         },
     )
     .await?;

@@ -66,9 +66,10 @@ use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
 use seckill_shared::auth::Admin;
 use seckill_shared::error::ErrorBody;
 use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody};
+use seckill_shared::keys::Bucket;
 use seckill_shared::lock::{self, LockError, LockGuard};
 use seckill_shared::sale::{self, Adjust, SaleMeta};
-use seckill_shared::{load, order, ApiError, Config, Deps};
+use seckill_shared::{buckets, load, order, ApiError, Config, Deps};
 use serde::Serialize;
 use std::collections::HashMap;
 use utoipa_axum::router::OpenApiRouter;
@@ -203,7 +204,7 @@ pub async fn update_activity(
 ) -> Result<Activity, ApiError> {
     if patch.is_empty() {
         return Err(ApiError::BadRequest(
-            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt"
+            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt, buckets"
                 .into(),
         ));
     }
@@ -251,6 +252,7 @@ struct Merged {
     per_order_limit: i64,
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
+    buckets: i64,
 }
 
 fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> {
@@ -267,6 +269,7 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
             .unwrap_or(current.per_order_limit as i64),
         start_at: patch.start_at.unwrap_or(current.start_at),
         end_at: patch.end_at.unwrap_or(current.end_at),
+        buckets: patch.buckets.unwrap_or(current.buckets as i64),
     };
     activity::validate_fields(
         &merged.title,
@@ -275,6 +278,7 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
         merged.start_at,
         merged.end_at,
     )?;
+    activity::validate_buckets(merged.buckets)?;
     Ok(merged)
 }
 
@@ -293,16 +297,98 @@ fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
     }
 }
 
-/// `adjust.lua` for the holder of `guard`.
+/// What `adjust.lua` added to each bucket (negative: took), for a revert.
+type Plan = Vec<(Bucket, i64)>;
+
+/// `adjust.lua` for the holder of `guard`, in every bucket of a sale with `buckets` buckets:
+/// the new meta everywhere, and the stock `delta` spread over them. A raise is split evenly;
+/// a lower takes from the buckets that hold the most, re-reading a bucket that refused (its
+/// buyers took units meanwhile), and is refused whole, with what it took put back, when the
+/// buckets together hold less than it takes.
 async fn adjust(
     state: &AdminState,
     guard: &LockGuard,
+    buckets: u32,
     delta: i64,
     meta: &SaleMeta,
     change: &str,
-) -> Result<Adjust, ApiError> {
-    let id = guard.activity_id;
-    Ok(sale::adjust(&state.redis, id, &guard.owner, delta, meta, change).await?)
+) -> Result<(Adjust, Plan), ApiError> {
+    let (redis, owner, id) = (&state.redis, &guard.owner, guard.activity_id);
+    if buckets <= 1 || delta >= 0 {
+        let shares = buckets::split(delta, buckets);
+        let mut plan = Plan::new();
+        for (bucket, share) in Bucket::all(id, buckets).zip(shares) {
+            match sale::adjust(redis, bucket, owner, share, meta, change).await? {
+                Adjust::Applied => plan.push((bucket, share)),
+                other => return Ok((other, plan)),
+            }
+        }
+        return Ok((Adjust::Applied, plan));
+    }
+    let mut plan = Plan::new();
+    let mut left = -delta;
+    for pass in 0..3 {
+        if left == 0 {
+            break;
+        }
+        let stocks = buckets::stocks(redis, id, buckets).await?;
+        let mut by_stock: Vec<(Bucket, i64)> = Bucket::all(id, buckets)
+            .zip(stocks)
+            .map(|(b, s)| (b, s.unwrap_or(0)))
+            .collect();
+        by_stock.sort_by_key(|(_, s)| -s);
+        for (bucket, stock) in by_stock {
+            let take = stock.min(left);
+            if take <= 0 {
+                continue;
+            }
+            let step = format!("{change}-{pass}");
+            match sale::adjust(redis, bucket, owner, -take, meta, &step).await? {
+                Adjust::Applied => {
+                    left -= take;
+                    plan.push((bucket, -take));
+                }
+                Adjust::WouldGoNegative { .. } => {}
+                other => return Ok((other, plan)),
+            }
+        }
+    }
+    if left > 0 {
+        let held = buckets::stock(redis, id, buckets).await?.unwrap_or(0);
+        revert(state, guard, &plan, meta, &format!("{change}-undo")).await;
+        return Ok((Adjust::WouldGoNegative { stock: held }, Plan::new()));
+    }
+    // The new meta in the buckets the lower took nothing from.
+    for bucket in Bucket::all(id, buckets) {
+        if plan.iter().any(|(b, _)| *b == bucket) {
+            continue;
+        }
+        match sale::adjust(redis, bucket, owner, 0, meta, change).await? {
+            Adjust::Applied => plan.push((bucket, 0)),
+            other => return Ok((other, plan)),
+        }
+    }
+    Ok((Adjust::Applied, plan))
+}
+
+/// Gives every bucket of `plan` back what the plan took (or takes back what it added).
+async fn revert(state: &AdminState, guard: &LockGuard, plan: &Plan, meta: &SaleMeta, change: &str) {
+    for (i, (bucket, added)) in plan.iter().enumerate() {
+        if *added == 0 {
+            continue;
+        }
+        let step = format!("{change}-{i}");
+        let reverted = sale::adjust(&state.redis, *bucket, &guard.owner, -added, meta, &step).await;
+        if !matches!(reverted, Ok(Adjust::Applied)) {
+            tracing::error!(
+                activity_id = guard.activity_id,
+                bucket = bucket.index,
+                added,
+                ?reverted,
+                "could not give Redis its units back; reconcile will repair"
+            );
+        }
+    }
 }
 
 /// One merge update, computed from the row as the fenced transaction read it.
@@ -339,6 +425,7 @@ impl Change {
             per_order_limit: a.per_order_limit as i64,
             start_at: a.start_at,
             end_at: a.end_at,
+            buckets: a.buckets as i64,
         }
     }
 }
@@ -362,11 +449,53 @@ pub async fn update_with_guard(
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     let change = Change::new(current, patch)?;
+    if change.merged.buckets != change.before.buckets as i64 {
+        relayout(state, guard, &mut tx, &change).await?;
+        let updated =
+            write_update(&mut tx, id, &change.merged, change.delta, change.version).await?;
+        tx.commit().await?;
+        return loaded_if_due(state, guard, Adjust::NotLoaded, updated).await;
+    }
     if change.delta < 0 {
         lower(state, guard, tx, change).await
     } else {
         raise(state, guard, tx, change).await
     }
+}
+
+/// A new bucket count: only before the sale starts (by the window before and after the
+/// change) and while it has no order, since a user's home bucket, which holds their quota, is
+/// a function of the count. Every bucket of the old layout is unloaded first (no purchase can
+/// run before the start anyway); the caller commits the new count and loads the new layout
+/// from scratch, so Redis never holds buckets of a layout the database does not name.
+async fn relayout(
+    state: &AdminState,
+    guard: &LockGuard,
+    tx: &mut sqlx::PgConnection,
+    change: &Change,
+) -> Result<(), ApiError> {
+    let now = Utc::now();
+    if now >= change.before.start_at || now >= change.merged.start_at {
+        return Err(ApiError::Conflict(
+            "buckets can change only before the sale starts".into(),
+        ));
+    }
+    if order::exists_for(&mut *tx, guard.activity_id).await? {
+        return Err(ApiError::Conflict(
+            "buckets cannot change once the sale has an order".into(),
+        ));
+    }
+    let old = change.before.bucket_count();
+    if !load::unload_layout(&state.redis, guard, old).await? {
+        return Err(LockError::Lost.into());
+    }
+    tracing::info!(
+        activity_id = guard.activity_id,
+        from = old,
+        to = change.merged.buckets,
+        "bucket count changed; the old layout is unloaded"
+    );
+    Ok(())
 }
 
 /// Lowering: Redis first, so units already reserved there are never taken back.
@@ -378,7 +507,16 @@ async fn lower(
 ) -> Result<Activity, ApiError> {
     let (id, delta) = (guard.activity_id, change.delta);
     let new_meta = sale_meta(state, &change.merged, change.version);
-    let adjusted = adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await?;
+    let buckets = change.before.bucket_count();
+    let (adjusted, plan) = adjust(
+        state,
+        guard,
+        buckets,
+        delta,
+        &new_meta,
+        &guard.token.to_string(),
+    )
+    .await?;
     match adjusted {
         Adjust::Applied | Adjust::NotLoaded => {}
         Adjust::NotOwner => return Err(LockError::Lost.into()),
@@ -404,7 +542,7 @@ async fn lower(
     .await;
     match committed {
         Ok(updated) => loaded_if_due(state, guard, adjusted, updated).await,
-        Err(e) => after_failed_lower(state, guard, &change, adjusted, e).await,
+        Err(e) => after_failed_lower(state, guard, &change, adjusted, &plan, e).await,
     }
 }
 
@@ -415,6 +553,7 @@ async fn after_failed_lower(
     guard: &LockGuard,
     change: &Change,
     adjusted: Adjust,
+    plan: &Plan,
     e: sqlx::Error,
 ) -> Result<Activity, ApiError> {
     let (id, delta) = (guard.activity_id, change.delta);
@@ -432,17 +571,16 @@ async fn after_failed_lower(
     }
     if adjusted == Adjust::Applied {
         let old_meta = sale_meta(state, &change.before_merged(), change.before.config_version);
-        let revert = format!("{}-revert", guard.token);
-        let reverted = adjust(state, guard, -delta, &old_meta, &revert).await;
-        if !matches!(reverted, Ok(Adjust::Applied)) {
-            tracing::error!(
-                activity_id = id,
-                delta,
-                ?reverted,
-                "could not give Redis its units back; reconcile will repair"
-            );
-        }
+        revert(
+            state,
+            guard,
+            plan,
+            &old_meta,
+            &format!("{}-revert", guard.token),
+        )
+        .await;
     }
+    tracing::warn!(activity_id = id, delta, error = %e, "lower not committed; redis given its units back");
     Err(e.into())
 }
 
@@ -457,7 +595,10 @@ async fn raise(
     let updated = write_update(&mut tx, id, &change.merged, delta, change.version).await?;
     tx.commit().await?;
     let new_meta = sale_meta(state, &change.merged, change.version);
-    match adjust(state, guard, delta, &new_meta, &guard.token.to_string()).await {
+    let buckets = change.before.bucket_count();
+    let change_id = guard.token.to_string();
+    let adjusted = adjust(state, guard, buckets, delta, &new_meta, &change_id).await;
+    match adjusted.map(|(a, _)| a) {
         Ok(adjusted @ (Adjust::Applied | Adjust::NotLoaded)) => {
             loaded_if_due(state, guard, adjusted, updated).await
         }
@@ -513,6 +654,7 @@ async fn write_update(
         start_at: m.start_at,
         end_at: m.end_at,
         config_version: version,
+        buckets: m.buckets as i32,
     };
     activity::apply_change(tx, id, &change).await
 }
@@ -536,10 +678,16 @@ pub struct Stats {
     pub redis_stock: Option<i64>,
     pub pending_count: i64,
     pub pending_quantity: i64,
+    /// Units on their way between two buckets of a bucketed sale (taken from one, not yet
+    /// known to be in the other).
+    pub transfer_quantity: i64,
     pub confirmed_quantity: i64,
     pub participants: i64,
-    /// `redis_stock + pending + confirmed - total`: 0 when stock is conserved; `None` when not
-    /// loaded.
+    /// Each bucket's Redis stock, bucket 0 first (one entry for a sale with one bucket;
+    /// `None` for a bucket not loaded).
+    pub bucket_stock: Vec<Option<i64>>,
+    /// `redis_stock + pending + transfers + confirmed - total`: 0 when stock is conserved;
+    /// `None` when not loaded.
     pub drift: Option<i64>,
 }
 
@@ -583,18 +731,23 @@ pub async fn activity_detail(state: &AdminState, id: i64) -> Result<ActivityDeta
     let activity = activity::get(&state.pool, id)
         .await?
         .ok_or_else(|| not_found(id))?;
-    let snap = sale::snapshot(&state.redis, id).await?;
+    let snaps = buckets::snapshots(&state.redis, id, activity.bucket_count()).await?;
     let confirmed = order::sold_quantity(&state.pool, id).await?;
-    let redis_stock = if snap.loaded { snap.stock } else { None };
-    let pending = snap.pending_quantity();
+    let loaded = snaps.iter().all(|(_, s)| s.loaded);
+    let redis_stock = loaded.then(|| snaps.iter().filter_map(|(_, s)| s.stock).sum::<i64>());
+    let pending: i64 = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
+    let in_transfer: i64 = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
     let stats = Stats {
         db_remaining: activity.remaining_stock as i64,
         redis_stock,
-        pending_count: snap.pending_count() as i64,
+        pending_count: snaps.iter().map(|(_, s)| s.pending_count() as i64).sum(),
         pending_quantity: pending,
+        transfer_quantity: in_transfer,
         confirmed_quantity: confirmed,
-        participants: snap.participants,
-        drift: redis_stock.map(|s| s + pending + confirmed - activity.total_stock as i64),
+        participants: snaps.iter().map(|(_, s)| s.participants).sum(),
+        bucket_stock: snaps.iter().map(|(_, s)| s.stock).collect(),
+        drift: redis_stock
+            .map(|s| s + pending + in_transfer + confirmed - activity.total_stock as i64),
     };
     Ok(ActivityDetail { activity, stats })
 }

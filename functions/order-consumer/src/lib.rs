@@ -343,14 +343,9 @@ impl Consumer {
             .into_iter()
             .partition(|item| users.insert(item.message.user_id.clone()));
 
-        // The reservation must be in the ledger, exactly as in the per-message path.
-        let ledger = self.redis.keys(activity_id).ledger;
-        let mut hmget = redis::cmd("HMGET");
-        hmget.arg(&ledger);
-        for item in &candidates {
-            hmget.arg(&item.message.user_id);
-        }
-        let entries: Vec<Option<String>> = match self.redis.cmd(&hmget).await {
+        // The reservation must be in the ledger, exactly as in the per-message path: one
+        // HMGET per home bucket (one for a sale with one bucket).
+        let entries = match self.ledger_entries(&candidates).await {
             Ok(v) => v,
             Err(e) => {
                 tracing::debug!(activity_id, error = %e, "batch path skipped: ledger unreadable");
@@ -398,6 +393,31 @@ impl Consumer {
         rest.extend(existing);
         futures::future::join_all(committed.iter().map(|i| self.settle(&i.message))).await;
         (committed, rest)
+    }
+
+    /// Each item's ledger entry in its home bucket, in the items' order.
+    async fn ledger_entries(&self, items: &[Item]) -> Result<Vec<Option<String>>, CacheError> {
+        let mut by_home: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_home
+                .entry(item.message.home().index)
+                .or_default()
+                .push(i);
+        }
+        let mut entries = vec![None; items.len()];
+        for at in by_home.into_values() {
+            let home = items[at[0]].message.home();
+            let mut hmget = redis::cmd("HMGET");
+            hmget.arg(self.redis.bucket_keys(home).ledger);
+            for &i in &at {
+                hmget.arg(&items[i].message.user_id);
+            }
+            let found: Vec<Option<String>> = self.redis.cmd(&hmget).await?;
+            for (i, entry) in at.into_iter().zip(found) {
+                entries[i] = entry;
+            }
+        }
+        Ok(entries)
     }
 
     /// The batch transaction. `Ok(None)`: rolled back, the group goes one by one.
@@ -457,7 +477,7 @@ impl Consumer {
         //    shortcut, not a guard: what holds is the claim (the order insert below) against
         //    every give-back, and the load epoch in the stock update against a Redis that lost
         //    the entry after this read.
-        let entry = sale::ledger_entry(&self.redis, m.activity_id, &m.user_id).await?;
+        let entry = sale::ledger_entry(&self.redis, m.home(), &m.user_id).await?;
         if entry.and_then(|e| e.request_id()) != Some(m.request_id) {
             return self.expired(m).await;
         }
@@ -573,8 +593,7 @@ impl Consumer {
     }
 
     async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, CacheError> {
-        let given =
-            sale::compensate(&self.redis, m.activity_id, &m.user_id, m.request_id, mode).await?;
+        let given = sale::compensate(&self.redis, m.home(), &m.user_id, m.request_id, mode).await?;
         Ok(given.is_some())
     }
 
@@ -582,7 +601,7 @@ impl Consumer {
     /// is only logged: reconcile drops entries whose order exists.
     async fn settle(&self, m: &OrderMessage) {
         let id = m.request_id.to_string();
-        if let Err(e) = sale::settle(&self.redis, m.activity_id, &m.user_id, &id).await {
+        if let Err(e) = sale::settle(&self.redis, m.home(), &m.user_id, &id).await {
             tracing::warn!(
                 request_id = %m.request_id,
                 activity_id = m.activity_id,

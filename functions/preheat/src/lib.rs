@@ -37,10 +37,11 @@
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use seckill_shared::activity::{self, Activity};
+use seckill_shared::keys::Bucket;
 use seckill_shared::load::{self, LoadError};
 use seckill_shared::lock::LockError;
 use seckill_shared::sale::{self, PreheatOutcome};
-use seckill_shared::{Config, Deps};
+use seckill_shared::{buckets, Config, Deps};
 use serde::Serialize;
 
 /// The job's clients and settings, built once per cold start: the [`Deps`] and nothing else
@@ -89,19 +90,30 @@ impl Preheat {
     /// sentinels of `users` and the ledger; otherwise a fenced load under its lock
     /// (`seckill_shared::load`), which also puts missing sentinels back.
     async fn preheat_one(&self, a: &Activity) -> Result<PreheatOutcome, LoadError> {
-        match sale::loaded_version(&self.redis, a.id).await? {
-            Some(version)
-                if version >= a.config_version
-                    && sale::has_sentinels(&self.redis, a.id).await? =>
+        if self.is_current(a).await? {
+            return Ok(PreheatOutcome::AlreadyLoaded);
+        }
+        let (outcome, _) =
+            load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+        Ok(outcome)
+    }
+
+    /// Whether every bucket of the sale holds its current config version, its bucket count
+    /// and both sentinels.
+    async fn is_current(&self, a: &Activity) -> Result<bool, LoadError> {
+        let count = a.bucket_count();
+        if !buckets::all_loaded(&self.redis, a.id, count).await? {
+            return Ok(false);
+        }
+        for bucket in Bucket::all(a.id, count) {
+            let version = sale::loaded_version(&self.redis, bucket).await?;
+            if version.is_none_or(|v| v < a.config_version)
+                || !sale::has_sentinels(&self.redis, bucket).await?
             {
-                Ok(PreheatOutcome::AlreadyLoaded)
-            }
-            _ => {
-                let (outcome, _) =
-                    load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
-                Ok(outcome)
+                return Ok(false);
             }
         }
+        Ok(true)
     }
 
     pub fn new(deps: Deps) -> Self {

@@ -62,13 +62,13 @@ use futures::{FutureExt, StreamExt};
 use seckill_shared::activity::{self, Activity, Phase};
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::giveback::{self, GiveBack};
-use seckill_shared::keys::SENTINEL;
+use seckill_shared::keys::{Bucket, SENTINEL};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
 use seckill_shared::queue::OrderMessage;
 use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{load, lock, order, Config, Deps};
+use seckill_shared::{buckets, load, lock, order, Config, Deps};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -166,6 +166,8 @@ pub struct ActivityReport {
     pub settled: usize,
     /// Stale cancels the database had committed, finished in Redis.
     pub cancels_finished: usize,
+    /// Transfers between buckets a buyer left half done, finished in their home bucket.
+    pub transfers_finished: usize,
     /// Users in `users` with nothing behind them, removed.
     pub users_dropped: usize,
     /// The database's remaining stock before this run fixed it, when it was wrong.
@@ -179,8 +181,10 @@ pub struct ActivityReport {
     pub db_remaining: i64,
     pub redis_stock: Option<i64>,
     pub pending_qty: i64,
-    /// `redis_stock + pending_qty + sold - total` (0 when conserved); with the activity not in
-    /// Redis, the database's own `db_remaining + sold - total`.
+    /// Units on their way between two buckets of a bucketed sale.
+    pub transfer_qty: i64,
+    /// `redis_stock + pending_qty + transfer_qty + sold - total` (0 when conserved); with the
+    /// activity not in Redis, the database's own `db_remaining + sold - total`.
     pub drift: i64,
     /// Everything this run changed for the activity (the release of unpaid orders excluded).
     pub repairs: usize,
@@ -309,7 +313,7 @@ impl Reconcile {
         released
     }
 
-    /// Steps 1-6 for one activity.
+    /// Steps 1-6 for one activity; steps 2, 3 and the transfers per bucket.
     #[tracing::instrument(skip_all, fields(activity_id = a.id))]
     async fn reconcile_activity(
         &self,
@@ -320,13 +324,16 @@ impl Reconcile {
         let mut r = ActivityReport::new(id);
 
         // 1. Snapshot; a running sale missing from Redis is loaded now.
-        let snap = self.snapshot_loading(a, now, &mut r).await?;
+        let snaps = self.snapshot_loading(a, now, &mut r).await?;
 
-        if snap.loaded {
-            // 2. Stale ledger entries.
-            self.repair_ledger(id, &snap, now, &mut r).await?;
-            // 3. Users with nothing behind them.
-            r.users_dropped = self.drop_orphan_users(id, now).await?;
+        if all_loaded(&snaps) {
+            for (bucket, snap) in &snaps {
+                // 2. Stale ledger entries, and transfers between buckets left half done.
+                self.repair_ledger(*bucket, snap, now, &mut r).await?;
+                self.repair_transfers(*bucket, snap, now, &mut r).await?;
+                // 3. Users with nothing behind them.
+                r.users_dropped += self.drop_orphan_users(*bucket, now).await?;
+            }
         }
 
         // 4. The database against itself.
@@ -337,28 +344,30 @@ impl Reconcile {
         r.stock_check = self.correct_stock(a).await?;
 
         // 6. The numbers, as they stand after the repairs.
-        let snap = self.snapshot(id).await?;
-        r.count(&snap, a.total_stock, sold, db_remaining);
+        let snaps = self.snapshots(a).await?;
+        r.count(&snaps, a.total_stock, sold, db_remaining);
         self.persist(&r).await?;
         Ok(r)
     }
 
-    async fn snapshot(&self, id: i64) -> anyhow::Result<Snapshot> {
-        sale::snapshot(&self.redis, id)
+    /// Every bucket's snapshot, bucket 0 first.
+    async fn snapshots(&self, a: &Activity) -> anyhow::Result<Vec<(Bucket, Snapshot)>> {
+        buckets::snapshots(&self.redis, a.id, a.bucket_count())
             .await
             .context("failed to snapshot redis")
     }
 
-    /// Step 1: the sale's snapshot; a running sale missing from Redis is loaded first.
+    /// Step 1: the sale's snapshots; a running sale missing from Redis (any bucket of it) is
+    /// loaded first.
     async fn snapshot_loading(
         &self,
         a: &Activity,
         now: DateTime<Utc>,
         r: &mut ActivityReport,
-    ) -> anyhow::Result<Snapshot> {
-        let snap = self.snapshot(a.id).await?;
-        if snap.loaded || a.phase(now) != Phase::Running {
-            return Ok(snap);
+    ) -> anyhow::Result<Vec<(Bucket, Snapshot)>> {
+        let snaps = self.snapshots(a).await?;
+        if all_loaded(&snaps) || a.phase(now) != Phase::Running {
+            return Ok(snaps);
         }
         let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, a.id)
             .await
@@ -369,7 +378,7 @@ impl Reconcile {
             "running sale was missing from redis"
         );
         r.preheated = outcome == sale::PreheatOutcome::Loaded;
-        self.snapshot(a.id).await
+        self.snapshots(a).await
     }
 
     /// Step 2: every ledger entry whose fate is decided, or that a crash left behind.
@@ -385,26 +394,29 @@ impl Reconcile {
     /// - An orphan check's mark older than the grace period: its check crashed; dropped.
     async fn repair_ledger(
         &self,
-        id: i64,
+        bucket: Bucket,
         snap: &Snapshot,
         now: DateTime<Utc>,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        self.repair_reservations(id, snap, now, r).await?;
+        self.repair_reservations(bucket, snap, now, r).await?;
         let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
-        self.repair_cancels(id, &stale, now, r).await?;
-        self.drop_stale_checks(id, &stale, r).await
+        self.repair_cancels(bucket, &stale, now, r).await?;
+        self.drop_stale_checks(bucket, &stale, r).await
     }
 
     /// The reservations of step 2: applied when the database decided, given back when stale.
     async fn repair_reservations(
         &self,
-        id: i64,
+        bucket: Bucket,
         snap: &Snapshot,
         now: DateTime<Utc>,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         let request_ids: Vec<Uuid> = snap.ledger.iter().filter_map(|e| e.request_id()).collect();
+        if request_ids.is_empty() {
+            return Ok(());
+        }
         let rows: HashMap<Uuid, Order> = order::by_requests(&self.pool, &request_ids)
             .await
             .context("failed to look up the orders of pending reservations")?
@@ -423,9 +435,43 @@ impl Reconcile {
             match rows.get(&request_id) {
                 Some(row) => self.apply_decided(row, r).await?,
                 None if is_stale(e, now, self.config.reconcile_grace) => {
-                    self.give_back_stale(id, e, request_id, now, r).await?
+                    self.give_back_stale(bucket, e, request_id, now, r).await?
                 }
                 None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Transfers between buckets older than the grace period: the buyer who borrowed the
+    /// units never confirmed them in its home bucket (a crash between the two steps, or the
+    /// answer lost). The home bucket is credited (it takes a transfer id once, so a buyer who
+    /// did credit them, or does so later, adds nothing) and the entry dropped. Never given
+    /// back to the donor: the buyer may still credit them, and the units would count twice.
+    async fn repair_transfers(
+        &self,
+        donor: Bucket,
+        snap: &Snapshot,
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
+        for e in stale.iter().filter(|e| e.kind == EntryKind::Transfer) {
+            let (Some(id), Some((home, epoch))) = (e.transfer_id(), e.transfer) else {
+                tracing::error!(field = %e.user_id, entry_id = %e.id, "unreadable transfer entry left alone");
+                continue;
+            };
+            let home = donor.sibling(home);
+            match sale::credit(&self.redis, home, id, e.quantity, epoch).await? {
+                credited @ (sale::Credited::Now | sale::Credited::Before) => {
+                    sale::settle(&self.redis, donor, &e.user_id, &e.id).await?;
+                    tracing::warn!(transfer = %id, from = donor.index, to = home.index, quantity = e.quantity, ?credited, repair = "transfer_finished", "transfer between buckets finished");
+                    r.transfers_finished += 1;
+                }
+                other => {
+                    // A load from scratch is under way: it empties every bucket's ledger.
+                    tracing::info!(transfer = %id, ?other, "transfer left to the load in progress");
+                }
             }
         }
         Ok(())
@@ -434,12 +480,12 @@ impl Reconcile {
     /// Stale orphan-check marks of step 2: their check crashed; dropped.
     async fn drop_stale_checks(
         &self,
-        id: i64,
+        bucket: Bucket,
         stale: &[&LedgerEntry],
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         for e in stale.iter().filter(|e| e.kind == EntryKind::Check) {
-            if sale::settle(&self.redis, id, &e.user_id, &e.id).await? {
+            if sale::settle(&self.redis, bucket, &e.user_id, &e.id).await? {
                 tracing::warn!(user = %e.user_id, repair = "check_dropped", "crashed orphan check's mark dropped");
                 r.settled += 1;
             }
@@ -469,7 +515,7 @@ impl Reconcile {
     /// A reservation older than the grace period with no row: claim and give it back.
     async fn give_back_stale(
         &self,
-        id: i64,
+        bucket: Bucket,
         e: &LedgerEntry,
         request_id: Uuid,
         now: DateTime<Utc>,
@@ -477,11 +523,12 @@ impl Reconcile {
     ) -> anyhow::Result<()> {
         let reservation = OrderMessage {
             request_id,
-            activity_id: id,
+            activity_id: bucket.activity_id,
             user_id: e.user_id.clone(),
             quantity: e.quantity as i32,
             reserved_at_ms: e.at_ms,
             load_epoch: None,
+            buckets: Some(bucket.count),
         };
         let age_ms = now.timestamp_millis() - e.at_ms;
         let done = giveback::give_back(
@@ -507,7 +554,7 @@ impl Reconcile {
     /// attempt committed and crashed before its Redis half), dropped otherwise.
     async fn repair_cancels(
         &self,
-        id: i64,
+        bucket: Bucket,
         stale: &[&LedgerEntry],
         now: DateTime<Utc>,
         r: &mut ActivityReport,
@@ -527,7 +574,7 @@ impl Reconcile {
             .into_iter()
             .collect();
         for e in cancels {
-            self.repair_cancel(id, e, &committed, now, r).await?;
+            self.repair_cancel(bucket, e, &committed, now, r).await?;
         }
         Ok(())
     }
@@ -538,7 +585,7 @@ impl Reconcile {
     /// says whether this very attempt committed meanwhile, and then its half is finished.
     async fn repair_cancel(
         &self,
-        id: i64,
+        bucket: Bucket,
         e: &LedgerEntry,
         committed: &HashSet<Uuid>,
         now: DateTime<Utc>,
@@ -556,32 +603,34 @@ impl Reconcile {
                     .await?
                     .is_some_and(|o| o.cancel_id == Some(cancel_id)));
         if finish {
-            if let Some(qty) = sale::cancel_finish(&self.redis, id, user, cancel_id).await? {
+            if let Some(qty) = sale::cancel_finish(&self.redis, bucket, user, cancel_id).await? {
                 tracing::warn!(user, %cancel_id, quantity = qty, age_ms, repair = "cancel_finished", "committed cancel finished in redis");
                 r.cancels_finished += 1;
             }
-        } else if sale::settle(&self.redis, id, user, &e.id).await? {
+        } else if sale::settle(&self.redis, bucket, user, &e.id).await? {
             tracing::warn!(user, %cancel_id, age_ms, repair = "cancel_dropped", "cancel that never committed aborted and dropped");
             r.settled += 1;
         }
         Ok(())
     }
 
-    /// Step 3: removes users in `users` with neither a ledger entry nor a live order.
+    /// Step 3: removes users in a bucket's `users` with neither a ledger entry nor a live
+    /// order.
     ///
     /// `users` is scanned first and the ledger read after it; each candidate then gets a mark
     /// in the ledger (`lua/mark_users.lua`) *before* the database is read, and is removed only
     /// if the mark is still there (`lua/drop_user.lua`). Anything the user does meanwhile (a
     /// cancel, which begins by overwriting the mark, and so any re-purchase after it) removes
     /// the mark, and the user is kept.
-    async fn drop_orphan_users(&self, id: i64, now: DateTime<Utc>) -> anyhow::Result<usize> {
-        let users = scan_users(&self.redis, id)
+    async fn drop_orphan_users(&self, bucket: Bucket, now: DateTime<Utc>) -> anyhow::Result<usize> {
+        let id = bucket.activity_id;
+        let users = scan_users(&self.redis, bucket)
             .await
             .context("failed to scan the users")?;
         if users.is_empty() {
             return Ok(0);
         }
-        let keys = self.redis.keys(id);
+        let keys = self.redis.bucket_keys(bucket);
         let ledger: Vec<String> = self
             .redis
             .cmd(redis::cmd("HKEYS").arg(&keys.ledger))
@@ -593,9 +642,10 @@ impl Reconcile {
         let token = Uuid::new_v4().simple().to_string();
         let mut dropped = 0;
         for chunk in candidates.chunks(USER_CHUNK) {
-            let marked = sale::mark_users(&self.redis, id, &token, now.timestamp_millis(), chunk)
-                .await
-                .context("failed to mark the orphan candidates")?;
+            let marked =
+                sale::mark_users(&self.redis, bucket, &token, now.timestamp_millis(), chunk)
+                    .await
+                    .context("failed to mark the orphan candidates")?;
             seckill_shared::pause::point("reconcile.orphans.before_db_check", id).await;
             let active: HashSet<String> = order::live_holders_among(&self.pool, id, &marked)
                 .await
@@ -605,7 +655,7 @@ impl Reconcile {
             seckill_shared::pause::point("reconcile.orphans.before_drop", id).await;
             for user in &marked {
                 let orphan = !active.contains(user);
-                if sale::drop_user(&self.redis, id, user, &token, orphan).await? {
+                if sale::drop_user(&self.redis, bucket, user, &token, orphan).await? {
                     tracing::warn!(
                         user = user.as_str(),
                         repair = "user_dropped",
@@ -662,14 +712,14 @@ impl Reconcile {
         let id = a.id;
         seckill_shared::pause::point("reconcile.stock.before_lock", id).await;
         // A cheap look first, so the lock is taken only when there is something to correct.
-        let snap = sale::snapshot(&self.redis, id).await?;
-        if !snap.loaded {
+        let snaps = self.snapshots(a).await?;
+        if !all_loaded(&snaps) {
             return Ok(StockCheck::NotLoaded);
         }
-        if !snap.ledger.is_empty() {
+        if !quiet(&snaps) {
             return Ok(StockCheck::LedgerBusy);
         }
-        if snap.stock == Some(self.db_remaining(id).await?) {
+        if Some(stock_sum(&snaps)) == Some(self.db_remaining(id).await?) {
             return Ok(StockCheck::InSync);
         }
 
@@ -696,19 +746,25 @@ impl Reconcile {
         outcome
     }
 
+    /// Under the lock: Redis first, then the database (see the module docs for why this
+    /// order). In a bucketed sale no script sees every bucket, so the buckets are read again
+    /// after the database: only when every one is still quiet with the sequence it had before
+    /// the database read does the sum read describe the moment of that read, and then
+    /// `database - sum` is exactly what Redis lacks (or holds too much). Every later step of
+    /// any actor keeps that difference, so it can be put right in any one bucket whose own
+    /// sequence is still the one read.
     async fn correct_stock_locked(
         &self,
         a: &Activity,
         guard: &lock::LockGuard,
     ) -> anyhow::Result<StockCheck> {
         let id = a.id;
-        // Redis first, then the database: see the module docs for why this order.
-        let snap = sale::snapshot(&self.redis, id).await?;
+        let before = self.snapshots(a).await?;
         seckill_shared::pause::point("reconcile.stock.after_snapshot", id).await;
-        if !snap.loaded {
+        if !all_loaded(&before) {
             return Ok(StockCheck::NotLoaded);
         }
-        if !snap.ledger.is_empty() {
+        if !quiet(&before) {
             return Ok(StockCheck::LedgerBusy);
         }
         // Fenced like an admin write: a holder whose lease ran out (an admin lower between its
@@ -720,21 +776,52 @@ impl Reconcile {
                 .context("failed to fence and read the activity")?
                 .remaining_stock,
         );
+        let snaps = if before.len() > 1 {
+            let after = self.snapshots(a).await?;
+            let unmoved = before
+                .iter()
+                .zip(&after)
+                .all(|((_, b), (_, a))| a.loaded && a.ledger.is_empty() && a.seq == b.seq);
+            if !unmoved {
+                return Ok(StockCheck::Moved);
+            }
+            after
+        } else {
+            before
+        };
         seckill_shared::pause::point("reconcile.stock.before_fix", id).await;
-        if snap.stock == Some(target) {
+        let from = stock_sum(&snaps);
+        if from == target {
             return Ok(StockCheck::InSync);
         }
-        if !sale::fix_stock(&self.redis, id, &guard.owner, snap.seq, target).await? {
-            return Ok(StockCheck::Moved);
+        // The difference, into the buckets that can take it: a surplus from the fullest.
+        let mut by_stock: Vec<&(Bucket, Snapshot)> = snaps.iter().collect();
+        by_stock.sort_by_key(|(b, s)| (-s.stock.unwrap_or(0), b.index));
+        let mut left = target - from;
+        for (bucket, snap) in by_stock {
+            let stock = snap.stock.unwrap_or(0);
+            let step = left.max(-stock);
+            if step == 0 {
+                continue;
+            }
+            let fixed =
+                sale::fix_stock(&self.redis, *bucket, &guard.owner, snap.seq, stock + step).await?;
+            if !fixed {
+                return Ok(StockCheck::Moved);
+            }
+            left -= step;
+            if left == 0 {
+                break;
+            }
         }
         tracing::warn!(
-            from = ?snap.stock,
+            from,
             to = target,
             repair = "redis_stock_fixed",
             "redis stock corrected from the database"
         );
         Ok(StockCheck::Corrected {
-            from: snap.stock,
+            from: Some(from),
             to: target,
         })
     }
@@ -808,6 +895,7 @@ impl ActivityReport {
             compensated: 0,
             settled: 0,
             cancels_finished: 0,
+            transfers_finished: 0,
             users_dropped: 0,
             db_stock_fixed_from: None,
             stock_check: StockCheck::NotLoaded,
@@ -817,26 +905,35 @@ impl ActivityReport {
             db_remaining: 0,
             redis_stock: None,
             pending_qty: 0,
+            transfer_qty: 0,
             drift: 0,
             repairs: 0,
         }
     }
 
     /// Step 6: the numbers after the repairs, from the final snapshot and the database check.
-    fn count(&mut self, snap: &Snapshot, total_stock: i32, sold: i64, db_remaining: i64) {
+    fn count(
+        &mut self,
+        snaps: &[(Bucket, Snapshot)],
+        total_stock: i32,
+        sold: i64,
+        db_remaining: i64,
+    ) {
         self.sold = sold;
         self.db_remaining = db_remaining;
-        self.participants = snap.participants;
-        self.pending_qty = snap.pending_quantity();
-        self.redis_stock = snap.stock.filter(|_| snap.loaded);
+        self.participants = snaps.iter().map(|(_, s)| s.participants).sum();
+        self.pending_qty = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
+        self.transfer_qty = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
+        self.redis_stock = all_loaded(snaps).then(|| stock_sum(snaps));
         let total = i64::from(total_stock);
         self.drift = match self.redis_stock {
-            Some(stock) => drift(stock, self.pending_qty, sold, total),
+            Some(stock) => drift(stock, self.pending_qty + self.transfer_qty, sold, total),
             None => db_remaining + sold - total,
         };
         self.repairs = self.compensated
             + self.settled
             + self.cancels_finished
+            + self.transfers_finished
             + self.users_dropped
             + usize::from(self.db_stock_fixed_from.is_some())
             + usize::from(matches!(self.stock_check, StockCheck::Corrected { .. }));
@@ -864,10 +961,25 @@ pub fn stale_entries(
     ledger.iter().filter(|e| is_stale(e, now, grace)).collect()
 }
 
-/// Every user of the activity's `users` hash, by `HSCAN` (never one huge `HKEYS` reply),
-/// without the sentinel field.
-async fn scan_users(redis: &Redis, id: i64) -> Result<Vec<String>, CacheError> {
-    let keys = redis.keys(id);
+/// Whether every bucket is loaded.
+fn all_loaded(snaps: &[(Bucket, Snapshot)]) -> bool {
+    snaps.iter().all(|(_, s)| s.loaded)
+}
+
+/// Whether nothing is in flight in any bucket (no ledger entry but the sentinel).
+fn quiet(snaps: &[(Bucket, Snapshot)]) -> bool {
+    snaps.iter().all(|(_, s)| s.ledger.is_empty())
+}
+
+/// The stock of all buckets together.
+fn stock_sum(snaps: &[(Bucket, Snapshot)]) -> i64 {
+    snaps.iter().filter_map(|(_, s)| s.stock).sum()
+}
+
+/// Every user of a bucket's `users` hash, by `HSCAN` (never one huge `HKEYS` reply), without
+/// the sentinel field.
+async fn scan_users(redis: &Redis, bucket: Bucket) -> Result<Vec<String>, CacheError> {
+    let keys = redis.bucket_keys(bucket);
     let mut cursor = "0".to_string();
     let mut users = Vec::new();
     loop {

@@ -37,11 +37,12 @@ use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::error::ErrorBody;
 use seckill_shared::giveback::{self, Claim, GiveBackError};
 use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody, OrderId};
+use seckill_shared::keys::Bucket;
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Compensation, EntryKind, Reservation};
-use seckill_shared::{ApiError, Config, Deps, Refusal};
+use seckill_shared::{buckets, ApiError, Config, Deps, Refusal};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -74,6 +75,7 @@ struct Inner {
     deps: Deps,
     queue: OrderQueue,
     sold_out: SoldOutCache,
+    bucket_counts: BucketCounts,
     unloaded: UnloadedCache,
     view: view::ViewCache,
     breaker: Breaker,
@@ -95,6 +97,7 @@ impl EntryState {
         Self {
             inner: Arc::new(Inner {
                 sold_out: SoldOutCache::new(config.sold_out_cache_ttl),
+                bucket_counts: BucketCounts::default(),
                 unloaded: UnloadedCache::default(),
                 view: view::ViewCache::new(config.public_view_cache_ttl),
                 skew: ClockSkew::default(),
@@ -290,19 +293,22 @@ async fn purchase(
         quantity: quantity as i32,
         reserved_at_ms: 0,
         load_epoch: None,
+        buckets: state.inner.bucket_counts.get(activity_id),
     };
     let reservation = match decide(&state, &attempt).await? {
         Ok(reservation) => reservation,
         Err(refusal) => return Err(refuse(&state, activity_id, refusal).await),
     };
     span.record("outcome", "accepted");
-    if reservation.stock_left == 0 {
-        // The next request would be refused by Redis anyway: answer it from memory.
+    if reservation.stock_left == 0 && reservation.buckets == 1 {
+        // The next request would be refused by Redis anyway: answer it from memory. (In a
+        // bucketed sale an empty home bucket says nothing of the others.)
         state.inner.sold_out.remember(activity_id, 0);
     }
     let message = OrderMessage {
         reserved_at_ms: reservation.now_ms,
         load_epoch: Some(reservation.epoch),
+        buckets: (reservation.buckets > 1).then_some(reservation.buckets),
         ..attempt
     };
     send(&state, &message, reservation.stock_left).await
@@ -379,15 +385,22 @@ async fn decide(
     let r = reservation;
     let sent_ms = chrono::Utc::now().timestamp_millis();
     let deadline = s.skew.deadline(sent_ms, s.config.redis_timeout);
-    let decided = sale::purchase(
-        &s.redis,
-        r.activity_id,
-        &r.user_id,
-        i64::from(r.quantity),
-        r.request_id,
-        deadline,
-    )
-    .await;
+    let buy = buckets::Purchase {
+        activity_id: r.activity_id,
+        user_id: &r.user_id,
+        quantity: i64::from(r.quantity),
+        request_id: r.request_id,
+        deadline_ms: deadline,
+    };
+    let known = r.buckets.unwrap_or(1);
+    let decided = buckets::purchase(&s.redis, &buy, known)
+        .await
+        .map(|(d, count)| {
+            if count != known {
+                s.bucket_counts.put(r.activity_id, count);
+            }
+            d
+        });
     let decided = match decided {
         Ok(_) if seckill_shared::pause::fail("entry.purchase.reply_lost", r.activity_id) => {
             Err(CacheError::Timeout(s.config.redis_timeout))
@@ -461,7 +474,7 @@ async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
 async fn compensate_unanswered(state: &EntryState, r: &OrderMessage) -> Result<(), CacheError> {
     let s = &state.inner;
     let mode = Compensation::Full;
-    let units = sale::compensate(&s.redis, r.activity_id, &r.user_id, r.request_id, mode).await?;
+    let units = sale::compensate(&s.redis, r.home(), &r.user_id, r.request_id, mode).await?;
     if units.is_some() {
         s.sold_out.forget(r.activity_id);
         tracing::warn!(request_id = %r.request_id, ?units, "late purchase script given back");
@@ -608,7 +621,14 @@ async fn my_order(
     let s = &state.inner;
     // The ledger first: the consumer commits the order before it drops the entry, so a
     // reservation missing here is either in the database already or was given back.
-    let entry = sale::ledger_entry(&s.redis, activity_id, &identity.user_id).await?;
+    let count = match s.bucket_counts.get(activity_id) {
+        Some(count) => count,
+        None => buckets::loaded_count(&s.redis, activity_id)
+            .await?
+            .unwrap_or(1),
+    };
+    let home = Bucket::home(activity_id, count, &identity.user_id);
+    let entry = sale::ledger_entry(&s.redis, home, &identity.user_id).await?;
     if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
         return Ok(Json(MyOrder {
             status: "pending".into(),
@@ -764,6 +784,33 @@ impl SoldOutCache {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&activity_id);
+    }
+}
+
+/// Per-container memory of each bucketed sale's bucket count (a sale not in it has one
+/// bucket, or has not been bought here yet). The count is fixed once a sale starts; before,
+/// a purchase that asks with a stale count is told the right one by Redis.
+#[derive(Default)]
+struct BucketCounts {
+    seen: RwLock<HashMap<i64, u32>>,
+}
+
+impl BucketCounts {
+    fn get(&self, activity_id: i64) -> Option<u32> {
+        let seen = self.seen.read().unwrap_or_else(|p| p.into_inner());
+        seen.get(&activity_id).copied()
+    }
+
+    fn put(&self, activity_id: i64, count: u32) {
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 1024 {
+            seen.clear();
+        }
+        if count > 1 {
+            seen.insert(activity_id, count);
+        } else {
+            seen.remove(&activity_id);
+        }
     }
 }
 

@@ -65,7 +65,13 @@ pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32)
     )
     .await
     .expect("redis answers");
-    let Ok(Reservation { now_ms, epoch, .. }) = decision else {
+    let Ok(Reservation {
+        now_ms,
+        epoch,
+        buckets,
+        ..
+    }) = decision
+    else {
         panic!("reservation for {user} refused: {decision:?}");
     };
     OrderMessage {
@@ -75,6 +81,7 @@ pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32)
         quantity,
         reserved_at_ms: now_ms,
         load_epoch: Some(epoch),
+        buckets: (buckets > 1).then_some(buckets),
     }
 }
 
@@ -95,6 +102,7 @@ pub async fn commit_order(
         quantity,
         reserved_at_ms: 0,
         load_epoch: None,
+        buckets: None,
     };
     let mut tx = env.pool.begin().await?;
     let order_id = order::insert_confirmed(&mut tx, &m).await?;

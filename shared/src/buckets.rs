@@ -1,0 +1,233 @@
+//! Bucketed sales: a purchase that finds the stock wherever it is, and the reads that add the
+//! buckets up.
+//!
+//! A sale with `buckets` = N > 1 keeps its stock in N buckets, each a whole sale of its own
+//! under its own hash tag (see [`crate::keys::Bucket`]). A user's purchase runs in their home
+//! bucket, which alone holds their field in `users` and their ledger entries, so one order
+//! per user stays one script on one slot. When the home bucket is short, the buyer borrows
+//! from the others (`lua/borrow.lua`: units leave a donor and wait in its ledger) and asks the
+//! home bucket again with the borrowed units as credits (`lua/purchase.lua` adds them, once
+//! per transfer id, then decides). A buyer is told `sold_out` only after every other bucket
+//! was asked and gave nothing. docs/invariants.md, "Bucketed sales", has the protocol.
+
+use crate::cache::{CacheError, Redis};
+use crate::keys::{self, Bucket};
+use crate::refusal::Refusal;
+use crate::sale::{self, Credit, Decision, Reservation, Snapshot};
+use uuid::Uuid;
+
+/// One purchase attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct Purchase<'a> {
+    pub activity_id: i64,
+    pub user_id: &'a str,
+    pub quantity: i64,
+    pub request_id: Uuid,
+    /// On the Redis server's clock (see [`sale::purchase_script`]).
+    pub deadline_ms: i64,
+}
+
+/// Buys for one user. `known` is the sale's bucket count as the caller last saw it (1 when
+/// it does not know): the home bucket answers with the right count when it is not, and the
+/// purchase asks the right home bucket once more. Also returns the count the answer came
+/// under, for the caller to remember.
+pub async fn purchase(
+    redis: &Redis,
+    buy: &Purchase<'_>,
+    known: u32,
+) -> Result<(Result<Reservation, Refusal>, u32), CacheError> {
+    let mut count = known.max(1);
+    for _ in 0..2 {
+        let home = Bucket::home(buy.activity_id, count, buy.user_id);
+        let decided = match run(redis, buy, home, &[]).await?.0 {
+            Decision::Accepted(r) => Ok(r),
+            Decision::Refused(r) => Err(r),
+            Decision::Layout(n) => {
+                count = n;
+                continue;
+            }
+            Decision::Short { stock } => borrow_and_buy(redis, buy, home, stock).await?,
+        };
+        return Ok((decided, count));
+    }
+    Err(layout_changed(buy.activity_id))
+}
+
+async fn run(
+    redis: &Redis,
+    buy: &Purchase<'_>,
+    home: Bucket,
+    credits: &[Credit],
+) -> Result<(Decision, bool), CacheError> {
+    sale::purchase_script(
+        redis,
+        home,
+        buy.user_id,
+        buy.quantity,
+        buy.request_id,
+        buy.deadline_ms,
+        credits,
+    )
+    .await
+}
+
+/// The home bucket holds `stock` units, fewer than asked: take what is missing from the other
+/// buckets, starting at a random one so that short buyers spread over the donors, and buy
+/// with the units taken as credits. Every donor gave nothing: `sold_out`.
+async fn borrow_and_buy(
+    redis: &Redis,
+    buy: &Purchase<'_>,
+    home: Bucket,
+    stock: i64,
+) -> Result<Result<Reservation, Refusal>, CacheError> {
+    let mut need = buy.quantity - stock;
+    let mut credits = Vec::new();
+    let start = rand::random_range(0..home.count);
+    for step in 0..home.count {
+        let index = (start + step) % home.count;
+        if index == home.index {
+            continue;
+        }
+        let donor = home.sibling(index);
+        if let Some(credit) = sale::borrow(redis, donor, home, Uuid::new_v4(), need).await? {
+            need -= credit.units;
+            credits.push(credit);
+            if need <= 0 {
+                break;
+            }
+        }
+    }
+    if credits.is_empty() {
+        return Ok(Err(Refusal::SoldOut { stock_left: stock }));
+    }
+    // Between the two steps of the transfers: the units are in the donors' ledgers.
+    crate::pause::point("purchase.after_borrow", buy.activity_id).await;
+    if crate::pause::fail("purchase.after_borrow", buy.activity_id) {
+        return Err(CacheError::Timeout(redis.timeout));
+    }
+    let (decision, credited) = run(redis, buy, home, &credits).await?;
+    if credited {
+        for c in &credits {
+            finish_transfer(redis, c).await;
+        }
+    }
+    match decision {
+        Decision::Accepted(r) => Ok(Ok(r)),
+        Decision::Refused(r) => Ok(Err(r)),
+        // All the other buckets together held fewer units than asked; they are here now.
+        Decision::Short { stock } => Ok(Err(Refusal::SoldOut { stock_left: stock })),
+        Decision::Layout(_) => Err(layout_changed(buy.activity_id)),
+    }
+}
+
+/// Drops a credited transfer's entry from its donor's ledger. A failure leaves it to
+/// reconcile, which credits again (a no-op: the home bucket takes an id once) and drops it.
+async fn finish_transfer(redis: &Redis, c: &Credit) {
+    let field = keys::transfer_field(c.id);
+    if let Err(e) = sale::settle(redis, c.donor, &field, &c.id.to_string()).await {
+        tracing::warn!(transfer = %c.id, error = %e, "transfer entry left to reconcile");
+    }
+}
+
+fn layout_changed(activity_id: i64) -> CacheError {
+    CacheError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "bucket count changed during a purchase",
+        format!("activity {activity_id}"),
+    )))
+}
+
+/// The bucket count Redis holds for the sale (bucket 0's meta), `None` when it is not loaded.
+pub async fn loaded_count(redis: &Redis, activity_id: i64) -> Result<Option<u32>, CacheError> {
+    let k = redis.keys(activity_id);
+    let (version, count): (Option<i64>, Option<u32>) = redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("version")
+                .arg("buckets"),
+        )
+        .await?;
+    Ok(version.map(|_| count.unwrap_or(1)))
+}
+
+/// Whether every bucket of a sale with `count` buckets is loaded, with that count.
+pub async fn all_loaded(redis: &Redis, activity_id: i64, count: u32) -> Result<bool, CacheError> {
+    for b in Bucket::all(activity_id, count) {
+        let k = redis.bucket_keys(b);
+        let (version, n): (Option<i64>, Option<u32>) = redis
+            .cmd(
+                redis::cmd("HMGET")
+                    .arg(&k.meta)
+                    .arg("version")
+                    .arg("buckets"),
+            )
+            .await?;
+        if version.is_none() || n.unwrap_or(1) != count {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Each bucket's snapshot, bucket 0 first.
+pub async fn snapshots(
+    redis: &Redis,
+    activity_id: i64,
+    count: u32,
+) -> Result<Vec<(Bucket, Snapshot)>, CacheError> {
+    let mut all = Vec::new();
+    for b in Bucket::all(activity_id, count) {
+        all.push((b, sale::snapshot(redis, b).await?));
+    }
+    Ok(all)
+}
+
+/// Units left over all buckets, `None` when a bucket is not loaded.
+pub async fn stock(redis: &Redis, activity_id: i64, count: u32) -> Result<Option<i64>, CacheError> {
+    let mut sum = 0;
+    for b in Bucket::all(activity_id, count) {
+        match sale::stock(redis, b).await? {
+            Some(s) => sum += s,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(sum))
+}
+
+/// Each bucket's stock, bucket 0 first (`None` for a bucket that is not loaded).
+pub async fn stocks(
+    redis: &Redis,
+    activity_id: i64,
+    count: u32,
+) -> Result<Vec<Option<i64>>, CacheError> {
+    let mut all = Vec::new();
+    for b in Bucket::all(activity_id, count) {
+        all.push(sale::stock(redis, b).await?);
+    }
+    Ok(all)
+}
+
+/// `total` units split over `count` buckets: the first `total % count` get one more.
+pub fn split(total: i64, count: u32) -> Vec<i64> {
+    let n = i64::from(count.max(1));
+    (0..n)
+        .map(|i| total / n + i64::from(i < total % n))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_covers_the_total_and_differs_by_at_most_one() {
+        for (total, count) in [(0, 3), (1, 3), (10, 3), (200, 8), (7, 1)] {
+            let parts = split(total, count);
+            assert_eq!(parts.len(), count as usize);
+            assert_eq!(parts.iter().sum::<i64>(), total);
+            let (lo, hi) = (parts.iter().min().unwrap(), parts.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{parts:?}");
+        }
+    }
+}

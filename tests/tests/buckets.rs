@@ -1,0 +1,639 @@
+//! Bucketed sales on the 3-master Redis Cluster: a sale's stock split over buckets on
+//! different shards, with one order per user and no undersell (docs/invariants.md,
+//! "Bucketed sales"). Crowds with demand far over the stock, skewed users, a crash between
+//! the two steps of a borrow, a cancel and a re-buy across buckets, admin changes of a
+//! bucketed sale, and the interleavings that would break a naive version.
+
+mod common;
+
+use admin::AdminState;
+use chrono::Utc;
+use common::{after_grace, consumer, reconcile};
+use futures::StreamExt;
+use order_consumer::Outcome;
+use seckill_shared::activity::{self, Activity, ActivityPatch};
+use seckill_shared::buckets::{self, Purchase};
+use seckill_shared::keys::{self, Bucket};
+use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::order;
+use seckill_shared::pause;
+use seckill_shared::queue::OrderMessage;
+use seckill_shared::sale::{self, EntryKind, Reservation};
+use seckill_shared::testing::{RedisKind, TestEnv};
+use seckill_shared::{ApiError, Deps, Refusal};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+const CLUSTER: RedisKind = RedisKind::Cluster;
+
+/// One purchase attempt as the entry makes it (the Redis decision), and the order message it
+/// would send.
+async fn attempt(
+    env: &TestEnv,
+    a: &Activity,
+    user: &str,
+    quantity: i64,
+    known: u32,
+) -> anyhow::Result<Result<OrderMessage, Refusal>> {
+    let request_id = Uuid::now_v7();
+    let buy = Purchase {
+        activity_id: a.id,
+        user_id: user,
+        quantity,
+        request_id,
+        deadline_ms: sale::far_deadline(),
+    };
+    let (decided, _) = buckets::purchase(&env.redis, &buy, known).await?;
+    Ok(decided.map(|r: Reservation| OrderMessage {
+        request_id,
+        activity_id: a.id,
+        user_id: user.to_string(),
+        quantity: quantity as i32,
+        reserved_at_ms: r.now_ms,
+        load_epoch: Some(r.epoch),
+        buckets: (r.buckets > 1).then_some(r.buckets),
+    }))
+}
+
+/// Every user of `users` tries `tries` times, 64 attempts at a time; half the attempts come
+/// with no knowledge of the bucket count (a fresh container). Returns the accepted messages
+/// and every refusal.
+async fn crowd(
+    env: &TestEnv,
+    a: &Activity,
+    users: &[String],
+    tries: usize,
+) -> (Vec<OrderMessage>, Vec<Refusal>) {
+    let attempts: Vec<(usize, &String)> = (0..tries)
+        .flat_map(|t| users.iter().map(move |u| (t, u)))
+        .collect();
+    let results: Vec<Result<OrderMessage, Refusal>> = futures::stream::iter(attempts)
+        .map(|(t, user)| async move {
+            let known = if t % 2 == 0 { a.bucket_count() } else { 1 };
+            attempt(env, a, user, 1, known)
+                .await
+                .expect("redis answers")
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut accepted = Vec::new();
+    let mut refused = Vec::new();
+    for r in results {
+        match r {
+            Ok(m) => accepted.push(m),
+            Err(refusal) => refused.push(refusal),
+        }
+    }
+    (accepted, refused)
+}
+
+/// The consumer commits every message, 16 at a time.
+async fn commit_all(env: &TestEnv, messages: &[OrderMessage]) {
+    let consumer = consumer(env);
+    let outcomes: Vec<Outcome> = futures::stream::iter(messages)
+        .map(|m| {
+            let consumer = &consumer;
+            async move { consumer.handle_message(m).await.expect("consumed").outcome }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Committed),
+        "{outcomes:?}"
+    );
+}
+
+/// Redis stock of every bucket, bucket 0 first.
+async fn stocks(env: &TestEnv, a: &Activity) -> Vec<i64> {
+    buckets::stocks(&env.redis, a.id, a.bucket_count())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.expect("every bucket loaded"))
+        .collect()
+}
+
+/// Every unit in exactly one place: Redis stock (all buckets), a reservation, a transfer
+/// between buckets, or a live order; and the database agrees with Redis once nothing is in
+/// flight.
+async fn assert_conserved(env: &TestEnv, a: &Activity) {
+    let snaps = buckets::snapshots(&env.redis, a.id, a.bucket_count())
+        .await
+        .unwrap();
+    let stock: i64 = snaps.iter().map(|(_, s)| s.stock.unwrap()).sum();
+    let pending: i64 = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
+    let moving: i64 = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
+    let sold = order::sold_quantity(&env.pool, a.id).await.unwrap();
+    let row = activity::get(&env.pool, a.id).await.unwrap().unwrap();
+    assert_eq!(
+        stock + pending + moving + sold,
+        i64::from(row.total_stock),
+        "stock {stock} + pending {pending} + transfers {moving} + sold {sold}"
+    );
+    assert_eq!(
+        i64::from(row.remaining_stock),
+        i64::from(row.total_stock) - sold
+    );
+    for (b, s) in &snaps {
+        assert!(s.stock.unwrap() >= 0, "bucket {} below 0", b.index);
+    }
+}
+
+/// Users whose home bucket (of `count`) is `index`.
+fn users_at_home(activity_id: i64, count: u32, index: u32, n: usize, tag: &str) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{tag}-{i}"))
+        .filter(|u| Bucket::home(activity_id, count, u).index == index)
+        .take(n)
+        .collect()
+}
+
+fn distinct_users(messages: &[OrderMessage]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.user_id.as_str())
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+async fn sells_exactly_the_stock_to_a_crowd_ten_times_over(count: u32) -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(150, 1, count).await?;
+    let users: Vec<String> = (0..1500).map(|i| format!("crowd-{i}")).collect();
+    // Every user twice: one order per user must hold though they spread over the buckets.
+    let (accepted, refused) = crowd(&env, &a, &users, 2).await;
+    assert_eq!(accepted.len(), 150, "exactly the stock is accepted");
+    assert_eq!(distinct_users(&accepted), 150, "no user twice");
+    assert!(
+        refused
+            .iter()
+            .all(|r| matches!(r, Refusal::SoldOut { .. } | Refusal::AlreadyPurchased)),
+        "{refused:?}"
+    );
+    commit_all(&env, &accepted).await;
+    assert_eq!(stocks(&env, &a).await, vec![0; count as usize], "0 left");
+    assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 150);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_buckets_sell_exactly_the_stock_to_a_crowd_ten_times_over() -> anyhow::Result<()> {
+    sells_exactly_the_stock_to_a_crowd_ten_times_over(3).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_buckets_sell_exactly_the_stock_to_a_crowd_ten_times_over() -> anyhow::Result<()> {
+    sells_exactly_the_stock_to_a_crowd_ten_times_over(8).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn skewed_buyers_empty_their_home_bucket_early_and_still_buy_every_unit() -> anyhow::Result<()>
+{
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(90, 1, 3).await?;
+    // 900 buyers, 720 of them at home in bucket 0, which holds a third of the stock.
+    let mut users = users_at_home(a.id, 3, 0, 720, "hot");
+    users.extend(users_at_home(a.id, 3, 1, 90, "warm"));
+    users.extend(users_at_home(a.id, 3, 2, 90, "cool"));
+    let (accepted, _) = crowd(&env, &a, &users, 1).await;
+    assert_eq!(accepted.len(), 90);
+    assert_eq!(distinct_users(&accepted), 90);
+    let hot = accepted
+        .iter()
+        .filter(|m| m.user_id.starts_with("hot"))
+        .count();
+    assert!(
+        hot > 30,
+        "bucket 0's buyers borrowed the others' units: {hot} of 90"
+    );
+    commit_all(&env, &accepted).await;
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_conserved(&env, &a).await;
+    // Only bucket 0's buyers are left, all its units are gone: the next one is sold out.
+    let late = users_at_home(a.id, 3, 0, 1, "late")[0].clone();
+    let refused = attempt(&env, &a, &late, 1, 3).await?;
+    assert!(
+        matches!(refused, Err(Refusal::SoldOut { .. })),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_last_unit_anywhere_is_found_by_a_buyer_of_any_bucket() -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(3, 2, 3).await?;
+    // Sell bucket 0 and 1 dry with their own buyers, leave one unit in bucket 2.
+    for (index, tag) in [(0, "zero"), (1, "one")] {
+        let user = users_at_home(a.id, 3, index, 1, tag)[0].clone();
+        let m = attempt(&env, &a, &user, 1, 3).await?.expect("accepted");
+        commit_all(&env, &[m]).await;
+    }
+    let mut left = stocks(&env, &a).await;
+    left.sort();
+    assert_eq!(left.iter().sum::<i64>(), 1);
+    // A buyer at home where nothing is left asks for 2: one unit is all there is.
+    let empty = stocks(&env, &a).await.iter().position(|s| *s == 0).unwrap() as u32;
+    let user = users_at_home(a.id, 3, empty, 1, "two")[0].clone();
+    let refused = attempt(&env, &a, &user, 2, 3).await?;
+    assert_eq!(refused.unwrap_err(), Refusal::SoldOut { stock_left: 1 });
+    // Asked for 1, the same buyer gets the last unit, wherever it was.
+    let m = attempt(&env, &a, &user, 1, 3)
+        .await?
+        .expect("the last unit");
+    commit_all(&env, &[m]).await;
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+/// The home bucket of a fresh buyer whose bucket is empty, and that buyer: the bucket
+/// whose stock is `empty_index` is emptied by its own buyers first.
+async fn empty_home(env: &TestEnv, a: &Activity, index: u32) -> anyhow::Result<String> {
+    let share = stocks(env, a).await[index as usize];
+    let buyers = users_at_home(a.id, a.bucket_count(), index, share as usize, "drain");
+    let mut messages = Vec::new();
+    for u in &buyers {
+        messages.push(
+            attempt(env, a, u, 1, a.bucket_count())
+                .await?
+                .expect("own stock"),
+        );
+    }
+    commit_all(env, &messages).await;
+    assert_eq!(stocks(env, a).await[index as usize], 0);
+    Ok(users_at_home(a.id, a.bucket_count(), index, 1, "borrower")[0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() -> anyhow::Result<()>
+{
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let user = empty_home(&env, &a, 0).await?;
+    let before: i64 = stocks(&env, &a).await.iter().sum();
+
+    // The entry takes units from a donor, then dies before its home bucket holds them.
+    let _crash = pause::arm_failure("purchase.after_borrow", a.id, 1);
+    let crashed = attempt(&env, &a, &user, 1, 3).await;
+    assert!(crashed.is_err(), "the purchase never happened: {crashed:?}");
+    let snaps = buckets::snapshots(&env.redis, a.id, 3).await?;
+    let moving: Vec<_> = snaps
+        .iter()
+        .flat_map(|(_, s)| s.ledger.iter())
+        .filter(|e| e.kind == EntryKind::Transfer)
+        .collect();
+    assert_eq!(moving.len(), 1, "the units wait in the donor's ledger");
+    let taken = moving[0].quantity;
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before - taken);
+    assert_conserved(&env, &a).await;
+    assert!(
+        !common::is_participant(&env, a.id, &user).await,
+        "the user holds nothing"
+    );
+
+    // Within the grace period reconcile leaves the transfer alone (the buyer may be slow)...
+    let report = reconcile(&env).run(Utc::now()).await?;
+    assert_eq!(report.activity(a.id).unwrap().transfers_finished, 0);
+    // ...after it, the units are put where the buyer was taking them, once.
+    let report = reconcile(&env)
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    assert_eq!(report.activity(a.id).unwrap().transfers_finished, 1);
+    assert_eq!(report.activity(a.id).unwrap().drift, 0);
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before);
+    assert!(stocks(&env, &a).await[0] >= 1, "in the home bucket");
+    assert_conserved(&env, &a).await;
+    let again = reconcile(&env)
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    assert_eq!(again.activity(a.id).unwrap().transfers_finished, 0);
+
+    // The buyer, who was told 503, buys again and gets a unit; the sale sells out exactly.
+    let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
+    commit_all(&env, &[m]).await;
+    let rest: Vec<String> = (0..40).map(|i| format!("rest-{i}")).collect();
+    let (accepted, _) = crowd(&env, &a, &rest, 1).await;
+    commit_all(&env, &accepted).await;
+    assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 9);
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_once(
+) -> anyhow::Result<()> {
+    let env = Arc::new(TestEnv::new(CLUSTER).await?);
+    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let user = empty_home(&env, &a, 1).await?;
+    let total_left: i64 = stocks(&env, &a).await.iter().sum();
+
+    // The buyer stops between the borrow and its purchase in the home bucket...
+    let paused = pause::arm("purchase.after_borrow", a.id);
+    let buyer = {
+        let (env, a, user) = (env.clone(), a.clone(), user.clone());
+        tokio::spawn(async move { attempt(&env, &a, &user, 1, 3).await })
+    };
+    paused.reached().await;
+    // ...while reconcile, past the grace period, finishes the transfer it left.
+    let report = reconcile(&env)
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    assert_eq!(report.activity(a.id).unwrap().transfers_finished, 1);
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), total_left);
+    // The buyer goes on with the same transfer as its credit: the home bucket has it already.
+    paused.resume();
+    let m = buyer.await??.expect("bought with the borrowed unit");
+    assert_eq!(
+        stocks(&env, &a).await.iter().sum::<i64>(),
+        total_left - 1,
+        "the borrowed units counted once"
+    );
+    commit_all(&env, &[m]).await;
+    assert_conserved(&env, &a).await;
+    let report = reconcile(&env)
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    assert_eq!(report.activity(a.id).unwrap().drift, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(6, 1, 3).await?;
+    // The buyer's home is empty: their unit is borrowed from another bucket.
+    let user = empty_home(&env, &a, 2).await?;
+    let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
+    commit_all(&env, &[m.clone()]).await;
+    let row = order::by_request(&env.pool, m.request_id).await?.unwrap();
+    assert_eq!(row.home().index, 2);
+    assert_conserved(&env, &a).await;
+    let before = stocks(&env, &a).await;
+
+    // The cancel gives the unit and the quota back in the buyer's home bucket.
+    let cancelled = lifecycle::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
+    let after = stocks(&env, &a).await;
+    assert_eq!(after[2], before[2] + 1);
+    assert_conserved(&env, &a).await;
+
+    // The same user buys again (their quota is back), and a buyer of another bucket takes
+    // the unit that came back when their own bucket is empty too.
+    let again = attempt(&env, &a, &user, 1, 3).await?.expect("re-bought");
+    commit_all(&env, &[again]).await;
+    let twice = attempt(&env, &a, &user, 1, 3).await?;
+    assert_eq!(twice.unwrap_err(), Refusal::AlreadyPurchased);
+    let rest: Vec<String> = (0..30).map(|i| format!("other-{i}")).collect();
+    let (accepted, _) = crowd(&env, &a, &rest, 1).await;
+    commit_all(&env, &accepted).await;
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 6);
+    assert_conserved(&env, &a).await;
+    // The payment timeout releases a bucketed order in its home bucket too.
+    let unpaid = order::latest_for_user(&env.pool, a.id, &user)
+        .await?
+        .unwrap();
+    let released = lifecycle::cancel_order(&env.pool, &env.redis, &unpaid, Utc::now()).await?;
+    assert_eq!(released, CancelOutcome::Cancelled { quantity: 1 });
+    assert_eq!(stocks(&env, &a).await[unpaid.home().index as usize], 1);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+fn admin_state(env: &TestEnv) -> AdminState {
+    AdminState::new(Deps::new(
+        env.config.clone(),
+        env.pool.clone(),
+        env.redis.clone(),
+    ))
+}
+
+fn patch_total(total: i64) -> ActivityPatch {
+    ActivityPatch {
+        total_stock: Some(total),
+        ..ActivityPatch::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_that_hold_units(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let admin = admin_state(&env);
+    let a = env.open_sale_in_buckets(30, 1, 3).await?;
+    // 25 of 30 sold, the 5 left unevenly: all of bucket 0's units went.
+    let mut messages = Vec::new();
+    for u in users_at_home(a.id, 3, 0, 10, "zero") {
+        messages.push(attempt(&env, &a, &u, 1, 3).await?.expect("sold"));
+    }
+    for u in users_at_home(a.id, 3, 1, 8, "one")
+        .into_iter()
+        .chain(users_at_home(a.id, 3, 2, 7, "two"))
+    {
+        messages.push(attempt(&env, &a, &u, 1, 3).await?.expect("sold"));
+    }
+    commit_all(&env, &messages).await;
+    assert_eq!(stocks(&env, &a).await, vec![0, 2, 3]);
+
+    // More than is left: refused whole, nothing changed anywhere.
+    let refused = admin::update_activity(&admin, a.id, &patch_total(24)).await;
+    assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
+    assert_eq!(stocks(&env, &a).await, vec![0, 2, 3]);
+    assert_eq!(
+        activity::get(&env.pool, a.id).await?.unwrap().total_stock,
+        30
+    );
+    assert_conserved(&env, &a).await;
+
+    // Lowering by 4 takes 4 of the 5 units left, from the buckets that hold them.
+    let lowered = admin::update_activity(&admin, a.id, &patch_total(26)).await?;
+    assert_eq!((lowered.total_stock, lowered.remaining_stock), (26, 1));
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 1);
+    assert_conserved(&env, &a).await;
+    // A raise spreads over the buckets; the crowd then buys exactly what there is.
+    let raised = admin::update_activity(&admin, a.id, &patch_total(32)).await?;
+    assert_eq!(raised.remaining_stock, 7);
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 7);
+    let rest: Vec<String> = (0..70).map(|i| format!("late-{i}")).collect();
+    let (accepted, _) = crowd(&env, &a, &rest, 1).await;
+    assert_eq!(accepted.len(), 7);
+    commit_all(&env, &accepted).await;
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 32);
+    assert_conserved(&env, &a).await;
+    // The admin's stats add the buckets up.
+    let detail = admin::activity_detail(&admin, a.id).await?;
+    assert_eq!(detail.stats.redis_stock, Some(0));
+    assert_eq!(detail.stats.bucket_stock, vec![Some(0); 3]);
+    assert_eq!(detail.stats.participants, 32);
+    assert_eq!(detail.stats.drift, Some(0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let admin = admin_state(&env);
+    let start = Utc::now() + chrono::Duration::minutes(5);
+    let a = env
+        .sale_in_buckets(12, 1, start, start + chrono::Duration::hours(1), 3)
+        .await?;
+    assert_eq!(stocks(&env, &a).await, vec![4, 4, 4]);
+    let patch = ActivityPatch {
+        buckets: Some(4),
+        ..ActivityPatch::default()
+    };
+    let changed = admin::update_activity(&admin, a.id, &patch).await?;
+    assert_eq!(changed.buckets, 4);
+    assert_eq!(stocks(&env, &changed).await, vec![3, 3, 3, 3]);
+    // The three-bucket layout is gone: none of its buckets but bucket 0 (shared) is loaded.
+    for b in Bucket::all(a.id, 3).skip(1) {
+        assert_eq!(
+            sale::stock(&env.redis, b).await?,
+            None,
+            "bucket {}",
+            b.index
+        );
+    }
+    let bad = ActivityPatch {
+        buckets: Some(17),
+        ..ActivityPatch::default()
+    };
+    let refused = admin::update_activity(&admin, a.id, &bad).await;
+    assert!(
+        matches!(refused, Err(ApiError::BadRequest(_))),
+        "{refused:?}"
+    );
+
+    // Once the sale runs, the count is fixed.
+    let running = env.open_sale_in_buckets(12, 1, 3).await?;
+    let refused = admin::update_activity(&admin, running.id, &patch).await;
+    assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
+    assert_eq!(
+        activity::get(&env.pool, running.id).await?.unwrap().buckets,
+        3
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole_sale(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(10, 2, 3).await?;
+    let view = sale::view(&env.redis, a.id).await?.expect("loaded");
+    assert_eq!(view.stock, 10);
+    let m = attempt(&env, &a, "viewer", 2, 1).await?.expect("bought");
+    commit_all(&env, &[m]).await;
+    assert_eq!(sale::view(&env.redis, a.id).await?.unwrap().stock, 8);
+
+    // A shard restarted empty: one bucket is gone. The sale is not loaded as a whole any
+    // more, and reconcile loads it from scratch from the database, with a new epoch.
+    let lost = Bucket::all(a.id, 3).nth(1).unwrap();
+    let k = env.redis.bucket_keys(lost);
+    env.redis
+        .cmd::<i64>(redis::cmd("DEL").arg(&k.meta).arg(&k.users).arg(&k.ledger))
+        .await?;
+    assert_eq!(sale::view(&env.redis, a.id).await?, None);
+    let report = reconcile(&env).run(Utc::now()).await?;
+    assert!(report.activity(a.id).unwrap().preheated);
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 8);
+    let reloaded = activity::get(&env.pool, a.id).await?.unwrap();
+    assert_eq!(reloaded.load_epoch, a.load_epoch + 1);
+    // The buyer is still known: no second order.
+    let again = attempt(&env, &a, "viewer", 1, 3).await?;
+    assert_eq!(again.unwrap_err(), Refusal::AlreadyPurchased);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_another_bucket(
+) -> anyhow::Result<()> {
+    let env = Arc::new(TestEnv::new(CLUSTER).await?);
+    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let user = users_at_home(a.id, 3, 2, 1, "canceller")[0].clone();
+    let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
+    commit_all(&env, &[m.clone()]).await;
+    // Redis lost two units in bucket 0 (a lower whose commit outcome was unknown, say): the
+    // stock fix must put them back, and only them.
+    let k0 = env.redis.bucket_keys(Bucket::all(a.id, 3).next().unwrap());
+    env.redis
+        .cmd::<i64>(redis::cmd("HINCRBY").arg(&k0.meta).arg("stock").arg(-2))
+        .await?;
+    // Reconcile reads every bucket, then stops before it reads the database...
+    let paused = pause::arm("reconcile.stock.after_snapshot", a.id);
+    let job = {
+        let env = env.clone();
+        tokio::spawn(async move { reconcile(&env).run(Utc::now()).await })
+    };
+    paused.reached().await;
+    // ...while the buyer cancels, all three steps, in bucket 2: the database gains the unit
+    // before reconcile reads it, and Redis gains it in a bucket reconcile already read.
+    let row = order::by_request(&env.pool, m.request_id).await?.unwrap();
+    let cancelled = lifecycle::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
+    paused.resume();
+    let report = job.await??;
+    let check = &report.activity(a.id).unwrap().stock_check;
+    assert_eq!(
+        *check,
+        reconcile::StockCheck::Moved,
+        "the fix waits for a quiet read"
+    );
+    // The next run fixes exactly the two lost units.
+    let report = reconcile(&env).run(Utc::now()).await?;
+    assert!(matches!(
+        report.activity(a.id).unwrap().stock_check,
+        reconcile::StockCheck::Corrected {
+            from: Some(7),
+            to: 9
+        }
+    ));
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 9);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stamped(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let ttl = Duration::from_millis(300);
+    let mut stale = seckill_shared::lock::acquire(&env.redis, &env.pool, a.id, ttl, ttl).await?;
+    stale.stop_watchdog();
+    tokio::time::sleep(ttl * 2).await;
+    let next = seckill_shared::lock::acquire(&env.redis, &env.pool, a.id, ttl * 10, ttl).await?;
+    let bucket = Bucket::all(a.id, 3).nth(2).unwrap();
+    let meta = sale::SaleMeta {
+        title: a.title.clone(),
+        total: 9,
+        per_order_limit: 1,
+        start_at: a.start_at,
+        end_at: a.end_at,
+        version: a.config_version + 1,
+        expire_at: a.expire_at(env.config.expiry_buffer),
+    };
+    let refused = sale::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
+    assert_eq!(refused, sale::Adjust::NotOwner);
+    assert!(!sale::unload(&env.redis, bucket, &stale.owner).await?);
+    assert_eq!(stocks(&env, &a).await, vec![3, 3, 3]);
+    let applied = sale::adjust(&env.redis, bucket, &next.owner, -1, &meta, "next").await?;
+    assert_eq!(applied, sale::Adjust::Applied);
+    next.release().await?;
+    // Released: the stamps are gone with the lock.
+    let stamp = env.redis.bucket_keys(bucket).lock;
+    let exists: i64 = env.redis.cmd(redis::cmd("EXISTS").arg(&stamp)).await?;
+    assert_eq!(exists, 0);
+    assert!(keys::transfer_field(Uuid::nil()).starts_with(' '));
+    Ok(())
+}
