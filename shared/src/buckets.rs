@@ -82,6 +82,9 @@ async fn borrow_and_buy(
 ) -> Result<Result<Reservation, Refusal>, CacheError> {
     let mut need = buy.quantity - stock;
     let mut credits = Vec::new();
+    // Every transfer id asked for, answered or not: a borrow whose answer was lost may still
+    // have taken units.
+    let mut asked: Vec<(Bucket, Uuid)> = Vec::new();
     let start = rand::random_range(0..home.count);
     for step in 0..home.count {
         let index = (start + step) % home.count;
@@ -89,23 +92,41 @@ async fn borrow_and_buy(
             continue;
         }
         let donor = home.sibling(index);
-        if let Some(credit) = sale::borrow(redis, donor, home, Uuid::new_v4(), need).await? {
-            need -= credit.units;
-            credits.push(credit);
-            if need <= 0 {
-                break;
+        let id = Uuid::new_v4();
+        asked.push((donor, id));
+        match sale::borrow(redis, donor, home, id, need).await {
+            Ok(Some(credit)) => {
+                need -= credit.units;
+                credits.push(credit);
+                if need <= 0 {
+                    break;
+                }
+            }
+            Ok(None) => {
+                asked.pop();
+            }
+            Err(e) => {
+                finish_later(redis, home, asked);
+                return Err(e);
             }
         }
     }
     if credits.is_empty() {
         return Ok(Err(Refusal::SoldOut { stock_left: stock }));
     }
-    // Between the two steps of the transfers: the units are in the donors' ledgers.
+    // Between the two steps of the transfers: the units are in the donors' ledgers. The
+    // failure stands for a crash here: nothing of this call finishes them, reconcile does.
     crate::pause::point("purchase.after_borrow", buy.activity_id).await;
     if crate::pause::fail("purchase.after_borrow", buy.activity_id) {
         return Err(CacheError::Timeout(redis.timeout));
     }
-    let (decision, credited) = run(redis, buy, home, &credits).await?;
+    let (decision, credited) = match run(redis, buy, home, &credits).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            finish_later(redis, home, asked);
+            return Err(e);
+        }
+    };
     if credited {
         for c in &credits {
             finish_transfer(redis, c).await;
@@ -118,6 +139,66 @@ async fn borrow_and_buy(
         Decision::Short { stock } => Ok(Err(Refusal::SoldOut { stock_left: stock })),
         Decision::Layout(_) => Err(layout_changed(buy.activity_id)),
     }
+}
+
+/// How often, and how far apart, a purchase that failed midway retries finishing the
+/// transfers it asked for.
+const FINISH_ATTEMPTS: u32 = 10;
+const FINISH_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A purchase failed (Redis out of reach, an answer lost) after it asked donors for units:
+/// whatever they gave is put into the home bucket in the background for a few seconds, so
+/// the units are sellable again without waiting for reconcile's grace period (which remains
+/// the bound, in Lambda, where a background task runs only while the container serves).
+fn finish_later(redis: &Redis, home: Bucket, mut asked: Vec<(Bucket, Uuid)>) {
+    if asked.is_empty() {
+        return;
+    }
+    let redis = redis.clone();
+    tokio::spawn(async move {
+        for _ in 0..FINISH_ATTEMPTS {
+            tokio::time::sleep(FINISH_RETRY).await;
+            let mut left = Vec::new();
+            for (donor, id) in asked {
+                if finish_by_id(&redis, donor, home, id).await.is_err() {
+                    left.push((donor, id));
+                }
+            }
+            if left.is_empty() {
+                return;
+            }
+            asked = left;
+        }
+        tracing::warn!(transfers = asked.len(), "transfers left to reconcile");
+    });
+}
+
+/// Finishes the transfer `id` from `donor` into `home` if the donor's ledger holds it: the
+/// home bucket is credited (it takes an id once) and the entry dropped. `None`: nothing
+/// there (the borrow took nothing, or the transfer is finished). A transfer is never given
+/// back to its donor: its buyer may still credit it, and the units would count twice.
+pub async fn finish_by_id(
+    redis: &Redis,
+    donor: Bucket,
+    home: Bucket,
+    id: Uuid,
+) -> Result<Option<(sale::Credited, i64)>, CacheError> {
+    let field = keys::transfer_field(id);
+    let Some(entry) = sale::ledger_entry(redis, donor, &field).await? else {
+        return Ok(None);
+    };
+    let Some((_, epoch)) = entry.transfer else {
+        return Ok(None);
+    };
+    let credited = sale::credit(redis, home, id, entry.quantity, epoch).await?;
+    match credited {
+        sale::Credited::Now | sale::Credited::Before => {
+            sale::settle(redis, donor, &field, &id.to_string()).await?;
+        }
+        // A load from scratch is under way: it empties every bucket's ledger.
+        sale::Credited::NotLoaded | sale::Credited::OtherEpoch => {}
+    }
+    Ok(Some((credited, entry.quantity)))
 }
 
 /// Drops a credited transfer's entry from its donor's ledger. A failure leaves it to

@@ -498,6 +498,15 @@ pub struct SaleView {
     pub stock: i64,
 }
 
+/// The meta fields the public view reads: title, startMs, endMs, stock, buckets.
+type ViewFields = (
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<u32>,
+);
+
 /// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it), and
 /// in a bucketed sale one HGET of each other bucket's stock. `None` when Redis does not hold
 /// the whole view: the sale is not loaded (before preheat, after its keys expired), or its
@@ -511,13 +520,7 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, C
         .arg("endMs")
         .arg("stock")
         .arg("buckets");
-    let (title, start_ms, end_ms, stock, buckets): (
-        Option<String>,
-        Option<i64>,
-        Option<i64>,
-        Option<i64>,
-        Option<u32>,
-    ) = redis.cmd(&cmd).await?;
+    let (title, start_ms, end_ms, stock, buckets): ViewFields = redis.cmd(&cmd).await?;
     let (Some(title), Some(start_ms), Some(end_ms), Some(mut stock)) =
         (title, start_ms, end_ms, stock)
     else {

@@ -371,7 +371,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     // The buyer's home is empty: their unit is borrowed from another bucket.
     let user = empty_home(&env, &a, 2).await?;
     let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
-    commit_all(&env, &[m.clone()]).await;
+    commit_all(&env, std::slice::from_ref(&m)).await;
     let row = order::by_request(&env.pool, m.request_id).await?.unwrap();
     assert_eq!(row.home().index, 2);
     assert_conserved(&env, &a).await;
@@ -562,7 +562,7 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
     let a = env.open_sale_in_buckets(9, 1, 3).await?;
     let user = users_at_home(a.id, 3, 2, 1, "canceller")[0].clone();
     let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
-    commit_all(&env, &[m.clone()]).await;
+    commit_all(&env, std::slice::from_ref(&m)).await;
     // Redis lost two units in bucket 0 (a lower whose commit outcome was unknown, say): the
     // stock fix must put them back, and only them.
     let k0 = env.redis.bucket_keys(Bucket::all(a.id, 3).next().unwrap());

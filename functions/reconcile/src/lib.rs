@@ -457,21 +457,21 @@ impl Reconcile {
     ) -> anyhow::Result<()> {
         let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
         for e in stale.iter().filter(|e| e.kind == EntryKind::Transfer) {
-            let (Some(id), Some((home, epoch))) = (e.transfer_id(), e.transfer) else {
+            let (Some(id), Some((home, _))) = (e.transfer_id(), e.transfer) else {
                 tracing::error!(field = %e.user_id, entry_id = %e.id, "unreadable transfer entry left alone");
                 continue;
             };
             let home = donor.sibling(home);
-            match sale::credit(&self.redis, home, id, e.quantity, epoch).await? {
-                credited @ (sale::Credited::Now | sale::Credited::Before) => {
-                    sale::settle(&self.redis, donor, &e.user_id, &e.id).await?;
-                    tracing::warn!(transfer = %id, from = donor.index, to = home.index, quantity = e.quantity, ?credited, repair = "transfer_finished", "transfer between buckets finished");
+            match buckets::finish_by_id(&self.redis, donor, home, id).await? {
+                Some((credited @ (sale::Credited::Now | sale::Credited::Before), quantity)) => {
+                    tracing::warn!(transfer = %id, from = donor.index, to = home.index, quantity, ?credited, repair = "transfer_finished", "transfer between buckets finished");
                     r.transfers_finished += 1;
                 }
-                other => {
+                Some((other, _)) => {
                     // A load from scratch is under way: it empties every bucket's ledger.
                     tracing::info!(transfer = %id, ?other, "transfer left to the load in progress");
                 }
+                None => {}
             }
         }
         Ok(())
