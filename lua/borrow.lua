@@ -7,8 +7,8 @@
 -- not quiet, so reconcile never corrects the stock of a sale with units in between, and a
 -- crash after this step leaves an entry reconcile finishes (it credits the home bucket, which
 -- takes a transfer id once, then drops the entry). A transfer id takes units once: `out:<id>`
--- in the meta records it for the sale's life, so a late second delivery of this script takes
--- nothing.
+-- in the meta records what it took for the sale's life, so a second delivery of this script
+-- takes nothing and answers what the first took (the buyer's credit of it lands once).
 --
 -- KEYS[1] meta  KEYS[2] ledger (of this, the donor bucket)
 -- ARGV[1] transfer id (uuid)   ARGV[2] units the home bucket is short of (>= 1)
@@ -21,8 +21,9 @@ local m = redis.call('HMGET', KEYS[1], 'stock', 'seq', 'epoch', 'buckets')
 if not m[1] or tonumber(m[4] or '1') ~= tonumber(ARGV[4]) then return {0, -1} end
 local epoch = tonumber(m[3] or '0')
 local stock = tonumber(m[1])
+local took = redis.call('HGET', KEYS[1], 'out:' .. ARGV[1])
+if took then return {tonumber(took), epoch} end
 if stock <= 0 then return {0, epoch} end
-if redis.call('HSETNX', KEYS[1], 'out:' .. ARGV[1], '1') == 0 then return {0, epoch} end
 local take = math.min(stock, math.max(tonumber(ARGV[2]), math.floor(stock / 2)))
 redis.call('HSET', KEYS[1], 'stock', stock - take, 'seq', tonumber(m[2] or '0') + 1,
   'out:' .. ARGV[1], take)

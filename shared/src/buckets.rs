@@ -27,28 +27,39 @@ pub struct Purchase<'a> {
     pub deadline_ms: i64,
 }
 
-/// Buys for one user. `known` is the sale's bucket count as the caller last saw it (1 when
-/// it does not know): the home bucket answers with the right count when it is not, and the
-/// purchase asks the right home bucket once more. Also returns the count the answer came
-/// under, for the caller to remember.
+/// Buys for one user. `count` is the sale's bucket count as the caller last saw it (1 when
+/// it does not know): the home bucket answers with the right count when it is not, the
+/// purchase asks the right home bucket once more, and `count` is left at the count Redis
+/// holds (also when the call fails after that answer), for the caller to remember and to
+/// find the home bucket of a give-back.
 pub async fn purchase(
     redis: &Redis,
     buy: &Purchase<'_>,
-    known: u32,
-) -> Result<(Result<Reservation, Refusal>, u32), CacheError> {
-    let mut count = known.max(1);
+    count: &mut u32,
+) -> Result<Result<Reservation, Refusal>, CacheError> {
+    *count = (*count).max(1);
     for _ in 0..2 {
-        let home = Bucket::home(buy.activity_id, count, buy.user_id);
-        let decided = match run(redis, buy, home, &[]).await?.0 {
-            Decision::Accepted(r) => Ok(r),
-            Decision::Refused(r) => Err(r),
+        let home = Bucket::home(buy.activity_id, *count, buy.user_id);
+        return match run(redis, buy, home, &[]).await?.0 {
+            Decision::Accepted(r) => Ok(Ok(r)),
+            // A bucket of a layout Redis no longer holds (the count changed before the start):
+            // bucket 0, which every layout shares, says the count.
+            Decision::Refused(Refusal::NotFound) if home.index != 0 => {
+                match loaded_count(redis, buy.activity_id).await? {
+                    Some(n) if n != *count => {
+                        *count = n;
+                        continue;
+                    }
+                    _ => Ok(Err(Refusal::NotFound)),
+                }
+            }
+            Decision::Refused(r) => Ok(Err(r)),
             Decision::Layout(n) => {
-                count = n;
+                *count = n;
                 continue;
             }
-            Decision::Short { stock } => borrow_and_buy(redis, buy, home, stock).await?,
+            Decision::Short { stock } => borrow_and_buy(redis, buy, home, stock).await,
         };
-        return Ok((decided, count));
     }
     Err(layout_changed(buy.activity_id))
 }
@@ -128,9 +139,14 @@ async fn borrow_and_buy(
         }
     };
     if credited {
+        let mut unfinished = Vec::new();
         for c in &credits {
-            finish_transfer(redis, c).await;
+            if let Err(e) = finish_transfer(redis, c).await {
+                tracing::warn!(transfer = %c.id, error = %e, "transfer entry not dropped yet");
+                unfinished.push((c.donor, c.id));
+            }
         }
+        finish_later(redis, home, unfinished);
     }
     match decision {
         Decision::Accepted(r) => Ok(Ok(r)),
@@ -201,13 +217,12 @@ pub async fn finish_by_id(
     Ok(Some((credited, entry.quantity)))
 }
 
-/// Drops a credited transfer's entry from its donor's ledger. A failure leaves it to
-/// reconcile, which credits again (a no-op: the home bucket takes an id once) and drops it.
-async fn finish_transfer(redis: &Redis, c: &Credit) {
+/// Drops a credited transfer's entry from its donor's ledger. A failure is retried in the
+/// background ([`finish_later`]), and reconcile finishes what is left after its grace period
+/// (crediting again is a no-op: the home bucket takes an id once).
+async fn finish_transfer(redis: &Redis, c: &Credit) -> Result<bool, CacheError> {
     let field = keys::transfer_field(c.id);
-    if let Err(e) = sale::settle(redis, c.donor, &field, &c.id.to_string()).await {
-        tracing::warn!(transfer = %c.id, error = %e, "transfer entry left to reconcile");
-    }
+    sale::settle(redis, c.donor, &field, &c.id.to_string()).await
 }
 
 fn layout_changed(activity_id: i64) -> CacheError {

@@ -64,7 +64,8 @@ pub async fn load_under_lock(
         }
         let row = fence_and_read(pool, &guard, fresh).await?;
         crate::pause::point("preheat.before_load", activity_id).await;
-        let outcome = load_fenced(redis, pool, &guard.owner, &row, config.expiry_buffer).await?;
+        let buffer = config.expiry_buffer;
+        let outcome = load_fenced(redis, pool, &guard.owner, &row, fresh, buffer).await?;
         Ok::<_, LoadError>((outcome, row))
     };
     let result = match guard.run(loaded).await {
@@ -103,16 +104,27 @@ pub async fn fence_and_read(
 /// or loaded with another bucket count), every bucket is unloaded and gets its `users` rebuilt
 /// from the live orders of its users (what a lost sale left of its set and ledger goes); then
 /// `lua/preheat.lua` writes stock, meta and expiry in every bucket. A load from scratch needs
-/// a `row` read by [`fence_and_read`] with a new epoch.
+/// a `row` read with a new epoch (`new_epoch`, by [`fence_and_read`]): a bucket that went
+/// missing after a row was read under the old epoch (evicted, expired) is left to the next
+/// load, which bumps it (`LockError::Busy`), since reservations of that epoch could still
+/// commit against the stock this load would write.
 pub async fn load_fenced(
     redis: &Redis,
     pool: &PgPool,
     owner: &str,
     row: &Activity,
+    new_epoch: bool,
     buffer: Duration,
 ) -> Result<PreheatOutcome, LoadError> {
     let count = row.bucket_count();
     if !buckets::all_loaded(redis, row.id, count).await? {
+        if !new_epoch {
+            tracing::warn!(
+                activity_id = row.id,
+                "a bucket went missing during the load; next run loads it from scratch"
+            );
+            return Err(LockError::Busy.into());
+        }
         if !unload_all(redis, row.id, count, owner).await? {
             return Ok(PreheatOutcome::NotOwner);
         }
@@ -200,7 +212,7 @@ pub async fn load_after_change(
         crate::activity::bump_load_epoch_if_fenced(pool, guard.activity_id, guard.token).await?;
     match row {
         Some(row) => Ok(Some(
-            load_fenced(redis, pool, &guard.owner, &row, buffer).await?,
+            load_fenced(redis, pool, &guard.owner, &row, true, buffer).await?,
         )),
         None => Ok(None),
     }

@@ -305,6 +305,7 @@ impl LockGuard {
     /// [`LockError::Lost`]: a newer holder stamped a bucket first.
     pub async fn cover(&self, buckets: u32) -> Result<(), LockError> {
         let ttl_ms = self.ttl.as_millis().max(1) as u64;
+        let mut stamped = false;
         for bucket in crate::keys::Bucket::all(self.activity_id, buckets).skip(1) {
             let stamp = self.redis.bucket_keys(bucket).lock;
             if self
@@ -325,6 +326,18 @@ impl LockGuard {
                     .push(stamp),
                 0 => return Err(LockError::Lost),
                 other => return Err(scripts::unknown_answer("lock_stamp.lua", other).into()),
+            }
+            stamped = true;
+        }
+        // A holder whose lease ran out before it stamped (a pause) may have stamped buckets
+        // that nobody holds now: it stops here, before it reads the database, unless the lock
+        // in bucket 0 is still its own.
+        if stamped {
+            let lock = self.held.lock().unwrap_or_else(|p| p.into_inner())[0].clone();
+            let mut inv = scripts::LOCK_RENEW.prepare_invoke();
+            inv.key(&lock).arg(&self.owner).arg(ttl_ms);
+            if self.redis.script::<i64>(&inv).await? != 1 {
+                return Err(LockError::Lost);
             }
         }
         Ok(())

@@ -113,7 +113,7 @@ pub async fn purchase(
         request_id,
         deadline_ms,
     };
-    Ok(crate::buckets::purchase(redis, &buy, 1).await?.0)
+    crate::buckets::purchase(redis, &buy, &mut 1).await
 }
 
 /// `lua/borrow.lua`: takes units from `donor` for a purchase in `home` that is short of

@@ -45,7 +45,8 @@ async fn attempt(
         request_id,
         deadline_ms: sale::far_deadline(),
     };
-    let (decided, _) = buckets::purchase(&env.redis, &buy, known).await?;
+    let mut count = known;
+    let decided = buckets::purchase(&env.redis, &buy, &mut count).await?;
     Ok(decided.map(|r: Reservation| OrderMessage {
         request_id,
         activity_id: a.id,
@@ -442,10 +443,26 @@ async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_th
     commit_all(&env, &messages).await;
     assert_eq!(stocks(&env, &a).await, vec![0, 2, 3]);
 
-    // More than is left: refused whole, nothing changed anywhere.
-    let refused = admin::update_activity(&admin, a.id, &patch_total(24)).await;
+    // More than is left (with a new limit besides): refused whole, nothing changed anywhere,
+    // the limit neither.
+    let too_much = ActivityPatch {
+        per_order_limit: Some(5),
+        ..patch_total(24)
+    };
+    let refused = admin::update_activity(&admin, a.id, &too_much).await;
     assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
     assert_eq!(stocks(&env, &a).await, vec![0, 2, 3]);
+    for b in Bucket::all(a.id, 3) {
+        let limit: Option<i64> = env
+            .redis
+            .cmd(
+                redis::cmd("HGET")
+                    .arg(env.redis.bucket_keys(b).meta)
+                    .arg("limit"),
+            )
+            .await?;
+        assert_eq!(limit, Some(1), "bucket {}", b.index);
+    }
     assert_eq!(
         activity::get(&env.pool, a.id).await?.unwrap().total_stock,
         30
@@ -503,6 +520,16 @@ async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
             b.index
         );
     }
+    // A container that still knows three buckets finds the new layout through bucket 0.
+    let user = (0..)
+        .map(|i| format!("stale-{i}"))
+        .find(|u| Bucket::home(a.id, 3, u).index != 0)
+        .unwrap();
+    let early = attempt(&env, &changed, &user, 1, 3).await?;
+    assert_eq!(early.unwrap_err(), Refusal::NotStarted);
+    // A lower before the sale is loaded again changes the database (and the next load).
+    let lowered = admin::update_activity(&admin, a.id, &patch_total(10)).await?;
+    assert_eq!(lowered.remaining_stock, 10);
     let bad = ActivityPatch {
         buckets: Some(17),
         ..ActivityPatch::default()
@@ -635,5 +662,29 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
     let exists: i64 = env.redis.cmd(redis::cmd("EXISTS").arg(&stamp)).await?;
     assert_eq!(exists, 0);
     assert!(keys::transfer_field(Uuid::nil()).starts_with(' '));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(12, 1, 3).await?;
+    let mut all = Bucket::all(a.id, 3);
+    let (home, donor) = (all.next().unwrap(), all.next().unwrap());
+    let id = Uuid::new_v4();
+    let first = sale::borrow(&env.redis, donor, home, id, 1)
+        .await?
+        .expect("taken");
+    let again = sale::borrow(&env.redis, donor, home, id, 1)
+        .await?
+        .expect("answered");
+    assert_eq!((first.units, again.units), (2, 2), "half of 4, once");
+    assert_eq!(stocks(&env, &a).await, vec![4, 2, 4]);
+    assert_conserved(&env, &a).await;
+    // Finished twice (the buyer's background retry and reconcile, say): credited once.
+    buckets::finish_by_id(&env.redis, donor, home, id).await?;
+    buckets::finish_by_id(&env.redis, donor, home, id).await?;
+    assert_eq!(stocks(&env, &a).await, vec![6, 2, 4]);
+    assert_conserved(&env, &a).await;
     Ok(())
 }

@@ -43,9 +43,10 @@ use rand::{Rng, SeedableRng};
 use reconcile::{Reconcile, ReconcileReport};
 use seckill_entry::EntryState;
 use seckill_shared::activity::{self, ActivityPatch};
+use seckill_shared::buckets;
 use seckill_shared::cache::Redis;
 use seckill_shared::config::Config;
-use seckill_shared::keys::SENTINEL;
+use seckill_shared::keys::{Bucket, SENTINEL};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, Order};
 use seckill_shared::pause;
@@ -352,6 +353,8 @@ struct Chaos {
     private: Option<PrivateRedis>,
     router: axum::Router,
     sales: Vec<i64>,
+    /// Each sale's bucket count (1: one bucket).
+    buckets: HashMap<i64, u32>,
     stocks: Vec<i64>,
     users: Vec<String>,
     attempts_budget: u64,
@@ -520,9 +523,23 @@ impl Chaos {
         if rng.random_bool(0.5) {
             stocks.push(rng.random_range(10..=40));
         }
+        // Half the sales keep their stock in 2-4 buckets (their own stream: the rest of the
+        // seed's scenario is drawn as before).
+        let mut layout = seeded(seed, 11);
         let mut sales = Vec::new();
+        let mut buckets = HashMap::new();
         for &stock in &stocks {
-            sales.push(env.open_sale(stock, PER_ORDER_LIMIT).await?.id);
+            let count = if layout.random_bool(0.5) {
+                layout.random_range(2..=4)
+            } else {
+                1
+            };
+            let id = env
+                .open_sale_in_buckets(stock, PER_ORDER_LIMIT, count)
+                .await?
+                .id;
+            sales.push(id);
+            buckets.insert(id, count);
         }
         let users = (0..rng.random_range(15..=45))
             .map(|i| format!("user-{i}"))
@@ -541,6 +558,7 @@ impl Chaos {
             private,
             router,
             sales,
+            buckets,
             stocks,
             users,
             attempts_budget,
@@ -558,15 +576,27 @@ impl Chaos {
             String::new()
         };
         println!(
-            "seed={} [{}]: sales {:?} with stock {:?} (limit {PER_ORDER_LIMIT}), {} users, \
-             {} attempts, {phase:?} of actors{grace}",
+            "seed={} [{}]: sales {:?} with stock {:?} in {:?} bucket(s) (limit {PER_ORDER_LIMIT}), \
+             {} users, {} attempts, {phase:?} of actors{grace}",
             self.seed,
             self.variant,
             self.sales,
             self.stocks,
+            self.sales.iter().map(|id| self.buckets[id]).collect::<Vec<_>>(),
             self.users.len(),
             self.attempts_budget
         );
+    }
+
+    /// Every bucket of a sale.
+    fn buckets_of(&self, id: i64) -> impl Iterator<Item = Bucket> {
+        Bucket::all(id, self.buckets.get(&id).copied().unwrap_or(1))
+    }
+
+    /// Every bucket's snapshot of a sale, bucket 0 first.
+    async fn snapshots(&self, id: i64) -> anyhow::Result<Vec<(Bucket, sale::Snapshot)>> {
+        let count = self.buckets.get(&id).copied().unwrap_or(1);
+        Ok(buckets::snapshots(&self.patient, id, count).await?)
     }
 
     /// The RNG of one actor (`stream`), derived from the seed only.
@@ -1208,19 +1238,29 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
             }
         }
         None => {
+            // A bucketed sale may lose one bucket alone (its shard restarted empty).
+            let one = rng.random_bool(0.5);
             for &id in &c.sales {
-                let k = c.patient.keys(id);
-                let _: i64 = c
-                    .patient
-                    .cmd(
-                        redis::cmd("DEL")
-                            .arg(&k.meta)
-                            .arg(&k.users)
-                            .arg(&k.ledger)
-                            .arg(&k.lock)
-                            .arg(&k.fence),
-                    )
-                    .await?;
+                let all: Vec<Bucket> = c.buckets_of(id).collect();
+                let lost = if one && all.len() > 1 {
+                    vec![all[rng.random_range(0..all.len())]]
+                } else {
+                    all
+                };
+                for bucket in lost {
+                    let k = c.patient.bucket_keys(bucket);
+                    let _: i64 = c
+                        .patient
+                        .cmd(
+                            redis::cmd("DEL")
+                                .arg(&k.meta)
+                                .arg(&k.users)
+                                .arg(&k.ledger)
+                                .arg(&k.lock)
+                                .arg(&k.fence),
+                        )
+                        .await?;
+                }
             }
         }
     }
@@ -1242,14 +1282,16 @@ async fn watcher(c: Arc<Chaos>) -> anyhow::Result<()> {
 impl Chaos {
     async fn sample(&self, id: i64) -> anyhow::Result<()> {
         // The raw value: the snapshot reports a negative stock as missing.
-        match sale::stock(&self.patient, id).await {
-            Ok(Some(stock)) if stock < 0 => self.violate(
-                "redis_stock_never_negative",
-                Some(id),
-                format!("Redis stock was {stock}"),
-            ),
-            Ok(_) => {}
-            Err(_) => self.count(|r| r.watcher_errors += 1),
+        for bucket in self.buckets_of(id) {
+            match sale::stock(&self.patient, bucket).await {
+                Ok(Some(stock)) if stock < 0 => self.violate(
+                    "redis_stock_never_negative",
+                    Some(id),
+                    format!("Redis stock of bucket {} was {stock}", bucket.index),
+                ),
+                Ok(_) => {}
+                Err(_) => self.count(|r| r.watcher_errors += 1),
+            }
         }
         // One statement, one snapshot: the total and the orders are read at the same moment.
         let (total, remaining, sold): (i32, i32, i64) = sqlx::query_as(
@@ -1357,13 +1399,27 @@ impl Chaos {
         loop {
             let mut busy = false;
             for &id in &self.sales {
-                busy |= !sale::snapshot(&self.patient, id).await?.ledger.is_empty();
+                for (_, snap) in self.snapshots(id).await? {
+                    busy |= !snap.ledger.is_empty();
+                }
             }
             if !busy || Instant::now() >= until {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// A sale's buckets as one snapshot: loaded when every bucket is, the stock their sum, the
+/// ledger every bucket's entries, the participants their sum.
+fn whole(snaps: &[(Bucket, sale::Snapshot)]) -> sale::Snapshot {
+    sale::Snapshot {
+        loaded: snaps.iter().all(|(_, s)| s.loaded),
+        stock: snaps.iter().map(|(_, s)| s.stock).sum(),
+        participants: snaps.iter().map(|(_, s)| s.participants).sum(),
+        ledger: snaps.iter().flat_map(|(_, s)| s.ledger.clone()).collect(),
+        seq: 0,
     }
 }
 
@@ -1426,7 +1482,8 @@ fn some<T: fmt::Debug>(items: &[T]) -> String {
 impl Chaos {
     /// Every check of one sale at quiescence.
     async fn check_sale(&self, id: i64) -> anyhow::Result<()> {
-        let snap = sale::snapshot(&self.patient, id).await?;
+        let snaps = self.snapshots(id).await?;
+        let snap = whole(&snaps);
         self.check_stock(id, &snap).await?;
         self.check_ledger_empty(id, &snap);
         let rows = self.rows(id).await?;
@@ -1460,9 +1517,16 @@ impl Chaos {
             .with_context(|| format!("sale {id} is gone from the database"))?;
         let (total, remaining) = (i64::from(a.total_stock), i64::from(a.remaining_stock));
         let confirmed = order::sold_quantity(pool, id).await?;
-        // The raw value: the snapshot reports a negative stock as missing.
-        let stock = sale::stock(&self.patient, id).await?;
-        let pending = snap.pending_quantity();
+        // The raw values: the snapshot reports a negative stock as missing.
+        let mut stock = Some(0);
+        for bucket in self.buckets_of(id) {
+            stock = match (stock, sale::stock(&self.patient, bucket).await?) {
+                (Some(sum), Some(s)) => Some(sum + s),
+                _ => None,
+            };
+        }
+        // Units between two buckets count where they are: nowhere else.
+        let pending = snap.pending_quantity() + snap.transfer_quantity();
         match stock.filter(|_| snap.loaded) {
             Some(stock) if stock + pending + confirmed != total => self.violate(
                 "conservation",
@@ -1547,9 +1611,21 @@ impl Chaos {
         snap: &sale::Snapshot,
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<()> {
-        let k = self.patient.keys(id);
-        let mut members: HashSet<String> =
-            self.patient.cmd(redis::cmd("HKEYS").arg(&k.users)).await?;
+        let mut members: HashSet<String> = HashSet::new();
+        for bucket in self.buckets_of(id) {
+            let k = self.patient.bucket_keys(bucket);
+            let users: Vec<String> = self.patient.cmd(redis::cmd("HKEYS").arg(&k.users)).await?;
+            for user in users {
+                if Bucket::home(id, bucket.count, &user) != bucket && user != SENTINEL {
+                    self.violate(
+                        "home_bucket",
+                        Some(id),
+                        format!("user {user} is in the users of bucket {}", bucket.index),
+                    );
+                }
+                members.insert(user);
+            }
+        }
         members.remove(SENTINEL);
         let mut holders: HashSet<String> = rows
             .values()

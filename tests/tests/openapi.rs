@@ -180,6 +180,12 @@ fn the_documented_bounds_are_the_validated_ones() {
             "{schema}"
         );
         assert_eq!(p["title"]["maxLength"], 200, "{schema}");
+        assert_eq!(
+            p["buckets"]["maximum"],
+            seckill_shared::keys::MAX_BUCKETS,
+            "{schema}"
+        );
+        assert_eq!(p["buckets"]["minimum"], 1, "{schema}");
     }
     assert_eq!(
         schemas["PurchaseBody"]["properties"]["quantity"]["maximum"],

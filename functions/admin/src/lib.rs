@@ -301,10 +301,8 @@ fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
 type Plan = Vec<(Bucket, i64)>;
 
 /// `adjust.lua` for the holder of `guard`, in every bucket of a sale with `buckets` buckets:
-/// the new meta everywhere, and the stock `delta` spread over them. A raise is split evenly;
-/// a lower takes from the buckets that hold the most, re-reading a bucket that refused (its
-/// buyers took units meanwhile), and is refused whole, with what it took put back, when the
-/// buckets together hold less than it takes.
+/// the new meta everywhere, and the stock `delta` (a raise, or any change of a sale with one
+/// bucket) split evenly over them.
 async fn adjust(
     state: &AdminState,
     guard: &LockGuard,
@@ -314,19 +312,38 @@ async fn adjust(
     change: &str,
 ) -> Result<(Adjust, Plan), ApiError> {
     let (redis, owner, id) = (&state.redis, &guard.owner, guard.activity_id);
-    if buckets <= 1 || delta >= 0 {
-        let shares = buckets::split(delta, buckets);
-        let mut plan = Plan::new();
-        for (bucket, share) in Bucket::all(id, buckets).zip(shares) {
-            match sale::adjust(redis, bucket, owner, share, meta, change).await? {
-                Adjust::Applied => plan.push((bucket, share)),
-                other => return Ok((other, plan)),
-            }
+    let shares = buckets::split(delta, buckets);
+    let mut plan = Plan::new();
+    for (bucket, share) in Bucket::all(id, buckets).zip(shares) {
+        match sale::adjust(redis, bucket, owner, share, meta, change).await? {
+            Adjust::Applied => plan.push((bucket, share)),
+            other => return Ok((other, plan)),
         }
-        return Ok((Adjust::Applied, plan));
+    }
+    Ok((Adjust::Applied, plan))
+}
+
+/// A lower of a bucketed sale, before its commit: takes `units` from the buckets that hold the
+/// most, re-reading a bucket that refused (its buyers took units meanwhile), up to three
+/// passes. The buckets keep the meta `current` (the new one is written after the commit), so
+/// a lower refused or not committed leaves no trace of its other fields. When the buckets
+/// together hold less than it takes, what it took is put back and it is refused whole. A
+/// sale not loaded in every bucket is not touched (`NotLoaded`): the commit is enough, and
+/// the next load reads it.
+async fn take_from_buckets(
+    state: &AdminState,
+    guard: &LockGuard,
+    buckets: u32,
+    units: i64,
+    current: &SaleMeta,
+    change: &str,
+) -> Result<(Adjust, Plan), ApiError> {
+    let (redis, owner, id) = (&state.redis, &guard.owner, guard.activity_id);
+    if !buckets::all_loaded(redis, id, buckets).await? {
+        return Ok((Adjust::NotLoaded, Plan::new()));
     }
     let mut plan = Plan::new();
-    let mut left = -delta;
+    let mut left = units;
     for pass in 0..3 {
         if left == 0 {
             break;
@@ -343,7 +360,7 @@ async fn adjust(
                 continue;
             }
             let step = format!("{change}-{pass}");
-            match sale::adjust(redis, bucket, owner, -take, meta, &step).await? {
+            match sale::adjust(redis, bucket, owner, -take, current, &step).await? {
                 Adjust::Applied => {
                     left -= take;
                     plan.push((bucket, -take));
@@ -355,18 +372,8 @@ async fn adjust(
     }
     if left > 0 {
         let held = buckets::stock(redis, id, buckets).await?.unwrap_or(0);
-        revert(state, guard, &plan, meta, &format!("{change}-undo")).await;
+        revert(state, guard, &plan, current, &format!("{change}-undo")).await;
         return Ok((Adjust::WouldGoNegative { stock: held }, Plan::new()));
-    }
-    // The new meta in the buckets the lower took nothing from.
-    for bucket in Bucket::all(id, buckets) {
-        if plan.iter().any(|(b, _)| *b == bucket) {
-            continue;
-        }
-        match sale::adjust(redis, bucket, owner, 0, meta, change).await? {
-            Adjust::Applied => plan.push((bucket, 0)),
-            other => return Ok((other, plan)),
-        }
     }
     Ok((Adjust::Applied, plan))
 }
@@ -508,15 +515,13 @@ async fn lower(
     let (id, delta) = (guard.activity_id, change.delta);
     let new_meta = sale_meta(state, &change.merged, change.version);
     let buckets = change.before.bucket_count();
-    let (adjusted, plan) = adjust(
-        state,
-        guard,
-        buckets,
-        delta,
-        &new_meta,
-        &guard.token.to_string(),
-    )
-    .await?;
+    let change_id = guard.token.to_string();
+    let (adjusted, plan) = if buckets > 1 {
+        let current = sale_meta(state, &change.before_merged(), change.before.config_version);
+        take_from_buckets(state, guard, buckets, -delta, &current, &change_id).await?
+    } else {
+        adjust(state, guard, 1, delta, &new_meta, &change_id).await?
+    };
     match adjusted {
         Adjust::Applied | Adjust::NotLoaded => {}
         Adjust::NotOwner => return Err(LockError::Lost.into()),
@@ -541,7 +546,17 @@ async fn lower(
     }
     .await;
     match committed {
-        Ok(updated) => loaded_if_due(state, guard, adjusted, updated).await,
+        Ok(updated) => {
+            if buckets > 1 && adjusted == Adjust::Applied {
+                // The new meta, now that the database holds it (a failure leaves the older
+                // version, which preheat refreshes).
+                let meta_id = format!("{change_id}-meta");
+                if let Err(e) = adjust(state, guard, buckets, 0, &new_meta, &meta_id).await {
+                    tracing::warn!(activity_id = id, error = %e, "lower committed; meta left to preheat");
+                }
+            }
+            loaded_if_due(state, guard, adjusted, updated).await
+        }
         Err(e) => after_failed_lower(state, guard, &change, adjusted, &plan, e).await,
     }
 }

@@ -393,14 +393,11 @@ async fn decide(
         deadline_ms: deadline,
     };
     let known = r.buckets.unwrap_or(1);
-    let decided = buckets::purchase(&s.redis, &buy, known)
-        .await
-        .map(|(d, count)| {
-            if count != known {
-                s.bucket_counts.put(r.activity_id, count);
-            }
-            d
-        });
+    let mut count = known;
+    let decided = buckets::purchase(&s.redis, &buy, &mut count).await;
+    if count != known {
+        s.bucket_counts.put(r.activity_id, count);
+    }
     let decided = match decided {
         Ok(_) if seckill_shared::pause::fail("entry.purchase.reply_lost", r.activity_id) => {
             Err(CacheError::Timeout(s.config.redis_timeout))
@@ -421,7 +418,11 @@ async fn decide(
             Span::current().record("outcome", "unavailable");
             tracing::info!(activity_id = r.activity_id, request_id = %r.request_id, error = %e,
                 "purchase script unanswered; giving back whatever it did");
-            give_back_unanswered(state, reservation.clone()).await;
+            let reservation = OrderMessage {
+                buckets: (count > 1).then_some(count),
+                ..reservation.clone()
+            };
+            give_back_unanswered(state, reservation).await;
             Err(e.into())
         }
     }
