@@ -1,10 +1,11 @@
 //! `make bench` (`cargo run --release -p seckill-bench -- [--quick]`): stock-deduction
 //! strategies (Lua script, HINCRBY with compensation, lock, database only), measured side by
-//! side in one run on the real local Redis, PostgreSQL and SQS emulator, plus the entry
-//! handler's cost, the sold-out cache, accepted purchases with their SQS send, the order
-//! consumer, Redis memory per participant and the Lambda binaries. Prints one table (stdout),
-//! progress on stderr, and writes `RESULTS.md` and `results.json` (to `bench/` for a full run,
-//! `target/bench/` for `--quick`).
+//! side in one run on the real local Redis, PostgreSQL and SQS emulator, plus one hot sale
+//! with its stock in buckets on the 3-node Redis Cluster, the entry handler's cost, the
+//! sold-out cache, accepted purchases with their SQS send, the order consumer, Redis memory
+//! per participant and the Lambda binaries. Prints one table (stdout), progress on stderr,
+//! and writes `RESULTS.md` and `results.json` (to `bench/` for a full run, `target/bench/`
+//! for `--quick`).
 //!
 //! Benchmarks print figures; nothing here asserts a timing.
 //!
@@ -12,6 +13,8 @@
 //! - [`util`]: the bounded concurrent loop, hdrhistogram, INFO commandstats, stock sampler.
 //! - [`strategies`]: lua / hincrby / lock / db-only / limit under two workloads, kill runs.
 //! - [`scripts`]: the widely copied purchase scripts and ours by EVALSHA, server µs per call.
+//! - [`buckets`]: one hot sale in 1, 3 and 8 stock buckets on the cluster, per-node share of
+//!   the script calls, commands per attempt, undersell.
 //! - [`entry`]: the entry router in-process and over HTTP, sold-out flood, public view,
 //!   accepted + SQS.
 //! - [`costs`]: what each candidate on the entry's refusal path costs, before and after.
@@ -24,6 +27,7 @@
 
 mod alloc;
 mod binaries;
+mod buckets;
 mod consumer;
 mod costs;
 mod entry;
@@ -54,14 +58,15 @@ pub struct Args {
     /// Attempts per strategy and workload (default 20000; 3000 with --quick).
     #[arg(long)]
     pub attempts: Option<usize>,
-    /// Concurrent tasks for the strategies and the entry loops.
+    /// Concurrent tasks for the strategies, the buckets section and the entry loops.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
-    /// Sections to run (comma-separated): strategies,scripts,entry,consumer,polls,memory,binaries.
+    /// Sections to run (comma-separated):
+    /// strategies,scripts,buckets,entry,consumer,polls,memory,binaries.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "strategies,scripts,entry,consumer,polls,memory,binaries"
+        default_value = "strategies,scripts,buckets,entry,consumer,polls,memory,binaries"
     )]
     pub sections: Vec<String>,
     /// Where RESULTS.md and results.json go.
@@ -120,6 +125,11 @@ pub struct Sizes {
     /// Orders in the table while `GET …/orders/me` is polled.
     pub poll_orders: usize,
     pub polls: usize,
+    /// The buckets section's hot sale: its stock, the attempts (one user each) per bucket
+    /// count, and the counts.
+    pub bucket_stock: i64,
+    pub bucket_attempts: usize,
+    pub bucket_counts: Vec<u32>,
 }
 
 impl Sizes {
@@ -147,6 +157,9 @@ impl Sizes {
             init_repeats: if q { 1 } else { 3 },
             poll_orders: if q { 100_000 } else { 1_000_000 },
             polls: if q { 5_000 } else { 50_000 },
+            bucket_stock: if q { 300 } else { 3_000 },
+            bucket_attempts: if q { 3_000 } else { 30_000 },
+            bucket_counts: vec![1, 3, 8],
         }
     }
 }
@@ -186,6 +199,7 @@ fn main() -> anyhow::Result<()> {
 pub struct Results {
     pub rows: Vec<strategies::Row>,
     pub scripts: Vec<scripts::ScriptRow>,
+    pub buckets: Vec<buckets::BucketRow>,
     pub entry: Option<entry::EntryResults>,
     pub consumer: Option<consumer::ConsumerResults>,
     pub polls: Option<polls::PollResults>,
@@ -289,6 +303,9 @@ async fn measure(args: &Args, sizes: &Sizes, stores: &mut Stores) -> anyhow::Res
         )
         .await?;
     }
+    if want("buckets") {
+        results.buckets = measure_buckets(sizes, stores).await?;
+    }
     if want("entry") {
         results.entry = Some(measure_entry(sizes, stores).await?);
     }
@@ -349,6 +366,23 @@ async fn measure_strategies(
         rows.extend(strategies::run_workload(&mut env, wl, sizes.kill_attempts).await?);
     }
     Ok(rows)
+}
+
+async fn measure_buckets(
+    sizes: &Sizes,
+    stores: &Stores,
+) -> anyhow::Result<Vec<buckets::BucketRow>> {
+    eprintln!(
+        "== stock buckets on the cluster ({} tasks, one cluster connection)",
+        sizes.concurrency
+    );
+    let bucket_sizes = buckets::Sizes {
+        stock: sizes.bucket_stock,
+        attempts: sizes.bucket_attempts,
+        concurrency: sizes.concurrency,
+        counts: sizes.bucket_counts.clone(),
+    };
+    buckets::run(&stores.database_url, &stores.pool, &bucket_sizes).await
 }
 
 async fn measure_entry(sizes: &Sizes, stores: &Stores) -> anyhow::Result<entry::EntryResults> {

@@ -3,11 +3,12 @@
 //! # Layout
 //! - [`machine`]: where and when the run happened (RESULTS.md's header).
 //! - One module per section of the table, in the order it prints them: [`strategies`],
-//!   [`scripts`], [`ratios`] (also computed here for results.json), [`entry`], [`consumer`],
-//!   [`polls`], [`memory`], [`binaries`].
+//!   [`scripts`], [`buckets`], [`ratios`] (also computed here for results.json), [`entry`],
+//!   [`consumer`], [`polls`], [`memory`], [`binaries`].
 //! - `method.md`: "How it was measured", the end of RESULTS.md.
 
 mod binaries;
+mod buckets;
 mod consumer;
 mod entry;
 mod machine;
@@ -58,6 +59,7 @@ impl Document {
             "sizes": self.sizes,
             "rows": self.results.rows,
             "scripts": self.results.scripts,
+            "buckets": self.results.buckets,
             "ratios": self.ratios,
             "entry": self.results.entry,
             "consumer": self.results.consumer,
@@ -76,6 +78,9 @@ impl Document {
         }
         if !r.scripts.is_empty() {
             scripts::table(&mut s, &r.scripts);
+        }
+        if !r.buckets.is_empty() {
+            buckets::table(&mut s, &r.buckets);
         }
         ratios::table(&mut s, &self.ratios);
         if let Some(e) = &r.entry {

@@ -13,10 +13,10 @@
 //!   it, on a sale loaded by the product's own preheat (`testing::load_without_db`).
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
 //! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
-//!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET and the
-//!   loaded check), `ours-clock` (+ TIME), `ours-checks` (+ every check up to the stock
-//!   comparison); a test holds them to the script's own lines. With
-//!   `floor` below them and ours' whole script above (which adds the answer table), the rows
+//!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET, the
+//!   loaded and bucket-count checks, the credits block a refusal skips), `ours-clock`
+//!   (+ TIME), `ours-checks` (+ every check up to the stock comparison); a test holds them to
+//!   the script's own lines. With `floor` below them and ours' whole script above (which adds the answer table), the rows
 //!   are the refusal's profile on the server.
 //!
 //! Each row also splits its server time: the µs spent inside the Redis commands the script
@@ -46,23 +46,43 @@ static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
 static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
 
-/// `lua/purchase.lua`'s first step: the meta read (and whether the sale is loaded).
-const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq')
+/// `lua/purchase.lua`'s first step: the meta read, whether the sale is loaded, whether the
+/// caller chose the bucket with the sale's bucket count, and the credits block (skipped: a
+/// refusal brings no credits).
+const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq', 'buckets')
 if not meta[1] then return 1 end
 local epoch = tonumber(meta[4] or '0')
+local buckets = tonumber(meta[7] or '1')
+if buckets ~= tonumber(ARGV[5] or '1') then return 8 end
+local credited = 1
+if #ARGV > 5 then
+  local stock, moved = tonumber(meta[5] or '0'), false
+  for i = 6, #ARGV - 2, 3 do
+    if tonumber(ARGV[i + 2]) ~= epoch then
+      credited = 0
+    elseif redis.call('HSETNX', KEYS[1], 'in:' .. ARGV[i], ARGV[i + 1]) == 1 then
+      stock, moved = stock + tonumber(ARGV[i + 1]), true
+    end
+  end
+  if moved then
+    meta[5], meta[6] = stock, tonumber(meta[6] or '0') + 1
+    redis.call('HSET', KEYS[1], 'stock', meta[5], 'seq', meta[6])
+  end
+end
 ";
 /// Its second: the server clock.
 const OURS_CLOCK: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
-/// Its checks, as it makes them, up to the stock comparison (a refusal's last step).
+/// Its checks, as it makes them, up to the stock comparison (a refusal's last step in a sale
+/// with one bucket).
 const OURS_CHECKS: &str = "if now > tonumber(ARGV[4]) then return 7 end
 if now < tonumber(meta[1]) then return 2 end
 if now >= tonumber(meta[2]) then return 3 end
 local qty = tonumber(ARGV[2])
 if qty > tonumber(meta[3]) then return 4 end
 local stock = tonumber(meta[5] or '0')
-if stock < qty then return 5 end
+if stock < qty and buckets == 1 then return 5 end
 ";
 static OURS_READ_ONLY: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{OURS_READ}return 0")));
@@ -116,7 +136,7 @@ impl Peer {
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
             Peer::Ours => "ours: lua/purchase.lua via sale::purchase",
             Peer::Floor => "floor: return 0 (any EVALSHA)",
-            Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded?)",
+            Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded? bucket count?)",
             Peer::OursClock => "ours' refusal, steps 1-2: + TIME",
             Peer::OursChecks => "ours' refusal, steps 1-3: + the checks (bare code answered)",
         }
@@ -375,7 +395,8 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
             let k = c.redis.keys(1);
             cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
             cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
-            cmd.arg(sale::far_deadline());
+            // The bucket count `sale::purchase` passes for a sale with one bucket.
+            cmd.arg(sale::far_deadline()).arg(1);
             // Each cut answers one integer: 0 after the reads, 5 (sold out) after the checks.
             let code: i64 = cmd.query_async(&mut cm).await?;
             let expected = if c.peer == Peer::OursChecks { 5 } else { 0 };

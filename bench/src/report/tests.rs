@@ -5,6 +5,7 @@
 
 use super::{Document, Machine};
 use crate::binaries::BinaryRow;
+use crate::buckets::{BucketRow, NodeShare};
 use crate::consumer::{ConsumerResults, ConsumerRun};
 use crate::costs::{Cost, Variant};
 use crate::entry::{EntryResults, Measure, PublicView};
@@ -48,6 +49,9 @@ fn sizes() -> Sizes {
         init_repeats: 1,
         poll_orders: 100_000,
         polls: 5_000,
+        bucket_stock: 300,
+        bucket_attempts: 3_000,
+        bucket_counts: vec![1, 3, 8],
     }
 }
 
@@ -185,6 +189,59 @@ fn scripts() -> Vec<ScriptRow> {
         script_row("seed000", "failure-heavy", Some(2.0), Some(0.5)),
         script_row("ours", "failure-heavy", Some(2.2), Some(1.0)),
         script_row("floor", "failure-heavy", Some(0.75), Some(0.0)),
+    ]
+}
+
+fn bucket_row(buckets: u32, attempts_per_s: f64, shares: [(u32, u64); 3]) -> BucketRow {
+    let scripts: u64 = shares.iter().map(|(_, calls)| calls).sum();
+    let nodes = shares
+        .iter()
+        .zip(["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"])
+        .map(|(&(held, calls), node)| NodeShare {
+            node: node.into(),
+            buckets: held,
+            script_calls: calls,
+            share: 100.0 * calls as f64 / scripts as f64,
+            commands: 3 * calls,
+        })
+        .collect();
+    BucketRow {
+        buckets,
+        attempts: 3_000,
+        stock: 300,
+        concurrency: 64,
+        seconds: 0.5,
+        attempts_per_s,
+        p50_ms: 2.5,
+        p99_ms: 7.125,
+        sold_out_after_s: 0.125,
+        selling_attempts_per_s: attempts_per_s * 1.5,
+        nodes,
+        script_calls_per_attempt: scripts as f64 / 3_000.0,
+        redis_commands_per_attempt: 3.0 * scripts as f64 / 3_000.0,
+        sold: 300,
+        sold_out: 2_700,
+        stock_left: 0,
+        in_transfer: 0,
+        reserved: 300,
+        undersell: Some(0),
+        errors: 0,
+    }
+}
+
+/// One bucket (one node by design), three with the goal met, eight with it missed and a unit
+/// left unsold.
+fn bucket_rows() -> Vec<BucketRow> {
+    let eight = BucketRow {
+        sold: 299,
+        stock_left: 1,
+        undersell: Some(1),
+        ..bucket_row(8, 9_000.0, [(3, 12_000), (4, 10_500), (1, 1_500)])
+    };
+    vec![
+        bucket_row(1, 12_000.0, [(0, 0), (1, 3_000), (0, 0)]),
+        bucket_row(3, 15_000.0, [(1, 2_700), (1, 2_800), (1, 2_900)]),
+        eight,
     ]
 }
 
@@ -344,6 +401,7 @@ fn full_results() -> Results {
     Results {
         rows: rows(),
         scripts: scripts(),
+        buckets: bucket_rows(),
         entry: Some(entry()),
         consumer: Some(consumer()),
         polls: Some(polls()),

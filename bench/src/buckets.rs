@@ -1,0 +1,422 @@
+//! Stock buckets on the 3-master Redis Cluster: one hot sale, the same crowd (distinct users,
+//! one unit each, demand well above the stock) bought through `buckets::purchase` as the
+//! entry calls it (knowing the sale's bucket count), with the stock in 1, 3 and 8 buckets.
+//!
+//! Each row reads `INFO commandstats` on every node of the cluster directly (a standalone
+//! connection per node) before and after the crowd, and diffs them: the node's script calls
+//! (`evalsha` + `eval`) as a share of the row's, and every command the nodes ran (those the
+//! scripts called included) per attempt. The counters are server-wide and never reset (other
+//! clients of the cluster may be counting too): the row's figures are differences.
+//!
+//! At the end of each row every bucket is read (`buckets::snapshots`): the units still in
+//! stock, the units in transfer between buckets (borrowed, not yet credited), and the
+//! reservations. With demand at or above the stock, every unit should have been sold.
+
+use crate::util::{self, Outcome};
+use chrono::Utc;
+use redis::aio::MultiplexedConnection;
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::buckets::{self, Purchase};
+use seckill_shared::cache::Redis;
+use seckill_shared::config::RedisTopology;
+use seckill_shared::keys::{self, Bucket};
+use seckill_shared::testing::{self, RedisKind};
+use seckill_shared::{load, sale, Config, Refusal};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// The share of a bucketed row's script calls each node should carry, in percent: with the
+/// buckets on every node, none idle and none the hot spot.
+pub const SHARE_GOAL: (f64, f64) = (20.0, 45.0);
+
+/// The section's sizes.
+pub struct Sizes {
+    pub stock: i64,
+    /// Attempts per row, each by a user of its own.
+    pub attempts: usize,
+    pub concurrency: usize,
+    /// The bucket counts measured, one row each.
+    pub counts: Vec<u32>,
+}
+
+/// One cluster node's part of a row.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeShare {
+    /// `host:port`, as `REDIS_CLUSTER_URLS` names it.
+    pub node: String,
+    /// The sale's buckets whose slot this node serves.
+    pub buckets: u32,
+    /// `evalsha` + `eval` calls over the row.
+    pub script_calls: u64,
+    /// Percent of the row's script calls.
+    pub share: f64,
+    /// Every command over the row (the scripts' own calls included; `INFO` not counted).
+    pub commands: u64,
+}
+
+/// One bucket count under the crowd.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BucketRow {
+    pub buckets: u32,
+    pub attempts: usize,
+    pub stock: i64,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub attempts_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// When the last unit sold, from the start of the crowd.
+    pub sold_out_after_s: f64,
+    /// The attempts handed out up to the one that bought the last unit, per second of that
+    /// time: the rate while there was stock to sell (the rest of the crowd is refusals).
+    pub selling_attempts_per_s: f64,
+    pub nodes: Vec<NodeShare>,
+    pub script_calls_per_attempt: f64,
+    /// Commands the three nodes executed per attempt, the scripts' own calls included.
+    pub redis_commands_per_attempt: f64,
+    pub sold: u64,
+    pub sold_out: u64,
+    /// Units left in the buckets' stock when every attempt is done.
+    pub stock_left: i64,
+    /// Units taken from a bucket for another and not yet known to be there.
+    pub in_transfer: i64,
+    /// Units the buckets' ledgers hold as reservations (each a sale the crowd was told of).
+    pub reserved: i64,
+    /// Stock − sold when the demand was at least the stock (`None` otherwise).
+    pub undersell: Option<i64>,
+    pub errors: u64,
+}
+
+impl BucketRow {
+    /// Whether every node carried its share of the script calls; `None` for one bucket,
+    /// which is one slot and so one node by design.
+    pub fn shares_met(&self) -> Option<bool> {
+        (self.buckets > 1).then(|| {
+            let (lo, hi) = SHARE_GOAL;
+            self.nodes.iter().all(|n| n.share >= lo && n.share <= hi)
+        })
+    }
+}
+
+/// Every bucket count of `sizes`, after a discarded warm-up on a sale spread over all of
+/// them; the section's keys are deleted at the end, whatever happened.
+pub async fn run(
+    database_url: &str,
+    pool: &PgPool,
+    sizes: &Sizes,
+) -> anyhow::Result<Vec<BucketRow>> {
+    let mut config = testing::config(database_url, RedisKind::Cluster);
+    config.key_prefix = util::fresh_prefix();
+    let redis = Redis::connect(&config).await?;
+    let mut nodes = Nodes::connect(&config.redis).await?;
+    let users: Arc<Vec<String>> = Arc::new(
+        (0..sizes.attempts)
+            .map(|i| format!("buyer-{i:07}"))
+            .collect(),
+    );
+    let result = measure_all(&config, &redis, pool, &mut nodes, &users, sizes).await;
+    if let Err(e) = nodes.delete_prefix(&config.key_prefix).await {
+        eprintln!("  ! could not delete the buckets section's keys: {e:#}");
+    }
+    result
+}
+
+async fn measure_all(
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    nodes: &mut Nodes,
+    users: &Arc<Vec<String>>,
+    sizes: &Sizes,
+) -> anyhow::Result<Vec<BucketRow>> {
+    // Connections to every node, the scripts in every node's cache, the runtime warm.
+    let widest = sizes.counts.iter().copied().max().unwrap_or(1);
+    let warm = Sizes {
+        stock: (sizes.stock / 10).max(i64::from(widest)),
+        attempts: sizes.attempts.min(2_000),
+        concurrency: sizes.concurrency,
+        counts: vec![widest],
+    };
+    measure(config, redis, pool, nodes, users, &warm, widest).await?;
+    let mut rows = Vec::new();
+    for &count in &sizes.counts {
+        eprintln!(
+            "- {count} bucket(s): {} attempts, stock {}",
+            sizes.attempts, sizes.stock
+        );
+        let row = measure(config, redis, pool, nodes, users, sizes, count).await?;
+        let shares: Vec<String> = row
+            .nodes
+            .iter()
+            .map(|n| format!("{} {:.1} %", n.node, n.share))
+            .collect();
+        eprintln!(
+            "  {:>8.0}/s  p99 {:.2} ms  scripts/attempt {:.2}  cmds/attempt {:.2}  sold {} / {}  left {}  [{}]",
+            row.attempts_per_s,
+            row.p99_ms,
+            row.script_calls_per_attempt,
+            row.redis_commands_per_attempt,
+            row.sold,
+            row.stock,
+            row.stock_left,
+            shares.join(", ")
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// What one row's attempts need.
+struct Ctx {
+    redis: Redis,
+    activity_id: i64,
+    count: u32,
+    users: Arc<Vec<String>>,
+    started: Instant,
+    /// µs from `started` to the latest sale, and the highest attempt index that bought.
+    last_sale_us: AtomicU64,
+    last_sale_index: AtomicUsize,
+}
+
+async fn measure(
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    nodes: &mut Nodes,
+    users: &Arc<Vec<String>>,
+    sizes: &Sizes,
+    count: u32,
+) -> anyhow::Result<BucketRow> {
+    let sale = open_sale(config, redis, pool, sizes.stock, count).await?;
+    let before = nodes.commandstats().await?;
+    // The clock starts with the crowd (`run_tasks` starts its own a moment later).
+    let ctx = Arc::new(Ctx {
+        redis: redis.clone(),
+        activity_id: sale.id,
+        count,
+        users: users.clone(),
+        started: Instant::now(),
+        last_sale_us: AtomicU64::new(0),
+        last_sale_index: AtomicUsize::new(0),
+    });
+    let c = ctx.clone();
+    let run = util::run_tasks(sizes.concurrency, sizes.attempts, move |i| {
+        let c = c.clone();
+        async move { attempt(&c, i).await }
+    })
+    .await;
+    let after = nodes.commandstats().await?;
+    run.warn_errors(&format!("{count} bucket(s)"));
+
+    let held = nodes.buckets_held(sale.id, count).await?;
+    let per_node: Vec<(u64, u64)> = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| (script_calls(b, a), util::commands_between(b, a)))
+        .collect();
+    let scripts: u64 = per_node.iter().map(|(s, _)| s).sum();
+    let commands: u64 = per_node.iter().map(|(_, c)| c).sum();
+    let shares = nodes
+        .names
+        .iter()
+        .zip(&held)
+        .zip(&per_node)
+        .map(|((node, &buckets), &(script_calls, commands))| NodeShare {
+            node: node.clone(),
+            buckets,
+            script_calls,
+            share: 100.0 * script_calls as f64 / scripts.max(1) as f64,
+            commands,
+        })
+        .collect();
+
+    let (mut stock_left, mut in_transfer, mut reserved) = (0, 0, 0);
+    for (_, snap) in buckets::snapshots(redis, sale.id, count).await? {
+        stock_left += snap.stock.unwrap_or(0);
+        in_transfer += snap.transfer_quantity();
+        reserved += snap.pending_quantity();
+    }
+    let attempts = sizes.attempts as f64;
+    let sold_out_after = Duration::from_micros(ctx.last_sale_us.load(Ordering::Relaxed));
+    Ok(BucketRow {
+        buckets: count,
+        attempts: sizes.attempts,
+        stock: sizes.stock,
+        concurrency: sizes.concurrency,
+        seconds: run.elapsed.as_secs_f64(),
+        attempts_per_s: run.per_sec(),
+        p50_ms: run.p50_ms(),
+        p99_ms: run.p99_ms(),
+        sold_out_after_s: sold_out_after.as_secs_f64(),
+        selling_attempts_per_s: (ctx.last_sale_index.load(Ordering::Relaxed) + 1) as f64
+            / sold_out_after.as_secs_f64().max(1e-9),
+        nodes: shares,
+        script_calls_per_attempt: scripts as f64 / attempts,
+        redis_commands_per_attempt: commands as f64 / attempts,
+        sold: run.counts.sold,
+        sold_out: run.counts.refused,
+        stock_left,
+        in_transfer,
+        reserved,
+        undersell: (sizes.attempts as i64 >= sizes.stock)
+            .then(|| sizes.stock - run.counts.sold as i64),
+        errors: run.counts.errors,
+    })
+}
+
+/// A sale open now with its stock in `count` buckets, loaded as preheat loads it (the
+/// database row, the lock, every bucket).
+async fn open_sale(
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    stock: i64,
+    count: u32,
+) -> anyhow::Result<Activity> {
+    let now = Utc::now();
+    let row = activity::insert(
+        pool,
+        &NewActivity {
+            title: format!("bench buckets x{count}"),
+            total_stock: stock,
+            per_order_limit: 1,
+            start_at: now - chrono::Duration::minutes(1),
+            end_at: now + chrono::Duration::hours(1),
+            buckets: Some(i64::from(count)),
+        },
+    )
+    .await?;
+    let (_, loaded) = load::load_under_lock(redis, pool, config, row.id).await?;
+    anyhow::ensure!(
+        buckets::all_loaded(redis, row.id, count).await?,
+        "sale {} is not loaded in {count} buckets",
+        row.id
+    );
+    Ok(loaded)
+}
+
+/// One buyer, one unit. A refusal other than `sold_out` is an error: every buyer is new and
+/// the sale is open.
+async fn attempt(c: &Ctx, i: usize) -> Outcome {
+    let buy = Purchase {
+        activity_id: c.activity_id,
+        user_id: &c.users[i % c.users.len()],
+        quantity: 1,
+        request_id: Uuid::now_v7(),
+        deadline_ms: sale::far_deadline(),
+    };
+    let mut count = c.count;
+    match buckets::purchase(&c.redis, &buy, &mut count).await {
+        Ok(Ok(_)) => {
+            let at = c.started.elapsed().as_micros() as u64;
+            c.last_sale_us.fetch_max(at, Ordering::Relaxed);
+            c.last_sale_index.fetch_max(i, Ordering::Relaxed);
+            Outcome::Sold
+        }
+        Ok(Err(Refusal::SoldOut { .. })) => Outcome::Refused,
+        Ok(Err(other)) => Outcome::Error(format!("refused: {other}")),
+        Err(e) => Outcome::Error(format!("{e:#}")),
+    }
+}
+
+/// Script calls between two snapshots of one node.
+fn script_calls(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {
+    ["evalsha", "eval"]
+        .iter()
+        .map(|name| {
+            let at = |m: &BTreeMap<String, u64>| m.get(*name).copied().unwrap_or(0);
+            at(after).saturating_sub(at(before))
+        })
+        .sum()
+}
+
+/// A standalone connection to each node of the cluster, in `REDIS_CLUSTER_URLS` order.
+struct Nodes {
+    names: Vec<String>,
+    cons: Vec<MultiplexedConnection>,
+}
+
+impl Nodes {
+    async fn connect(topology: &RedisTopology) -> anyhow::Result<Self> {
+        let RedisTopology::Cluster(urls) = topology else {
+            anyhow::bail!("the buckets section needs REDIS_CLUSTER_URLS");
+        };
+        let mut names = Vec::new();
+        let mut cons = Vec::new();
+        for url in urls {
+            let mut con = redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            con.set_response_timeout(Duration::from_secs(60));
+            let name = url.trim_start_matches("redis://").trim_end_matches('/');
+            names.push(name.to_string());
+            cons.push(con);
+        }
+        Ok(Self { names, cons })
+    }
+
+    /// Each node's `INFO commandstats` as name -> calls.
+    async fn commandstats(&mut self) -> anyhow::Result<Vec<BTreeMap<String, u64>>> {
+        let mut all = Vec::new();
+        for con in &mut self.cons {
+            all.push(util::commandstats(con).await?);
+        }
+        Ok(all)
+    }
+
+    /// How many of the sale's buckets each node holds: the node whose slot of a bucket's
+    /// tag holds keys (`CLUSTER COUNTKEYSINSLOT` is 0 on the nodes that do not serve it).
+    async fn buckets_held(&mut self, activity_id: i64, count: u32) -> anyhow::Result<Vec<u32>> {
+        let mut held = vec![0; self.cons.len()];
+        for b in Bucket::all(activity_id, count) {
+            let slot = keys::slot(&b.tag());
+            for (n, con) in self.cons.iter_mut().enumerate() {
+                let keys: i64 = redis::cmd("CLUSTER")
+                    .arg("COUNTKEYSINSLOT")
+                    .arg(slot)
+                    .query_async(con)
+                    .await?;
+                if keys > 0 {
+                    held[n] += 1;
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// Deletes every key under `prefix:` on every node, one key per UNLINK (keys of
+    /// different slots cannot share one, even on one node).
+    async fn delete_prefix(&mut self, prefix: &str) -> anyhow::Result<u64> {
+        let pattern = format!("{prefix}:*");
+        let mut deleted = 0;
+        for con in &mut self.cons {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(con)
+                    .await?;
+                for key in keys {
+                    let n: i64 = redis::cmd("UNLINK").arg(&key).query_async(con).await?;
+                    deleted += n as u64;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(deleted)
+    }
+}
