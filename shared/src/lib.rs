@@ -5,7 +5,10 @@
 //! - [`config`]: the typed settings (clap, each from its environment variable), parsed once.
 //! - [`secrets`]: database and Redis credentials from Secrets Manager (AWS only), and URL
 //!   redaction for logs.
-//! - [`keys`]: the Redis key names of one activity, all sharing the `{<activityId>}` hash tag.
+//! - [`keys`]: the Redis key names of one activity (of one of its stock buckets), each bucket's
+//!   keys sharing one hash tag; a user's home bucket.
+//! - [`buckets`]: a purchase in a bucketed sale (borrowing from the other buckets when the
+//!   home bucket is short), and the reads that add the buckets up.
 //! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
 //! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
 //! - [`sale`]: typed wrappers around every script of the sale: purchase, compensation, settle,
