@@ -688,3 +688,54 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
     assert_conserved(&env, &a).await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_order(
+) -> anyhow::Result<()> {
+    use axum::http::StatusCode;
+    use seckill_shared::testing::{call, request};
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(4, 1, 3).await?;
+    let app = common::entry_router(&env);
+    let path = format!("/activities/{}/orders", a.id);
+    let buyers: Vec<String> = (0..3)
+        .flat_map(|i| users_at_home(a.id, 3, i, 2, &format!("http{i}")))
+        .collect();
+    let mut accepted = Vec::new();
+    for user in &buyers {
+        let (status, body) = call(&app, request("POST", &path, Some((user, "")), None)).await;
+        match status {
+            StatusCode::ACCEPTED => accepted.push(user.clone()),
+            StatusCode::CONFLICT => assert_eq!(body["error"], "sold_out", "{body}"),
+            other => panic!("{other} {body}"),
+        }
+        if status == StatusCode::ACCEPTED {
+            // The buyer's order, from the ledger of their home bucket, wherever that is.
+            let me = format!("/activities/{}/orders/me", a.id);
+            let (_, mine) = call(&app, request("GET", &me, Some((user, "")), None)).await;
+            assert_eq!(mine["status"], "pending", "{user}: {mine}");
+        }
+    }
+    assert_eq!(accepted.len(), 4, "every unit, whichever buckets held them");
+    let sent: Vec<OrderMessage> = env
+        .drain_messages(10)
+        .await?
+        .iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect();
+    assert_eq!(sent.len(), 4);
+    assert!(sent.iter().all(|m| m.buckets == Some(3)), "{sent:?}");
+    commit_all(&env, &sent).await;
+    for user in &accepted {
+        let me = format!("/activities/{}/orders/me", a.id);
+        let (_, mine) = call(&app, request("GET", &me, Some((user, "")), None)).await;
+        assert_eq!(mine["status"], "confirmed", "{user}: {mine}");
+    }
+    let view = format!("/activities/{}", a.id);
+    let (status, public) = call(&app, request("GET", &view, None, None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(public["remainingStock"], 0, "{public}");
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
