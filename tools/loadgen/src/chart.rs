@@ -1,6 +1,7 @@
 //! The demo's PNG chart, at 100 ms resolution: responses by class per 100 ms, p99 latency per
-//! 100 ms and the Redis stock (sampled every 100 ms), over the same time axis, so a crowd that
-//! lasts two seconds shows its shape (the opening rush, the sell-out, the sold-out flood).
+//! 100 ms and the Redis stock (sampled every 100 ms; for a sale with stock buckets, the total and
+//! one line per bucket), over the same time axis, so a crowd that lasts two seconds shows its
+//! shape (the opening rush, the sell-out, the sold-out flood, buckets emptying one by one).
 //!
 //! Text uses DejaVu Sans compiled in (the `dejavu` crate) through plotters' `ab_glyph`
 //! backend, so the chart renders the same on a machine with no system fonts.
@@ -10,12 +11,15 @@ use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
 
-/// One Redis stock sample: seconds since the crowd started (negative before), units left.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+/// One Redis stock sample: seconds since the crowd started (negative before), units left over
+/// all stock buckets, and each bucket's units (bucket 0 first; one entry for a sale with one
+/// bucket).
+#[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StockSample {
     pub t: f64,
     pub stock: i64,
+    pub buckets: Vec<i64>,
 }
 
 fn register_fonts() {
@@ -73,7 +77,6 @@ pub fn draw(
     let rejected = points(timeline, |b| b.rejected as f64);
     let failed = points(timeline, |b| b.failed as f64);
     let p99 = points(timeline, |b| b.p99_ms);
-    let stock_pts: Vec<(f64, f64)> = stock.iter().map(|s| (s.t, s.stock as f64)).collect();
 
     line_panel(
         &panels[0],
@@ -96,16 +99,48 @@ pub fn draw(
         (t_start, t_end),
         &[("p99", &p99[..], RED)],
     )?;
-    let max_stock = total_stock.max(1) as f64;
-    let mut chart = ChartBuilder::on(&panels[2])
-        .caption(
-            "stock remaining in Redis (sampled every 100 ms)",
-            ("sans-serif", 18),
+    stock_panel(&panels[2], (t_start, t_end), stock, total_stock)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One colour per stock bucket (cycled past eight), each dark enough to read on white and
+/// none the total's magenta.
+const BUCKET_COLORS: [RGBColor; 8] = [
+    RGBColor(0, 110, 200),
+    RGBColor(40, 160, 60),
+    RGBColor(235, 120, 20),
+    RGBColor(140, 30, 170),
+    RGBColor(0, 128, 128),
+    RGBColor(200, 30, 50),
+    RGBColor(140, 90, 30),
+    RGBColor(20, 20, 110),
+];
+
+/// The stock over time: the total, and for a sale with more than one bucket one line per
+/// bucket under it, on the same axis (so a bucket's line lies at its share of the total).
+fn stock_panel(
+    area: &Area<'_>,
+    (t0, t1): (f64, f64),
+    stock: &[StockSample],
+    total_stock: i64,
+) -> anyhow::Result<()> {
+    let count = stock.iter().map(|s| s.buckets.len()).max().unwrap_or(0);
+    let per_bucket = count > 1;
+    let caption = if per_bucket {
+        format!(
+            "stock remaining in Redis, total and each of {count} buckets (sampled every 100 ms)"
         )
+    } else {
+        "stock remaining in Redis (sampled every 100 ms)".to_string()
+    };
+    let max_stock = total_stock.max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(t_start..t_end, 0.0..max_stock * 1.05)
+        .build_cartesian_2d(t0..t1, 0.0..max_stock * 1.05)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -113,10 +148,35 @@ pub fn draw(
         .y_desc("units")
         .draw()
         .map_err(err)?;
+    let total: Vec<(f64, f64)> = stock.iter().map(|s| (s.t, s.stock as f64)).collect();
     chart
-        .draw_series(LineSeries::new(stock_pts, MAGENTA.stroke_width(2)))
+        .draw_series(LineSeries::new(total, MAGENTA.stroke_width(3)))
+        .map_err(err)?
+        .label("total")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA.stroke_width(3)));
+    if !per_bucket {
+        return Ok(());
+    }
+    for index in 0..count {
+        let color = BUCKET_COLORS[index % BUCKET_COLORS.len()];
+        let pts: Vec<(f64, f64)> = stock
+            .iter()
+            .filter_map(|s| s.buckets.get(index).map(|&n| (s.t, n as f64)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("bucket {index}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
     Ok(())
 }
 

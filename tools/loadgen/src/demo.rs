@@ -5,6 +5,10 @@
 //! window opens, waits for the consumer to drain the queue, runs reconcile once, then reads the
 //! truth back from PostgreSQL and Redis. Every figure in the report is counted from responses or
 //! read from the stores; nothing is assumed from the inputs.
+//!
+//! The sale may have several stock buckets (`--buckets`), and the stack's Redis may be the
+//! standalone server or the 3-master cluster (`--cluster`): the stock is then sampled, and read
+//! back, bucket by bucket, and the report says which node serves each bucket's hash tag.
 
 use crate::chart::{self, StockSample};
 use crate::load::{self, CrowdSpec, LoadReport, Plan, RunOptions};
@@ -13,7 +17,9 @@ use chrono::{DateTime, Utc};
 use seckill_devserver::DevConfig;
 use seckill_shared::auth::{mint, ADMIN_SCOPE};
 use seckill_shared::cache::Redis;
-use seckill_shared::{activity, order, sale, Config};
+use seckill_shared::keys::{self, Bucket as StockBucket};
+use seckill_shared::sale::Snapshot;
+use seckill_shared::{activity, buckets, order, Config};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -27,6 +33,8 @@ use std::time::{Duration, Instant};
 pub struct DemoOptions {
     pub stock: i64,
     pub per_order_limit: i64,
+    /// Stock buckets the sale's Redis stock is split over (1 to `keys::MAX_BUCKETS`).
+    pub buckets: u32,
     pub users: usize,
     pub requests: usize,
     pub concurrency: usize,
@@ -59,10 +67,33 @@ pub struct StoreFacts {
     pub duplicate_users: i64,
     pub db_total_stock: i64,
     pub db_remaining_stock: i64,
+    /// Over all buckets; `None` when a bucket is not loaded.
     pub redis_stock: Option<i64>,
     pub redis_participants: i64,
     pub pending_qty: i64,
     pub pending_count: usize,
+    /// Units taken from one bucket for another and not yet settled there.
+    pub transfer_qty: i64,
+    /// The masters serving the cluster's slots (empty on a standalone Redis).
+    pub redis_nodes: Vec<String>,
+    /// Each stock bucket, bucket 0 first (one for a sale with one bucket).
+    pub buckets: Vec<BucketFacts>,
+}
+
+/// One stock bucket after the sale.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BucketFacts {
+    pub index: u32,
+    /// The hash tag the bucket's keys share, and its cluster slot.
+    pub tag: String,
+    pub slot: u32,
+    /// The cluster master serving that slot (`None` on a standalone Redis).
+    pub node: Option<String>,
+    /// Units left; `None` when the bucket is not loaded.
+    pub stock: Option<i64>,
+    /// Buyers whose home bucket this is.
+    pub participants: i64,
 }
 
 /// The report `make demo` prints and writes to `report.json`.
@@ -118,6 +149,17 @@ impl DemoReport {
         let _ = writeln!(o, "\n== flash sale: activity {} ==", self.activity_id);
         let _ = writeln!(
             o,
+            "redis           {}, {} stock bucket{}",
+            redis_topology(&self.store.redis_nodes),
+            self.store.buckets.len(),
+            if self.store.buckets.len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        );
+        let _ = writeln!(
+            o,
             "crowd           {} requests from {} users, {} concurrent, {:.2} s",
             self.requests, self.users, self.concurrency, self.elapsed_secs
         );
@@ -162,6 +204,9 @@ impl DemoReport {
             "units sold      {} of {} (accepted responses: {})",
             self.units_sold, self.stock, self.accepted
         );
+        if s.buckets.len() > 1 {
+            write_buckets(o, &s.buckets);
+        }
         let _ = writeln!(
             o,
             "duplicate users {}  [{}]",
@@ -185,15 +230,45 @@ impl DemoReport {
     }
 }
 
+/// "standalone", or the cluster's masters.
+fn redis_topology(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        "standalone".into()
+    } else {
+        format!("cluster of {} masters ({})", nodes.len(), nodes.join(", "))
+    }
+}
+
+/// Each bucket's stock at the end, where it lives, and how many buyers it is home to.
+fn write_buckets(o: &mut String, buckets: &[BucketFacts]) {
+    let _ = writeln!(o, "stock by bucket at the end");
+    for b in buckets {
+        let stock = b
+            .stock
+            .map_or_else(|| "not loaded".to_string(), |s| s.to_string());
+        let _ = writeln!(
+            o,
+            "  bucket {:<3}{:<20}slot {:>5}  {:<16}{:>8} left{:>8} buyers",
+            b.index,
+            format!("{{{}}}", b.tag),
+            b.slot,
+            b.node.as_deref().unwrap_or("-"),
+            stock,
+            b.participants
+        );
+    }
+}
+
 /// Runs the whole show.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     let stage = Stage::set_up(&opts).await?;
-    let (activity_id, start_at) = open_sale(&stage, &opts).await?;
-    let (load, sampler) = let_crowd_in(&stage, &opts, activity_id, start_at).await?;
-    let (drained, drain_secs) = drain(&stage, &opts, activity_id, &load).await?;
+    let sale = open_sale(&stage, &opts).await?;
+    let activity_id = sale.id;
+    let (load, sampler) = let_crowd_in(&stage, &opts, &sale).await?;
+    let (drained, drain_secs) = drain(&stage, &opts, &sale, &load).await?;
     let samples = sampler.stop().await;
     let (reconcile, store) = read_back(stage, activity_id).await?;
-    let chart = draw_chart(&opts, &load, &samples, store.db_total_stock);
+    let chart = draw_chart(&opts, &load, &samples, &store);
     let report = build_report(
         activity_id,
         &opts,
@@ -251,25 +326,42 @@ impl Stage {
     }
 }
 
+/// The sale the admin created.
+struct Sale {
+    id: i64,
+    start_at: DateTime<Utc>,
+    /// Its bucket count, as the created activity says.
+    buckets: u32,
+}
+
 /// An admin creates the sale, opening a few seconds from now; answers once it is preheated.
-async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<(i64, DateTime<Utc>)> {
+async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
     let Stage { base, http, .. } = stage;
     let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
     let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
     let end_at = start_at + chrono::Duration::minutes(30);
-    let activity_id = create_activity(http, base, &admin, opts, start_at, end_at).await?;
+    let (id, buckets) = create_activity(http, base, &admin, opts, start_at, end_at).await?;
+    anyhow::ensure!(
+        buckets == opts.buckets,
+        "activity {id} was created with {buckets} buckets, not the {} asked for",
+        opts.buckets
+    );
     say(
         opts,
         &format!(
-            "activity {activity_id}: {} units, {} per user, opens at {}",
+            "activity {id}: {} units in {buckets} bucket(s), {} per user, opens at {}",
             opts.stock,
             opts.per_order_limit,
             start_at.format("%H:%M:%S%.3f")
         ),
     );
-    wait_for_preheat(http, base, activity_id).await?;
+    wait_for_preheat(http, base, id).await?;
     say(opts, "preheated into Redis");
-    Ok((activity_id, start_at))
+    Ok(Sale {
+        id,
+        start_at,
+        buckets,
+    })
 }
 
 /// The crowd arrives a moment before the window opens; the stock sampler runs from then on
@@ -277,9 +369,9 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<(i64, Da
 async fn let_crowd_in(
     stage: &Stage,
     opts: &DemoOptions,
-    activity_id: i64,
-    start_at: DateTime<Utc>,
+    sale: &Sale,
 ) -> anyhow::Result<(LoadReport, StockSampler)> {
+    let activity_id = sale.id;
     let plan = Plan::crowd(&CrowdSpec {
         activity_id,
         users: opts.users,
@@ -291,10 +383,10 @@ async fn let_crowd_in(
         user_prefix: format!("demo{activity_id}-user"),
     })?;
 
-    let fire_at_utc = start_at - chrono::Duration::from_std(opts.early)?;
+    let fire_at_utc = sale.start_at - chrono::Duration::from_std(opts.early)?;
     let wait = (fire_at_utc - Utc::now()).to_std().unwrap_or_default();
     let fire_at = Instant::now() + wait;
-    let sampler = StockSampler::start(stage.redis.clone(), activity_id, fire_at);
+    let sampler = StockSampler::start(stage.redis.clone(), activity_id, sale.buckets, fire_at);
     tokio::time::sleep_until(fire_at.into()).await;
     say(
         opts,
@@ -321,7 +413,7 @@ async fn let_crowd_in(
 async fn drain(
     stage: &Stage,
     opts: &DemoOptions,
-    activity_id: i64,
+    sale: &Sale,
     load: &LoadReport,
 ) -> anyhow::Result<(bool, f64)> {
     let accepted = load
@@ -333,7 +425,7 @@ async fn drain(
     let drained = wait_for_drain(
         &stage.pool,
         &stage.redis,
-        activity_id,
+        sale,
         accepted,
         opts.drain_timeout,
     )
@@ -361,18 +453,26 @@ fn draw_chart(
     opts: &DemoOptions,
     load: &LoadReport,
     samples: &[StockSample],
-    total_stock: i64,
+    store: &StoreFacts,
 ) -> String {
     let chart_path = opts.out_dir.join("chart.png");
+    let buckets = match store.buckets.len() {
+        1 => String::new(),
+        n => format!(" in {n} buckets"),
+    };
+    let redis = match store.redis_nodes.len() {
+        0 => "standalone Redis".to_string(),
+        n => format!("a {n}-master cluster"),
+    };
     match chart::draw(
         &chart_path,
         &format!(
-            "seckill demo: {} units, {} requests, {} concurrent",
+            "seckill demo: {} units{buckets} on {redis}, {} requests, {} concurrent",
             opts.stock, load.requests, opts.concurrency
         ),
         &load.timeline,
         samples,
-        total_stock,
+        store.db_total_stock,
     ) {
         Ok(()) => display_path(&chart_path),
         Err(e) => format!("not written: {e:#}"),
@@ -428,17 +528,24 @@ fn build_report(
     }
 }
 
-/// Whether every unit is accounted for, and the sum that says so: Redis stock + pending
-/// reservations + confirmed units = total stock, and PostgreSQL's remaining = total - confirmed.
+/// Whether every unit is accounted for, and the sum that says so: Redis stock (over all
+/// buckets) + pending reservations + units in transfer between buckets + confirmed units =
+/// total stock, and PostgreSQL's remaining = total - confirmed.
 fn conservation(store: &StoreFacts) -> (bool, String) {
     let total = store.db_total_stock;
     let redis_stock = store.redis_stock.unwrap_or(0);
-    let left = redis_stock + store.pending_qty + store.units_sold;
+    let left = redis_stock + store.pending_qty + store.transfer_qty + store.units_sold;
     let ok = store.redis_stock.is_some()
         && left == total
         && store.db_remaining_stock == total - store.units_sold;
+    // A sale with one bucket never transfers: its sum keeps to the three terms.
+    let transfers = if store.buckets.len() > 1 || store.transfer_qty != 0 {
+        format!(" + in transfer {}", store.transfer_qty)
+    } else {
+        String::new()
+    };
     let sum = format!(
-        "redis {} + pending {} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
+        "redis {} + pending {}{transfers} + confirmed {} = {} (total {}); DB remaining {} = total - confirmed {}",
         store
             .redis_stock
             .map_or_else(|| "missing".to_string(), |s| s.to_string()),
@@ -473,7 +580,7 @@ async fn create_activity(
     opts: &DemoOptions,
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
-) -> anyhow::Result<i64> {
+) -> anyhow::Result<(i64, u32)> {
     let resp = http
         .post(format!("{base}/admin/activities"))
         .bearer_auth(admin_token)
@@ -483,6 +590,7 @@ async fn create_activity(
             "perOrderLimit": opts.per_order_limit,
             "startAt": start_at.to_rfc3339(),
             "endAt": end_at.to_rfc3339(),
+            "buckets": opts.buckets,
         }))
         .send()
         .await
@@ -493,9 +601,16 @@ async fn create_activity(
         status.as_u16() == 201,
         "creating the activity answered {status}: {body}"
     );
-    body.get("id")
+    let id = body
+        .get("id")
         .and_then(|v| v.as_i64())
-        .with_context(|| format!("the created activity has no numeric id: {body}"))
+        .with_context(|| format!("the created activity has no numeric id: {body}"))?;
+    let buckets = body
+        .get("buckets")
+        .and_then(|v| v.as_u64())
+        .and_then(|n| u32::try_from(n).ok())
+        .with_context(|| format!("the created activity has no bucket count: {body}"))?;
+    Ok((id, buckets))
 }
 
 async fn wait_for_preheat(http: &reqwest::Client, base: &str, id: i64) -> anyhow::Result<()> {
@@ -516,7 +631,7 @@ async fn wait_for_preheat(http: &reqwest::Client, base: &str, id: i64) -> anyhow
     }
 }
 
-/// The Redis stock, sampled every 100 ms in a task of its own, for the chart.
+/// The Redis stock of every bucket, sampled every 100 ms in a task of its own, for the chart.
 struct StockSampler {
     samples: Arc<Mutex<Vec<StockSample>>>,
     running: Arc<std::sync::atomic::AtomicBool>,
@@ -524,12 +639,12 @@ struct StockSampler {
 }
 
 impl StockSampler {
-    fn start(redis: Redis, activity_id: i64, fire_at: Instant) -> Self {
+    fn start(redis: Redis, activity_id: i64, buckets: u32, fire_at: Instant) -> Self {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let task = tokio::spawn(sample_stock(
             redis,
-            activity_id,
+            (activity_id, buckets),
             fire_at,
             samples.clone(),
             running.clone(),
@@ -551,10 +666,12 @@ impl StockSampler {
     }
 }
 
-/// Samples the Redis stock every 100 ms; `t` is relative to the crowd's start.
+/// Samples each bucket's Redis stock every 100 ms; `t` is relative to the crowd's start. The
+/// buckets are read one after another, not atomically: a sample's total may miss units that
+/// are between two buckets at that moment.
 async fn sample_stock(
     redis: Redis,
-    id: i64,
+    (id, count): (i64, u32),
     fire_at: Instant,
     out: Arc<Mutex<Vec<StockSample>>>,
     running: Arc<std::sync::atomic::AtomicBool>,
@@ -568,10 +685,16 @@ async fn sample_stock(
         } else {
             -fire_at.duration_since(now).as_secs_f64()
         };
-        if let Ok(Some(stock)) = sale::stock(&redis, id).await {
-            out.lock()
-                .expect("sampler lock")
-                .push(StockSample { t, stock });
+        let stocks = buckets::stocks(&redis, id, count).await.unwrap_or_default();
+        // Only whole samples: every bucket loaded and answered.
+        if let Some(each) = stocks.into_iter().collect::<Option<Vec<i64>>>() {
+            if !each.is_empty() {
+                out.lock().expect("sampler lock").push(StockSample {
+                    t,
+                    stock: each.iter().sum(),
+                    buckets: each,
+                });
+            }
         }
         if !running.load(std::sync::atomic::Ordering::Relaxed) {
             return;
@@ -579,12 +702,12 @@ async fn sample_stock(
     }
 }
 
-/// Waits until the ledger is empty and the orders table has caught up with the accepted
-/// responses (or stopped moving for two seconds), within the timeout.
+/// Waits until every bucket's ledger holds no reservation and the orders table has caught up
+/// with the accepted responses (or stopped moving for two seconds), within the timeout.
 async fn wait_for_drain(
     pool: &PgPool,
     redis: &Redis,
-    id: i64,
+    sale: &Sale,
     accepted: u64,
     timeout: Duration,
 ) -> anyhow::Result<bool> {
@@ -592,14 +715,14 @@ async fn wait_for_drain(
     let mut last = -1_i64;
     let mut stable_since = Instant::now();
     loop {
-        let snap = sale::snapshot(redis, id).await?;
+        let snaps = buckets::snapshots(redis, sale.id, sale.buckets).await?;
         // Every status counts: the row is the request's decided fate.
-        let settled = order::tally(pool, id).await?.rows;
+        let settled = order::tally(pool, sale.id).await?.rows;
         if settled != last {
             last = settled;
             stable_since = Instant::now();
         }
-        let ledger_empty = snap.pending_count() == 0;
+        let ledger_empty = snaps.iter().all(|(_, s)| s.pending_count() == 0);
         if ledger_empty
             && (settled as u64 >= accepted || stable_since.elapsed() > Duration::from_secs(2))
         {
@@ -612,13 +735,15 @@ async fn wait_for_drain(
     }
 }
 
-/// Reads the sale's outcome back from PostgreSQL and Redis.
+/// Reads the sale's outcome back from PostgreSQL and Redis, every bucket of it.
 pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<StoreFacts> {
     let t = order::tally(pool, id).await?;
     let a = activity::get(pool, id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("activity {id} does not exist"))?;
-    let snap = sale::snapshot(redis, id).await?;
+    let snaps = buckets::snapshots(redis, id, a.bucket_count()).await?;
+    let owners = slot_owners(redis).await;
+    let all_loaded = snaps.iter().all(|(_, s)| s.stock.is_some());
     Ok(StoreFacts {
         orders: t.live,
         units_sold: t.live_units,
@@ -626,11 +751,76 @@ pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<Stor
         duplicate_users: t.users_with_two_live,
         db_total_stock: a.total_stock.into(),
         db_remaining_stock: a.remaining_stock.into(),
-        redis_stock: snap.stock,
-        redis_participants: snap.participants,
-        pending_qty: snap.pending_quantity(),
-        pending_count: snap.pending_count(),
+        redis_stock: all_loaded.then(|| snaps.iter().filter_map(|(_, s)| s.stock).sum()),
+        redis_participants: snaps.iter().map(|(_, s)| s.participants).sum(),
+        pending_qty: snaps.iter().map(|(_, s)| s.pending_quantity()).sum(),
+        pending_count: snaps.iter().map(|(_, s)| s.pending_count()).sum(),
+        transfer_qty: snaps.iter().map(|(_, s)| s.transfer_quantity()).sum(),
+        redis_nodes: owners.masters(),
+        buckets: snaps
+            .iter()
+            .map(|(b, s)| bucket_facts(*b, s, &owners))
+            .collect(),
     })
+}
+
+fn bucket_facts(bucket: StockBucket, snap: &Snapshot, owners: &SlotOwners) -> BucketFacts {
+    let tag = bucket.tag();
+    let slot = keys::slot(&tag);
+    BucketFacts {
+        index: bucket.index,
+        node: owners.of(slot),
+        tag,
+        slot,
+        stock: snap.stock,
+        participants: snap.participants,
+    }
+}
+
+/// Which master serves each slot range of a cluster (`CLUSTER SLOTS`, answered by any node):
+/// `(first slot, last slot, host:port)`. Empty on a standalone Redis, which refuses the command.
+struct SlotOwners(Vec<(u32, u32, String)>);
+
+impl SlotOwners {
+    fn of(&self, slot: u32) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, node)| node.clone())
+    }
+
+    /// Each master once, in address order.
+    fn masters(&self) -> Vec<String> {
+        let nodes: std::collections::BTreeSet<&String> = self.0.iter().map(|(_, _, n)| n).collect();
+        nodes.into_iter().cloned().collect()
+    }
+}
+
+async fn slot_owners(redis: &Redis) -> SlotOwners {
+    use redis::Value;
+    let Ok(Value::Array(ranges)) = redis.cmd::<Value>(redis::cmd("CLUSTER").arg("SLOTS")).await
+    else {
+        return SlotOwners(Vec::new());
+    };
+    // Each range: [first, last, [host, port, id, ...] of the master, then its replicas].
+    let owner = |range: &Value| {
+        let Value::Array(range) = range else {
+            return None;
+        };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) =
+            (range.first(), range.get(1), range.get(2))
+        else {
+            return None;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (master.first(), master.get(1))
+        else {
+            return None;
+        };
+        let node = format!("{}:{port}", String::from_utf8_lossy(host));
+        Some((u32::try_from(*lo).ok()?, u32::try_from(*hi).ok()?, node))
+    };
+    SlotOwners(ranges.iter().filter_map(owner).collect())
 }
 
 #[cfg(test)]

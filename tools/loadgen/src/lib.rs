@@ -5,7 +5,8 @@
 //!   JWTs, HdrHistogram latencies, outcomes by error code, a timeline of 100 ms buckets.
 //! - [`demo`]: the flash sale end to end through the in-process dev server, checked against
 //!   PostgreSQL and Redis afterwards.
-//! - [`chart`]: the demo's PNG at 100 ms resolution (responses by class, p99, stock remaining).
+//! - [`chart`]: the demo's PNG at 100 ms resolution (responses by class, p99, stock remaining,
+//!   in total and per stock bucket).
 
 pub mod chart;
 pub mod demo;

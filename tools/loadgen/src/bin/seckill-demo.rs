@@ -5,6 +5,8 @@
 
 use clap::Parser;
 use seckill_loadgen::demo::{self, DemoOptions};
+use seckill_shared::config::RedisTopology;
+use seckill_shared::keys::MAX_BUCKETS;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +23,22 @@ struct Args {
     /// Units one user may buy (per order; one order per user).
     #[arg(long, default_value_t = 1)]
     per_user: i64,
+    /// Stock buckets the sale's Redis stock is split over (on a cluster, over its nodes).
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
+    buckets: u32,
+    /// Run on the local Redis Cluster (the nodes of REDIS_CLUSTER_URLS) instead of REDIS_URL.
+    // Its own id: the config's `--redis-cluster` already holds the id `cluster`.
+    #[arg(long = "cluster")]
+    on_cluster: bool,
+    /// The cluster's seed nodes, comma-separated (used with --cluster).
+    #[arg(
+        long,
+        env = "REDIS_CLUSTER_URLS",
+        value_name = "REDIS_CLUSTER_URLS",
+        hide_env_values = true
+    )]
+    cluster_urls: Option<String>,
     /// Distinct users in the crowd.
     #[arg(long, default_value_t = 5_000)]
     users: usize,
@@ -64,14 +82,22 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("LOG_LEVEL", "warn");
     }
     seckill_shared::init_tracing();
-    let args = Args::parse();
+    let mut args = Args::parse();
     anyhow::ensure!(
         args.stock > 0 && args.users > 0 && args.requests > 0 && args.concurrency > 0,
         "stock, users, requests and concurrency must be positive"
     );
+    if args.on_cluster {
+        let urls = args.cluster_urls.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("--cluster needs REDIS_CLUSTER_URLS (scripts/env.sh sets it)")
+        })?;
+        // The topology the functions' config reads from REDIS_URL, given the cluster's nodes.
+        args.config.redis = RedisTopology::from_urls(urls, true);
+    }
     let opts = DemoOptions {
         stock: args.stock,
         per_order_limit: args.per_user,
+        buckets: args.buckets,
         users: args.users,
         requests: args.requests,
         concurrency: args.concurrency,

@@ -2,7 +2,7 @@
 //! byte with the committed files in `golden/`. When a change to the text is meant, regenerate them with
 //! `UPDATE_GOLDEN=1 cargo test -p seckill-loadgen demo` and commit the new files on their own.
 
-use super::{build_report, DemoOptions, DemoReport, StoreFacts};
+use super::{build_report, BucketFacts, DemoOptions, DemoReport, StoreFacts};
 use crate::chart::{self, StockSample};
 use crate::load::{Bucket, Class, Latency, LoadReport, Timeline};
 use clap::Parser;
@@ -13,6 +13,7 @@ fn opts() -> DemoOptions {
     DemoOptions {
         stock: 500,
         per_order_limit: 1,
+        buckets: 1,
         users: 5_000,
         requests: 20_000,
         concurrency: 256,
@@ -121,24 +122,43 @@ fn a_two_second_crowd_is_drawn_from_twenty_buckets_of_100_ms() {
 #[test]
 fn the_chart_of_a_two_second_crowd_renders() {
     let path = std::env::temp_dir().join(format!("seckill-chart-{}.png", std::process::id()));
+    let samples = [sample(-0.1, &[500]), sample(0.2, &[200]), sample(0.3, &[0])];
+    assert_chart_renders(&path, &samples);
+}
+
+#[test]
+fn the_chart_of_a_sale_in_three_buckets_renders_a_line_per_bucket() {
+    let path =
+        std::env::temp_dir().join(format!("seckill-chart-buckets-{}.png", std::process::id()));
     let samples = [
-        StockSample {
-            t: -0.1,
-            stock: 500,
-        },
-        StockSample { t: 0.2, stock: 200 },
-        StockSample { t: 0.3, stock: 0 },
+        sample(-0.1, &[167, 167, 166]),
+        sample(0.2, &[40, 90, 70]),
+        sample(0.3, &[0, 10, 0]),
+        sample(0.4, &[0, 0, 0]),
     ];
+    assert_chart_renders(&path, &samples);
+}
+
+/// A stock sample from each bucket's units (the total is their sum).
+fn sample(t: f64, buckets: &[i64]) -> StockSample {
+    StockSample {
+        t,
+        stock: buckets.iter().sum(),
+        buckets: buckets.to_vec(),
+    }
+}
+
+fn assert_chart_renders(path: &std::path::Path, samples: &[StockSample]) {
     chart::draw(
-        &path,
+        path,
         "two seconds",
         &crowd_timeline().buckets(),
-        &samples,
+        samples,
         500,
     )
     .expect("chart renders");
-    let size = std::fs::metadata(&path).expect("chart written").len();
-    let _ = std::fs::remove_file(&path);
+    let size = std::fs::metadata(path).expect("chart written").len();
+    let _ = std::fs::remove_file(path);
     assert!(
         size > 10_000,
         "a 1200x900 PNG with three panels, got {size} bytes"
@@ -157,10 +177,51 @@ fn store() -> StoreFacts {
         redis_participants: 500,
         pending_qty: 0,
         pending_count: 0,
+        transfer_qty: 0,
+        redis_nodes: Vec::new(),
+        buckets: vec![bucket(0, "42", 8_000, None, 0, 500)],
+    }
+}
+
+fn bucket(
+    index: u32,
+    tag: &str,
+    slot: u32,
+    node: Option<&str>,
+    stock: i64,
+    participants: i64,
+) -> BucketFacts {
+    BucketFacts {
+        index,
+        tag: tag.into(),
+        slot,
+        node: node.map(str::to_string),
+        stock: Some(stock),
+        participants,
+    }
+}
+
+/// The same sale in three buckets on the 3-master cluster, each bucket on its own master.
+fn bucketed_store() -> StoreFacts {
+    let nodes = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"];
+    StoreFacts {
+        redis_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        buckets: vec![
+            bucket(0, "42", 8_000, Some(nodes[1]), 0, 170),
+            bucket(1, "42.1of3.2", 13_500, Some(nodes[2]), 0, 163),
+            bucket(2, "42.2of3.0", 2_300, Some(nodes[0]), 0, 167),
+        ],
+        ..store()
     }
 }
 
 fn report(store: StoreFacts, drained: bool) -> DemoReport {
+    let buckets = store.buckets.len();
+    let samples = if buckets == 1 {
+        vec![sample(-0.1, &[500]), sample(0.9, &[0])]
+    } else {
+        vec![sample(-0.1, &[167, 167, 166]), sample(0.9, &[0, 0, 0])]
+    };
     build_report(
         42,
         &opts(),
@@ -169,13 +230,7 @@ fn report(store: StoreFacts, drained: bool) -> DemoReport {
         drained,
         1.25,
         serde_json::json!({ "activityId": 42, "drift": 0 }),
-        vec![
-            StockSample {
-                t: -0.1,
-                stock: 500,
-            },
-            StockSample { t: 0.9, stock: 0 },
-        ],
+        samples,
         "/tmp/demo/chart.png".into(),
     )
 }
@@ -202,6 +257,29 @@ fn report_of_a_sale_that_came_out_right_matches_the_golden_files() {
     assert_golden("sale-ok.txt", &report.text());
     let json = serde_json::to_string_pretty(&report).expect("report serializes");
     assert_golden("sale-ok.json", &json);
+}
+
+#[test]
+fn report_of_a_sale_in_three_buckets_lists_each_bucket_and_its_node() {
+    let report = report(bucketed_store(), true);
+    assert!(report.ok());
+    assert_golden("sale-buckets.txt", &report.text());
+}
+
+/// Units on their way between two buckets count towards the total.
+#[test]
+fn units_in_transfer_between_buckets_are_conserved() {
+    let store = StoreFacts {
+        redis_stock: Some(0),
+        units_sold: 497,
+        orders: 497,
+        db_remaining_stock: 3,
+        transfer_qty: 3,
+        ..bucketed_store()
+    };
+    let report = report(store, true);
+    assert!(report.conservation_ok, "{}", report.conservation);
+    assert!(report.conservation.contains("+ in transfer 3 +"));
 }
 
 /// Oversold, a user with two orders, the Redis stock gone, the queue not drained.
