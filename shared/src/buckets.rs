@@ -235,35 +235,26 @@ fn layout_changed(activity_id: i64) -> CacheError {
 
 /// The bucket count Redis holds for the sale (bucket 0's meta), `None` when it is not loaded.
 pub async fn loaded_count(redis: &Redis, activity_id: i64) -> Result<Option<u32>, CacheError> {
-    let k = redis.keys(activity_id);
-    let (version, count): (Option<i64>, Option<u32>) = redis
-        .cmd(
-            redis::cmd("HMGET")
-                .arg(&k.meta)
-                .arg("version")
-                .arg("buckets"),
-        )
-        .await?;
-    Ok(version.map(|_| count.unwrap_or(1)))
+    count_in(redis, Bucket::from(activity_id)).await
 }
 
 /// Whether every bucket of a sale with `count` buckets is loaded, with that count.
 pub async fn all_loaded(redis: &Redis, activity_id: i64, count: u32) -> Result<bool, CacheError> {
     for b in Bucket::all(activity_id, count) {
-        let k = redis.bucket_keys(b);
-        let (version, n): (Option<i64>, Option<u32>) = redis
-            .cmd(
-                redis::cmd("HMGET")
-                    .arg(&k.meta)
-                    .arg("version")
-                    .arg("buckets"),
-            )
-            .await?;
-        if version.is_none() || n.unwrap_or(1) != count {
+        if count_in(redis, b).await? != Some(count) {
             return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// The bucket count one bucket's meta names (absent: 1), `None` when it is not loaded.
+async fn count_in(redis: &Redis, bucket: Bucket) -> Result<Option<u32>, CacheError> {
+    let k = redis.bucket_keys(bucket);
+    let mut hmget = redis::cmd("HMGET");
+    hmget.arg(&k.meta).arg("version").arg("buckets");
+    let (version, count): (Option<i64>, Option<u32>) = redis.cmd(&hmget).await?;
+    Ok(version.map(|_| count.unwrap_or(1)))
 }
 
 /// Each bucket's snapshot, bucket 0 first.
