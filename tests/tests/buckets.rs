@@ -144,6 +144,19 @@ async fn assert_conserved(env: &TestEnv, a: &Activity) {
     }
 }
 
+/// Whether the user holds a field in their home bucket's `users`.
+async fn in_users(env: &TestEnv, a: &Activity, user: &str) -> bool {
+    let home = Bucket::home(a.id, a.bucket_count(), user);
+    env.redis
+        .cmd(
+            redis::cmd("HEXISTS")
+                .arg(env.redis.bucket_keys(home).users)
+                .arg(user),
+        )
+        .await
+        .unwrap()
+}
+
 /// Users whose home bucket (of `count`) is `index`.
 fn users_at_home(activity_id: i64, count: u32, index: u32, n: usize, tag: &str) -> Vec<String> {
     (0..)
@@ -293,10 +306,7 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     let taken = moving[0].quantity;
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before - taken);
     assert_conserved(&env, &a).await;
-    assert!(
-        !common::is_participant(&env, a.id, &user).await,
-        "the user holds nothing"
-    );
+    assert!(!in_users(&env, &a, &user).await, "the user holds nothing");
 
     // Within the grace period reconcile leaves the transfer alone (the buyer may be slow)...
     let report = reconcile(&env).run(Utc::now()).await?;
@@ -397,13 +407,22 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 6);
     assert_conserved(&env, &a).await;
-    // The payment timeout releases a bucketed order in its home bucket too.
+    // Reconcile's payment timeout releases the unpaid orders of a bucketed sale, each in its
+    // buyer's home bucket.
+    let past_timeout = Utc::now()
+        + chrono::Duration::from_std(env.config.payment_timeout)?
+        + chrono::Duration::seconds(1);
+    assert!(in_users(&env, &a, &user).await);
+    let report = reconcile(&env).run(past_timeout).await?;
+    assert_eq!(report.activity(a.id).unwrap().released_unpaid, 6);
+    assert_eq!(report.activity(a.id).unwrap().drift, 0);
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 6);
+    assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 0);
     let unpaid = order::latest_for_user(&env.pool, a.id, &user)
         .await?
         .unwrap();
-    let released = lifecycle::cancel_order(&env.pool, &env.redis, &unpaid, Utc::now()).await?;
-    assert_eq!(released, CancelOutcome::Cancelled { quantity: 1 });
-    assert_eq!(stocks(&env, &a).await[unpaid.home().index as usize], 1);
+    assert_eq!(unpaid.status, "cancelled");
+    assert!(!in_users(&env, &a, &user).await);
     assert_conserved(&env, &a).await;
     Ok(())
 }
