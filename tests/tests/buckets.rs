@@ -758,3 +758,38 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
     assert_conserved(&env, &a).await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stamp_of_an_older_token_never_replaces_a_newer_one() -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    let stamp = env
+        .redis
+        .bucket_keys(Bucket::all(a.id, 3).nth(1).unwrap())
+        .lock;
+    let stamp_with = |owner: &'static str, token: i64| {
+        let (redis, stamp) = (env.redis.clone(), stamp.clone());
+        async move {
+            let mut inv = seckill_shared::scripts::LOCK_STAMP.prepare_invoke();
+            inv.key(&stamp).arg(owner).arg(60_000).arg(token);
+            redis.script::<i64>(&inv).await
+        }
+    };
+    assert_eq!(stamp_with("newer", 8).await?, 1);
+    assert_eq!(
+        stamp_with("older", 7).await?,
+        0,
+        "the older holder is refused"
+    );
+    let holds: std::collections::HashMap<String, i64> =
+        env.redis.cmd(redis::cmd("HGETALL").arg(&stamp)).await?;
+    assert_eq!(holds.get("newer"), Some(&1));
+    assert_eq!(holds.get("token"), Some(&8));
+    assert!(!holds.contains_key("older"));
+    assert_eq!(
+        stamp_with("newest", 9).await?,
+        1,
+        "a newer holder takes over"
+    );
+    Ok(())
+}
