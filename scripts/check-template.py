@@ -12,14 +12,17 @@ Prints one line per check; exits 1 if any fails.
 
 --self-test proves the checks can fail: it breaks template.yaml in memory one way at a time
 (a budget over the account, a reservation below SQS's concurrency, an unthrottled public
-route, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
+route, open egress, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
 the unbroken template passes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import json
+import re
 import shlex
 import sys
 import tomllib
@@ -52,8 +55,14 @@ def check(ok: bool, what: str) -> None:
         failures.append(what)
 
 
+NO_VALUE = {"Ref": "AWS::NoValue"}
+# The region `sam validate` and cfn-lint assume here; conditions on AWS::Region evaluate with it.
+REGION = "us-east-1"
+
+
 class Template:
-    def __init__(self, path: Path, use_samconfig: bool):
+    def __init__(self, path: Path, use_samconfig: bool, overrides: dict | None = None):
+        self.path = path
         self.doc = cfn_yaml.load(str(path))
         self.resources = self.doc.get("Resources", {})
         self.params = {k: v.get("Default") for k, v in self.doc.get("Parameters", {}).items()}
@@ -68,7 +77,78 @@ class Template:
                 key, _, value = item.partition("=")
                 self.overrides[key] = value
             self.params.update(self.overrides)
+        self.params.update(overrides or {})
+        self.param_types = {k: v.get("Type") for k, v in self.doc.get("Parameters", {}).items()}
+        self.conditions = self.doc.get("Conditions", {})
         self.globals = self.doc.get("Globals", {}).get("Function", {})
+
+    def with_params(self, **params) -> "Template":
+        """The same template with some parameters set otherwise (a shallow copy)."""
+        other = copy.copy(self)
+        other.params = {**self.params, **params}
+        return other
+
+    def value(self, v):
+        """A literal, a parameter's value (lists for CommaDelimitedList), AWS::Region, or a Join."""
+        if isinstance(v, dict) and set(v) == {"Ref"}:
+            name = v["Ref"]
+            if name == "AWS::Region":
+                return REGION
+            if name not in self.params:
+                raise ValueError(f"cannot evaluate Ref {name}")
+            val = self.params[name]
+            if self.param_types.get(name) == "CommaDelimitedList":
+                return val if isinstance(val, list) else str(val if val is not None else "").split(",")
+            return val
+        if isinstance(v, dict) and set(v) == {"Fn::Join"}:
+            sep, items = v["Fn::Join"]
+            items = self.value(items)
+            return sep.join(str(self.value(i)) for i in as_list(items))
+        return v
+
+    def condition(self, name: str) -> bool:
+        c = self.conditions[name]
+        return self._truth(c)
+
+    def _truth(self, c) -> bool:
+        (fn, args), = c.items()
+        if fn == "Fn::Equals":
+            a, b = (self.value(x) for x in args)
+            return str(a) == str(b)
+        if fn == "Fn::Not":
+            return not self._truth(args[0])
+        if fn == "Fn::And":
+            return all(self._truth(x) for x in args)
+        if fn == "Fn::Or":
+            return any(self._truth(x) for x in args)
+        if fn == "Condition":
+            return self.condition(args)
+        raise ValueError(f"cannot evaluate condition {c!r}")
+
+    def active(self, resource: dict) -> bool:
+        """Whether a resource (or output) is created with the current parameters."""
+        cond = resource.get("Condition")
+        return cond is None or self.condition(cond)
+
+    def evaluate(self, v):
+        """v with every Fn::If decided and every AWS::NoValue dropped; other intrinsics stay."""
+        if isinstance(v, dict):
+            if set(v) == {"Fn::If"}:
+                cond, yes, no = v["Fn::If"]
+                return self.evaluate(yes if self.condition(cond) else no)
+            out = {}
+            for k, x in v.items():
+                x = self.evaluate(x)
+                if x != NO_VALUE:
+                    out[k] = x
+            return out
+        if isinstance(v, list):
+            return [x for x in (self.evaluate(i) for i in v) if x != NO_VALUE]
+        return v
+
+    def of_type(self, type_: str) -> list[tuple[str, dict]]:
+        """The resources of a type that exist with the current parameters."""
+        return [(n, r) for n, r in self.resources.items() if r.get("Type") == type_ and self.active(r)]
 
     def resolve(self, value):
         """A literal, or a Ref to a parameter (its default / override); None when unknowable."""
@@ -379,6 +459,193 @@ def check_data_stores(t: Template) -> None:
                   f"{name}: TLS in transit and an AUTH token")
 
 
+# ---------------------------------------------------------------- stage and logs
+
+
+def sub_text(v) -> str:
+    """A literal string, or the template string of a Fn::Sub."""
+    if isinstance(v, dict) and "Fn::Sub" in v:
+        v = v["Fn::Sub"]
+        v = v[0] if isinstance(v, list) else v
+    return v if isinstance(v, str) else ""
+
+
+def param_ref(t: Template, v) -> str | None:
+    """The parameter a value is a plain Ref to, or None."""
+    name = target_of(v) if isinstance(v, dict) and set(v) == {"Ref"} else None
+    return name if name in t.params else None
+
+
+# The access log must carry these (key -> the context variable).
+ACCESS_LOG_FIELDS = {
+    "requestId": "$context.requestId",
+    "ip": "$context.identity.sourceIp",
+    "routeKey": "$context.routeKey",
+    "status": "$context.status",
+    "latency": "$context.responseLatency",
+}
+
+
+def check_stage(t: Template) -> None:
+    for name, api in t.of_type("AWS::Serverless::HttpApi"):
+        props = api.get("Properties", {})
+        stage = props.get("DefaultRouteSettings") or {}
+        refs = {k: param_ref(t, stage.get(k)) for k in ("ThrottlingRateLimit", "ThrottlingBurstLimit")}
+        values = {k: t.number(stage.get(k)) for k in refs}
+        check(all(refs.values()) and all(v is not None and v >= 1 for v in values.values()),
+              f"{name}: stage throttling (DefaultRouteSettings rate and burst) from parameters {refs}, values {values}")
+        logs = props.get("AccessLogSettings") or {}
+        dest = target_of(logs.get("DestinationArn"))
+        problems = []
+        if t.resources.get(dest, {}).get("Type") != "AWS::Logs::LogGroup":
+            problems.append(f"DestinationArn is not a log group of the stack ({logs.get('DestinationArn')!r})")
+        try:
+            fmt = json.loads(str(logs.get("Format")))
+        except ValueError:
+            fmt = None
+            problems.append("Format is not one JSON object")
+        if isinstance(fmt, dict):
+            problems += [f"{k} is not {v}" for k, v in ACCESS_LOG_FIELDS.items() if fmt.get(k) != v]
+            leaks = [k for k, v in fmt.items() if re.search(r"authorization|\$request\.header", f"{k} {v}", re.I)]
+            if leaks:
+                problems.append(f"logs request headers / Authorization: {leaks}")
+        check(not problems, f"{name}: JSON access log to a stack log group with {sorted(ACCESS_LOG_FIELDS)}, "
+              "no Authorization header" + (f" -- {problems}" if problems else ""))
+
+
+def check_log_groups(t: Template) -> None:
+    retention = "LogRetentionDays"
+    check(retention in t.params, f"parameter {retention} exists")
+    for name, group in t.of_type("AWS::Logs::LogGroup"):
+        days = group.get("Properties", {}).get("RetentionInDays")
+        check(param_ref(t, days) == retention,
+              f"{name}: log group retention RetentionInDays from {retention} (got {days!r})")
+    seen: dict[str, str] = {}
+    for name, fn in t.functions():
+        config = {**(t.globals.get("LoggingConfig") or {}), **(fn.get("Properties", {}).get("LoggingConfig") or {})}
+        group_id = target_of(config.get("LogGroup"))
+        group = t.resources.get(group_id, {})
+        group_name = sub_text(group.get("Properties", {}).get("LogGroupName"))
+        ok = (group.get("Type") == "AWS::Logs::LogGroup" and t.active(group)
+              and group_name.startswith("/aws/lambda/") and group_id not in seen and config.get("LogFormat") == "JSON")
+        check(ok, f"{name}: writes JSON to its own log group /aws/lambda/... (LoggingConfig.LogGroup {group_id}"
+              f" {group_name!r}{', shared with ' + seen[group_id] if group_id in seen else ''})")
+        if group_id:
+            seen.setdefault(group_id, name)
+
+
+# ---------------------------------------------------------------- network
+
+
+# The network modes the template supports: its own VPC, or given subnets.
+NETWORK_MODES = (("created VPC", {"VpcId": "", "PrivateSubnetIds": ""}),
+                 ("given VPC", {"VpcId": "vpc-0given", "PrivateSubnetIds": "subnet-0a,subnet-0b"}))
+
+
+def egress_rules(t: Template, sg: str) -> list[dict]:
+    rules = [dict(r, _inline=True) for r in t.evaluate(t.resources[sg].get("Properties", {}).get("SecurityGroupEgress") or [])]
+    for _, r in t.of_type("AWS::EC2::SecurityGroupEgress"):
+        props = t.evaluate(r.get("Properties", {}))
+        if target_of(props.get("GroupId")) == sg:
+            rules.append(props)
+    return rules
+
+
+def check_egress(t: Template) -> None:
+    """The functions' security group lets out PostgreSQL to the proxy, Redis, and HTTPS only."""
+    for mode, params in NETWORK_MODES:
+        m = t.with_params(**params)
+        sgs = {target_of(g) for g in as_list((m.globals.get("VpcConfig") or {}).get("SecurityGroupIds") or [])}
+        for _, fn in m.functions():
+            sgs |= {target_of(g) for g in as_list((fn.get("Properties", {}).get("VpcConfig") or {}).get("SecurityGroupIds") or [])}
+        proxy_sgs = {target_of(g) for _, r in m.of_type("AWS::RDS::DBProxy")
+                     for g in as_list(r["Properties"].get("VpcSecurityGroupIds") or [])}
+        redis_sgs = {target_of(g) for _, r in m.of_type("AWS::ElastiCache::ReplicationGroup")
+                     for g in as_list(r["Properties"].get("SecurityGroupIds") or [])}
+        endpoint_sgs = {target_of(g) for _, r in m.of_type("AWS::EC2::VPCEndpoint")
+                        for g in as_list(r["Properties"].get("SecurityGroupIds") or [])}
+        for sg in sorted(s for s in sgs if s):
+            rules = egress_rules(m, sg)
+            problems, reaches = [], set()
+            if not any(r.get("_inline") for r in rules):
+                problems.append("no inline egress rule, so EC2's default allow-all stays")
+            for r in rules:
+                proto, lo, hi = str(r.get("IpProtocol")), r.get("FromPort"), r.get("ToPort")
+                dest = target_of(r.get("DestinationSecurityGroupId"))
+                cidr = r.get("CidrIp") or r.get("CidrIpv6")
+                if proto == "-1" and cidr == "127.0.0.1/32" and r.get("_inline"):
+                    continue  # the placeholder that removes the default rule
+                if proto != "tcp" or lo != hi:
+                    problems.append(f"{proto} {lo}-{hi} to {dest or cidr}")
+                elif lo == 5432 and dest in proxy_sgs:
+                    reaches.add("proxy")
+                elif lo == 6379 and dest in redis_sgs:
+                    reaches.add("redis")
+                elif lo == 443 and (dest in endpoint_sgs or (not endpoint_sgs and cidr == "0.0.0.0/0")):
+                    reaches.add("https")
+                else:
+                    problems.append(f"tcp {lo} to {dest or cidr}")
+            missing = {"proxy", "redis", "https"} - reaches
+            if missing:
+                problems.append(f"cannot reach {sorted(missing)}")
+            check(not problems, f"{sg} ({mode}): egress only 5432 to RDS Proxy, 6379 to Redis, 443 to "
+                  f"{'the endpoints' if endpoint_sgs else 'HTTPS'}" + (f" -- {problems}" if problems else ""))
+
+
+# ---------------------------------------------------------------- database
+
+
+def check_database(t: Template) -> None:
+    for name, db in t.of_type("AWS::RDS::DBCluster"):
+        prop = db.get("Properties", {}).get("DeletionProtection")
+        param = param_ref(t, prop)
+        default = str(t.doc.get("Parameters", {}).get(param, {}).get("Default")).lower() if param else None
+        check(param is not None and default == "true",
+              f"{name}: DeletionProtection from a parameter defaulting to true (got {prop!r}, default {default})")
+        check(db.get("DeletionPolicy") == "Snapshot" and db.get("UpdateReplacePolicy") == "Snapshot",
+              f"{name}: DeletionPolicy and UpdateReplacePolicy Snapshot")
+
+
+# ---------------------------------------------------------------- admin routes
+
+
+def router_routes(src: Path) -> set[tuple[str, str]]:
+    """(METHOD, path) of every #[utoipa::path(method, path = "...")] handler under src."""
+    found = set()
+    for rs in sorted(src.glob("**/*.rs")):
+        for m in re.finditer(r"#\[utoipa::path\(\s*(get|post|put|patch|delete)\s*,\s*path\s*=\s*\"([^\"]+)\"", rs.read_text()):
+            found.add((m.group(1).upper(), m.group(2)))
+    return found
+
+
+def shape(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path)
+
+
+def check_admin_routes(t: Template) -> None:
+    admins = [(n, f) for n, f in t.functions() if t.binary(f) == "admin"]
+    check(len(admins) == 1, "exactly one function builds admin")
+    if not admins:
+        return
+    name, fn = admins[0]
+    routes = router_routes(REPO / "functions" / "admin" / "src")
+    check(bool(routes), f"functions/admin/src declares its routes with #[utoipa::path] ({len(routes)} found)")
+    events = {}
+    for ev_name, ev in (fn.get("Properties", {}).get("Events") or {}).items():
+        if ev.get("Type") == "HttpApi":
+            props = ev.get("Properties", {})
+            events[(str(props.get("Method")).upper(), shape(str(props.get("Path"))))] = props
+    for method, path in sorted(routes):
+        ev = events.get((method, shape(path)))
+        auth = (ev or {}).get("Auth") or {}
+        scopes = [target_of(s) or s for s in as_list(auth.get("AuthorizationScopes") or [])]
+        check(ev is not None and auth.get("Authorizer") == "JwtAuthorizer" and scopes == ["AdminScope"],
+              f"admin route {method} {path}: an event of {name} with the JwtAuthorizer and AdminScope"
+              + ("" if ev else " (missing)") + (f" (scopes {scopes})" if ev and scopes != ["AdminScope"] else ""))
+    stale = sorted(set(events) - {(m, shape(p)) for m, p in routes})
+    check(not stale, f"{name}: every HttpApi event is a route of functions/admin's router (not: {stale})")
+
+
 def run_checks(t: Template) -> list[str]:
     failures.clear()
     check_functions(t)
@@ -388,11 +655,26 @@ def run_checks(t: Template) -> list[str]:
     check_entry_policy(t)
     check_env_secrets(t)
     check_data_stores(t)
+    check_stage(t)
+    check_log_groups(t)
+    check_egress(t)
+    check_database(t)
+    check_admin_routes(t)
     return list(failures)
 
 
 def events_of(t: Template, fn: str) -> dict:
     return t.resources[fn]["Properties"]["Events"]
+
+
+def props(t: Template, name: str) -> dict:
+    return t.resources[name]["Properties"]
+
+
+def open_egress(t: Template) -> None:
+    t.resources["SshOut"] = {"Type": "AWS::EC2::SecurityGroupEgress", "Properties": {
+        "GroupId": {"Ref": "FunctionSecurityGroup"}, "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+        "CidrIp": "0.0.0.0/0"}}
 
 
 # (what is broken, how, a phrase every failing check of the broken copy must contain)
@@ -421,6 +703,51 @@ BREAKAGES = [
     ("a public route's burst is above the stage's",
      lambda t: t.params.update(HealthThrottlingBurstLimit=2001),
      "ThrottlingBurstLimit 2001 <= the stage's"),
+    # ---- stage and logs
+    ("the stage's rate is a literal, not a parameter",
+     lambda t: props(t, "HttpApi")["DefaultRouteSettings"].update(ThrottlingRateLimit=5000),
+     "stage throttling"),
+    ("the HTTP API has no access log",
+     lambda t: props(t, "HttpApi").pop("AccessLogSettings"),
+     "access log"),
+    ("the access log writes the Authorization header",
+     lambda t: props(t, "HttpApi")["AccessLogSettings"].update(
+         Format='{"requestId":"$context.requestId","ip":"$context.identity.sourceIp","routeKey":"$context.routeKey",'
+                '"status":"$context.status","latency":"$context.responseLatency","auth":"$request.header.Authorization"}'),
+     "access log"),
+    ("a log group keeps its events forever",
+     lambda t: props(t, "EntryLogGroup").pop("RetentionInDays"),
+     "EntryLogGroup: log group retention"),
+    ("a function writes to a log group Lambda creates",
+     lambda t: props(t, "PreheatFunction").pop("LoggingConfig"),
+     "PreheatFunction: writes JSON to its own log group"),
+    # ---- network
+    ("the functions may send anything anywhere",
+     lambda t: props(t, "FunctionSecurityGroup").update(SecurityGroupEgress=[{"IpProtocol": "-1", "CidrIp": "0.0.0.0/0"}]),
+     "FunctionSecurityGroup"),
+    ("the functions' group keeps EC2's default allow-all egress",
+     lambda t: props(t, "FunctionSecurityGroup").pop("SecurityGroupEgress"),
+     "FunctionSecurityGroup"),
+    ("the functions may open SSH to the internet",
+     open_egress,
+     "FunctionSecurityGroup"),
+    ("the functions cannot reach Redis",
+     lambda t: t.resources.pop("FunctionEgressToRedis"),
+     "cannot reach ['redis']"),
+    # ---- database
+    ("the cluster has no deletion protection",
+     lambda t: props(t, "DatabaseCluster").pop("DeletionProtection"),
+     "DatabaseCluster: DeletionProtection"),
+    ("deletion protection defaults to off",
+     lambda t: t.doc["Parameters"]["DatabaseDeletionProtection"].update(Default="false"),
+     "DatabaseCluster: DeletionProtection"),
+    # ---- admin routes
+    ("the router's GET /admin/activities is not in the template",
+     lambda t: events_of(t, "AdminFunction").pop("ListActivities"),
+     "admin route GET /admin/activities:"),
+    ("an admin route lacks the admin scope",
+     lambda t: events_of(t, "AdminFunction")["UpdateActivity"]["Properties"]["Auth"].pop("AuthorizationScopes"),
+     "admin route PUT /admin/activities/{activityId}:"),
 ]
 
 
