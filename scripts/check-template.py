@@ -12,7 +12,7 @@ Prints one line per check; exits 1 if any fails.
 
 --self-test proves the checks can fail: it breaks template.yaml in memory one way at a time
 (a budget over the account, a reservation below SQS's concurrency, an unthrottled public
-route, open egress, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
+route, open egress, a function holding the master secret, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
 the unbroken template passes.
 """
 
@@ -394,7 +394,7 @@ def check_env_secrets(t: Template) -> None:
                 problems.append(f"{where}.{key} resolves a secret into plain text")
             if target_of(value) in t.no_echo:
                 problems.append(f"{where}.{key} holds NoEcho parameter {target_of(value)}")
-            if any(w in key.upper() for w in SECRET_NAME_WORDS) and not key.upper().endswith("_ARN"):
+            if any(w in key.upper() for w in SECRET_NAME_WORDS) and not key.upper().endswith(("_ARN", "_ARNS")):
                 problems.append(f"{where}.{key} looks like a secret value (pass an ARN instead)")
     check(not problems, "no secret value in any environment variable (ARNs only)"
           + (f" -- {problems}" if problems else ""))
@@ -606,6 +606,128 @@ def check_database(t: Template) -> None:
               f"{name}: DeletionPolicy and UpdateReplacePolicy Snapshot")
 
 
+# The PostgreSQL login role each function's binary uses (the roles' migration creates them);
+# the migrate binary alone logs in as the master and sets the roles' passwords.
+DB_ROLE_OF_BINARY = {
+    "seckill-entry": "seckill_entry",
+    "order-consumer": "seckill_consumer",
+    "preheat": "seckill_preheat",
+    "reconcile": "seckill_reconcile",
+    "admin": "seckill_admin",
+}
+MIGRATE_BINARY = "seckill-migrate"
+MIN_PASSWORD_LENGTH = 32
+
+
+def refs_in(value) -> set[str]:
+    """Every logical id a value names (Ref, GetAtt, ${X} in Sub)."""
+    found = set()
+    if isinstance(value, dict):
+        t = target_of(value)
+        if t:
+            found.add(t)
+        for k, v in value.items():
+            if k == "Fn::Sub":
+                found |= set(re.findall(r"\$\{([A-Za-z0-9]+)[.}]", "".join(strings_in(v))))
+            found |= refs_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            found |= refs_in(v)
+    return found
+
+
+def master_secret(t: Template) -> str | None:
+    for _, db in t.of_type("AWS::RDS::DBCluster"):
+        ids = refs_in(db.get("Properties", {}).get("MasterUserPassword"))
+        secrets = [i for i in ids if t.resources.get(i, {}).get("Type") == "AWS::SecretsManager::Secret"]
+        if secrets:
+            return secrets[0]
+    return None
+
+
+def secret_user(t: Template, secret: str | None) -> tuple[str | None, list[str]]:
+    """A generated secret's username and what is wrong with its password settings."""
+    gen = t.resources.get(secret, {}).get("Properties", {}).get("GenerateSecretString") or {}
+    try:
+        user = json.loads(str(gen.get("SecretStringTemplate"))).get("username")
+    except (ValueError, AttributeError):
+        user = None
+    weak = []
+    if gen.get("GenerateStringKey") != "password":
+        weak.append("GenerateStringKey is not password")
+    if gen.get("ExcludePunctuation") is not True:
+        weak.append("punctuation allowed")
+    if (t.number(gen.get("PasswordLength")) or 32) < MIN_PASSWORD_LENGTH:
+        weak.append(f"PasswordLength {gen.get('PasswordLength')} < {MIN_PASSWORD_LENGTH}")
+    return user, weak
+
+
+def secret_reads(fn: dict) -> set[str]:
+    return {target_of(r) for st in statements(fn) if "__opaque__" not in st and st.get("Effect") == "Allow"
+            and "secretsmanager:GetSecretValue" in as_list(st.get("Action")) for r in as_list(st.get("Resource"))}
+
+
+def role_secrets(t: Template) -> dict[str, str]:
+    """Role name -> the secret logical id whose username it is."""
+    out = {}
+    for name, _ in t.of_type("AWS::SecretsManager::Secret"):
+        user, _ = secret_user(t, name)
+        if user in DB_ROLE_OF_BINARY.values():
+            out[user] = name
+    return out
+
+
+def check_db_logins(t: Template) -> None:
+    master = master_secret(t)
+    roles = role_secrets(t)
+    check(master is not None, f"the cluster's master password comes from a stack secret ({master})")
+    check(set(roles) == set(DB_ROLE_OF_BINARY.values()),
+          f"one secret per database role {sorted(DB_ROLE_OF_BINARY.values())} (found {roles})")
+    genv = t.globals.get("Environment", {}).get("Variables", {}) or {}
+    check("DATABASE_SECRET_ARN" not in genv and master not in refs_in(t.globals),
+          "Globals: no DATABASE_SECRET_ARN and no master-secret reference (each function names its own secret)")
+    redis = {target_of(v) for k, v in genv.items() if k == "REDIS_AUTH_SECRET_ARN"}
+    for name, fn in t.functions():
+        binary = t.binary(fn)
+        own_env = fn.get("Properties", {}).get("Environment", {}).get("Variables", {}) or {}
+        secret = target_of(own_env.get("DATABASE_SECRET_ARN"))
+        reads = secret_reads(fn)
+        uses_redis = {target_of(v) for k, v in t.env(fn).items() if k == "REDIS_AUTH_SECRET_ARN"} or redis
+        if binary == MIGRATE_BINARY:
+            joined = own_env.get("DATABASE_ROLE_SECRET_ARNS")
+            parts = joined.get("Fn::Join") if isinstance(joined, dict) else None
+            listed = {target_of(x) for x in as_list(parts[1])} if parts and parts[0] == "," else set()
+            check(secret == master, f"{name}: DATABASE_SECRET_ARN is the master secret {master} (got {secret})")
+            check(listed == set(roles.values()) and len(as_list(parts[1])) == len(roles),
+                  f"{name}: DATABASE_ROLE_SECRET_ARNS joins every role's secret with ',' (got {sorted(listed)})")
+            check(reads == {master} | set(roles.values()),
+                  f"{name}: reads the master and every role secret, nothing else (got {sorted(reads)})")
+            continue
+        role = DB_ROLE_OF_BINARY.get(binary)
+        user, weak = secret_user(t, secret)
+        check(role is not None and user == role and not weak,
+              f"{name}: DATABASE_SECRET_ARN is its own role's secret ({binary} -> {role}; got {secret} with "
+              f"username {user}, password >= {MIN_PASSWORD_LENGTH} chars, no punctuation{': ' + str(weak) if weak else ''})")
+        check(master not in refs_in(fn.get("Properties", {})),
+              f"{name}: does not reference the master secret {master} (only {MIGRATE_BINARY} does)")
+        allowed = {secret} | uses_redis
+        check(secret in reads and reads <= allowed,
+              f"{name}: reads only its own database secret (+ the Redis AUTH secret) (got {sorted(reads)})")
+
+
+def check_proxy(t: Template) -> None:
+    logins = {master_secret(t)} | set(role_secrets(t).values())
+    for name, proxy in t.of_type("AWS::RDS::DBProxy"):
+        props = proxy.get("Properties", {})
+        auth = {target_of(a.get("SecretArn")) for a in props.get("Auth") or [] if a.get("AuthScheme") == "SECRETS"}
+        check(logins <= auth, f"{name}: the proxy's Auth lists every login secret {sorted(logins)} (missing {sorted(logins - auth)})")
+        role = t.resources.get(target_of(props.get("RoleArn")), {})
+        reads = {target_of(r) for pol in role.get("Properties", {}).get("Policies") or []
+                 for st in as_list(pol.get("PolicyDocument", {}).get("Statement")) if st.get("Effect") == "Allow"
+                 and "secretsmanager:GetSecretValue" in as_list(st.get("Action")) for r in as_list(st.get("Resource"))}
+        check(logins <= reads, f"{name}: the proxy's role may read every login secret (missing {sorted(logins - reads)})")
+
+
 # ---------------------------------------------------------------- admin routes
 
 
@@ -659,6 +781,8 @@ def run_checks(t: Template) -> list[str]:
     check_log_groups(t)
     check_egress(t)
     check_database(t)
+    check_db_logins(t)
+    check_proxy(t)
     check_admin_routes(t)
     return list(failures)
 
@@ -741,6 +865,29 @@ BREAKAGES = [
     ("deletion protection defaults to off",
      lambda t: t.doc["Parameters"]["DatabaseDeletionProtection"].update(Default="false"),
      "DatabaseCluster: DeletionProtection"),
+    ("a function logs in with the master secret",
+     lambda t: props(t, "SeckillEntryFunction")["Environment"]["Variables"].update(
+         DATABASE_SECRET_ARN={"Ref": "DatabaseSecret"}),
+     "SeckillEntryFunction:"),
+    ("DATABASE_SECRET_ARN is back in Globals",
+     lambda t: t.globals["Environment"]["Variables"].update(DATABASE_SECRET_ARN={"Ref": "DatabaseSecret"}),
+     "Globals"),
+    ("a function may read another role's secret",
+     lambda t: props(t, "OrderConsumerFunction")["Policies"][0]["Statement"][0]["Resource"].append(
+         {"Ref": "EntryDatabaseSecret"}),
+     "OrderConsumerFunction: reads only its own"),
+    ("a role secret has a short password",
+     lambda t: props(t, "AdminDatabaseSecret")["GenerateSecretString"].update(PasswordLength=16),
+     "AdminFunction: DATABASE_SECRET_ARN"),
+    ("migrate is not given every role secret",
+     lambda t: props(t, "MigrateFunction")["Environment"]["Variables"]["DATABASE_ROLE_SECRET_ARNS"]["Fn::Join"][1].pop(),
+     "DATABASE_ROLE_SECRET_ARNS"),
+    ("the proxy does not accept a role",
+     lambda t: props(t, "DatabaseProxy")["Auth"].pop(),
+     "DatabaseProxy: the proxy's Auth"),
+    ("the proxy's role cannot read a role secret",
+     lambda t: props(t, "DatabaseProxyRole")["Policies"][0]["PolicyDocument"]["Statement"][0]["Resource"].pop(),
+     "DatabaseProxy: the proxy's role"),
     # ---- admin routes
     ("the router's GET /admin/activities is not in the template",
      lambda t: events_of(t, "AdminFunction").pop("ListActivities"),
