@@ -3,30 +3,39 @@
 
 Run with the project venv's python (it has cfn-lint, whose YAML loader understands !Ref/!GetAtt):
 
-    .tools/venv/bin/python scripts/check-template.py [template.yaml] [--no-samconfig]
+    .tools/venv/bin/python scripts/check-template.py [template.yaml] [--no-samconfig] [--no-lint]
     .tools/venv/bin/python scripts/check-template.py --self-test
 
 Parameters resolve to their defaults, overridden by `parameter_overrides` in samconfig.toml
 ([default.deploy.parameters]) when that file sets any, so what gets deployed is what is checked.
-Prints one line per check; exits 1 if any fails.
+Every check runs twice, with EdgeProtection=off and =on (CloudFront + WAF), and a copy of the
+template with EdgeProtection and EdgeBotControl defaulting to "on" goes through cfn-lint and
+`sam validate --lint` (the Makefile lints the file as it is, the "off" mode); --no-lint skips
+that copy. Prints one line per check; exits 1 if any fails.
 
 --self-test proves the checks can fail: it breaks template.yaml in memory one way at a time
 (a budget over the account, a reservation below SQS's concurrency, an unthrottled public
-route, open egress, a function holding the master secret, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
-the unbroken template passes.
+route, a cached per-user route, a missing WAF rule, open egress, a function holding the master
+secret, ...) and exits 1 unless each broken copy fails exactly the check meant to catch it and
+the unbroken template passes in both edge modes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import io
 import json
+import os
 import re
 import shlex
+import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote
 
 try:
     from cfnlint.decode import cfn_yaml
@@ -58,11 +67,14 @@ def check(ok: bool, what: str) -> None:
 NO_VALUE = {"Ref": "AWS::NoValue"}
 # The region `sam validate` and cfn-lint assume here; conditions on AWS::Region evaluate with it.
 REGION = "us-east-1"
+# Every check runs in both modes of the edge (CloudFront + WAF); the lint of the "on" copy flips
+# both switches.
+EDGE_MODES = ("off", "on")
+EDGE_SWITCHES = ("EdgeProtection", "EdgeBotControl")
 
 
 class Template:
     def __init__(self, path: Path, use_samconfig: bool, overrides: dict | None = None):
-        self.path = path
         self.doc = cfn_yaml.load(str(path))
         self.resources = self.doc.get("Resources", {})
         self.params = {k: v.get("Default") for k, v in self.doc.get("Parameters", {}).items()}
@@ -768,6 +780,237 @@ def check_admin_routes(t: Template) -> None:
     check(not stale, f"{name}: every HttpApi event is a route of functions/admin's router (not: {stale})")
 
 
+# ---------------------------------------------------------------- edge (CloudFront + WAF)
+
+
+EDGE_TYPES = ("AWS::CloudFront::Distribution", "AWS::CloudFront::CachePolicy",
+              "AWS::CloudFront::OriginRequestPolicy", "AWS::WAFv2::WebACL")
+CACHING_DISABLED = "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"
+# Forwards every viewer header but Host (API Gateway answers 403 to the viewer's Host). With
+# caching off it is how Authorization reaches the origin: an origin request policy cannot list
+# Authorization on its own.
+ALL_VIEWER_EXCEPT_HOST = "b689b0a8-53d0-40ab-baf2-68738e2966ac"
+# The 4xx/5xx codes CloudFront caches (10 s by default).
+CACHED_ERROR_CODES = (400, 403, 404, 405, 414, 500, 501, 502, 503, 504)
+PUBLIC_VIEW = ("GET", "/activities/{}")
+# Requests the purchase-route scope-down must match, and must not.
+PURCHASES = [("POST", "/activities/1/orders"), ("POST", "/activities/42/orders/"),
+             ("POST", "//activities/1//orders"), ("POST", "/activities/1/%6Frders")]
+NOT_PURCHASES = [("GET", "/activities/1/orders"), ("GET", "/activities/1/orders/me"), ("GET", "/activities/1"),
+                 ("POST", "/orders/1/pay"), ("POST", "/orders/1/cancel"), ("POST", "/admin/activities"),
+                 ("PUT", "/activities/1/orders")]
+# Paths the per-user behaviours must cover beyond the template's own routes.
+PER_USER_SAMPLES = [("POST", "/activities/1/orders"), ("GET", "/activities/1/orders/me"), ("POST", "/orders/1/pay"),
+                    ("POST", "/orders/1/cancel"), ("GET", "/admin/activities"), ("GET", "/admin/activities/1"),
+                    ("PUT", "/admin/activities/1"), ("POST", "/admin/activities")]
+
+
+def transform(text: str, transformations) -> str:
+    for tt in sorted(as_list(transformations or []), key=lambda x: x.get("Priority", 0)):
+        kind = tt.get("Type")
+        if kind == "URL_DECODE":
+            text = unquote(text)
+        elif kind == "LOWERCASE":
+            text = text.lower()
+        elif kind != "NONE":
+            raise ValueError(f"text transformation {kind} not modelled")
+    return text
+
+
+def waf_matches(stmt: dict, method: str, path: str) -> bool:
+    """Whether a WAF statement (the subset this template uses) matches a request."""
+    (kind, body), = stmt.items()
+    if kind == "AndStatement":
+        return all(waf_matches(s, method, path) for s in body["Statements"])
+    if kind == "OrStatement":
+        return any(waf_matches(s, method, path) for s in body["Statements"])
+    if kind == "NotStatement":
+        return not waf_matches(body["Statement"], method, path)
+    field = body.get("FieldToMatch") or {}
+    if set(field) == {"Method"}:
+        text = method
+    elif set(field) == {"UriPath"}:
+        text = path
+    else:
+        raise ValueError(f"field {field} not modelled")
+    text = transform(text, body.get("TextTransformations"))
+    if kind == "RegexMatchStatement":
+        return re.search(body["RegexString"], text) is not None
+    if kind == "ByteMatchStatement":
+        needle, how = str(body.get("SearchString")), body.get("PositionalConstraint")
+        return {"EXACTLY": text == needle, "STARTS_WITH": text.startswith(needle),
+                "ENDS_WITH": text.endswith(needle), "CONTAINS": needle in text}[how]
+    raise ValueError(f"statement {kind} not modelled")
+
+
+def is_purchase_scope(stmt) -> tuple[bool, str]:
+    if not isinstance(stmt, dict) or not stmt:
+        return False, "no scope-down"
+    try:
+        missed = [r for r in PURCHASES if not waf_matches(stmt, *r)]
+        extra = [r for r in NOT_PURCHASES if waf_matches(stmt, *r)]
+    except (ValueError, KeyError) as e:
+        return False, str(e)
+    return not missed and not extra, (f"misses {missed} " if missed else "") + (f"also matches {extra}" if extra else "")
+
+
+def managed(rule: dict) -> str | None:
+    stmt = (rule.get("Statement") or {}).get("ManagedRuleGroupStatement") or {}
+    return stmt.get("Name") if stmt.get("VendorName") == "AWS" else None
+
+
+def web_acl_rules(t: Template, acl: str) -> list[dict]:
+    return t.evaluate(t.resources[acl].get("Properties", {}).get("Rules") or [])
+
+
+def check_web_acl(t: Template, acl: str) -> None:
+    props = t.evaluate(t.resources[acl].get("Properties", {}))
+    check(props.get("Scope") == "CLOUDFRONT" and "Allow" in (props.get("DefaultAction") or {}),
+          f"{acl}: Scope CLOUDFRONT, default action Allow")
+    rules = web_acl_rules(t, acl)
+    rates = [(r, r["Statement"]["RateBasedStatement"]) for r in rules if "RateBasedStatement" in (r.get("Statement") or {})]
+    ip = [(r, s) for r, s in rates if s.get("AggregateKeyType") == "IP" and not s.get("ScopeDownStatement")]
+    check(len(ip) == 1 and "Block" in (ip[0][0].get("Action") or {}) and param_ref(t, ip[0][1].get("Limit")),
+          f"{acl}: a rate-based rule per IP (AggregateKeyType IP, all requests, Block, Limit from a parameter)")
+    keyed = [(r, s) for r, s in rates if s.get("AggregateKeyType") == "CUSTOM_KEYS"]
+    want = [{"Header": {"Name": "authorization", "TextTransformations": [{"Priority": 0, "Type": "NONE"}]}}]
+    on_auth = [(r, s) for r, s in keyed if s.get("CustomKeys") == want]
+    check(len(on_auth) == 1 and "Block" in (on_auth[0][0].get("Action") or {}) and param_ref(t, on_auth[0][1].get("Limit")),
+          f"{acl}: a rate-based rule per Authorization header (CUSTOM_KEYS: Header authorization, TextTransformations "
+          f"NONE; Block; Limit from a parameter) (custom-key rules: {[s.get('CustomKeys') for _, s in keyed]})")
+    if keyed:
+        ok, why = is_purchase_scope(keyed[0][1].get("ScopeDownStatement"))
+        check(ok, f"{acl}: the per-token rate rule is scoped down to the purchase route POST /activities/{{id}}/orders {why}")
+    for group in ("AWSManagedRulesCommonRuleSet", "AWSManagedRulesKnownBadInputsRuleSet"):
+        found = [r for r in rules if managed(r) == group]
+        check(len(found) == 1 and found[0].get("OverrideAction") == {"None": {}},
+              f"{acl}: AWS managed rule group {group}, enforcing (OverrideAction None)")
+    bot = "AWSManagedRulesBotControlRuleSet"
+    param = "EdgeBotControl"
+    check(str(t.doc.get("Parameters", {}).get(param, {}).get("Default")) == "off",
+          f"parameter {param} exists and defaults to off (Bot Control is paid)")
+    for value in ("off", "on"):
+        found = [r for r in web_acl_rules(t.with_params(**{param: value}), acl) if managed(r) == bot]
+        if value == "off":
+            check(not found, f"{acl}: Bot Control ({bot}) absent with {param}=off")
+        else:
+            ok, why = is_purchase_scope((found[0]["Statement"]["ManagedRuleGroupStatement"].get("ScopeDownStatement")
+                                         if found else None))
+            check(len(found) == 1 and found[0].get("OverrideAction") == {"None": {}} and ok,
+                  f"{acl}: Bot Control ({bot}) with {param}=on, enforcing, scoped down to the purchase route {why}")
+
+
+def behaviour_for(config: dict, path: str) -> tuple[str, dict]:
+    """The cache behaviour CloudFront picks for a path: the first PathPattern that matches, in
+    order (`*` matches any characters, `/` included), else the default."""
+    for b in config.get("CacheBehaviors") or []:
+        if fnmatch.fnmatchcase(path, b.get("PathPattern", "")):
+            return b["PathPattern"], b
+    return "default", config.get("DefaultCacheBehavior") or {}
+
+
+def api_routes(t: Template) -> dict[tuple[str, str], tuple[str, bool]]:
+    """(METHOD, path with "1" for each parameter) -> (the route's path, whether it needs a token)."""
+    out = {}
+    for _, _, ev in http_api_events(t):
+        route = str(ev.get("Path"))
+        needs_token = ((ev.get("Auth") or {}).get("Authorizer")) != "NONE"
+        out[(str(ev.get("Method")).upper(), re.sub(r"\{[^}]+\}", "1", route))] = (route, needs_token)
+    return out
+
+
+def check_public_view_behaviour(t: Template, where: str, b: dict) -> None:
+    policy = t.resources.get(target_of(b.get("CachePolicyId")), {})
+    conf = t.evaluate(policy.get("Properties", {}).get("CachePolicyConfig") or {})
+    key = conf.get("ParametersInCacheKeyAndForwardedToOrigin") or {}
+    headers = key.get("HeadersConfig") or {}
+    problems = []
+    if policy.get("Type") != "AWS::CloudFront::CachePolicy":
+        problems.append(f"cache policy {b.get('CachePolicyId')!r} is not the stack's")
+    if t.number(conf.get("MinTTL")) != 0 or (t.number(conf.get("MaxTTL")) or 0) > 1 or (t.number(conf.get("DefaultTTL")) or 0) > 1:
+        problems.append(f"TTLs min {conf.get('MinTTL')} default {conf.get('DefaultTTL')} max {conf.get('MaxTTL')}")
+    if headers.get("HeaderBehavior") != "none" and "authorization" in [str(h).lower() for h in headers.get("Headers") or []]:
+        problems.append("Authorization in the cache key")
+    if headers.get("HeaderBehavior") not in ("none", "whitelist"):
+        problems.append(f"HeaderBehavior {headers.get('HeaderBehavior')}")
+    if (key.get("CookiesConfig") or {}).get("CookieBehavior") != "none" or (key.get("QueryStringsConfig") or {}).get("QueryStringBehavior") != "none":
+        problems.append("cookies or query strings in the cache key")
+    if set(b.get("AllowedMethods") or ["GET", "HEAD"]) - {"GET", "HEAD", "OPTIONS"}:
+        problems.append(f"allows {b.get('AllowedMethods')}")
+    if b.get("OriginRequestPolicyId"):
+        problems.append("forwards viewer values beyond the cache key")
+    check(not problems, f"GET /activities/{{activityId}} ({where}): the public view cached at most 1 s by the stack's "
+          "policy, nothing of the viewer in the key" + (f" -- {problems}" if problems else ""))
+
+
+def check_behaviours(t: Template, dist: str, config: dict) -> None:
+    default = config.get("DefaultCacheBehavior") or {}
+    check(default.get("CachePolicyId") == CACHING_DISABLED and default.get("OriginRequestPolicyId") == ALL_VIEWER_EXCEPT_HOST,
+          f"{dist}: default behaviour never cached (CachingDisabled) and Authorization forwarded (AllViewerExceptHostHeader)")
+    for b in [default] + list(config.get("CacheBehaviors") or []):
+        writes = sorted(set(b.get("AllowedMethods") or []) & {"POST", "PUT", "PATCH", "DELETE"})
+        check(not writes or b.get("CachePolicyId") == CACHING_DISABLED,
+              f"{dist} {b.get('PathPattern', 'default')}: never cached where it lets writes through "
+              f"(allows {writes or 'no write method'})")
+    routes = api_routes(t)
+    for method, path in PER_USER_SAMPLES:
+        routes.setdefault((method, path), (path, True))
+    for (method, path), (route, needs_token) in sorted(routes.items()):
+        where, b = behaviour_for(config, path)
+        if (method, shape(route)) == PUBLIC_VIEW and not needs_token:
+            check_public_view_behaviour(t, where, b)
+            continue
+        problems = []
+        if b.get("CachePolicyId") != CACHING_DISABLED:
+            problems.append(f"cache policy {b.get('CachePolicyId')!r}")
+        if needs_token and b.get("OriginRequestPolicyId") != ALL_VIEWER_EXCEPT_HOST:
+            problems.append(f"origin request policy {b.get('OriginRequestPolicyId')!r}")
+        if method not in (b.get("AllowedMethods") or ["GET", "HEAD"]):
+            problems.append(f"{method} not allowed ({b.get('AllowedMethods')})")
+        check(not problems, f"{method} {path} ({where}): never cached (CachingDisabled)"
+              + (", Authorization forwarded (AllViewerExceptHostHeader)" if needs_token else "")
+              + ", method allowed" + (f" -- {problems}" if problems else ""))
+    errors = {t.number(e.get("ErrorCode")): t.number(e.get("ErrorCachingMinTTL")) for e in config.get("CustomErrorResponses") or []}
+    kept = [c for c in CACHED_ERROR_CODES if errors.get(c) != 0]
+    check(not kept, f"{dist}: origin errors are never cached at the edge (ErrorCachingMinTTL 0; not for {kept})")
+
+
+def check_edge(t: Template) -> None:
+    param = t.doc.get("Parameters", {}).get("EdgeProtection", {})
+    check(set(param.get("AllowedValues") or []) == {"off", "on"} and str(param.get("Default")) == "off",
+          "parameter EdgeProtection: off (default) or on")
+    on = str(t.params.get("EdgeProtection")) == "on"
+    edge = [n for type_ in EDGE_TYPES for n, _ in t.of_type(type_)]
+    if not on:
+        check(not edge, f"EdgeProtection=off creates no CloudFront or WAF resource (created: {edge})")
+        return
+    rules = t.doc.get("Rules", {})
+    check(any("EdgeProtection" in refs_in(r.get("RuleCondition")) | set(strings_in(r.get("RuleCondition")))
+              and "us-east-1" in set(strings_in(r.get("Assertions"))) for r in rules.values()),
+          "a Rule refuses to create the CLOUDFRONT web ACL outside us-east-1")
+    dists = t.of_type("AWS::CloudFront::Distribution")
+    check(len(dists) == 1, f"EdgeProtection=on creates one CloudFront distribution ({[d for d, _ in dists]})")
+    if not dists:
+        return
+    dist, res = dists[0]
+    config = t.evaluate(res["Properties"]["DistributionConfig"])
+    apis = {n for n, _ in t.of_type("AWS::Serverless::HttpApi")}
+    origins = config.get("Origins") or []
+    ok = [o for o in origins if any(sub_text(o.get("DomainName")).startswith(f"${{{a}}}.execute-api.") for a in apis)
+          and (o.get("CustomOriginConfig") or {}).get("OriginProtocolPolicy") == "https-only"]
+    check(len(origins) == 1 and len(ok) == 1, f"{dist}: its one origin is the HTTP API's execute-api domain, HTTPS only")
+    acl = target_of(config.get("WebACLId"))
+    acl_ok = t.resources.get(acl, {}).get("Type") == "AWS::WAFv2::WebACL" and t.active(t.resources[acl])
+    check(acl_ok or param_ref(t, config.get("WebACLId")) == "EdgeWebAclArn",
+          f"{dist}: WebACLId is the stack's web ACL (or EdgeWebAclArn) (got {config.get('WebACLId')!r})")
+    if acl_ok:
+        check_web_acl(t, acl)
+    check_behaviours(t, dist, config)
+    outputs = [n for n, o in (t.doc.get("Outputs") or {}).items() if t.active(o) and dist in refs_in(o.get("Value"))
+               and "DomainName" in "".join(strings_in(o.get("Value")))]
+    check(bool(outputs), f"an output gives {dist}'s domain name ({outputs})")
+
+
 def run_checks(t: Template) -> list[str]:
     failures.clear()
     check_functions(t)
@@ -784,6 +1027,7 @@ def run_checks(t: Template) -> list[str]:
     check_db_logins(t)
     check_proxy(t)
     check_admin_routes(t)
+    check_edge(t)
     return list(failures)
 
 
@@ -795,10 +1039,47 @@ def props(t: Template, name: str) -> dict:
     return t.resources[name]["Properties"]
 
 
+def edge_on(change):
+    """A breakage of the edge resources, checked with EdgeProtection=on."""
+    def breaks(t: Template) -> None:
+        t.params["EdgeProtection"] = "on"
+        change(t)
+    return breaks
+
+
+def acl_rule(t: Template, name: str) -> dict:
+    return next(r for r in props(t, "EdgeWebAcl")["Rules"] if r.get("Name") == name)
+
+
+def behaviour(t: Template, pattern: str) -> dict:
+    config = props(t, "EdgeDistribution")["DistributionConfig"]
+    if pattern == "default":
+        return config["DefaultCacheBehavior"]
+    return next(b for b in config["CacheBehaviors"] if b["PathPattern"] == pattern)
+
+
+def swap_public_view_behaviour_first(t: Template) -> None:
+    items = props(t, "EdgeDistribution")["DistributionConfig"]["CacheBehaviors"]
+    public = next(b for b in items if b["PathPattern"] == "/activities/*")
+    items.remove(public)
+    items.insert(0, public)
+
+
+def drop_regex_from_scope(rule: dict) -> None:
+    scope = rule["Statement"]["RateBasedStatement"]["ScopeDownStatement"]["AndStatement"]["Statements"]
+    scope[:] = [s for s in scope if "RegexMatchStatement" not in s]
+
+
 def open_egress(t: Template) -> None:
     t.resources["SshOut"] = {"Type": "AWS::EC2::SecurityGroupEgress", "Properties": {
         "GroupId": {"Ref": "FunctionSecurityGroup"}, "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
         "CidrIp": "0.0.0.0/0"}}
+
+
+def bot_control_always(t: Template) -> None:
+    rules = props(t, "EdgeWebAcl")["Rules"]
+    i = next(i for i, r in enumerate(rules) if "Fn::If" in r)
+    rules[i] = rules[i]["Fn::If"][1]
 
 
 # (what is broken, how, a phrase every failing check of the broken copy must contain)
@@ -895,16 +1176,73 @@ BREAKAGES = [
     ("an admin route lacks the admin scope",
      lambda t: events_of(t, "AdminFunction")["UpdateActivity"]["Properties"]["Auth"].pop("AuthorizationScopes"),
      "admin route PUT /admin/activities/{activityId}:"),
+    # ---- edge (EdgeProtection=on)
+    ("EdgeProtection=off still creates the distribution",
+     lambda t: t.resources["EdgeDistribution"].pop("Condition"),
+     "EdgeProtection=off creates no CloudFront"),
+    ("the WAF has no per-IP rate rule",
+     edge_on(lambda t: props(t, "EdgeWebAcl")["Rules"].remove(acl_rule(t, "rate-per-ip"))),
+     "a rate-based rule per IP"),
+    ("the per-token rule keys on another header",
+     edge_on(lambda t: acl_rule(t, "purchase-rate-per-token")["Statement"]["RateBasedStatement"]["CustomKeys"][0]
+             ["Header"].update(Name="x-user")),
+     "a rate-based rule per Authorization header"),
+    ("the per-token rule covers every POST, not the purchase route",
+     edge_on(lambda t: drop_regex_from_scope(acl_rule(t, "purchase-rate-per-token"))),
+     "scoped down to the purchase route"),
+    ("the common rule set is missing",
+     edge_on(lambda t: props(t, "EdgeWebAcl")["Rules"].remove(acl_rule(t, "aws-common"))),
+     "AWSManagedRulesCommonRuleSet"),
+    ("the known-bad-inputs rule set only counts",
+     edge_on(lambda t: acl_rule(t, "aws-known-bad-inputs").update(OverrideAction={"Count": {}})),
+     "AWSManagedRulesKnownBadInputsRuleSet"),
+    ("Bot Control is on without its parameter",
+     edge_on(bot_control_always),
+     "Bot Control"),
+    ("/activities/* comes before /activities/*/orders* (per-user routes hit the cache)",
+     edge_on(swap_public_view_behaviour_first),
+     "/activities/1/orders"),
+    ("/orders/* is cached",
+     edge_on(lambda t: behaviour(t, "/orders/*").update(CachePolicyId={"Ref": "EdgePublicViewCachePolicy"})),
+     "/orders/*"),
+    ("the per-user behaviour drops Authorization",
+     edge_on(lambda t: behaviour(t, "/activities/*/orders*").pop("OriginRequestPolicyId")),
+     "Authorization forwarded"),
+    ("the admin behaviour forwards the viewer's Host too",
+     edge_on(lambda t: behaviour(t, "/admin/*").update(OriginRequestPolicyId="216adef6-5c7f-47e4-b989-5492eafa07d3")),
+     "Authorization forwarded"),
+    ("the default behaviour caches",
+     edge_on(lambda t: behaviour(t, "default").update(CachePolicyId={"Ref": "EdgePublicViewCachePolicy"})),
+     "never cached"),
+    ("the public view's cache key holds Authorization",
+     edge_on(lambda t: props(t, "EdgePublicViewCachePolicy")["CachePolicyConfig"]["ParametersInCacheKeyAndForwardedToOrigin"]
+             .update(HeadersConfig={"HeaderBehavior": "whitelist", "Headers": ["Authorization"]})),
+     "the public view"),
+    ("the public view is kept 60 s",
+     edge_on(lambda t: props(t, "EdgePublicViewCachePolicy")["CachePolicyConfig"].update(MaxTTL=60)),
+     "the public view"),
+    ("origin errors are cached at the edge",
+     edge_on(lambda t: props(t, "EdgeDistribution")["DistributionConfig"].pop("CustomErrorResponses")),
+     "origin errors are never cached"),
+    ("the origin is plain HTTP",
+     edge_on(lambda t: props(t, "EdgeDistribution")["DistributionConfig"]["Origins"][0]["CustomOriginConfig"].update(
+         OriginProtocolPolicy="match-viewer")),
+     "HTTPS only"),
+    ("no output gives the edge's domain",
+     edge_on(lambda t: [t.doc["Outputs"].pop(k) for k in ("EdgeUrl", "EdgeDomainName")]),
+     "domain name"),
 ]
 
 
 def self_test() -> int:
     path = REPO / "template.yaml"
     problems = []
-    with contextlib.redirect_stdout(io.StringIO()):
-        baseline = run_checks(Template(path, use_samconfig=False))
-    if baseline:
-        problems.append(f"the unbroken template fails: {baseline}")
+    for mode in EDGE_MODES:
+        with contextlib.redirect_stdout(io.StringIO()):
+            baseline = run_checks(Template(path, use_samconfig=False, overrides={"EdgeProtection": mode}))
+        print(f"{'FAIL' if baseline else 'ok  '} unbroken, EdgeProtection={mode} -> {baseline or 'all checks pass'}")
+        if baseline:
+            problems.append(f"the unbroken template fails with EdgeProtection={mode}: {baseline}")
     for what, breaks, phrase in BREAKAGES:
         t = Template(path, use_samconfig=False)
         breaks(t)
@@ -922,18 +1260,58 @@ def self_test() -> int:
     return 0
 
 
+def edge_on_copy(path: Path, dest: Path) -> None:
+    """template.yaml with the edge switches defaulting to "on", for the linters."""
+    text = path.read_text()
+    for name in EDGE_SWITCHES:
+        text, n = re.subn(rf'(\n  {name}:\n(?:    .*\n)*?    Default: )"off"', r'\1"on"', text)
+        if n != 1:
+            raise ValueError(f'no `Default: "off"` under parameter {name}')
+    dest.write_text(text)
+
+
+def lint_edge_on(path: Path) -> None:
+    """cfn-lint and `sam validate --lint` on the edge-on copy (the Makefile lints the file itself)."""
+    tools = Path(sys.executable).parent
+    env = {**os.environ, "AWS_DEFAULT_REGION": REGION, "SAM_CLI_TELEMETRY": "0"}
+    with tempfile.TemporaryDirectory(prefix="check-template-edge-on-") as tmp:
+        copy_path = Path(tmp) / "template.yaml"
+        try:
+            edge_on_copy(path, copy_path)
+        except ValueError as e:
+            check(False, f"a copy with {' and '.join(EDGE_SWITCHES)} defaulting to on -- {e}")
+            return
+        for what, cmd in (("cfn-lint", [tools / "cfn-lint", copy_path]),
+                          ("sam validate --lint", [tools / "sam", "validate", "--lint", "-t", copy_path])):
+            try:
+                run = subprocess.run([str(c) for c in cmd], cwd=tmp, env=env, capture_output=True, text=True)
+                ok, out = run.returncode == 0, (run.stdout + run.stderr).strip()
+            except OSError as e:
+                ok, out = False, str(e)
+            check(ok, f"{what} passes on a copy with {' and '.join(EDGE_SWITCHES)} defaulting to on"
+                  + ("" if ok else f" -- {out[-3000:]}"))
+
+
 def main(argv: list[str]) -> int:
     if "--self-test" in argv:
         return self_test()
     args = [a for a in argv if not a.startswith("--")]
     path = Path(args[0]) if args else REPO / "template.yaml"
-    t = Template(path, use_samconfig="--no-samconfig" not in argv)
-    print(f"check-template: {path}" + (f" (samconfig overrides: {t.overrides})" if t.overrides else ""))
-    run_checks(t)
-    if failures:
-        print(f"check-template: {len(failures)} check(s) failed", file=sys.stderr)
+    failed = []
+    for mode in EDGE_MODES:
+        t = Template(path, use_samconfig="--no-samconfig" not in argv, overrides={"EdgeProtection": mode})
+        print(f"check-template: {path}, EdgeProtection={mode}"
+              + (f" (samconfig overrides: {t.overrides})" if t.overrides else ""))
+        failed += run_checks(t)
+    if "--no-lint" not in argv:
+        failures.clear()
+        print(f"check-template: cfn-lint and sam validate on {path.name} with the edge on")
+        lint_edge_on(path)
+        failed += failures
+    if failed:
+        print(f"check-template: {len(failed)} check(s) failed", file=sys.stderr)
         return 1
-    print("check-template: all checks passed")
+    print("check-template: all checks passed in both edge modes")
     return 0
 
 
