@@ -237,17 +237,31 @@ def as_list(v):
     return v if isinstance(v, list) else [v]
 
 
+# Never walked for manifests: build output and tools, where a cargo build running meanwhile
+# creates and deletes directories (a glob over them fails with FileNotFoundError).
+SKIPPED_DIRS = {"target", ".tools", ".git"}
+
+
+def cargo_manifests() -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        if "Cargo.toml" in files:
+            found.append(Path(root) / "Cargo.toml")
+    return sorted(found)
+
+
 def workspace_binaries(only_default_members: bool = False) -> set[str]:
     """Package names (default bin) and [[bin]] names of every Cargo.toml in the workspace, or
     only of its default members (what `sam build`'s `cargo lambda build --bin X` at the root
     selects)."""
     names = set()
-    cargos = REPO.glob("**/Cargo.toml")
+    cargos = cargo_manifests()
     if only_default_members:
         root = tomllib.loads((REPO / "Cargo.toml").read_text())
         cargos = [REPO / m / "Cargo.toml" for m in root.get("workspace", {}).get("default-members", [])]
     for cargo in cargos:
-        if "target" in cargo.parts or ".tools" in cargo.parts:
+        if SKIPPED_DIRS & set(cargo.relative_to(REPO).parts):
             continue
         try:
             doc = tomllib.loads(cargo.read_text())
