@@ -195,6 +195,9 @@ pub struct Config {
     #[arg(long = "lock-wait-ms", env = "LOCK_WAIT_MS", value_name = "LOCK_WAIT_MS",
           value_parser = millis, default_value = "2000")]
     pub lock_wait: Duration,
+    /// Which CA certificates the database's TLS certificate must chain to.
+    #[command(flatten)]
+    pub database_ca: crate::db::CaBundle,
     /// Which Secrets Manager secrets hold the connection credentials (AWS only).
     #[command(flatten)]
     pub secrets: crate::secrets::SecretRefs,
@@ -207,6 +210,11 @@ pub fn non_blank(value: &str) -> Result<String, String> {
     } else {
         Ok(value.to_string())
     }
+}
+
+/// [`non_blank`], trimmed: one item of a comma-separated list (`a, b`).
+pub fn trimmed_non_blank(value: &str) -> Result<String, String> {
+    non_blank(value).map(|v| v.trim().to_string())
 }
 
 /// [`non_blank`], but the empty string stands for "not given" (the default of a setting that
@@ -250,7 +258,9 @@ fn secs(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_secs)
 }
 
-/// Passwords in the URLs become `***` (see [`crate::secrets::redacted`]).
+/// Written by hand so that no secret is printable: the passwords and tokens in the URLs become
+/// `***` (see [`crate::secrets::redacted`]). Every other field names where a secret is, never
+/// the secret (the ARNs, the CA bundle's path).
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
@@ -273,6 +283,7 @@ impl std::fmt::Debug for Config {
             .field("payment_timeout", &self.payment_timeout)
             .field("lock_ttl", &self.lock_ttl)
             .field("lock_wait", &self.lock_wait)
+            .field("database_ca", &self.database_ca)
             .field("secrets", &self.secrets)
             .finish()
     }
@@ -466,6 +477,79 @@ mod tests {
             parse(&vars).unwrap().redis,
             RedisTopology::Cluster(_)
         ));
+    }
+
+    #[test]
+    fn the_role_secret_arns_are_a_comma_separated_list() {
+        let mut vars = local();
+        vars.push((
+            "DATABASE_ROLE_SECRET_ARNS",
+            "arn:aws:secretsmanager:us-east-1:1:secret:entry, arn:aws:secretsmanager:us-east-1:1:secret:admin",
+        ));
+        let config = parse(&vars).unwrap();
+        assert_eq!(
+            config.secrets.database_role_secret_arns,
+            [
+                "arn:aws:secretsmanager:us-east-1:1:secret:entry",
+                "arn:aws:secretsmanager:us-east-1:1:secret:admin"
+            ]
+        );
+        assert!(parse(&local())
+            .unwrap()
+            .secrets
+            .database_role_secret_arns
+            .is_empty());
+        let mut vars = local();
+        vars.push(("DATABASE_ROLE_SECRET_ARNS", "arn:a,,arn:b"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_ROLE_SECRET_ARNS"), "{err}");
+    }
+
+    #[test]
+    fn the_ca_bundle_is_the_compiled_in_one_unless_named() {
+        assert_eq!(parse(&local()).unwrap().database_ca.path, None);
+        let mut vars = local();
+        vars.push(("DATABASE_CA_BUNDLE", "/opt/global-bundle.pem"));
+        assert_eq!(
+            parse(&vars).unwrap().database_ca.path,
+            Some("/opt/global-bundle.pem".into())
+        );
+    }
+
+    #[test]
+    fn debug_of_a_config_full_of_secrets_shows_none_of_them() {
+        let mut vars: Vec<(&str, &str)> = TEMPLATE.to_vec();
+        vars.retain(|(k, _)| *k != "REDIS_URL");
+        vars.extend([
+            (
+                "DATABASE_URL",
+                "postgres://seckill:db-pa55@proxy:5432/seckill?sslmode=verify-full&password=qs-pa55",
+            ),
+            (
+                "REDIS_URL",
+                "rediss://:node1-t0ken@n1:6379,rediss://user:node2-t0ken@n2:6379/0?token=qs-t0ken",
+            ),
+            ("DATABASE_CA_BUNDLE", "/opt/ca.pem"),
+        ]);
+        let config = parse(&vars).unwrap();
+        let debug = format!("{config:?}");
+        for secret in [
+            "db-pa55",
+            "qs-pa55",
+            "node1-t0ken",
+            "node2-t0ken",
+            "qs-t0ken",
+        ] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        for shown in [
+            "seckill:***@proxy",
+            "user:***@n2",
+            "/opt/ca.pem",
+            "proxy.example",
+        ] {
+            assert!(debug.contains(shown), "{shown} not in {debug}");
+        }
     }
 
     #[test]

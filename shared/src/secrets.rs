@@ -7,6 +7,13 @@
 //! AUTH token. [`resolve`] reads them and rewrites [`Config::database_url`] and the Redis URLs.
 //! Locally neither ARN is set and nothing happens, so no AWS call is made.
 //!
+//! The database URL built here says `sslmode=verify-full`: the server's certificate must chain
+//! to the CA bundle (see [`crate::db`]) and name the host, the RDS Proxy endpoint.
+//!
+//! `DATABASE_ROLE_SECRET_ARNS` names the secrets of the functions' login roles
+//! ([`crate::db::ROLES`]); only `seckill-migrate` reads them ([`role_secrets`]), to set each
+//! role's password after migrating.
+//!
 //! A URL built here carries a password: log it only through [`redacted`].
 
 use crate::config::{Config, RedisTopology};
@@ -44,9 +51,21 @@ pub struct SecretRefs {
         value_parser = crate::config::non_blank
     )]
     pub redis_auth_secret_arn: Option<String>,
+    /// Comma-separated Secrets Manager ARNs of the functions' database roles, each secret JSON
+    /// {"username": "seckill_entry", "password": "..."}. Read by seckill-migrate only, which
+    /// sets each role's password after migrating; the functions ignore it.
+    #[arg(
+        long = "database-role-secret-arns",
+        env = "DATABASE_ROLE_SECRET_ARNS",
+        value_name = "DATABASE_ROLE_SECRET_ARNS",
+        value_delimiter = ',',
+        value_parser = crate::config::trimmed_non_blank
+    )]
+    pub database_role_secret_arns: Vec<String>,
 }
 
 impl SecretRefs {
+    /// Whether [`resolve_refs`] has nothing to read (the role secrets are not its to read).
     pub fn is_empty(&self) -> bool {
         self.database_secret_arn.is_none() && self.redis_auth_secret_arn.is_none()
     }
@@ -105,8 +124,9 @@ impl DatabaseSecret {
         })
     }
 
-    /// `postgres://user:password@host:port/dbname?sslmode=require`, every part percent-encoded.
-    /// `host_override` (DATABASE_HOST, the proxy) wins over the secret's host.
+    /// `postgres://user:password@host:port/dbname?sslmode=verify-full`, every part
+    /// percent-encoded. `host_override` (DATABASE_HOST, the proxy) wins over the secret's host,
+    /// and is the name the server's certificate must carry.
     pub fn database_url(&self, host_override: Option<&str>) -> anyhow::Result<String> {
         let host = host_override
             .or(self.host.as_deref())
@@ -116,15 +136,90 @@ impl DatabaseSecret {
             })?;
         let port = self.port.unwrap_or(5432);
         let dbname = self.dbname.as_deref().unwrap_or("seckill");
-        // RDS Proxy and Aurora both require TLS from the functions.
+        // TLS with the certificate checked against the CA bundle and the host name: `require`
+        // would encrypt to whoever answers on the address.
         Ok(format!(
-            "postgres://{}:{}@{}:{port}/{}?sslmode=require",
+            "postgres://{}:{}@{}:{port}/{}?sslmode=verify-full",
             encode(&self.username),
             encode(&self.password),
             host.trim(),
             encode(dbname)
         ))
     }
+}
+
+/// A function role's credentials, from one of `DATABASE_ROLE_SECRET_ARNS`' secrets: the
+/// username must be one of [`crate::db::ROLES`], so no secret can make seckill-migrate change
+/// the password of another user (the master's, say). `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RoleSecret {
+    pub role: &'static str,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RoleSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoleSecret")
+            .field("role", &self.role)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+impl RoleSecret {
+    /// `{"username": "seckill_entry", "password": "..."}` (other fields, as RDS's rotation
+    /// templates add, are ignored).
+    pub fn parse(secret_string: &str) -> anyhow::Result<Self> {
+        let secret = DatabaseSecret::parse(secret_string)?;
+        let role = crate::db::ROLES
+            .into_iter()
+            .find(|r| *r == secret.username)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "role secret names user {:?}, which is not one of the functions' roles ({})",
+                    secret.username,
+                    crate::db::ROLES.join(", ")
+                )
+            })?;
+        anyhow::ensure!(
+            !secret.password.is_empty(),
+            "role secret of {role} has an empty password"
+        );
+        Ok(Self {
+            role,
+            password: secret.password,
+        })
+    }
+}
+
+/// Checks that no role is named twice: two secrets for one role would race on its password.
+pub fn distinct_roles(secrets: &[RoleSecret]) -> anyhow::Result<()> {
+    for (i, s) in secrets.iter().enumerate() {
+        anyhow::ensure!(
+            !secrets[..i].iter().any(|t| t.role == s.role),
+            "DATABASE_ROLE_SECRET_ARNS names two secrets of {}",
+            s.role
+        );
+    }
+    Ok(())
+}
+
+/// Reads and checks every secret of `arns` ([`RoleSecret::parse`], [`distinct_roles`]); an
+/// error names the ARN it is about, never a password.
+pub async fn role_secrets(arns: &[String]) -> anyhow::Result<Vec<RoleSecret>> {
+    if arns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sdk = aws_config::load_from_env().await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let mut secrets = Vec::with_capacity(arns.len());
+    for arn in arns {
+        let secret = RoleSecret::parse(&read(&client, arn).await?)
+            .map_err(|e| anyhow::anyhow!("secret {arn}: {e}"))?;
+        secrets.push(secret);
+    }
+    distinct_roles(&secrets)?;
+    Ok(secrets)
 }
 
 /// The Redis AUTH token from its secret: `{"token": "..."}` (what the template generates) or the
@@ -301,14 +396,14 @@ mod tests {
         "dbClusterIdentifier":"seckill"}"#;
 
     #[test]
-    fn database_url_prefers_the_proxy_host_and_requires_tls() {
+    fn database_url_prefers_the_proxy_host_and_verifies_its_certificate() {
         let secret = DatabaseSecret::parse(RDS_SECRET).unwrap();
         let url = secret
             .database_url(Some("seckill-proxy.proxy-abc.us-east-1.rds.amazonaws.com"))
             .unwrap();
         assert_eq!(
             url,
-            "postgres://seckill:p%40ss%3Aw%2Frd%3F%23%25@seckill-proxy.proxy-abc.us-east-1.rds.amazonaws.com:5432/seckill?sslmode=require"
+            "postgres://seckill:p%40ss%3Aw%2Frd%3F%23%25@seckill-proxy.proxy-abc.us-east-1.rds.amazonaws.com:5432/seckill?sslmode=verify-full"
         );
     }
 
@@ -320,7 +415,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             secret.database_url(None).unwrap(),
-            "postgres://u:pw@db.internal:6543/orders?sslmode=require"
+            "postgres://u:pw@db.internal:6543/orders?sslmode=verify-full"
         );
     }
 
@@ -401,5 +496,71 @@ mod tests {
     #[test]
     fn no_arn_means_no_secret_to_read() {
         assert!(SecretRefs::default().is_empty());
+        let roles_only = SecretRefs {
+            database_role_secret_arns: vec!["arn:aws:secretsmanager:us-east-1:1:secret:r".into()],
+            ..SecretRefs::default()
+        };
+        assert!(roles_only.is_empty(), "the functions read no role secret");
+    }
+
+    #[test]
+    fn a_role_secret_names_one_of_the_functions_roles() {
+        let s = RoleSecret::parse(r#"{"username":"seckill_entry","password":"pw'; --"}"#).unwrap();
+        assert_eq!(
+            s,
+            RoleSecret {
+                role: "seckill_entry",
+                password: "pw'; --".into()
+            }
+        );
+        let rds_style = r#"{"engine":"postgres","host":"h","port":5432,"username":"seckill_admin",
+            "password":"x","dbname":"seckill"}"#;
+        assert_eq!(RoleSecret::parse(rds_style).unwrap().role, "seckill_admin");
+    }
+
+    #[test]
+    fn a_role_secret_for_any_other_user_is_refused() {
+        for username in [
+            "postgres",
+            "seckill",
+            "SECKILL_ENTRY",
+            "seckill_entry ",
+            "\"x\"; drop",
+        ] {
+            let json = serde_json::json!({"username": username, "password": "hunter2"});
+            let err = RoleSecret::parse(&json.to_string())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("not one of the functions' roles"), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+        let err = RoleSecret::parse(r#"{"username":"seckill_entry","password":""}"#).unwrap_err();
+        assert!(err.to_string().contains("empty password"), "{err}");
+        let err = RoleSecret::parse(r#"{"username":"seckill_entry"}"#).unwrap_err();
+        assert!(err.to_string().contains("username and password"), "{err}");
+    }
+
+    #[test]
+    fn two_secrets_of_one_role_are_refused() {
+        let entry = |pw: &str| RoleSecret {
+            role: "seckill_entry",
+            password: pw.into(),
+        };
+        let admin = RoleSecret {
+            role: "seckill_admin",
+            password: "a".into(),
+        };
+        assert!(distinct_roles(&[entry("a"), admin.clone()]).is_ok());
+        let err = distinct_roles(&[entry("a"), admin, entry("b")]).unwrap_err();
+        assert!(
+            err.to_string().contains("two secrets of seckill_entry"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_role_secrets_debug_hides_the_password() {
+        let s = RoleSecret::parse(r#"{"username":"seckill_entry","password":"hunter2"}"#).unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 }

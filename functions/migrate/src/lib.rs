@@ -1,5 +1,5 @@
 //! The `seckill-migrate` function: applies `migrations/` (embedded in `seckill_shared::db`) to
-//! the database and reports what it applied.
+//! the database, sets the passwords of the functions' login roles, and reports what it did.
 //!
 //! Never run on a function's cold start (many containers would race on the schema). Two ways
 //! (`main.rs`):
@@ -10,19 +10,31 @@
 //! - in AWS, as the template's `MigrateFunction` (same binary: it notices the Lambda runtime
 //!   API and answers one invocation per migration run):
 //!   `aws lambda invoke --function-name <MigrateFunctionName> /dev/stdout`.
+//!
+//! It connects as the master user. `migrations/0006_roles.sql` creates the functions' roles
+//! ([`db::ROLES`]) without passwords; with `DATABASE_ROLE_SECRET_ARNS` set, each run reads
+//! those secrets before migrating (so a bad one changes nothing) and afterwards gives each
+//! role the password of its secret ([`set_role_passwords`]).
 
+mod scram;
+
+pub use scram::verifier as scram_verifier;
 use seckill_shared::config::{millis, non_blank};
+use seckill_shared::secrets::{RoleSecret, SecretRefs};
 use seckill_shared::{db, secrets};
 use serde_json::{json, Value};
+use sqlx::{ConnectOptions, Connection};
 use std::time::Duration;
 
-/// What migrating needs to know: where the database is, nothing else. (The functions' `Config`
-/// also requires Redis and the queue, which a migration run from a bastion has no use for.)
+/// What migrating needs to know: where the database is and which role secrets to apply.
+/// (The functions' `Config` also requires Redis and the queue, which a migration run from a
+/// bastion has no use for.)
 #[derive(Clone, clap::Parser)]
 #[command(
     name = "seckill-migrate",
-    about = "Applies the schema migrations to the database. Every setting is read from its \
-             environment variable; a flag of the same name wins.",
+    about = "Applies the schema migrations to the database and sets the functions' role \
+             passwords. Every setting is read from its environment variable; a flag of the \
+             same name wins.",
     long_about = None
 )]
 pub struct MigrateConfig {
@@ -36,22 +48,11 @@ pub struct MigrateConfig {
         hide_env_values = true
     )]
     pub database_url: Option<String>,
-    /// Secrets Manager ARN of the database credentials; replaces DATABASE_URL.
-    #[arg(
-        long = "database-secret-arn",
-        env = "DATABASE_SECRET_ARN",
-        value_name = "DATABASE_SECRET_ARN",
-        value_parser = non_blank
-    )]
-    pub database_secret_arn: Option<String>,
-    /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
-    #[arg(
-        long = "database-host",
-        env = "DATABASE_HOST",
-        value_name = "DATABASE_HOST",
-        value_parser = non_blank
-    )]
-    pub database_host: Option<String>,
+    /// The master secret, the role secrets (REDIS_AUTH_SECRET_ARN is not read here).
+    #[command(flatten)]
+    pub secrets: SecretRefs,
+    #[command(flatten)]
+    pub database_ca: db::CaBundle,
     /// How long the run waits for its one database connection.
     #[arg(
         long = "db-acquire-timeout-ms",
@@ -63,13 +64,28 @@ pub struct MigrateConfig {
     pub db_acquire_timeout: Duration,
 }
 
+/// Written by hand like the functions' `Config`: the URL's password never shows.
+impl std::fmt::Debug for MigrateConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigrateConfig")
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(secrets::redacted),
+            )
+            .field("secrets", &self.secrets)
+            .field("database_ca", &self.database_ca)
+            .field("db_acquire_timeout", &self.db_acquire_timeout)
+            .finish()
+    }
+}
+
 impl MigrateConfig {
     /// The database URL: from the secret when one is named (read per run, so a rotated
     /// password is picked up), else DATABASE_URL.
     async fn database_url(&self) -> anyhow::Result<String> {
-        match &self.database_secret_arn {
+        match &self.secrets.database_secret_arn {
             Some(arn) => {
-                secrets::database_url_from_secret(arn, self.database_host.as_deref()).await
+                secrets::database_url_from_secret(arn, self.secrets.database_host.as_deref()).await
             }
             None => self
                 .database_url
@@ -79,12 +95,15 @@ impl MigrateConfig {
     }
 }
 
-/// Connects, migrates, reports which migrations are now applied.
+/// Reads the role secrets, connects, migrates, sets the role passwords, reports which
+/// migrations are now applied and which roles got their password.
 pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
+    let roles = secrets::role_secrets(&config.secrets.database_role_secret_arns).await?;
     let url = config.database_url().await?;
     let target = secrets::redacted(&url);
+    let options = db::connect_options(&url, &config.database_ca)?;
     // One connection is enough and keeps this off the functions' connection budget.
-    let pool = db::connect_to(&url, 1, config.db_acquire_timeout).await?;
+    let pool = db::connect_to(options.clone(), 1, config.db_acquire_timeout).await?;
     let before: Vec<i64> = applied(&pool).await.unwrap_or_default();
     db::migrate(&pool).await?;
     let after = applied(&pool).await?;
@@ -94,13 +113,53 @@ pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
         .filter(|v| !before.contains(v))
         .collect();
     pool.close().await;
-    tracing::info!(database = %target, ?newly, "migrations applied");
+    let with_password = set_role_passwords(options, &roles).await?;
+    tracing::info!(database = %target, ?newly, roles = ?with_password, "migrations applied");
     Ok(json!({
         "database": target,
         "applied": newly,
         "latest": after.last(),
         "known": db::MIGRATOR.iter().map(|m| m.version).collect::<Vec<_>>(),
+        "rolePasswordsSet": with_password,
     }))
+}
+
+/// Gives each role the password of its secret, on one connection of `options` that logs no
+/// statement. What is sent is the password's SCRAM-SHA-256 verifier ([`scram_verifier`]),
+/// quoted by the server (`format('%I', '%L')`), never the password: so no statement log, and
+/// no error the server logs with its statement, holds it. Returns the roles set, in order.
+pub async fn set_role_passwords(
+    options: sqlx::postgres::PgConnectOptions,
+    roles: &[RoleSecret],
+) -> anyhow::Result<Vec<&'static str>> {
+    secrets::distinct_roles(roles)?;
+    if roles.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut conn = options
+        .disable_statement_logging()
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to connect to set the role passwords: {e}"))?;
+    let mut set = Vec::with_capacity(roles.len());
+    for secret in roles {
+        let verifier = scram::verifier(&secret.password)
+            .map_err(|e| anyhow::anyhow!("role {}: {e}", secret.role))?;
+        let statement: String =
+            sqlx::query_scalar("select format('alter role %I with login password %L', $1, $2)")
+                .bind(secret.role)
+                .bind(&verifier)
+                .fetch_one(&mut conn)
+                .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| anyhow::anyhow!("failed to set the password of {}: {e}", secret.role))?;
+        tracing::info!(role = secret.role, "role password set");
+        set.push(secret.role);
+    }
+    conn.close().await?;
+    Ok(set)
 }
 
 async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
@@ -109,4 +168,40 @@ async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
             .fetch_all(pool)
             .await?,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_role_secrets_and_the_ca_bundle_are_read_from_their_variables() {
+        let config = MigrateConfig::try_parse_from([
+            "seckill-migrate",
+            "--database-secret-arn=arn:db",
+            "--database-role-secret-arns=arn:entry, arn:admin",
+            "--database-ca-bundle=/opt/ca.pem",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.secrets.database_role_secret_arns,
+            ["arn:entry", "arn:admin"]
+        );
+        assert_eq!(config.database_ca.path, Some("/opt/ca.pem".into()));
+    }
+
+    #[test]
+    fn debug_shows_no_password() {
+        let config = MigrateConfig::try_parse_from([
+            "seckill-migrate",
+            "--database-url=postgres://seckill:hunter2@db/seckill",
+        ])
+        .unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && debug.contains("seckill:***@db"),
+            "{debug}"
+        );
+    }
 }

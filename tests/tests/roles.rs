@@ -1,0 +1,495 @@
+//! The functions' least-privilege database roles (`migrations/0006_roles.sql`): each function's
+//! real code paths run with a pool logged in as its role, so a grant its statements need and
+//! the migration lacks fails here; and statements outside the role are refused with SQLSTATE
+//! 42501 (insufficient_privilege, which row-level security's refusals share).
+//!
+//! Locally the roles log in without a password (trust auth on 127.0.0.1); the test database
+//! is migrated, and the sales are set up, as the master user, as in AWS.
+
+mod common;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use axum::http::StatusCode;
+use chrono::{Duration as ChronoDuration, Utc};
+use common::{after_grace, consume, db_remaining, reserve, set_db_stock};
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::order::{self, reason};
+use seckill_shared::queue::{OrderMessage, OrderQueue};
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::{db, Deps};
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgPool;
+use std::time::Duration;
+use uuid::Uuid;
+
+const ADMIN: (&str, &str) = ("ops", "seckill:admin");
+
+/// A pool on the test's database logged in as `role`.
+async fn pool_as(env: &TestEnv, role: &str) -> PgPool {
+    let options: PgConnectOptions = env.config.database_url.parse().expect("a PostgreSQL URL");
+    db::pool_options()
+        .max_connections(4)
+        .connect_with(options.username(role))
+        .await
+        .unwrap_or_else(|e| panic!("{role} logs in: {e}"))
+}
+
+/// What a function's state is built on, with its database pool logged in as `role`.
+async fn deps_as(env: &TestEnv, role: &str) -> Deps {
+    Deps::new(
+        env.config.clone(),
+        pool_as(env, role).await,
+        env.redis.clone(),
+    )
+}
+
+/// `sql` is refused for lack of privilege (SQLSTATE 42501).
+async fn refused(pool: &PgPool, sql: &'static str) {
+    match sqlx::raw_sql(sql).execute(pool).await {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {}
+        other => panic!("expected 42501 for {sql:?}, got {other:?}"),
+    }
+}
+
+/// The messages on the test's queue as the SQS event the consumer's Lambda gets.
+async fn queued_event(env: &TestEnv) -> SqsEvent {
+    let mut event: SqsEvent =
+        serde_json::from_str(include_str!("../../events/order-consumer-batch.json")).unwrap();
+    let template = event.records.remove(0);
+    event.records = env
+        .drain_messages(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let mut record = template.clone();
+            record.message_id = Some(Uuid::new_v4().to_string());
+            record.body = m.body;
+            record
+        })
+        .collect();
+    event
+}
+
+/// The consumer, logged in as its role, takes everything queued; nothing may fail.
+async fn consume_queue_as_consumer(env: &TestEnv) -> usize {
+    let event = queued_event(env).await;
+    let n = event.records.len();
+    let consumer = order_consumer::Consumer::new(deps_as(env, "seckill_consumer").await);
+    let resp = consumer.handle_batch(event).await;
+    assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
+    n
+}
+
+async fn new_env() -> TestEnv {
+    TestEnv::new(RedisKind::Standalone)
+        .await
+        .expect("test environment")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_role_logs_in_with_no_attribute_and_creates_nothing() -> anyhow::Result<()> {
+    let env = new_env().await;
+    for role in db::ROLES {
+        let pool = pool_as(&env, role).await;
+        let (me, attributes): (String, bool) = sqlx::query_as(
+            "select current_user::text, rolsuper or rolcreatedb or rolcreaterole \
+                 or rolreplication or rolbypassrls
+             from pg_roles where rolname = current_user",
+        )
+        .fetch_one(&pool)
+        .await?;
+        assert_eq!((me.as_str(), attributes), (role, false));
+        refused(&pool, "create table t (i int)").await;
+        refused(&pool, "create temporary table t (i int)").await;
+        refused(
+            &pool,
+            "create function f() returns int language sql as 'select 1'",
+        )
+        .await;
+        refused(&pool, "drop table orders").await;
+        refused(&pool, "truncate activities").await;
+        refused(&pool, "delete from activities").await;
+        refused(&pool, "delete from orders").await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrating_again_and_in_parallel_keeps_one_set_of_roles() -> anyhow::Result<()> {
+    // Other tests migrate their databases at the same moment; these do as well, at once.
+    let envs = futures::future::join_all((0..4).map(|_| new_env())).await;
+    for env in &envs {
+        db::migrate(&env.pool).await?;
+        let roles: Vec<String> = sqlx::query_scalar(
+            "select rolname::text from pg_roles where rolname like 'seckill\\_%' order by 1",
+        )
+        .fetch_all(&env.pool)
+        .await?;
+        let mut want: Vec<&str> = db::ROLES.to_vec();
+        want.sort();
+        assert_eq!(roles, want);
+    }
+    Ok(())
+}
+
+/// The entry (internet-facing) as `seckill_entry`: a purchase, the buyer's order, a pay, a
+/// cancel, the public view, and the `failed` claim after a send that failed; the consumer as
+/// `seckill_consumer` confirms the orders in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let a = env.open_sale(10, 2).await?;
+    let deps = deps_as(&env, "seckill_entry").await;
+    let entry = seckill_entry::router(seckill_entry::EntryState::new(
+        deps.clone(),
+        env.queue.clone(),
+    ));
+    let buy = |user: &'static str| {
+        let path = format!("/activities/{}/orders", a.id);
+        let entry = entry.clone();
+        async move {
+            call(
+                &entry,
+                request("POST", &path, Some((user, "")), Some(r#"{"quantity":1}"#)),
+            )
+            .await
+        }
+    };
+
+    for user in ["alice", "bob"] {
+        let (status, body) = buy(user).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    assert_eq!(consume_queue_as_consumer(&env).await, 2);
+    let me = format!("/activities/{}/orders/me", a.id);
+    let mine = |user: &'static str| call(&entry, request("GET", &me, Some((user, "")), None));
+    let (status, alice) = mine("alice").await;
+    assert_eq!(
+        (status, alice["status"].as_str()),
+        (StatusCode::OK, Some("confirmed")),
+        "{alice}"
+    );
+    let (_, bob) = mine("bob").await;
+
+    let pay = format!("/orders/{}/pay", alice["orderId"]);
+    let (status, paid) = call(&entry, request("POST", &pay, Some(("alice", "")), None)).await;
+    assert_eq!(
+        (status, paid["status"].as_str()),
+        (StatusCode::OK, Some("paid")),
+        "{paid}"
+    );
+    let cancel = format!("/orders/{}/cancel", bob["orderId"]);
+    let (status, cancelled) = call(&entry, request("POST", &cancel, Some(("bob", "")), None)).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["releasedQuantity"], 1);
+    assert_eq!(db_remaining(&env, a.id).await, 9, "bob's unit is back");
+    let (status, view) = call(
+        &entry,
+        request("GET", &format!("/activities/{}", a.id), None, None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+
+    // A send that fails: the entry claims the request with a `failed` row of its own.
+    let dead = env
+        .sqs
+        .config()
+        .to_builder()
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    let dead = OrderQueue::new(
+        aws_sdk_sqs::Client::from_conf(dead),
+        env.queue.url.clone(),
+        Duration::from_secs(1),
+    );
+    let broken = seckill_entry::router(seckill_entry::EntryState::new(deps, dead));
+    let (status, body) = call(
+        &broken,
+        request(
+            "POST",
+            &format!("/activities/{}/orders", a.id),
+            Some(("carol", "")),
+            Some(r#"{"quantity":1}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let carol = order::latest_for_user(&env.pool, a.id, "carol")
+        .await?
+        .unwrap();
+    assert_eq!(
+        (carol.status.as_str(), carol.failure_reason.as_deref()),
+        ("failed", Some(reason::SEND_FAILED))
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let a = env.open_sale(10, 2).await?;
+    let paid = reserve(&env, a.id, "alice", 1).await.request_id;
+    let paid = consume(&env, a.id, "alice", paid, 1).await?;
+    seckill_shared::lifecycle::pay_order(&env.pool, paid, "alice", Utc::now()).await?;
+    let rid = reserve(&env, a.id, "bob", 1).await.request_id;
+    consume(&env, a.id, "bob", rid, 1).await?;
+    let entry = pool_as(&env, "seckill_entry").await;
+
+    refused(&entry, "update activities set title = 'mine'").await;
+    refused(
+        &entry,
+        "update activities set total_stock = total_stock + 100",
+    )
+    .await;
+    refused(&entry, "update activities set last_fence_token = 1 << 40").await;
+    refused(
+        &entry,
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, \
+             start_at, end_at) values ('x', 1, 1, 1, now(), now() + interval '1 hour')",
+    )
+    .await;
+    refused(&entry, "update orders set quantity = 5").await;
+    refused(&entry, "update orders set user_id = 'mallory'").await;
+    refused(&entry, "select * from activity_stats").await;
+    // Row-level security: no order but a `failed` claim, no settled order but a confirmed
+    // one paid or cancelled.
+    refused(
+        &entry,
+        "insert into orders (request_id, activity_id, user_id, quantity, status) \
+         select gen_random_uuid(), id, 'mallory', 1, 'confirmed' from activities",
+    )
+    .await;
+    refused(
+        &entry,
+        "update orders set status = 'failed' where status = 'confirmed'",
+    )
+    .await;
+    let reopened = sqlx::raw_sql("update orders set status = 'confirmed' where status = 'paid'")
+        .execute(&entry)
+        .await?;
+    assert_eq!(
+        reopened.rows_affected(),
+        0,
+        "a paid order is not the entry's to change"
+    );
+    assert_eq!(order::get(&env.pool, paid).await?.unwrap().status, "paid");
+    Ok(())
+}
+
+/// The consumer as `seckill_consumer`: orders confirmed (the batched insert and stock
+/// decrement), and a refusal recorded as `failed` with its units given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let a = env.open_sale(3, 1).await?;
+    let messages: Vec<OrderMessage> =
+        futures::future::join_all(["alice", "bob", "carol"].map(|u| reserve(&env, a.id, u, 1)))
+            .await;
+    // The database has one unit fewer than Redis: the third order is refused there.
+    set_db_stock(&env, a.id, 2).await;
+    for m in &messages {
+        env.queue.send(m).await?;
+    }
+
+    assert_eq!(consume_queue_as_consumer(&env).await, 3);
+
+    let tally = order::tally(&env.pool, a.id).await?;
+    assert_eq!((tally.confirmed, tally.failed), (2, 1), "{tally:?}");
+    assert_eq!(db_remaining(&env, a.id).await, 0);
+    let consumer = pool_as(&env, "seckill_consumer").await;
+    refused(&consumer, "update orders set status = 'paid'").await;
+    refused(&consumer, "update activities set total_stock = 1000").await;
+    refused(
+        &consumer,
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, \
+             start_at, end_at) values ('x', 1, 1, 1, now(), now() + interval '1 hour')",
+    )
+    .await;
+    refused(
+        &consumer,
+        "insert into activity_stats (activity_id, participants, sold, \
+             db_remaining, pending_qty, drift) values (1, 0, 0, 0, 0, 0)",
+    )
+    .await;
+    Ok(())
+}
+
+/// Preheat as `seckill_preheat`: loads a sale it finds due (fencing token and load epoch
+/// recorded), and rebuilds a lost sale's buyers from the live orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let now = Utc::now();
+    let due = insert(
+        &env,
+        now + ChronoDuration::minutes(5),
+        now + ChronoDuration::hours(1),
+    )
+    .await;
+    let running = env.open_sale(5, 1).await?;
+    let rid = reserve(&env, running.id, "alice", 1).await.request_id;
+    consume(&env, running.id, "alice", rid, 1).await?;
+    seckill_shared::testing::lose_sale(&env.redis, running.id).await?;
+    let preheat = preheat::Preheat::new(deps_as(&env, "seckill_preheat").await);
+
+    let report = preheat.run(Utc::now()).await?;
+
+    assert!(
+        report.errors.is_empty() && report.busy_ids.is_empty(),
+        "{report:?}"
+    );
+    assert!(report.loaded_ids.contains(&due.id), "{report:?}");
+    assert!(report.loaded_ids.contains(&running.id), "{report:?}");
+    assert!(
+        common::is_participant(&env, running.id, "alice").await,
+        "alice's order came back as her quota"
+    );
+    let preheat = pool_as(&env, "seckill_preheat").await;
+    refused(
+        &preheat,
+        "insert into orders (request_id, activity_id, user_id, quantity, status) \
+         select gen_random_uuid(), id, 'mallory', 1, 'confirmed' from activities",
+    )
+    .await;
+    refused(&preheat, "update orders set status = 'cancelled'").await;
+    refused(&preheat, "update activities set remaining_stock = 0").await;
+    refused(&preheat, "select failure_reason from orders").await;
+    Ok(())
+}
+
+/// An activity in the database only (not loaded into Redis), written as the admin does.
+async fn insert(
+    env: &TestEnv,
+    start_at: chrono::DateTime<Utc>,
+    end_at: chrono::DateTime<Utc>,
+) -> Activity {
+    activity::insert(
+        &env.pool,
+        &NewActivity {
+            title: "roles test".into(),
+            total_stock: 5,
+            per_order_limit: 1,
+            start_at,
+            end_at,
+            buckets: None,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Reconcile as `seckill_reconcile`: a stale reservation claimed `failed` and given back, the
+/// database's stock repaired under the row lock, an unpaid order cancelled by the payment
+/// timeout, its stats row written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()> {
+    let mut env = new_env().await;
+    env.config.reconcile_grace = Duration::from_secs(5);
+    env.config.payment_timeout = Duration::from_secs(3600);
+    let a = env.open_sale(10, 5).await?;
+    let unpaid = reserve(&env, a.id, "alice", 2).await.request_id;
+    let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
+    let stale = reserve(&env, a.id, "bob", 1).await.request_id;
+    let job = reconcile::Reconcile::new(deps_as(&env, "seckill_reconcile").await);
+
+    let report = job.run(after_grace(env.config.reconcile_grace)).await?;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.activity(a.id).unwrap().compensated, 1, "{report:?}");
+    let bob = order::by_request(&env.pool, stale).await?.unwrap();
+    assert_eq!(bob.status, "failed");
+
+    set_db_stock(&env, a.id, 3).await;
+    let report = job.run(Utc::now()).await?;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.activity(a.id).unwrap().db_stock_fixed_from, Some(3));
+    assert_eq!(db_remaining(&env, a.id).await, 8);
+
+    let past_timeout = Utc::now() + ChronoDuration::hours(1) + ChronoDuration::seconds(1);
+    let report = job.run(past_timeout).await?;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.released_unpaid, 1, "{report:?}");
+    assert_eq!(
+        order::get(&env.pool, unpaid).await?.unwrap().status,
+        "cancelled"
+    );
+    assert_eq!(db_remaining(&env, a.id).await, 10);
+    let stats = activity::stats(&env.pool, a.id)
+        .await?
+        .expect("a stats row");
+    assert_eq!(stats.sold, 0);
+
+    let reconcile = pool_as(&env, "seckill_reconcile").await;
+    refused(&reconcile, "update orders set quantity = 1").await;
+    refused(&reconcile, "update activities set total_stock = 1000").await;
+    refused(&reconcile, "update activities set title = 'x'").await;
+    refused(
+        &reconcile,
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, \
+             start_at, end_at) values ('x', 1, 1, 1, now(), now() + interval '1 hour')",
+    )
+    .await;
+    Ok(())
+}
+
+/// Admin as `seckill_admin` over its router: create a sale (loaded under the fenced lock, as
+/// it starts within the preheat lead), change it, read it back with its sold quantity, list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let app = admin::router(admin::AdminState::new(deps_as(&env, "seckill_admin").await));
+    let now = Utc::now();
+    let body = json!({
+        "title": "roles sale",
+        "totalStock": 5,
+        "perOrderLimit": 1,
+        "startAt": now - ChronoDuration::minutes(1),
+        "endAt": now + ChronoDuration::hours(1),
+    });
+
+    let (status, created) = call(
+        &app,
+        request(
+            "POST",
+            "/admin/activities",
+            Some(ADMIN),
+            Some(&body.to_string()),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_i64().unwrap();
+    let rid = reserve(&env, id, "alice", 1).await.request_id;
+    consume(&env, id, "alice", rid, 1).await?;
+    let path = format!("/admin/activities/{id}");
+    let (status, updated) = call(
+        &app,
+        request(
+            "PUT",
+            &path,
+            Some(ADMIN),
+            Some(r#"{"totalStock": 8, "title": "bigger"}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(updated["totalStock"], 8);
+    let (status, shown) = call(&app, request("GET", &path, Some(ADMIN), None)).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["stats"]["confirmedQuantity"], 1, "{shown}");
+    let (status, listed) = call(&app, request("GET", "/admin/activities", Some(ADMIN), None)).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+
+    let admin = pool_as(&env, "seckill_admin").await;
+    refused(&admin, "update orders set status = 'cancelled'").await;
+    refused(
+        &admin,
+        "insert into orders (request_id, activity_id, user_id, quantity, status) \
+         select gen_random_uuid(), id, 'mallory', 1, 'confirmed' from activities",
+    )
+    .await;
+    refused(&admin, "select failure_reason from orders").await;
+    refused(&admin, "select * from activity_stats").await;
+    Ok(())
+}
