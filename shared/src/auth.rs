@@ -104,6 +104,9 @@ impl JwtVerifier {
         anyhow::ensure!(!secret.is_empty(), "SECKILL_JWT_SECRET must not be empty");
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_required_spec_claims(&["exp", "sub"]);
+        // A token may carry `nbf` (not before); one not yet valid is refused like an expired
+        // one, with the same leeway for clock skew.
+        validation.validate_nbf = true;
         validation.leeway = 5;
         Ok(Self {
             key: DecodingKey::from_secret(secret.as_bytes())?,

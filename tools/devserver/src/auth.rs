@@ -64,3 +64,74 @@ pub async fn authorize(
     req.extensions_mut().insert(ctx);
     next.run(req).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use seckill_shared::auth::Identity;
+    use tower::ServiceExt;
+
+    const SECRET: &str = "auth-test-secret";
+
+    /// A route that needs an identity, behind the authorizer: the entry and admin handlers'
+    /// `Identity` extractor, without their services.
+    fn whoami() -> Router {
+        Router::new()
+            .route("/me", get(|who: Identity| async move { who.user_id }))
+            .layer(middleware::from_fn_with_state(
+                Arc::new(JwtVerifier::new(SECRET).unwrap()),
+                authorize,
+            ))
+    }
+
+    /// A token for alice valid for an hour, with `nbf` this many seconds from now (none: no
+    /// `nbf` claim).
+    fn token(nbf_from_now: Option<i64>) -> String {
+        let now = chrono::Utc::now().timestamp();
+        let mut claims = serde_json::json!({ "sub": "alice", "exp": now + 3600, "iat": now });
+        if let Some(d) = nbf_from_now {
+            claims["nbf"] = (now + d).into();
+        }
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    }
+
+    async fn get_me(token: &str) -> (StatusCode, String) {
+        let req = Request::get("/me")
+            .header(AUTHORIZATION, format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = whoami().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_token_not_valid_yet_is_unauthorized() {
+        let (status, body) = get_me(&token(Some(60))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["error"], "unauthorized", "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_token_whose_nbf_has_passed_or_lies_within_the_leeway_is_accepted() {
+        for nbf in [None, Some(-60), Some(0), Some(3)] {
+            let (status, body) = get_me(&token(nbf)).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "alice"),
+                "nbf {nbf:?}"
+            );
+        }
+    }
+}

@@ -38,7 +38,7 @@ pub use auth::app;
 pub use functions::Functions;
 
 /// Everything the dev server needs to start.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DevConfig {
     /// Where to listen; port 0 picks a free one (see [`DevServer::addr`]).
     pub addr: SocketAddr,
@@ -56,6 +56,54 @@ pub struct DevConfig {
     /// Requests handled at once; the rest wait for a turn before any handler runs (0 = no
     /// bound). See [`limit_in_flight`].
     pub max_in_flight: usize,
+}
+
+/// Written by hand so that the JWT secret never prints (and the config's own `Debug` hides
+/// the passwords in its URLs).
+impl std::fmt::Debug for DevConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevConfig")
+            .field("addr", &self.addr)
+            .field("config", &self.config)
+            .field("jwt_secret", &"***")
+            .field("pollers", &self.pollers)
+            .field("poll_wait", &self.poll_wait)
+            .field("preheat_every", &self.preheat_every)
+            .field("reconcile_every", &self.reconcile_every)
+            .field("migrate", &self.migrate)
+            .field("max_in_flight", &self.max_in_flight)
+            .finish()
+    }
+}
+
+/// The secret `scripts/env.sh` sets for local use: published, so good for loopback only.
+pub const DEFAULT_JWT_SECRET: &str = "local-dev-secret-change-me";
+
+/// The shortest secret accepted on an address other than loopback: 256 bits, HS256's key size
+/// (RFC 7518 section 3.2 asks for a key at least as long as the hash).
+pub const MIN_EXPOSED_SECRET_LEN: usize = 32;
+
+/// Refuses a secret anyone could know, or guess offline from one token, on an address
+/// reachable from other machines: there the tokens are the only thing between a client and
+/// the admin routes. On loopback only this machine's users can connect.
+pub fn check_exposure(addr: SocketAddr, jwt_secret: &str) -> anyhow::Result<()> {
+    if addr.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        jwt_secret != DEFAULT_JWT_SECRET,
+        "refusing to listen on {addr} with the default SECKILL_JWT_SECRET from scripts/env.sh: \
+         anyone can sign tokens with it. Set SECKILL_JWT_SECRET to a random secret of at \
+         least {MIN_EXPOSED_SECRET_LEN} bytes (e.g. `openssl rand -hex 32`), or listen on \
+         127.0.0.1"
+    );
+    anyhow::ensure!(
+        jwt_secret.len() >= MIN_EXPOSED_SECRET_LEN,
+        "refusing to listen on {addr} with a SECKILL_JWT_SECRET of {} bytes: off loopback it \
+         must be at least {MIN_EXPOSED_SECRET_LEN} bytes (e.g. `openssl rand -hex 32`)",
+        jwt_secret.len()
+    );
+    Ok(())
 }
 
 impl DevConfig {
@@ -78,10 +126,11 @@ impl DevConfig {
 
 /// Command-line options of `seckill-devserver`, and every [`Config`] setting (from its variable
 /// or its flag).
-#[derive(Parser, Debug, Clone)]
+#[derive(Parser, Clone)]
 #[command(name = "seckill-devserver", version, about)]
 pub struct DevArgs {
-    /// Address to listen on (loopback only unless you mean it).
+    /// Address to listen on. Off loopback the JWT secret must not be the default one and must
+    /// be at least 32 bytes.
     #[arg(long, default_value = "127.0.0.1:3000", env = "SECKILL_DEV_ADDR")]
     pub addr: SocketAddr,
     /// Seconds between preheat runs (0 = off).
@@ -109,6 +158,23 @@ pub struct DevArgs {
     pub config: Config,
 }
 
+/// By hand, like [`DevConfig`]'s: the JWT secret never prints.
+impl std::fmt::Debug for DevArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevArgs")
+            .field("addr", &self.addr)
+            .field("preheat_every", &self.preheat_every)
+            .field("reconcile_every", &self.reconcile_every)
+            .field("pollers", &self.pollers)
+            .field("poll_wait_secs", &self.poll_wait_secs)
+            .field("no_migrate", &self.no_migrate)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("jwt_secret", &"***")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
 fn every(secs: u64) -> Option<Duration> {
     (secs > 0).then(|| Duration::from_secs(secs))
 }
@@ -116,6 +182,7 @@ fn every(secs: u64) -> Option<Duration> {
 impl DevArgs {
     /// The options and the settings, checked.
     pub fn into_config(self) -> anyhow::Result<DevConfig> {
+        check_exposure(self.addr, &self.jwt_secret)?;
         let config = self.config.check()?;
         Ok(DevConfig {
             addr: self.addr,
@@ -211,7 +278,10 @@ pub async fn limit_in_flight(
 
 /// Connects everything, applies migrations, binds, and starts the server, the pollers and the
 /// schedules. Returns once all of it is up, so `GET /health` answers from the first request.
+/// Refuses, before connecting anything, a weak secret on an address off loopback
+/// ([`check_exposure`]).
 pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
+    check_exposure(dev.addr, &dev.jwt_secret)?;
     let verifier = JwtVerifier::new(&dev.jwt_secret)?;
     if dev.migrate {
         let pool = seckill_shared::db::connect(&dev.config).await?;
@@ -373,6 +443,99 @@ async fn schedule<F, Fut, R>(
                 "scheduled run done"
             ),
             Err(e) => tracing::warn!(job = name, error = %e, "scheduled run failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STRONG: &str = "0123456789abcdef0123456789abcdef";
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn any_secret_serves_loopback() {
+        for a in [
+            "127.0.0.1:3000",
+            "127.0.0.2:3000",
+            "[::1]:3000",
+            "[::ffff:127.0.0.1]:3000",
+        ] {
+            assert!(check_exposure(addr(a), DEFAULT_JWT_SECRET).is_ok(), "{a}");
+            assert!(check_exposure(addr(a), "short").is_ok(), "{a}");
+        }
+    }
+
+    #[test]
+    fn off_loopback_the_default_or_a_short_secret_is_refused_with_a_reason() {
+        for a in ["0.0.0.0:3000", "[::]:3000", "192.0.2.10:3000"] {
+            let err = check_exposure(addr(a), DEFAULT_JWT_SECRET)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("default SECKILL_JWT_SECRET"), "{err}");
+            let err = check_exposure(addr(a), &STRONG[..31])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("31 bytes") && err.contains("at least 32"),
+                "{err}"
+            );
+            assert!(check_exposure(addr(a), STRONG).is_ok(), "{a}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_refuses_a_weak_secret_off_loopback() {
+        let args = DevArgs::try_parse_from([
+            "seckill-devserver",
+            "--addr=0.0.0.0:3000",
+            &format!("--jwt-secret={DEFAULT_JWT_SECRET}"),
+            "--database-url=postgres://u@127.0.0.1/seckill",
+            "--redis-url=redis://127.0.0.1:6379",
+            "--order-queue-url=http://127.0.0.1:4566/1/q",
+        ])
+        .unwrap();
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(err.contains("refusing to listen on 0.0.0.0:3000"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn start_refuses_before_connecting_anything() {
+        // Nothing listens on these: had it tried to connect, the error would name them.
+        let args = DevArgs::try_parse_from([
+            "seckill-devserver",
+            "--jwt-secret=x",
+            "--database-url=postgres://u@127.0.0.1:1/nowhere",
+            "--redis-url=redis://127.0.0.1:1",
+            "--order-queue-url=http://127.0.0.1:1/1/q",
+        ])
+        .unwrap();
+        let mut dev = args.into_config().unwrap();
+        dev.addr = addr("0.0.0.0:0");
+        let err = start(dev).await.err().expect("refused").to_string();
+        assert!(err.contains("refusing to listen"), "{err}");
+    }
+
+    #[test]
+    fn debug_shows_neither_the_jwt_secret_nor_a_url_password() {
+        let args = DevArgs::try_parse_from([
+            "seckill-devserver",
+            "--jwt-secret=jwt-s3cret-value",
+            "--database-url=postgres://u:db-pa55@127.0.0.1/seckill",
+            "--redis-url=redis://:redis-t0ken@127.0.0.1:6379",
+            "--order-queue-url=http://127.0.0.1:4566/1/q",
+        ])
+        .unwrap();
+        let dev = args.clone().into_config().unwrap();
+        for debug in [format!("{args:?}"), format!("{dev:?}")] {
+            for secret in ["jwt-s3cret-value", "db-pa55", "redis-t0ken"] {
+                assert!(!debug.contains(secret), "{secret} in {debug}");
+            }
+            assert!(debug.contains("u:***@127.0.0.1"), "{debug}");
         }
     }
 }
