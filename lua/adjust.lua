@@ -11,6 +11,10 @@
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id (the fencing token, plus "-revert" for a revert)
 -- ARGV[10] title (the public view reads it from the meta)
+-- KEYS[5] pool   KEYS[6] outbox (a draw sale's)
+-- ARGV[11] drawEndMs (0: first come, first served)   ARGV[12] per-user rate (0: none)
+-- A draw sale's pool and outbox get their sentinel and the expiry like `users` and the
+-- ledger, so a purchase or the draw never writes a key without an expiry.
 --
 -- A change is applied once: a script delivered twice (a cluster client re-sends after a
 -- dropped connection) finds its change id in the meta and only answers.
@@ -31,8 +35,12 @@ if delta ~= 0 then
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
-  'title', ARGV[10])
-for _, key in ipairs({KEYS[1], KEYS[3], KEYS[4]}) do
+  'title', ARGV[10], 'drawEndMs', ARGV[11], 'rate', ARGV[12])
+if tonumber(ARGV[11]) > 0 then
+  redis.call('HSETNX', KEYS[5], '', '-')
+  redis.call('HSETNX', KEYS[6], '', '-')
+end
+for _, key in ipairs({KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}) do
   if redis.call('EXISTS', key) == 1 then redis.call('PEXPIREAT', key, ARGV[8]) end
 end
 return {0, stock}

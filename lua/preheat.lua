@@ -25,6 +25,9 @@
 -- ARGV[10] title (the public view reads it from the meta)
 -- ARGV[11] the sale's bucket count (a load from scratch writes it; the count of a loaded
 --          bucket never changes: a sale loaded with another count is unloaded first)
+-- KEYS[5] pool   KEYS[6] outbox (a draw sale's; see draw.lua)
+-- ARGV[12] drawEndMs (0: first come, first served)   ARGV[13] per-user rate per second (0: none)
+-- A draw sale's pool and outbox get a sentinel and the expiry like `users` and the ledger.
 --
 -- Returns 1 = loaded now, 0 = already loaded (unchanged but the expiry and the sentinels), 2 = already loaded,
 -- meta refreshed to a newer version, 3 = not the lock owner (nothing changed).
@@ -33,12 +36,19 @@ local function expire_all()
   redis.call('HSETNX', KEYS[2], '', '-')
   redis.call('HSETNX', KEYS[3], '', '-')
   for i = 1, 3 do redis.call('PEXPIREAT', KEYS[i], ARGV[7]) end
+  if tonumber(ARGV[12] or '0') > 0 then
+    for i = 5, 6 do
+      redis.call('HSETNX', KEYS[i], '', '-')
+      redis.call('PEXPIREAT', KEYS[i], ARGV[7])
+    end
+  end
 end
 local version = redis.call('HGET', KEYS[1], 'version')
 if version then
   if tonumber(ARGV[6]) > tonumber(version) then
     redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
-      'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10])
+      'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
+      'drawEndMs', ARGV[12], 'rate', ARGV[13])
     expire_all()
     return 2
   end
@@ -47,7 +57,8 @@ if version then
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
-  'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11])
+  'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
+  'rate', ARGV[13])
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 expire_all()
 return 1

@@ -14,6 +14,10 @@
 --                 buckets
 -- KEYS[2] users   hash: user id -> the request id of the purchase that added the user
 -- KEYS[3] ledger  hash: user id -> in-flight entry (see docs/invariants.md, "The state")
+-- KEYS[4] pool    hash: a draw sale's pool, user id -> `requestId|qty|rank|state` (read only
+--                 when the meta has a `drawEndMs`)
+-- KEYS[5] rate    string: this user's attempts in the current second (only when the meta has
+--                 a `rate`)
 --                 (one hash tag on every key)
 -- ARGV[1] user id (from the verified JWT; never empty, so never the sentinel field "")
 -- ARGV[2] quantity (validated by the caller as an integer >= 1)
@@ -44,11 +48,40 @@
 --   8 layout: the sale has another bucket count than the caller's; stock = the sale's count
 --   9 short: a bucketed sale's bucket holds fewer units than asked and the user is free to
 --     buy; stock = units here. The caller borrows from the other buckets and asks again.
-local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq', 'buckets')
+--   10 queued: a draw sale's window is open and the user is now in its pool (or this very
+--     request already was); stock = the entry's arrival rank. No stock is taken.
+--   11 draw_due: a draw sale's window has closed and its draw has not run: the caller runs
+--     lua/draw.lua and asks again. Nothing changed.
+--   12 rate_limited: the user made more than the sale's `rate` attempts this second; stock =
+--     ms until the second is over. Nothing changed but the user's counter.
+--
+-- A draw sale (meta `drawEndMs` > 0): from the start until `drawEndMs` a purchase that passes
+-- the window and limit checks joins the pool instead of taking stock (one entry per user).
+-- After the window and its draw, the sale sells first come, first served, except to the pool's
+-- losers (state `q` once `drawn` is set), whose entry stays final. A winner (`w`) is a buyer like
+-- any other: after a cancel they may buy again.
+-- Per-user rate (meta `rate` > 0): counted before the time checks, so attempts before the
+-- start count too; a purchase carrying credits (the second step of a borrow) is not counted
+-- again.
+local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
+  'buckets', 'drawEndMs', 'drawn', 'rate')
 if not meta[1] then return {1, -1, 0, 0, 0} end
 local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')
 if buckets ~= tonumber(ARGV[5] or '1') then return {8, buckets, 0, epoch, 0} end
+local rate = tonumber(meta[10] or '0')
+if rate > 0 and #ARGV <= 5 then
+  local n = redis.call('INCR', KEYS[5])
+  if n == 1 then redis.call('PEXPIRE', KEYS[5], 1000) end
+  if n > rate then
+    local left = redis.call('PTTL', KEYS[5])
+    if left < 0 then
+      redis.call('PEXPIRE', KEYS[5], 1000)
+      left = 1000
+    end
+    return {12, left, 0, epoch, 0}
+  end
+end
 local credited = 1
 if #ARGV > 5 then
   local stock, moved = tonumber(meta[5] or '0'), false
@@ -71,6 +104,27 @@ if now < tonumber(meta[1]) then return {2, -1, now, epoch, credited} end
 if now >= tonumber(meta[2]) then return {3, -1, now, epoch, credited} end
 local qty = tonumber(ARGV[2])
 if qty > tonumber(meta[3]) then return {4, -1, now, epoch, credited} end
+local draw_end = tonumber(meta[8] or '0')
+if draw_end > 0 then
+  if now < draw_end then
+    local entry = redis.call('HGET', KEYS[4], ARGV[1])
+    if entry then
+      if string.sub(entry, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
+        return {10, tonumber(string.match(entry, '^[^|]*|[^|]*|([^|]*)')), now, epoch, credited}
+      end
+      return {6, -1, now, epoch, credited}
+    end
+    if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {6, -1, now, epoch, credited} end
+    local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
+    redis.call('HSET', KEYS[4], ARGV[1], ARGV[3] .. '|' .. qty .. '|' .. rank .. '|q')
+    return {10, rank, now, epoch, credited}
+  end
+  if meta[9] ~= '1' then return {11, -1, now, epoch, credited} end
+  local entry = redis.call('HGET', KEYS[4], ARGV[1])
+  if entry and string.sub(entry, -2) == '|q' then
+    return {6, -1, now, epoch, credited}
+  end
+end
 local stock = tonumber(meta[5] or '0')
 if stock < qty and buckets == 1 then return {5, stock, now, epoch, credited} end
 local holder = redis.call('HGET', KEYS[2], ARGV[1])

@@ -1,12 +1,13 @@
 -- snapshot.lua: read an activity's Redis state in one atomic step (reconcile, admin stats).
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] outbox (a draw sale's, see draw.lua)
 --
--- Returns {loaded, stock, participants, ledger, seq} where loaded is 1 when meta exists,
+-- Returns {loaded, stock, participants, ledger, seq, unsent} where loaded is 1 when meta exists,
 -- stock is -1 when the meta has no stock, participants counts the users' fields and ledger
 -- is the flat HGETALL list (user, entry, ...), both without the sentinel field "" preheat.lua
 -- keeps in each, and seq is the sale's stock sequence (bumped by every script that moves
--- stock).
+-- stock). `unsent` lists the request ids in the outbox: drawn reservations waiting for
+-- their order message, never stale (see outbox_take.lua).
 local loaded = redis.call('EXISTS', KEYS[1])
 local stock = tonumber(redis.call('HGET', KEYS[1], 'stock') or '-1')
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
@@ -19,4 +20,10 @@ for i = 1, #flat, 2 do
     ledger[#ledger + 1] = flat[i + 1]
   end
 end
-return {loaded, stock, participants, ledger, seq}
+local unsent = {}
+if KEYS[4] then
+  for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do
+    if id ~= '' and id ~= ' lease' then unsent[#unsent + 1] = id end
+  end
+end
+return {loaded, stock, participants, ledger, seq, unsent}

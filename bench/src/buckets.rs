@@ -290,6 +290,9 @@ async fn open_sale(
             start_at: now - chrono::Duration::minutes(1),
             end_at: now + chrono::Duration::hours(1),
             buckets: Some(i64::from(count)),
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

@@ -676,6 +676,9 @@ async fn public_view_on(
             start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
             end_at: chrono::Utc::now() + chrono::Duration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

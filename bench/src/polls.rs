@@ -80,6 +80,9 @@ async fn measure(
             start_at: Utc::now() - chrono::Duration::minutes(1),
             end_at: Utc::now() + chrono::Duration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

@@ -197,6 +197,9 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         created_at: now,
         updated_at: now,
         buckets: 1,
+        admission: "fcfs".into(),
+        draw_window_ms: 0,
+        per_user_rate_per_sec: 0,
     }
 }
 
@@ -316,6 +319,9 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                     start_at: Utc::now() - chrono::Duration::minutes(1),
                     end_at: Utc::now() + chrono::Duration::hours(1),
                     buckets: None,
+                    admission: None,
+                    draw_window_ms: None,
+                    per_user_rate_per_sec: None,
                 },
             )
             .await?;

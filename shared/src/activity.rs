@@ -31,8 +31,48 @@ pub struct Activity {
     /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
     /// sale had before buckets). Fixed once the sale has started or has an order.
     pub buckets: i32,
+    /// `fcfs` (first come, first served) or `draw` (see [`Admission`]).
+    #[schema(example = "fcfs")]
+    pub admission: String,
+    /// A draw sale's pool window after `startAt`, in milliseconds (0 for `fcfs`).
+    pub draw_window_ms: i32,
+    /// Purchase attempts one user may make per second (0: no limit).
+    pub per_user_rate_per_sec: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// Upper bound on a draw window: ten minutes.
+pub const MAX_DRAW_WINDOW_MS: i64 = 600_000;
+/// Upper bound on a per-user purchase rate.
+pub const MAX_RATE_PER_SEC: i64 = 1_000;
+
+/// How a sale admits its buyers at the opening.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// First come, first served: purchases are decided in the order Redis runs them.
+    Fcfs,
+    /// Purchases of the first `drawWindowMs` after the start enter a pool; when the window
+    /// closes the winners are drawn at random (`lua/draw.lua`), and what they leave is sold
+    /// first come, first served.
+    Draw,
+}
+
+impl Admission {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fcfs" => Some(Admission::Fcfs),
+            "draw" => Some(Admission::Draw),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Admission::Fcfs => "fcfs",
+            Admission::Draw => "draw",
+        }
+    }
 }
 
 /// Where an activity's window stands at a moment.
@@ -70,6 +110,16 @@ impl Activity {
     /// The bucket count, as the key layout takes it.
     pub fn bucket_count(&self) -> u32 {
         u32::try_from(self.buckets).unwrap_or(1).max(1)
+    }
+
+    /// When a draw sale's pool closes, in ms since 1970; 0 for a first-come sale. Redis holds
+    /// it as the meta's `drawEndMs`.
+    pub fn draw_end_ms(&self) -> i64 {
+        if self.admission == Admission::Draw.as_str() && self.draw_window_ms > 0 {
+            self.start_at.timestamp_millis() + i64::from(self.draw_window_ms)
+        } else {
+            0
+        }
     }
 
     pub fn phase(&self, now: DateTime<Utc>) -> Phase {
@@ -110,6 +160,23 @@ pub struct NewActivity {
     #[schema(minimum = 1, maximum = 16)]
     #[serde(default)]
     pub buckets: Option<i64>,
+    /// `fcfs` (default): first come, first served. `draw`: purchases in the first
+    /// `drawWindowMs` after `startAt` enter a pool (202 `queued`) and the winners are drawn at
+    /// random when it closes; the rest of the stock is sold first come, first served. A draw
+    /// sale has one bucket.
+    #[schema(example = "draw", pattern = "^(fcfs|draw)$")]
+    #[serde(default)]
+    pub admission: Option<String>,
+    /// The draw window in milliseconds (1 to 600000); required with `draw`, and at most the
+    /// sale's length.
+    #[schema(minimum = 1, maximum = 600_000)]
+    #[serde(default)]
+    pub draw_window_ms: Option<i64>,
+    /// Purchase attempts one user may make per second (0, the default: no limit); the excess
+    /// is answered 429 `rate_limited` with `Retry-After`.
+    #[schema(minimum = 0, maximum = 1_000)]
+    #[serde(default)]
+    pub per_user_rate_per_sec: Option<i64>,
 }
 
 /// A merge update (`PUT /admin/activities/{id}`): any subset of the create fields.
@@ -127,11 +194,22 @@ pub struct ActivityPatch {
     /// Only before the sale starts, and while it has no order.
     #[schema(minimum = 1, maximum = 16)]
     pub buckets: Option<i64>,
+    /// Only before the sale starts.
+    #[schema(example = "draw", pattern = "^(fcfs|draw)$")]
+    pub admission: Option<String>,
+    /// Only before the sale starts.
+    #[schema(minimum = 1, maximum = 600_000)]
+    pub draw_window_ms: Option<i64>,
+    #[schema(minimum = 0, maximum = 1_000)]
+    pub per_user_rate_per_sec: Option<i64>,
 }
 
 impl ActivityPatch {
     pub fn is_empty(&self) -> bool {
         self.buckets.is_none()
+            && self.admission.is_none()
+            && self.draw_window_ms.is_none()
+            && self.per_user_rate_per_sec.is_none()
             && self.title.is_none()
             && self.total_stock.is_none()
             && self.per_order_limit.is_none()
@@ -150,7 +228,100 @@ impl NewActivity {
             self.start_at,
             self.end_at,
         )?;
-        validate_buckets(self.buckets.unwrap_or(1))
+        validate_buckets(self.buckets.unwrap_or(1))?;
+        validate_admission(
+            &self.rules(),
+            self.start_at,
+            self.end_at,
+            self.buckets.unwrap_or(1),
+        )
+    }
+
+    /// The admission rules as given (defaults filled in).
+    pub fn rules(&self) -> Rules {
+        Rules {
+            admission: self.admission.clone().unwrap_or_else(|| "fcfs".into()),
+            draw_window_ms: self.draw_window_ms.unwrap_or(0),
+            per_user_rate_per_sec: self.per_user_rate_per_sec.unwrap_or(0),
+        }
+    }
+}
+
+/// How a sale admits buyers: its admission, draw window and per-user rate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    pub admission: String,
+    pub draw_window_ms: i64,
+    pub per_user_rate_per_sec: i64,
+}
+
+impl Rules {
+    pub fn of(a: &Activity) -> Self {
+        Rules {
+            admission: a.admission.clone(),
+            draw_window_ms: i64::from(a.draw_window_ms),
+            per_user_rate_per_sec: i64::from(a.per_user_rate_per_sec),
+        }
+    }
+
+    /// The rules after a merge update: a switch to `fcfs` drops the window, a switch to `draw`
+    /// needs one.
+    pub fn merged(current: &Activity, patch: &ActivityPatch) -> Self {
+        let admission = patch
+            .admission
+            .clone()
+            .unwrap_or_else(|| current.admission.clone());
+        let draw_window_ms = match (&patch.draw_window_ms, admission.as_str()) {
+            (Some(ms), _) => *ms,
+            (None, "draw") => i64::from(current.draw_window_ms),
+            (None, _) => 0,
+        };
+        Rules {
+            admission,
+            draw_window_ms,
+            per_user_rate_per_sec: patch
+                .per_user_rate_per_sec
+                .unwrap_or(i64::from(current.per_user_rate_per_sec)),
+        }
+    }
+}
+
+/// The admission rules an activity obeys: `fcfs` or `draw`; a draw's window between 1 ms and
+/// [`MAX_DRAW_WINDOW_MS`], within the sale, on a sale with one bucket; a rate between 0 and
+/// [`MAX_RATE_PER_SEC`].
+pub fn validate_admission(
+    rules: &Rules,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    buckets: i64,
+) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::BadRequest(m));
+    let Some(admission) = Admission::parse(&rules.admission) else {
+        return bad(format!(
+            "admission must be \"fcfs\" or \"draw\", got {:?}",
+            rules.admission
+        ));
+    };
+    if !(0..=MAX_RATE_PER_SEC).contains(&rules.per_user_rate_per_sec) {
+        return bad(format!(
+            "perUserRatePerSec must be between 0 and {MAX_RATE_PER_SEC}"
+        ));
+    }
+    match admission {
+        Admission::Fcfs if rules.draw_window_ms != 0 => {
+            bad("drawWindowMs applies only to admission \"draw\"".into())
+        }
+        Admission::Fcfs => Ok(()),
+        Admission::Draw if !(1..=MAX_DRAW_WINDOW_MS).contains(&rules.draw_window_ms) => bad(
+            format!("admission \"draw\" needs drawWindowMs between 1 and {MAX_DRAW_WINDOW_MS}"),
+        ),
+        Admission::Draw if (end_at - start_at).num_milliseconds() < rules.draw_window_ms => {
+            bad("drawWindowMs must fit between startAt and endAt".into())
+        }
+        Admission::Draw if buckets != 1 => {
+            bad("admission \"draw\" needs buckets = 1: the draw is one script on one shard".into())
+        }
+        Admission::Draw => Ok(()),
     }
 }
 
@@ -205,19 +376,23 @@ pub fn validate_fields(
 
 /// Stores a new, published activity with all its stock remaining.
 pub async fn insert(db: impl PgExecutor<'_>, new: &NewActivity) -> Result<Activity, sqlx::Error> {
+    let rules = new.rules();
     sqlx::query_as!(
         Activity,
         "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                                 buckets)
-         values ($1, $2, $2, $3, $4, $5, $6)
+                                 buckets, admission, draw_window_ms, per_user_rate_per_sec)
+         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9)
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at",
         new.title.trim(),
         new.total_stock as i32,
         new.per_order_limit as i32,
         new.start_at,
         new.end_at,
-        new.buckets.unwrap_or(1) as i32
+        new.buckets.unwrap_or(1) as i32,
+        rules.admission,
+        rules.draw_window_ms as i32,
+        rules.per_user_rate_per_sec as i32
     )
     .fetch_one(db)
     .await
@@ -228,7 +403,7 @@ pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Activity>, s
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at
          from activities where id = $1",
         id
     )
@@ -245,7 +420,7 @@ pub async fn list(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at
          from activities order by id desc limit $1 offset $2",
         limit,
         offset
@@ -264,7 +439,7 @@ pub async fn due_for_preheat(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at
          from activities
          where state = 'published' and start_at <= $1 and end_at > $2 order by start_at",
         horizon,
@@ -286,7 +461,7 @@ pub async fn due_for_reconcile(
     sqlx::query_as!(
         Activity,
         "select id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at
+                state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at
          from activities
          where state = 'published' and start_at <= $1 and end_at > $2 order by id",
         horizon,
@@ -349,7 +524,7 @@ pub async fn bump_load_epoch_if_fenced(
         "update activities set load_epoch = load_epoch + 1
          where id = $1 and last_fence_token = $2
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at",
         id,
         token
     )
@@ -420,6 +595,7 @@ pub struct Change<'a> {
     pub end_at: DateTime<Utc>,
     pub config_version: i64,
     pub buckets: i32,
+    pub rules: Rules,
 }
 
 /// Writes an admin change, in the caller's transaction (after the fence).
@@ -432,10 +608,11 @@ pub async fn apply_change(
         Activity,
         "update activities set title = $2, total_stock = $3,
              remaining_stock = remaining_stock + $4, per_order_limit = $5,
-             start_at = $6, end_at = $7, config_version = $8, buckets = $9, updated_at = now()
+             start_at = $6, end_at = $7, config_version = $8, buckets = $9, admission = $10,
+             draw_window_ms = $11, per_user_rate_per_sec = $12, updated_at = now()
          where id = $1
          returning id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at,
-                   state, config_version, last_fence_token, load_epoch, buckets, created_at, updated_at",
+                   state, config_version, last_fence_token, load_epoch, buckets, admission, draw_window_ms, per_user_rate_per_sec, created_at, updated_at",
         id,
         c.title,
         c.total_stock,
@@ -444,7 +621,10 @@ pub async fn apply_change(
         c.start_at,
         c.end_at,
         c.config_version,
-        c.buckets
+        c.buckets,
+        c.rules.admission,
+        c.rules.draw_window_ms as i32,
+        c.rules.per_user_rate_per_sec as i32
     )
     .fetch_one(conn)
     .await

@@ -14,6 +14,7 @@ use crate::cache::{CacheError, Redis};
 use crate::keys::{self, Bucket};
 use crate::refusal::Refusal;
 use crate::sale::{self, Credit, Decision, Reservation, Snapshot};
+use crate::scripts;
 use uuid::Uuid;
 
 /// One purchase attempt.
@@ -27,21 +28,50 @@ pub struct Purchase<'a> {
     pub deadline_ms: i64,
 }
 
-/// Buys for one user. `count` is the sale's bucket count as the caller last saw it (1 when
-/// it does not know): the home bucket answers with the right count when it is not, the
-/// purchase asks the right home bucket once more, and `count` is left at the count Redis
-/// holds (also when the call fails after that answer), for the caller to remember and to
-/// find the home bucket of a give-back.
+/// What a purchase attempt came to, short of a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entered {
+    /// Units reserved: the order message is the caller's to send.
+    Reserved(Reservation),
+    /// A draw sale's window is open: the user is in its pool with this arrival rank.
+    Queued { rank: i64 },
+    /// A draw sale's window has closed and its draw has not run (see [`crate::draw`]): the
+    /// caller runs it, sends its winners, and asks again.
+    DrawDue,
+}
+
+/// Buys for one user in a first-come sale (see [`enter`], which also answers a draw sale's
+/// pool); a draw sale's answers are an error here.
 pub async fn purchase(
     redis: &Redis,
     buy: &Purchase<'_>,
     count: &mut u32,
 ) -> Result<Result<Reservation, Refusal>, CacheError> {
+    match enter(redis, buy, count).await? {
+        Ok(Entered::Reserved(r)) => Ok(Ok(r)),
+        Ok(Entered::Queued { .. }) => Err(scripts::unknown_answer("purchase.lua", 10)),
+        Ok(Entered::DrawDue) => Err(scripts::unknown_answer("purchase.lua", 11)),
+        Err(refusal) => Ok(Err(refusal)),
+    }
+}
+
+/// Buys for one user. `count` is the sale's bucket count as the caller last saw it (1 when
+/// it does not know): the home bucket answers with the right count when it is not, the
+/// purchase asks the right home bucket once more, and `count` is left at the count Redis
+/// holds (also when the call fails after that answer), for the caller to remember and to
+/// find the home bucket of a give-back.
+pub async fn enter(
+    redis: &Redis,
+    buy: &Purchase<'_>,
+    count: &mut u32,
+) -> Result<Result<Entered, Refusal>, CacheError> {
     *count = (*count).max(1);
     for _ in 0..2 {
         let home = Bucket::home(buy.activity_id, *count, buy.user_id);
         return match run(redis, buy, home, &[]).await?.0 {
-            Decision::Accepted(r) => Ok(Ok(r)),
+            Decision::Accepted(r) => Ok(Ok(Entered::Reserved(r))),
+            Decision::Queued { rank } => Ok(Ok(Entered::Queued { rank })),
+            Decision::DrawDue => Ok(Ok(Entered::DrawDue)),
             // A bucket of a layout Redis no longer holds (the count changed before the start):
             // bucket 0, which every layout shares, says the count.
             Decision::Refused(Refusal::NotFound) if home.index != 0 => {
@@ -58,7 +88,9 @@ pub async fn purchase(
                 *count = n;
                 continue;
             }
-            Decision::Short { stock } => borrow_and_buy(redis, buy, home, stock).await,
+            Decision::Short { stock } => Ok(borrow_and_buy(redis, buy, home, stock)
+                .await?
+                .map(Entered::Reserved)),
         };
     }
     Err(layout_changed(buy.activity_id))
@@ -154,6 +186,9 @@ async fn borrow_and_buy(
         // All the other buckets together held fewer units than asked; they are here now.
         Decision::Short { stock } => Ok(Err(Refusal::SoldOut { stock_left: stock })),
         Decision::Layout(_) => Err(layout_changed(buy.activity_id)),
+        // Only a sale with one bucket is a draw sale.
+        Decision::Queued { .. } => Err(scripts::unknown_answer("purchase.lua", 10)),
+        Decision::DrawDue => Err(scripts::unknown_answer("purchase.lua", 11)),
     }
 }
 

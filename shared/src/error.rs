@@ -4,7 +4,7 @@
 //! the client as a bare 500: no SQL, no hostnames, no secrets leave the process.
 
 use axum::body::Bytes;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -138,6 +138,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::Refused(Refusal::Expired { .. }) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            ApiError::Refused(Refusal::RateLimited { .. }) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -179,6 +180,14 @@ impl IntoResponse for ApiError {
             // Refusals are the bulk of a sale's traffic and their bodies never vary.
             let body = REFUSAL_BODIES[refusal.index()].clone();
             let json = HeaderValue::from_static("application/json");
+            if let Refusal::RateLimited { retry_after_ms } = refusal {
+                // Whole seconds (RFC 9110), rounded up: a client that waits that long is
+                // inside its next second.
+                let secs = (retry_after_ms.max(1) + 999) / 1000;
+                let retry = HeaderValue::from(secs);
+                return (status, [(CONTENT_TYPE, json), (RETRY_AFTER, retry)], body)
+                    .into_response();
+            }
             return (status, [(CONTENT_TYPE, json)], body).into_response();
         }
         if let ApiError::Internal(e) = &self {

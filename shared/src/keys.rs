@@ -24,6 +24,11 @@ pub const SENTINEL: &str = "";
 /// `lua/borrow.lua` spells it `' transfer:'`.
 pub const TRANSFER_FIELD_PREFIX: &str = " transfer:";
 
+/// The field of the outbox that leases draining it to one drainer at a time: `token|untilMs`.
+/// Request ids are uuids, so no request id starts with a space. `lua/outbox_take.lua` spells
+/// it `' lease'`.
+pub const OUTBOX_LEASE: &str = " lease";
+
 /// The most buckets one sale may have.
 pub const MAX_BUCKETS: u32 = 16;
 
@@ -132,6 +137,15 @@ pub struct Keys {
     pub lock: String,
     /// The fencing token counter (bucket 0's is the sale's).
     pub fence: String,
+    /// A draw sale's pool: hash user id -> `requestId|qty|rank|state`, the purchases of the
+    /// draw window in arrival order (`rank`, from 1), `state` `q` (queued; after the draw: not
+    /// drawn) or `w` (won); plus [`SENTINEL`].
+    pub pool: String,
+    /// A draw sale's to-send list: hash request id -> `userId|qty`, the winners whose order
+    /// message is not known to be on the queue yet; plus [`SENTINEL`] and [`OUTBOX_LEASE`].
+    pub outbox: String,
+    /// Prefix of a user's purchase-rate counter (`<rate><userId>`, see [`Keys::rate`]).
+    rate: String,
 }
 
 impl Keys {
@@ -149,7 +163,16 @@ impl Keys {
             ledger: format!("{base}:ledger"),
             lock: format!("{base}:lock"),
             fence: format!("{base}:fence"),
+            pool: format!("{base}:pool"),
+            outbox: format!("{base}:outbox"),
+            rate: format!("{base}:rate:"),
         }
+    }
+
+    /// The key counting `user_id`'s purchase attempts of the current second (it expires one
+    /// second after the first).
+    pub fn rate(&self, user_id: &str) -> String {
+        format!("{}{user_id}", self.rate)
     }
 }
 
@@ -166,7 +189,10 @@ mod tests {
     #[test]
     fn every_key_of_a_bucket_shares_its_hash_tag() {
         let k = Keys::new("seckill", 42);
-        for key in [&k.meta, &k.users, &k.ledger, &k.lock, &k.fence] {
+        let rate = k.rate("alice");
+        for key in [
+            &k.meta, &k.users, &k.ledger, &k.lock, &k.fence, &k.pool, &k.outbox, &rate,
+        ] {
             assert_eq!(tag_of(key), "42", "{key}");
         }
         let b = Keys::of("seckill", Bucket::all(42, 3).nth(2).unwrap());

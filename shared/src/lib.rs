@@ -9,6 +9,7 @@
 //!   keys sharing one hash tag; a user's home bucket.
 //! - [`buckets`]: a purchase in a bucketed sale (borrowing from the other buckets when the
 //!   home bucket is short), and the reads that add the buckets up.
+//! - [`draw`]: a draw sale's draw and the outbox that sends its winners' order messages.
 //! - [`scripts`]: every Lua script of `lua/`, compiled in with `include_str!`, run by EVALSHA.
 //! - [`cache`]: the Redis connection (standalone or cluster) with bounded timeouts.
 //! - [`sale`]: typed wrappers around every script of the sale: purchase, compensation, settle,
@@ -40,6 +41,7 @@ pub mod cache;
 pub mod config;
 pub mod db;
 pub mod deps;
+pub mod draw;
 pub mod error;
 pub mod giveback;
 pub mod http;

@@ -87,4 +87,45 @@ impl OrderQueue {
             Err(_) => Err(QueueError::Timeout(self.timeout)),
         }
     }
+
+    /// Sends up to ten order messages in one `SendMessageBatch`, answering the request ids the
+    /// queue confirmed stored. A message missing from the answer (refused, or the whole call
+    /// failed or timed out) may or may not be on the queue: the caller sends it again later.
+    pub async fn send_batch(&self, messages: &[OrderMessage]) -> Result<Vec<Uuid>, QueueError> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut entries = Vec::with_capacity(messages.len());
+        for (i, m) in messages.iter().enumerate() {
+            let body = serde_json::to_string(m).expect("order messages serialize");
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(body)
+                .build()
+                .map_err(|e| QueueError::Send(e.to_string()))?;
+            entries.push(entry);
+        }
+        let send = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries))
+            .send();
+        match tokio::time::timeout(self.timeout, send).await {
+            Ok(Ok(_)) if crate::pause::fail("queue.send.lost_reply", messages[0].activity_id) => {
+                Err(QueueError::Timeout(self.timeout))
+            }
+            Ok(Ok(out)) => Ok(out
+                .successful()
+                .iter()
+                .filter_map(|ok| ok.id().parse::<usize>().ok())
+                .filter_map(|i| messages.get(i).map(|m| m.request_id))
+                .collect()),
+            Ok(Err(e)) => Err(QueueError::Send(
+                aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
+            )),
+            Err(_) => Err(QueueError::Timeout(self.timeout)),
+        }
+    }
 }

@@ -30,11 +30,15 @@ pub enum Refusal {
     /// given up on the answer (a stalled or slow Redis). `now_ms` is when it ran.
     #[error("redis answered too late; nothing was done, retry")]
     Expired { now_ms: i64 },
+    /// More purchase attempts this second than the sale's per-user rate: nothing was done.
+    /// `retry_after_ms`: until the user's second is over.
+    #[error("too many purchase attempts; retry after the time Retry-After gives")]
+    RateLimited { retry_after_ms: i64 },
 }
 
 impl Refusal {
     /// One of each refusal, in [`index`](Refusal::index) order.
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::NotFound,
         Refusal::NotStarted,
         Refusal::Ended,
@@ -42,10 +46,11 @@ impl Refusal {
         Refusal::SoldOut { stock_left: 0 },
         Refusal::AlreadyPurchased,
         Refusal::Expired { now_ms: 0 },
+        Refusal::RateLimited { retry_after_ms: 0 },
     ];
 
     /// Every refusal's [`code`](Refusal::code), in [`index`](Refusal::index) order.
-    pub const CODES: [&'static str; 7] = [
+    pub const CODES: [&'static str; 8] = [
         "not_found",
         "not_started",
         "ended",
@@ -53,6 +58,7 @@ impl Refusal {
         "sold_out",
         "already_purchased",
         "expired",
+        "rate_limited",
     ];
 
     /// The stable name of the refusal, for logs, metrics and load reports.
@@ -70,16 +76,22 @@ impl Refusal {
             Refusal::SoldOut { .. } => 4,
             Refusal::AlreadyPurchased => 5,
             Refusal::Expired { .. } => 6,
+            Refusal::RateLimited { .. } => 7,
         }
     }
 
     /// The code `purchase.lua` answers this refusal with (the inverse of
     /// [`from_script`](Refusal::from_script)), for callers that run the script by raw EVALSHA.
     pub fn script_code(&self) -> i64 {
-        self.index() as i64 + 1
+        match self {
+            // 8 to 11 are the script's answers that are not refusals (see `sale::Decision`).
+            Refusal::RateLimited { .. } => 12,
+            other => other.index() as i64 + 1,
+        }
     }
 
-    /// Reads `purchase.lua`'s refusal codes (1-7; 0 is an acceptance and not read here).
+    /// Reads `purchase.lua`'s refusal codes (1-7 and 12; the others are not refusals and not
+    /// read here).
     /// `None` for a code the script does not answer.
     pub fn from_script(code: i64, stock: i64, now_ms: i64) -> Option<Self> {
         Some(match code {
@@ -90,6 +102,9 @@ impl Refusal {
             5 => Refusal::SoldOut { stock_left: stock },
             6 => Refusal::AlreadyPurchased,
             7 => Refusal::Expired { now_ms },
+            12 => Refusal::RateLimited {
+                retry_after_ms: stock,
+            },
             _ => return None,
         })
     }
@@ -101,15 +116,15 @@ mod tests {
 
     #[test]
     fn every_script_code_reads_as_the_refusal_whose_code_it_names() {
-        for (n, code) in Refusal::CODES.iter().enumerate() {
-            let refusal = Refusal::from_script(n as i64 + 1, 0, 0).unwrap();
-            assert_eq!((refusal.index(), refusal.code()), (n, *code));
-            assert_eq!(refusal.script_code(), n as i64 + 1);
+        for (n, refusal) in Refusal::ALL.iter().enumerate() {
+            let read = Refusal::from_script(refusal.script_code(), 0, 0).unwrap();
+            assert_eq!((read.index(), read.code()), (n, Refusal::CODES[n]));
+        }
+        for code in [0, 8, 9, 10, 11, 13] {
+            assert_eq!(Refusal::from_script(code, 0, 0), None, "{code}");
         }
         for (n, refusal) in Refusal::ALL.iter().enumerate() {
             assert_eq!(refusal.index(), n);
         }
-        assert_eq!(Refusal::from_script(0, 0, 0), None);
-        assert_eq!(Refusal::from_script(8, 0, 0), None);
     }
 }

@@ -48,6 +48,12 @@ pub enum Decision {
     Short {
         stock: i64,
     },
+    /// A draw sale's window is open: the user is in its pool, with this arrival rank (from 1).
+    Queued {
+        rank: i64,
+    },
+    /// A draw sale's window has closed and its draw has not run: run it and ask again.
+    DrawDue,
 }
 
 /// Runs the purchase script in one bucket for one user and quantity, adding `credits` to the
@@ -69,6 +75,8 @@ pub async fn purchase_script(
     inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
+        .key(&k.pool)
+        .key(k.rate(user_id))
         .arg(user_id)
         .arg(quantity)
         .arg(request_id.to_string())
@@ -88,6 +96,8 @@ pub async fn purchase_script(
         }),
         8 => Decision::Layout(u32::try_from(stock).unwrap_or(1).max(1)),
         9 => Decision::Short { stock },
+        10 => Decision::Queued { rank: stock },
+        11 => Decision::DrawDue,
         _ => match Refusal::from_script(code, stock, now_ms) {
             Some(refusal) => Decision::Refused(refusal),
             None => return Err(scripts::unknown_answer("purchase.lua", code)),
@@ -430,9 +440,17 @@ pub struct Snapshot {
     pub ledger: Vec<LedgerEntry>,
     /// The stock sequence: bumped by every script that moves the stock.
     pub seq: i64,
+    /// Request ids in a draw sale's outbox: reservations whose order message is still to be
+    /// sent, which no grace period makes stale.
+    pub unsent: Vec<String>,
 }
 
 impl Snapshot {
+    /// Whether the reservation `request_id` waits in the outbox for its order message.
+    pub fn is_unsent(&self, request_id: &str) -> bool {
+        self.unsent.iter().any(|id| id == request_id)
+    }
+
     pub fn pending_quantity(&self) -> i64 {
         self.ledger
             .iter()
@@ -461,9 +479,9 @@ impl Snapshot {
 pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, CacheError> {
     let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
-    inv.key(&k.meta).key(&k.users).key(&k.ledger);
-    let (loaded, stock, participants, flat, seq): (i64, i64, i64, Vec<String>, i64) =
-        redis.script(&inv).await?;
+    inv.key(&k.meta).key(&k.users).key(&k.ledger).key(&k.outbox);
+    type Answer = (i64, i64, i64, Vec<String>, i64, Vec<String>);
+    let (loaded, stock, participants, flat, seq, unsent): Answer = redis.script(&inv).await?;
     let ledger = flat
         .chunks(2)
         .filter_map(|pair| match pair {
@@ -477,6 +495,7 @@ pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, 
         participants,
         ledger,
         seq,
+        unsent,
     })
 }
 
@@ -597,6 +616,8 @@ async fn preheat_bucket(
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.lock)
+        .key(&k.pool)
+        .key(&k.outbox)
         .arg(stock)
         .arg(activity.total_stock)
         .arg(activity.start_at.timestamp_millis())
@@ -607,7 +628,9 @@ async fn preheat_bucket(
         .arg(owner)
         .arg(activity.load_epoch)
         .arg(&activity.title)
-        .arg(bucket.count);
+        .arg(bucket.count)
+        .arg(activity.draw_end_ms())
+        .arg(activity.per_user_rate_per_sec);
     let code: i64 = redis.script(&inv).await?;
     Ok(match code {
         0 => PreheatOutcome::AlreadyLoaded,
@@ -644,6 +667,10 @@ pub struct SaleMeta {
     pub version: i64,
     /// When the sale's keys expire: end plus the expiry buffer.
     pub expire_at: DateTime<Utc>,
+    /// When a draw sale's pool closes (ms since 1970; 0: first come, first served).
+    pub draw_end_ms: i64,
+    /// Purchase attempts per user and second (0: no limit).
+    pub rate: i64,
 }
 
 /// `lua/adjust.lua`: applies an admin change to a loaded sale, for the lock `owner` only:
@@ -662,6 +689,8 @@ pub async fn adjust(
         .key(&k.lock)
         .key(&k.users)
         .key(&k.ledger)
+        .key(&k.pool)
+        .key(&k.outbox)
         .arg(owner)
         .arg(delta)
         .arg(meta.total)
@@ -671,7 +700,9 @@ pub async fn adjust(
         .arg(meta.version)
         .arg(meta.expire_at.timestamp_millis())
         .arg(change)
-        .arg(&meta.title);
+        .arg(&meta.title)
+        .arg(meta.draw_end_ms)
+        .arg(meta.rate);
     let (code, stock): (i64, i64) = redis.script(&inv).await?;
     Ok(match code {
         0 => Adjust::Applied,

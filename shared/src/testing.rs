@@ -192,6 +192,33 @@ impl TestEnv {
                 start_at,
                 end_at,
                 buckets: Some(i64::from(buckets)),
+                admission: None,
+                draw_window_ms: None,
+                per_user_rate_per_sec: None,
+            },
+        )
+        .await?;
+        let (_, loaded) =
+            crate::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+        Ok(loaded)
+    }
+
+    /// A draw sale whose pool is open now: started a second ago, its draw window the longest
+    /// (tests close it with `close_draw_window` in tests/tests/common), ends in an hour.
+    pub async fn draw_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
+        let now = Utc::now();
+        let a = activity::insert(
+            &self.pool,
+            &NewActivity {
+                title: "test draw".into(),
+                total_stock: stock,
+                per_order_limit: limit,
+                start_at: now - ChronoDuration::seconds(1),
+                end_at: now + ChronoDuration::hours(1),
+                buckets: None,
+                admission: Some("draw".into()),
+                draw_window_ms: Some(activity::MAX_DRAW_WINDOW_MS),
+                per_user_rate_per_sec: None,
             },
         )
         .await?;

@@ -668,6 +668,8 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
         end_at: a.end_at,
         version: a.config_version + 1,
         expire_at: a.expire_at(env.config.expiry_buffer),
+        draw_end_ms: 0,
+        rate: 0,
     };
     let refused = sale::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
     assert_eq!(refused, sale::Adjust::NotOwner);

@@ -1420,6 +1420,7 @@ fn whole(snaps: &[(Bucket, sale::Snapshot)]) -> sale::Snapshot {
         participants: snaps.iter().map(|(_, s)| s.participants).sum(),
         ledger: snaps.iter().flat_map(|(_, s)| s.ledger.clone()).collect(),
         seq: 0,
+        unsent: snaps.iter().flat_map(|(_, s)| s.unsent.clone()).collect(),
     }
 }
 

@@ -516,6 +516,9 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             start_at: now - hour * 2,
             end_at: now - hour,
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

@@ -595,6 +595,9 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
             start_at: now - ChronoDuration::seconds(1),
             end_at: now + ChronoDuration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;
@@ -633,6 +636,9 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
                 start_at: start,
                 end_at: end,
                 buckets: None,
+                admission: None,
+                draw_window_ms: None,
+                per_user_rate_per_sec: None,
             },
         )
         .await?;
@@ -682,6 +688,9 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
             start_at: now + ChronoDuration::minutes(10),
             end_at: now + ChronoDuration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

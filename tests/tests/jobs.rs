@@ -65,6 +65,9 @@ async fn insert_activity(
             start_at,
             end_at,
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?)

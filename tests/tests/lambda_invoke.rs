@@ -232,6 +232,9 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             start_at: now - chrono::Duration::minutes(1),
             end_at: now + chrono::Duration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

@@ -30,6 +30,9 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
             start_at: now - ChronoDuration::minutes(1),
             end_at: now + ChronoDuration::hours(1),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

@@ -150,6 +150,9 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
             start_at: now + chrono::Duration::days(7),
             end_at: now + chrono::Duration::days(8),
             buckets: None,
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
         },
     )
     .await?;

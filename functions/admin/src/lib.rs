@@ -62,7 +62,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
+use seckill_shared::activity::{self, Activity, ActivityPatch, Admission, NewActivity, Rules};
 use seckill_shared::auth::Admin;
 use seckill_shared::error::ErrorBody;
 use seckill_shared::http::{with_fallbacks, ActivityId, JsonBody};
@@ -204,7 +204,7 @@ pub async fn update_activity(
 ) -> Result<Activity, ApiError> {
     if patch.is_empty() {
         return Err(ApiError::BadRequest(
-            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt, buckets"
+            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt, buckets, admission, drawWindowMs, perUserRatePerSec"
                 .into(),
         ));
     }
@@ -253,6 +253,18 @@ struct Merged {
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
     buckets: i64,
+    rules: Rules,
+}
+
+impl Merged {
+    /// When a draw sale's pool closes (0: first come, first served), as the meta holds it.
+    fn draw_end_ms(&self) -> i64 {
+        if self.rules.admission == Admission::Draw.as_str() {
+            self.start_at.timestamp_millis() + self.rules.draw_window_ms
+        } else {
+            0
+        }
+    }
 }
 
 fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> {
@@ -270,6 +282,7 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
         start_at: patch.start_at.unwrap_or(current.start_at),
         end_at: patch.end_at.unwrap_or(current.end_at),
         buckets: patch.buckets.unwrap_or(current.buckets as i64),
+        rules: Rules::merged(current, patch),
     };
     activity::validate_fields(
         &merged.title,
@@ -279,6 +292,12 @@ fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> 
         merged.end_at,
     )?;
     activity::validate_buckets(merged.buckets)?;
+    activity::validate_admission(
+        &merged.rules,
+        merged.start_at,
+        merged.end_at,
+        merged.buckets,
+    )?;
     Ok(merged)
 }
 
@@ -294,6 +313,8 @@ fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
         end_at: m.end_at,
         version,
         expire_at: m.end_at + buffer,
+        draw_end_ms: m.draw_end_ms(),
+        rate: m.rules.per_user_rate_per_sec,
     }
 }
 
@@ -433,6 +454,7 @@ impl Change {
             start_at: a.start_at,
             end_at: a.end_at,
             buckets: a.buckets as i64,
+            rules: Rules::of(a),
         }
     }
 }
@@ -456,6 +478,7 @@ pub async fn update_with_guard(
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     let change = Change::new(current, patch)?;
+    admission_unchanged_once_started(&change)?;
     if change.merged.buckets != change.before.buckets as i64 {
         relayout(state, guard, &mut tx, &change).await?;
         let updated =
@@ -468,6 +491,28 @@ pub async fn update_with_guard(
     } else {
         raise(state, guard, tx, change).await
     }
+}
+
+/// A sale's admission, its draw window and (for a draw) its start change only before the
+/// start: the pool of a running draw was collected under them.
+fn admission_unchanged_once_started(change: &Change) -> Result<(), ApiError> {
+    let (before, after) = (&change.before, &change.merged);
+    let now = Utc::now();
+    if now < before.start_at && now < after.start_at {
+        return Ok(());
+    }
+    let was = Rules::of(before);
+    let draw = was.admission == Admission::Draw.as_str();
+    if after.rules.admission != was.admission
+        || after.rules.draw_window_ms != was.draw_window_ms
+        || (draw && after.start_at != before.start_at)
+    {
+        return Err(ApiError::Conflict(
+            "admission, drawWindowMs and a draw sale's startAt can change only before the sale starts"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A new bucket count: only before the sale starts (by the window before and after the
@@ -670,6 +715,7 @@ async fn write_update(
         end_at: m.end_at,
         config_version: version,
         buckets: m.buckets as i32,
+        rules: m.rules.clone(),
     };
     activity::apply_change(tx, id, &change).await
 }

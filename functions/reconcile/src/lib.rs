@@ -66,9 +66,9 @@ use seckill_shared::keys::{Bucket, SENTINEL};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::Order;
 use seckill_shared::order::{reason, OrderStatus};
-use seckill_shared::queue::OrderMessage;
+use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, EntryKind, LedgerEntry, Snapshot};
-use seckill_shared::{buckets, load, lock, order, Config, Deps};
+use seckill_shared::{buckets, draw, load, lock, order, Config, Deps};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -94,6 +94,8 @@ const LOCK_WAIT: Duration = Duration::from_millis(300);
 /// (`self.pool`, `self.config`, `self.redis` read through it).
 pub struct Reconcile {
     deps: Deps,
+    /// The order queue, for a draw sale's winners (built on first use: most runs send nothing).
+    queue: tokio::sync::OnceCell<OrderQueue>,
 }
 
 impl std::ops::Deref for Reconcile {
@@ -160,6 +162,10 @@ pub struct ActivityReport {
     pub activity_id: i64,
     /// This run loaded the activity into Redis (it was running and missing).
     pub preheated: bool,
+    /// This run drew a draw sale's winners (nobody had since its window closed).
+    pub drawn: bool,
+    /// Order messages of a draw's winners this run sent from the outbox.
+    pub winners_sent: usize,
     /// Stale reservations with no order, given back (stock and user).
     pub compensated: usize,
     /// Stale entries dropped because the database already holds their outcome.
@@ -192,7 +198,23 @@ pub struct ActivityReport {
 
 impl Reconcile {
     pub fn new(deps: Deps) -> Self {
-        Self { deps }
+        Self {
+            deps,
+            queue: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn queue(&self) -> &OrderQueue {
+        self.queue
+            .get_or_init(|| async {
+                let client = queue::sqs_client().await;
+                OrderQueue::new(
+                    client,
+                    &self.config.order_queue_url,
+                    self.config.sqs_timeout,
+                )
+            })
+            .await
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
@@ -323,6 +345,12 @@ impl Reconcile {
         let id = a.id;
         let mut r = ActivityReport::new(id);
 
+        // 0. A draw sale: its draw, if due and not run, and its winners' messages. Before the
+        // snapshot, so that the ledger it reads shows every sent reservation restamped.
+        if a.draw_end_ms() > 0 {
+            self.draw_and_send(a, &mut r).await?;
+        }
+
         // 1. Snapshot; a running sale missing from Redis is loaded now.
         let snaps = self.snapshot_loading(a, now, &mut r).await?;
 
@@ -348,6 +376,37 @@ impl Reconcile {
         r.count(&snaps, a.total_stock, sold, db_remaining);
         self.persist(&r).await?;
         Ok(r)
+    }
+
+    /// Step 0: the draw nobody has run since the window closed, and the outbox's sends.
+    async fn draw_and_send(&self, a: &Activity, r: &mut ActivityReport) -> anyhow::Result<()> {
+        let drawn = draw::draw(&self.redis, a.id, draw::seed())
+            .await
+            .context("failed to run the draw")?;
+        if let draw::Drawn::Now {
+            winners,
+            units,
+            entrants,
+        } = drawn
+        {
+            tracing::warn!(
+                winners,
+                units,
+                entrants,
+                repair = "drawn",
+                "draw ran from reconcile"
+            );
+            r.drawn = true;
+        }
+        if !drawn.is_done() || draw::unsent(&self.redis, a.id).await? == 0 {
+            return Ok(());
+        }
+        match draw::drain(&self.redis, self.queue().await, a.id).await {
+            Ok(d) => r.winners_sent = d.sent,
+            // Left in the outbox for the next drainer; nothing is given back for it.
+            Err(e) => tracing::warn!(error = %e, "draw winners not all sent"),
+        }
+        Ok(())
     }
 
     /// Every bucket's snapshot, bucket 0 first.
@@ -434,6 +493,8 @@ impl Reconcile {
             };
             match rows.get(&request_id) {
                 Some(row) => self.apply_decided(row, r).await?,
+                // A draw's winner whose message waits in the outbox: not late, only unsent.
+                None if snap.is_unsent(&e.id) => {}
                 None if is_stale(e, now, self.config.reconcile_grace) => {
                     self.give_back_stale(bucket, e, request_id, now, r).await?
                 }
@@ -892,6 +953,8 @@ impl ActivityReport {
         Self {
             activity_id,
             preheated: false,
+            drawn: false,
+            winners_sent: 0,
             compensated: 0,
             settled: 0,
             cancels_finished: 0,
@@ -931,6 +994,8 @@ impl ActivityReport {
             None => db_remaining + sold - total,
         };
         self.repairs = self.compensated
+            + usize::from(self.drawn)
+            + self.winners_sent
             + self.settled
             + self.cancels_finished
             + self.transfers_finished

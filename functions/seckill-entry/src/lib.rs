@@ -33,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use seckill_shared::activity::{self, MAX_PER_ORDER_LIMIT};
 use seckill_shared::auth::Identity;
+use seckill_shared::buckets::Entered;
 use seckill_shared::cache::{CacheError, Redis};
 use seckill_shared::error::ErrorBody;
 use seckill_shared::giveback::{self, Claim, GiveBackError};
@@ -42,7 +43,7 @@ use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, reason, OrderStatus};
 use seckill_shared::queue::{self, OrderMessage, OrderQueue};
 use seckill_shared::sale::{self, Compensation, EntryKind, Reservation};
-use seckill_shared::{buckets, ApiError, Config, Deps, Refusal};
+use seckill_shared::{buckets, draw, ApiError, Config, Deps, Refusal};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -244,7 +245,9 @@ impl utoipa::ToSchema for PurchaseBody {}
 pub struct Accepted {
     /// Follow it with `GET /activities/{activityId}/orders/me`.
     request_id: Uuid,
-    /// `pending`: reserved in Redis, the order is being written.
+    /// `pending`: reserved in Redis, the order is being written. `queued`: a draw sale's
+    /// window is open and the purchase is in its pool; the draw at the window's end decides,
+    /// and `GET …/orders/me` tells (`pending` for a winner, then `confirmed`; `not_drawn`).
     #[schema(example = "pending")]
     status: &'static str,
 }
@@ -261,11 +264,12 @@ pub struct Accepted {
     request_body(content = ref("#/components/schemas/PurchaseBody"), description = "Optional: an empty body means `{\"quantity\": 1}`."),
     security(("bearer" = [])),
     responses(
-        (status = 202, description = "Reserved; the order consumer writes the order", body = Accepted),
+        (status = 202, description = "Reserved (`pending`; the order consumer writes the order), or in a draw sale's pool (`queued`)", body = Accepted),
         (status = 400, description = "Bad body or id (`bad_request`), or more than the per-order limit (`quantity_exceeds_limit`)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such published activity", body = ErrorBody),
-        (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased`", body = ErrorBody),
+        (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased` (also a second entry in a draw, and a draw's loser)", body = ErrorBody),
+        (status = 429, description = "More attempts this second than the sale's per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "Redis, the queue or the database is out of reach, or the sale is being loaded: nothing was reserved, retry", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -295,8 +299,26 @@ async fn purchase(
         load_epoch: None,
         buckets: state.inner.bucket_counts.get(activity_id),
     };
-    let reservation = match decide(&state, &attempt).await? {
-        Ok(reservation) => reservation,
+    let mut entered = decide(&state, &attempt).await?;
+    if let Ok(Entered::DrawDue) = entered {
+        run_draw(&state, activity_id).await?;
+        entered = decide(&state, &attempt).await?;
+    }
+    let reservation = match entered {
+        Ok(Entered::Reserved(reservation)) => reservation,
+        Ok(Entered::Queued { rank }) => {
+            span.record("outcome", "queued");
+            state.inner.counters.queue();
+            tracing::debug!(activity_id, request_id = %request_id, rank, "purchase queued for the draw");
+            return Ok(answer(request_id, "queued"));
+        }
+        // The draw ran (this call or another) and its flag is set: a second DrawDue means
+        // the sale was reloaded in between. Nothing was reserved.
+        Ok(Entered::DrawDue) => {
+            return Err(ApiError::Unavailable(
+                "the draw is running; retry shortly".into(),
+            ))
+        }
         Err(refusal) => return Err(refuse(&state, activity_id, refusal).await),
     };
     span.record("outcome", "accepted");
@@ -362,16 +384,55 @@ async fn send(
         stock_left,
         "purchase accepted"
     );
-    Ok(accepted(message.request_id))
+    Ok(answer(message.request_id, "pending"))
 }
 
-/// The 202 of a purchase the database has or will have.
-fn accepted(request_id: Uuid) -> Response {
-    let body = Accepted {
-        request_id,
-        status: "pending",
-    };
+/// The 202 of a purchase the database has or will have (`pending`), or of an entry in a
+/// draw's pool (`queued`).
+fn answer(request_id: Uuid, status: &'static str) -> Response {
+    let body = Accepted { request_id, status };
     (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
+/// Runs the draw of a draw sale whose window has closed, and sends its winners' order
+/// messages before answering: the caller, the first after the window, waits for both. A send
+/// that fails leaves its winners in the outbox (reconcile and the next drainer send them);
+/// a draw that cannot run is a 503, with nothing reserved.
+async fn run_draw(state: &EntryState, activity_id: i64) -> Result<(), ApiError> {
+    let s = &state.inner;
+    let drawn = draw::draw(&s.redis, activity_id, draw::seed()).await?;
+    if let draw::Drawn::Now {
+        winners,
+        units,
+        entrants,
+    } = drawn
+    {
+        tracing::info!(activity_id, winners, units, entrants, "draw ran");
+    }
+    // A crash between the draw and the sends: the outbox keeps the winners.
+    if seckill_shared::pause::fail("entry.draw.before_send", activity_id) {
+        return Ok(());
+    }
+    drain(state, activity_id).await;
+    Ok(())
+}
+
+/// Sends what the outbox of a draw sale holds; a failure is logged and left to the next
+/// drainer.
+async fn drain(state: &EntryState, activity_id: i64) {
+    let s = &state.inner;
+    match draw::drain(&s.redis, &s.queue, activity_id).await {
+        Ok(d) if d.sent > 0 => tracing::info!(
+            activity_id,
+            sent = d.sent,
+            left = d.left,
+            "draw winners sent"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
+        }
+    }
 }
 
 /// Runs the purchase script with the caller's deadline. A Redis error or timeout is a 503,
@@ -380,7 +441,7 @@ fn accepted(request_id: Uuid) -> Response {
 async fn decide(
     state: &EntryState,
     reservation: &OrderMessage,
-) -> Result<Result<Reservation, Refusal>, ApiError> {
+) -> Result<Result<Entered, Refusal>, ApiError> {
     let s = &state.inner;
     let r = reservation;
     let sent_ms = chrono::Utc::now().timestamp_millis();
@@ -394,7 +455,7 @@ async fn decide(
     };
     let known = r.buckets.unwrap_or(1);
     let mut count = known;
-    let decided = buckets::purchase(&s.redis, &buy, &mut count).await;
+    let decided = buckets::enter(&s.redis, &buy, &mut count).await;
     if count != known {
         s.bucket_counts.put(r.activity_id, count);
     }
@@ -407,7 +468,9 @@ async fn decide(
     match decided {
         Ok(d) => {
             s.breaker.success();
-            if let Ok(Reservation { now_ms, .. }) | Err(Refusal::Expired { now_ms }) = d {
+            if let Ok(Entered::Reserved(Reservation { now_ms, .. }))
+            | Err(Refusal::Expired { now_ms }) = d
+            {
                 s.skew.observe(sent_ms, now_ms);
             }
             Ok(d)
@@ -521,7 +584,7 @@ async fn after_send_error(
         Ok(done) if done.order().is_some() => {
             tracing::info!(activity_id, %request_id, error = %send_error, "send reported a failure but the order is in");
             s.counters.accept();
-            Ok(accepted(message.request_id))
+            Ok(answer(message.request_id, "pending"))
         }
         Ok(done) => {
             span.record("outcome", "compensated");
@@ -543,7 +606,7 @@ async fn after_send_error(
             tracing::error!(activity_id, %request_id, error = %send_error, claim_error = %e,
                 "send failed and the database is out of reach; the request stays pending");
             s.counters.accept();
-            Ok(accepted(message.request_id))
+            Ok(answer(message.request_id, "pending"))
         }
     }
 }
@@ -584,8 +647,9 @@ async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
 #[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MyOrder {
-    /// `none`, `pending` (reserved, the order is being written), `confirmed`, `paid`,
-    /// `cancelled` or `failed` (with a `reason`).
+    /// `none`, `queued` (in a draw sale's pool, before its draw), `pending` (reserved, the
+    /// order is being written), `confirmed`, `paid`, `cancelled`, `failed` (with a `reason`),
+    /// or `not_drawn` (in a draw sale's pool, and the draw passed over the entry: final).
     #[schema(example = "confirmed")]
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -629,12 +693,48 @@ async fn my_order(
             .unwrap_or(1),
     };
     let home = Bucket::home(activity_id, count, &identity.user_id);
-    let entry = sale::ledger_entry(&s.redis, home, &identity.user_id).await?;
-    if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
+    // Twice at most: once more after this call ran a draw, which may have made the caller a
+    // winner.
+    for _ in 0..2 {
+        let entry = sale::ledger_entry(&s.redis, home, &identity.user_id).await?;
+        if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
+            return Ok(Json(MyOrder {
+                status: "pending".into(),
+                request_id: e.request_id(),
+                quantity: Some(e.quantity),
+                ..MyOrder::default()
+            }));
+        }
+        if count > 1 {
+            break;
+        }
+        // A draw sale's entrant: `queued` until the draw, `not_drawn` after it if the draw
+        // passed them over. Asking runs a draw that is due and sends what its outbox holds.
+        let Some(pool) = draw::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
+            break;
+        };
+        if pool.won {
+            break;
+        }
+        let status = match draw::draw(&s.redis, activity_id, draw::seed()).await? {
+            draw::Drawn::Open { .. } => "queued",
+            draw::Drawn::Now { .. } => {
+                drain(&state, activity_id).await;
+                continue;
+            }
+            draw::Drawn::Before { .. } => {
+                if draw::unsent(&s.redis, activity_id).await? > 0 {
+                    drain(&state, activity_id).await;
+                }
+                "not_drawn"
+            }
+            // Reloaded as a first-come sale meanwhile: the entry is history.
+            draw::Drawn::NotDraw | draw::Drawn::NotLoaded => break,
+        };
         return Ok(Json(MyOrder {
-            status: "pending".into(),
-            request_id: e.request_id(),
-            quantity: Some(e.quantity),
+            status: status.into(),
+            request_id: Some(pool.request_id),
+            quantity: Some(pool.quantity),
             ..MyOrder::default()
         }));
     }
@@ -963,6 +1063,7 @@ impl Breaker {
 #[derive(Default)]
 struct Counters {
     accepted: AtomicU64,
+    queued: AtomicU64,
     compensations: AtomicU64,
     /// Per [`Refusal::index`].
     refused: [AtomicU64; Refusal::CODES.len()],
@@ -977,6 +1078,12 @@ impl Counters {
 
     fn accept(&self) {
         self.accepted.fetch_add(1, Ordering::Relaxed);
+        self.maybe_flush();
+    }
+
+    /// An entry in a draw sale's pool.
+    fn queue(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
         self.maybe_flush();
     }
 
@@ -1019,6 +1126,7 @@ impl Counters {
         let taken = |n: &AtomicU64| n.swap(0, Ordering::Relaxed) as f64;
         let mut counters = vec![
             ("Accepted".to_string(), taken(&self.accepted)),
+            ("Queued".to_string(), taken(&self.queued)),
             ("Compensations".to_string(), taken(&self.compensations)),
             (
                 "RejectedSoldOutCached".to_string(),
@@ -1067,6 +1175,7 @@ mod tests {
                 "RejectedSoldOut",
                 "RejectedAlreadyPurchased",
                 "RejectedExpired",
+                "RejectedRateLimited",
             ]
         );
     }

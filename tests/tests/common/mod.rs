@@ -217,3 +217,52 @@ pub fn dead_pool() -> sqlx::PgPool {
         .connect_lazy("postgres://postgres@127.0.0.1:1/nowhere")
         .expect("a well-formed URL")
 }
+
+/// Closes a draw sale's pool now, as the clock reaching `startAt + drawWindowMs` does: the
+/// meta's `drawEndMs` set to a moment past (the row keeps its window; only Redis decides).
+pub async fn close_draw_window(env: &TestEnv, activity_id: i64) {
+    let k = env.redis.keys(activity_id);
+    let past = Utc::now().timestamp_millis() - 1;
+    let _: () = env
+        .redis
+        .cmd(redis::cmd("HSET").arg(&k.meta).arg("drawEndMs").arg(past))
+        .await
+        .expect("redis answers");
+}
+
+/// Every order message on the test's queue, read through the consumer as SQS delivers them.
+pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
+    let consumer = consumer(env);
+    let mut n = 0;
+    for m in env.drain_messages(10_000).await? {
+        let message = order_consumer::parse(m.body())?;
+        consumer.handle_message(&message).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Moves every reservation in the sale's ledger `by` into the past, as time passing does: the
+/// entries' `ms` field rewritten (reconcile reads them against the Redis server's clock).
+pub async fn age_reservations(env: &TestEnv, activity_id: i64, by: Duration) {
+    let k = env.redis.keys(activity_id);
+    let flat: Vec<String> = env
+        .redis
+        .cmd(redis::cmd("HGETALL").arg(&k.ledger))
+        .await
+        .expect("redis answers");
+    for pair in flat.chunks(2) {
+        let [user, value] = pair else { continue };
+        let parts: Vec<&str> = value.split('|').collect();
+        if parts.first() != Some(&"r") || parts.len() < 4 {
+            continue;
+        }
+        let ms: i64 = parts[3].parse().expect("a reservation's ms");
+        let aged = format!("r|{}|{}|{}", parts[1], parts[2], ms - by.as_millis() as i64);
+        let _: () = env
+            .redis
+            .cmd(redis::cmd("HSET").arg(&k.ledger).arg(user).arg(aged))
+            .await
+            .expect("redis answers");
+    }
+}

@@ -1,0 +1,457 @@
+//! Draw admission against real Redis (standalone and cluster), PostgreSQL and the SQS
+//! emulator: the pool and its one entry per user, the draw's fairness against first come,
+//! first served, a crash between the draw and the sends, reconcile against a late send, the
+//! stock the pool left, and the per-user purchase rate.
+
+mod common;
+
+use axum::http::StatusCode;
+use axum::Router;
+use futures::StreamExt;
+use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::buckets::{self, Entered, Purchase};
+use seckill_shared::draw::{self, Drawn};
+use seckill_shared::on_both_redis;
+use seckill_shared::pause;
+use seckill_shared::sale;
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::Refusal;
+use serde_json::Value;
+use std::time::Duration;
+use uuid::Uuid;
+
+use common::{
+    after_grace, age_reservations, call_with_headers, close_draw_window, consume_queue,
+    entry_router, order_rows, reconcile, snapshot,
+};
+
+async fn buy(app: &Router, a: &Activity, user: &str, body: Option<&str>) -> (StatusCode, Value) {
+    let path = format!("/activities/{}/orders", a.id);
+    call(app, request("POST", &path, Some((user, "")), body)).await
+}
+
+async fn my_status(app: &Router, a: &Activity, user: &str) -> String {
+    let path = format!("/activities/{}/orders/me", a.id);
+    let (status, body) = call(app, request("GET", &path, Some((user, "")), None)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// One attempt as the entry makes it, without HTTP: for the crowds of the fairness test.
+async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Result<Entered, Refusal> {
+    let buy = Purchase {
+        activity_id,
+        user_id: user,
+        quantity: 1,
+        request_id: Uuid::now_v7(),
+        deadline_ms: sale::far_deadline(),
+    };
+    buckets::enter(&env.redis, &buy, &mut 1)
+        .await
+        .expect("redis answers")
+}
+
+/// Conservation at a quiet moment: Redis stock + pending + confirmed = total.
+async fn conserved(env: &TestEnv, a: &Activity) {
+    let snap = snapshot(env, a.id).await;
+    let confirmed: i64 = order_rows(env, a.id)
+        .await
+        .iter()
+        .filter(|o| o.status == "confirmed")
+        .map(|o| i64::from(o.quantity))
+        .sum();
+    assert_eq!(
+        snap.stock.unwrap() + snap.pending_quantity() + confirmed,
+        i64::from(a.total_stock),
+        "{snap:?}"
+    );
+}
+
+const ENTRANTS: usize = 2_000;
+const STOCK: i64 = 200;
+/// Rank bins of the chi-square test, and its critical value at p = 0.001 for 9 degrees of
+/// freedom.
+const BINS: usize = 10;
+const CHI2_CRITICAL: f64 = 27.877;
+
+/// Pearson's chi-square of the winners' arrival ranks (1..=ENTRANTS) over equal bins.
+fn chi_square(ranks: &[i64]) -> f64 {
+    let mut counts = [0f64; BINS];
+    for &r in ranks {
+        counts[((r - 1) as usize * BINS) / ENTRANTS] += 1.0;
+    }
+    let expected = ranks.len() as f64 / BINS as f64;
+    counts
+        .iter()
+        .map(|c| (c - expected).powi(2) / expected)
+        .sum()
+}
+
+/// A draw sale of STOCK units with ENTRANTS entrants, arriving one after the other: the arrival
+/// rank of each winner after a draw with `seed`.
+async fn winners_of_a_draw(env: &TestEnv, seed: u32) -> anyhow::Result<Vec<i64>> {
+    let a = env.draw_sale(STOCK, 1).await?;
+    for i in 0..ENTRANTS {
+        let entered = enter(env, a.id, &format!("u{i}")).await;
+        assert_eq!(entered, Ok(Entered::Queued { rank: i as i64 + 1 }));
+    }
+    close_draw_window(env, a.id).await;
+    let drawn = draw::draw(&env.redis, a.id, seed).await?;
+    assert_eq!(
+        drawn,
+        Drawn::Now {
+            winners: STOCK,
+            units: STOCK,
+            entrants: ENTRANTS as i64
+        }
+    );
+    let pool = draw::pool(&env.redis, a.id).await?;
+    let mut ranks: Vec<i64> = pool
+        .iter()
+        .filter(|(_, e)| e.won)
+        .map(|(_, e)| e.rank)
+        .collect();
+    ranks.sort();
+    assert_eq!(ranks.len() as i64, STOCK);
+    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(0));
+    Ok(ranks)
+}
+
+/// 2,000 entrants in a known arrival order for 200 units. First come, first served: the
+/// first 200 arrivals win, and the chi-square of their ranks is far past any critical value.
+/// A draw: the winners' ranks pass the chi-square test at a fixed seed, and over 20 seeds
+/// the mean winning rank and the early arrivals' share of the wins are what chance gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_them_all() {
+    let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
+
+    let fcfs = env.open_sale(STOCK, 1).await.unwrap();
+    let mut fcfs_ranks = Vec::new();
+    for i in 0..ENTRANTS {
+        match enter(&env, fcfs.id, &format!("u{i}")).await {
+            Ok(Entered::Reserved(_)) => fcfs_ranks.push(i as i64 + 1),
+            Err(Refusal::SoldOut { .. }) => {}
+            other => panic!("first come, first served answered {other:?}"),
+        }
+    }
+    assert_eq!(fcfs_ranks, (1..=STOCK).collect::<Vec<_>>());
+    let fcfs_chi2 = chi_square(&fcfs_ranks);
+    assert!(fcfs_chi2 > 1_000.0, "first come: chi-square {fcfs_chi2}");
+
+    let ranks = winners_of_a_draw(&env, 20_261_201).await.unwrap();
+    let chi2 = chi_square(&ranks);
+    assert!(
+        chi2 < CHI2_CRITICAL,
+        "draw: chi-square {chi2} over {ranks:?}"
+    );
+
+    // Twenty draws: 4,000 winning ranks. Uniform ranks 1..=2000 have mean 1000.5 and standard
+    // deviation 577.35; drawn without replacement (200 of 2,000 per sale) the mean of 4,000
+    // has a standard error of 577.35 * sqrt(1800/1999) / sqrt(4000) = 8.66. The first tenth
+    // of the arrivals wins a tenth of the draws: 400 of 4,000, standard error sqrt(360) = 19.
+    let draws = futures::stream::iter(1..=20u32)
+        .map(|seed| winners_of_a_draw(&env, seed))
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
+    let all: Vec<i64> = draws.into_iter().flat_map(|d| d.unwrap()).collect();
+    assert_eq!(all.len(), 4_000);
+    let mean = all.iter().sum::<i64>() as f64 / all.len() as f64;
+    assert!(
+        (mean - 1000.5).abs() < 4.0 * 8.66,
+        "mean winning rank {mean}"
+    );
+    let early = all.iter().filter(|&&r| r <= 200).count() as f64;
+    assert!(
+        (early - 400.0).abs() < 4.0 * 19.0,
+        "early arrivals won {early} of 4000"
+    );
+}
+
+/// The pool: one entry per user (a second attempt is `already_purchased`, the same request
+/// run twice is `queued` again), a wrong quantity refused as ever, no stock taken. After
+/// the window: a queued user asking for their status runs the draw; with fewer entrants than
+/// units every entrant wins and the rest is sold first come, first served; the draw run again
+/// changes nothing.
+async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(10, 2).await?;
+
+    let (status, body) = buy(&app, &a, "alice", Some(r#"{"quantity": 2}"#)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased"))
+    );
+    let (status, body) = buy(&app, &a, "bob", Some(r#"{"quantity": 3}"#)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("quantity_exceeds_limit"))
+    );
+    assert_eq!(buy(&app, &a, "carol", None).await.0, StatusCode::ACCEPTED);
+    assert_eq!(my_status(&app, &a, "alice").await, "queued");
+    assert_eq!(my_status(&app, &a, "bob").await, "none");
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), 2);
+    assert_eq!(
+        sale::stock(&env.redis, a.id).await?,
+        Some(10),
+        "the pool takes no stock"
+    );
+    assert!(
+        env.drain_messages(10).await?.is_empty(),
+        "no message before the draw"
+    );
+
+    close_draw_window(&env, a.id).await;
+    // Alice asks first: that runs the draw, and she is a winner (3 of 10 units asked).
+    assert_eq!(my_status(&app, &a, "alice").await, "pending");
+    assert_eq!(my_status(&app, &a, "carol").await, "pending");
+    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(7));
+    assert_eq!(consume_queue(&env).await?, 2);
+    assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
+
+    // The 7 left go first come, first served; an entrant cannot buy again.
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased"))
+    );
+    let (status, body) = buy(&app, &a, "bob", Some(r#"{"quantity": 2}"#)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("pending")),
+        "{body}"
+    );
+    assert_eq!(consume_queue(&env).await?, 1);
+    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(5));
+
+    let before = snapshot(&env, a.id).await;
+    assert_eq!(
+        draw::draw(&env.redis, a.id, 1).await?,
+        Drawn::Before { entrants: 2 }
+    );
+    assert_eq!(snapshot(&env, a.id).await, before);
+    conserved(&env, &a).await;
+    Ok(())
+}
+
+/// More entrants than units: the losers read `not_drawn`, final (their purchase after the
+/// draw is refused), the winners get their orders. The first purchase after the window runs
+/// the draw and is itself served first come, first served.
+async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let users: Vec<String> = (0..8).map(|i| format!("entrant-{i}")).collect();
+    for u in &users {
+        assert_eq!(buy(&app, &a, u, None).await.0, StatusCode::ACCEPTED);
+    }
+    close_draw_window(&env, a.id).await;
+    let (status, body) = buy(&app, &a, "late", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("sold_out")),
+        "{body}"
+    );
+    assert_eq!(consume_queue(&env).await?, 3);
+    let mut statuses = Vec::new();
+    for u in &users {
+        statuses.push(my_status(&app, &a, u).await);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "confirmed").count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "not_drawn").count(),
+        5,
+        "{statuses:?}"
+    );
+    let loser = &users[statuses.iter().position(|s| s == "not_drawn").unwrap()];
+    let (status, body) = buy(&app, &a, loser, None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased"))
+    );
+    conserved(&env, &a).await;
+    Ok(())
+}
+
+/// A crash after the draw, before its sends (the entry that ran it dies): the outbox keeps
+/// the winners, and reconcile, run once the draw's reservations are past the grace period,
+/// sends them instead of giving their units back. Every winner gets an order; the units
+/// balance.
+async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    for i in 0..8 {
+        assert_eq!(
+            buy(&app, &a, &format!("e{i}"), None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, a.id).await;
+    let crash = pause::arm_failure("entry.draw.before_send", a.id, 1);
+    assert_eq!(buy(&app, &a, "late", None).await.0, StatusCode::CONFLICT);
+    assert_eq!(crash.hits(), 1, "the draw ran and its sends were skipped");
+    assert!(env.drain_messages(10).await?.is_empty(), "nothing sent");
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 5);
+
+    let grace = env.config.reconcile_grace;
+    age_reservations(&env, a.id, grace + Duration::from_secs(60)).await;
+    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.winners_sent, r.compensated), (5, 0), "{r:?}");
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 0);
+    assert_eq!(consume_queue(&env).await?, 5);
+    let confirmed = order_rows(&env, a.id).await;
+    assert_eq!(
+        confirmed.iter().filter(|o| o.status == "confirmed").count(),
+        5
+    );
+    conserved(&env, &a).await;
+    Ok(())
+}
+
+/// A drainer paused between taking its batch (the reservations restamped) and sending it,
+/// while reconcile runs past the grace period of the draw: reconcile finds the lease held
+/// and the winners in the outbox, and gives back nothing. The drainer then sends, and every
+/// winner is confirmed.
+async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(4, 1).await?;
+    for i in 0..6 {
+        assert_eq!(
+            buy(&app, &a, &format!("e{i}"), None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, a.id).await;
+    let paused = pause::arm("draw.drain.after_take", a.id);
+    let late = {
+        let app = app.clone();
+        let a = a.clone();
+        tokio::spawn(async move { buy(&app, &a, "late", None).await })
+    };
+    assert!(
+        paused.reached_within(Duration::from_secs(10)).await,
+        "the drainer took its batch"
+    );
+
+    let report = reconcile(&env)
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.compensated, r.winners_sent), (0, 0), "{r:?}");
+    assert_eq!(
+        snapshot(&env, a.id).await.pending_count(),
+        4,
+        "the winners keep their units"
+    );
+
+    paused.resume();
+    let (status, _) = late.await?;
+    assert_eq!(status, StatusCode::CONFLICT, "4 units, 4 winners: sold out");
+    assert_eq!(consume_queue(&env).await?, 4);
+    let rows = order_rows(&env, a.id).await;
+    assert_eq!(
+        rows.iter().filter(|o| o.status == "confirmed").count(),
+        4,
+        "{rows:?}"
+    );
+    conserved(&env, &a).await;
+    Ok(())
+}
+
+/// A user firing 50 attempts within a second at a sale limited to 5 per user and second: the
+/// first buys, the next 4 are `already_purchased`, the other 45 are 429 `rate_limited` with
+/// `Retry-After`, and nothing of theirs reaches Redis's stock, users or ledger, the queue or
+/// the database. A second user is unaffected. With no rate set, nobody is limited.
+async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let now = chrono::Utc::now();
+    let new = |rate: Option<i64>| NewActivity {
+        title: "rate".into(),
+        total_stock: 100,
+        per_order_limit: 1,
+        start_at: now - chrono::Duration::minutes(1),
+        end_at: now + chrono::Duration::hours(1),
+        buckets: None,
+        admission: None,
+        draw_window_ms: None,
+        per_user_rate_per_sec: rate,
+    };
+    let a = activity::insert(&env.pool, &new(Some(5))).await?;
+    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+
+    let path = format!("/activities/{}/orders", a.id);
+    let answers = futures::stream::iter(0..50)
+        .map(|_| call_with_headers(&app, request("POST", &path, Some(("mallory", "")), None)))
+        .buffer_unordered(50)
+        .collect::<Vec<_>>()
+        .await;
+    let count = |code: StatusCode| answers.iter().filter(|(s, _, _)| *s == code).count();
+    assert_eq!(count(StatusCode::ACCEPTED), 1);
+    assert_eq!(count(StatusCode::CONFLICT), 4);
+    assert_eq!(count(StatusCode::TOO_MANY_REQUESTS), 45);
+    for (status, headers, body) in &answers {
+        if *status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(body["error"], "rate_limited", "{body}");
+            assert_eq!(headers["retry-after"], "1");
+        }
+    }
+    let snap = snapshot(&env, a.id).await;
+    assert_eq!(
+        (snap.stock, snap.participants, snap.ledger.len()),
+        (Some(99), 1, 1)
+    );
+    assert_eq!(env.drain_messages(100).await?.len(), 1);
+
+    let (status, _) = buy(&app, &a, "trent", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "another user is not limited");
+    assert!(
+        order_rows(&env, a.id).await.is_empty(),
+        "nothing reached the database"
+    );
+
+    let b = activity::insert(&env.pool, &new(None)).await?;
+    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, b.id).await?;
+    let path = format!("/activities/{}/orders", b.id);
+    let answers = futures::stream::iter(0..50)
+        .map(|_| call(&app, request("POST", &path, Some(("mallory", "")), None)))
+        .buffer_unordered(50)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(answers
+        .iter()
+        .all(|(s, _)| *s != StatusCode::TOO_MANY_REQUESTS));
+    Ok(())
+}
+
+on_both_redis!(
+    the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,
+    losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw,
+    every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends,
+    reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
+    attempts_past_the_per_user_rate_are_429_and_change_nothing,
+);
