@@ -1,10 +1,19 @@
-//! ElastiCache is reached over TLS (`rediss://`) with an AUTH token: prove that path against a
-//! real TLS-only redis-server this test starts, with a CA of its own.
+//! The TLS paths to AWS's managed services, against real TLS-only servers these tests start,
+//! each with a CA of its own:
+//!
+//! - ElastiCache over `rediss://` with an AUTH token (a redis-server);
+//! - RDS Proxy over `sslmode=verify-full` (a PostgreSQL server of the test's own: initdb, TLS
+//!   only, SCRAM passwords): the URL `secrets` builds connects only with the right CA bundle
+//!   and host name, and a role password set by `seckill-migrate` logs that role in.
 
+use seckill_migrate::MigrateConfig;
 use seckill_shared::cache::Redis;
 use seckill_shared::config::RedisTopology;
+use seckill_shared::db::{self, CaBundle};
 use seckill_shared::sale::{self, Reservation};
-use std::path::Path;
+use seckill_shared::secrets::{DatabaseSecret, RoleSecret, SecretRefs};
+use sqlx::{ConnectOptions, Connection};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,8 +28,9 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(status.success(), "openssl {args:?} failed");
 }
 
-/// A CA and a server certificate for 127.0.0.1 signed by it.
-fn make_certs(dir: &Path) {
+/// A CA (`ca.pem`) and a server certificate (`server.pem`, `server.key`) signed by it, for
+/// the subject alternative name `san` (`IP:127.0.0.1`, `DNS:localhost`).
+fn make_certs(dir: &Path, san: &str) {
     openssl(
         dir,
         &[
@@ -51,10 +61,10 @@ fn make_certs(dir: &Path) {
             "-out",
             "server.csr",
             "-subj",
-            "/CN=127.0.0.1",
+            "/CN=seckill test server",
         ],
     );
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).unwrap();
     openssl(
         dir,
         &[
@@ -81,7 +91,7 @@ fn make_certs(dir: &Path) {
 async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("seckill-tls-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;
-    make_certs(&dir);
+    make_certs(&dir, "IP:127.0.0.1");
     let port = 20000 + (std::process::id() % 20000) as u16;
     let mut server = tokio::process::Command::new("redis-server")
         .args([
@@ -170,5 +180,305 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
 
     server.kill().await.ok();
     std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+/// A fresh directory under the system's temp dir.
+fn temp_dir(what: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("seckill-{what}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A PostgreSQL binary of the installed server (Debian keeps them off PATH).
+fn pg_bin(name: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin").join(name))
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.retain(|p| p.exists());
+    versions.sort();
+    versions.pop().unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// PostgreSQL refuses to run as root: as root, the server's files and process belong to the
+/// `postgres` user the Debian package creates.
+fn running_as_root() -> bool {
+    let out = Command::new("id").arg("-u").output().expect("id runs");
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+/// `program args` as the server's user.
+fn as_server_user(program: &Path) -> Command {
+    if running_as_root() {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=postgres", "--regid=postgres", "--clear-groups"])
+            .arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A PostgreSQL server of the test's own on a free port: TLS only (`hostssl`, no `host` line),
+/// SCRAM passwords, its certificate for `localhost` signed by `ca.pem` in its directory, its
+/// superuser `seckill` with password `master-pw`. Stopped (fast shutdown) when dropped.
+struct TlsPostgres {
+    child: std::process::Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+const MASTER_PASSWORD: &str = "master-pw";
+
+impl TlsPostgres {
+    fn start() -> Self {
+        let dir = temp_dir("tls-pg");
+        make_certs(&dir, "DNS:localhost");
+        let data = dir.join("data");
+        std::fs::write(dir.join("pw"), MASTER_PASSWORD).unwrap();
+        if running_as_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown the server's directory");
+        }
+        let initdb = as_server_user(&pg_bin("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "seckill",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--auth=scram-sha-256",
+            ])
+            .arg(format!("--pwfile={}", dir.join("pw").display()))
+            .stdout(std::process::Stdio::null())
+            .output()
+            .expect("initdb runs");
+        assert!(
+            initdb.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&initdb.stderr)
+        );
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl all all ::1/128 scram-sha-256\n",
+        )
+        .unwrap();
+        let key = dir.join("server.key");
+        let ok = as_server_user(Path::new("chmod"))
+            .arg("600")
+            .arg(&key)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "chmod the key");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let child = as_server_user(&pg_bin("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=localhost"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .args(["-c", "ssl=on", "-c", "fsync=off"])
+            .arg("-c")
+            .arg(format!(
+                "ssl_cert_file={}",
+                dir.join("server.pem").display()
+            ))
+            .arg("-c")
+            .arg(format!("ssl_key_file={}", key.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("postgres.log")).unwrap())
+            .spawn()
+            .expect("postgres starts");
+        let mut me = Self { child, port, dir };
+        // Ready once it accepts connections (listening comes earlier, still starting up).
+        for _ in 0..200 {
+            let ready = Command::new(pg_bin("pg_isready"))
+                .args(["-q", "-h", "localhost", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return me;
+            }
+            if let Ok(Some(status)) = me.child.try_wait() {
+                panic!("postgres exited: {status}\n{}", me.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "postgres did not accept connections on {port}\n{}",
+            me.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+    }
+
+    /// The URL `secrets` builds for `username` / `password`, with `host` for DATABASE_HOST.
+    fn url(&self, host: &str, username: &str, password: &str, dbname: &str) -> String {
+        let secret = DatabaseSecret::parse(
+            &serde_json::json!({
+                "username": username, "password": password, "port": self.port, "dbname": dbname
+            })
+            .to_string(),
+        )
+        .unwrap();
+        secret.database_url(Some(host)).unwrap()
+    }
+
+    fn ca(&self) -> CaBundle {
+        CaBundle::file(self.dir.join("ca.pem"))
+    }
+}
+
+impl Drop for TlsPostgres {
+    fn drop(&mut self) {
+        // SIGINT: fast shutdown, the backends end with the postmaster.
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connects once with `url` and `ca` as the functions do ([`db::connect_options`]).
+async fn connect(url: &str, ca: &CaBundle) -> Result<sqlx::PgConnection, sqlx::Error> {
+    db::connect_options(url, ca)
+        .expect("options")
+        .connect()
+        .await
+}
+
+/// rustls refused the server's certificate, for `why` (its `CertificateError` variant).
+fn assert_refused_certificate(err: &sqlx::Error, why: &str) {
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("InvalidCertificate") && text.contains(why),
+        "expected the certificate refused for {why}, got {text}"
+    );
+}
+
+#[tokio::test]
+async fn verify_full_connects_only_with_the_right_ca_and_host_name() -> anyhow::Result<()> {
+    let pg = TlsPostgres::start();
+    let url = pg.url("localhost", "seckill", MASTER_PASSWORD, "postgres");
+    assert!(url.ends_with("sslmode=verify-full"), "{url}");
+
+    let mut conn = connect(&url, &pg.ca()).await?;
+    let (ssl, me): (bool, String) = sqlx::query_as(
+        "select ssl, current_user::text from pg_stat_ssl where pid = pg_backend_pid()",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    assert_eq!((ssl, me.as_str()), (true, "seckill"));
+    conn.close().await?;
+
+    // Another CA of the same name (an impostor's), and the bundle compiled in (AWS's roots),
+    // do not vouch for this server.
+    let other = temp_dir("tls-other-ca");
+    make_certs(&other, "DNS:localhost");
+    for (what, ca, why) in [
+        (
+            "another CA",
+            CaBundle::file(other.join("ca.pem")),
+            "BadSignature",
+        ),
+        (
+            "the compiled-in bundle",
+            CaBundle::default(),
+            "UnknownIssuer",
+        ),
+    ] {
+        let err = connect(&url, &ca).await.expect_err(what);
+        assert_refused_certificate(&err, why);
+    }
+    std::fs::remove_dir_all(&other).ok();
+
+    // The right CA, but a name the certificate does not carry: an address, not `localhost`.
+    let by_address = pg.url("127.0.0.1", "seckill", MASTER_PASSWORD, "postgres");
+    let err = connect(&by_address, &pg.ca())
+        .await
+        .expect_err("wrong host name");
+    assert_refused_certificate(&err, "NotValidForName");
+
+    // What `sslmode=require` (the URL before) accepted: any certificate at all.
+    let unchecked = by_address.replace("sslmode=verify-full", "sslmode=require");
+    connect(&unchecked, &CaBundle::default())
+        .await?
+        .close()
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn migrate_over_verify_full_sets_a_role_password_that_logs_the_role_in() -> anyhow::Result<()>
+{
+    let pg = TlsPostgres::start();
+    let admin = pg.url("localhost", "seckill", MASTER_PASSWORD, "postgres");
+    let mut conn = connect(&admin, &pg.ca()).await?;
+    sqlx::raw_sql("create database seckill")
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    let master = pg.url("localhost", "seckill", MASTER_PASSWORD, "seckill");
+    let config = MigrateConfig {
+        database_url: Some(master.clone()),
+        secrets: SecretRefs::default(),
+        database_ca: pg.ca(),
+        db_acquire_timeout: Duration::from_secs(10),
+    };
+
+    let report = seckill_migrate::migrate(&config).await?;
+    assert!(report["latest"].as_i64() >= Some(6), "{report}");
+    let password = "an-entry-password-from-its-secret";
+    let secret = RoleSecret::parse(
+        &serde_json::json!({"username": "seckill_entry", "password": password}).to_string(),
+    )?;
+    let options = db::connect_options(&master, &pg.ca())?;
+    let set = seckill_migrate::set_role_passwords(options, &[secret]).await?;
+    assert_eq!(set, ["seckill_entry"]);
+
+    let entry = pg.url("localhost", "seckill_entry", password, "seckill");
+    let mut conn = connect(&entry, &pg.ca()).await?;
+    let me: String = sqlx::query_scalar("select current_user::text")
+        .fetch_one(&mut conn)
+        .await?;
+    assert_eq!(me, "seckill_entry");
+    conn.close().await?;
+    let wrong = pg.url("localhost", "seckill_entry", "not-its-password", "seckill");
+    match connect(&wrong, &pg.ca()).await {
+        Err(sqlx::Error::Database(e)) => assert_eq!(e.code().as_deref(), Some("28P01")),
+        other => panic!("a wrong password logged in: {other:?}"),
+    }
+    // The server holds a verifier, never the password.
+    let mut conn = connect(&master, &pg.ca()).await?;
+    let stored: String =
+        sqlx::query_scalar("select rolpassword from pg_authid where rolname = 'seckill_entry'")
+            .fetch_one(&mut conn)
+            .await?;
+    assert!(stored.starts_with("SCRAM-SHA-256$4096:") && !stored.contains(password));
     Ok(())
 }
