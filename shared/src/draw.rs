@@ -190,6 +190,22 @@ pub async fn unsent(redis: &Redis, activity_id: i64) -> Result<i64, CacheError> 
         .count() as i64)
 }
 
+/// Takes back the draw entry of `request_id` whose purchase was answered 503
+/// (`lua/pool_leave.lua`): before the draw it leaves the pool; after it a loser's leaves and
+/// a winner's stays (its reservation is given back like any other). True when it left.
+pub async fn leave(
+    redis: &Redis,
+    activity_id: i64,
+    user_id: &str,
+    request_id: Uuid,
+) -> Result<bool, CacheError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let mut inv = scripts::POOL_LEAVE.prepare_invoke();
+    inv.key(&k.pool).arg(user_id).arg(request_id.to_string());
+    let left: i64 = redis.script(&inv).await?;
+    scripts::flag("pool_leave.lua", left)
+}
+
 /// A user's entry in a draw sale's pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolEntry {

@@ -37,6 +37,7 @@ script!(LOCK_STAMP, "lock_stamp.lua");
 script!(DRAW, "draw.lua");
 script!(OUTBOX_TAKE, "outbox_take.lua");
 script!(OUTBOX_DONE, "outbox_done.lua");
+script!(POOL_LEAVE, "pool_leave.lua");
 
 /// A script answered a code its wrapper does not know: the script and its wrapper disagree.
 /// That is a bug to surface, never a default outcome.

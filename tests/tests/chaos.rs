@@ -15,13 +15,20 @@
 //! - on the test's private standalone Redis: SIGSTOP for 0.3-1.5 s, then SIGCONT (the shared
 //!   cluster is never stopped);
 //! - with reconcile on: reconcile runs with a short grace, and the sale's keys are lost once;
+//! - in a draw sale (some one-bucket sales admit by draw, with a window of a quarter to
+//!   three fifths of the phase), buyers queue in the pool, and whoever comes after the window
+//!   (a buyer, reconcile) runs the draw and sends its winners;
 //! - a watcher: Redis stock never negative, the database never oversold.
 //!
 //! Then quiescence: actors stopped, Redis resumed, the queue drained without faults (past the
 //! visibility timeout), with reconcile on a few reconcile passes, and the checks, per sale:
 //! conservation (`redis_stock + pending + confirmed = total`), the database's remaining stock,
 //! an empty ledger, the Redis user set against the live orders, one live order per user, every
-//! 202 resolved to an order or an allowed failure, and no order behind any other answer.
+//! 202 resolved to an order or an allowed failure (a 202 `queued` also to a pool entry the
+//! draw passed over, or to one lost with the keys), every drawn winner's request to an order
+//! and no loser's, and no order behind any other answer. A draw sale's queued users ask for
+//! their status once the actors stop, as they would: that runs a draw not run yet and sends
+//! what its outbox holds.
 //!
 //! A failure names its seed. The choices are seeded; the interleavings are real concurrency,
 //! so a replay makes the same choices, not always the same interleaving:
@@ -46,6 +53,7 @@ use seckill_shared::activity::{self, ActivityPatch};
 use seckill_shared::buckets;
 use seckill_shared::cache::Redis;
 use seckill_shared::config::Config;
+use seckill_shared::draw::{self, Drawn};
 use seckill_shared::keys::{Bucket, SENTINEL};
 use seckill_shared::lifecycle::{self, CancelOutcome};
 use seckill_shared::order::{self, Order};
@@ -323,6 +331,7 @@ async fn run_seed(v: Variant, seed: u64, phase: Duration) -> anyhow::Result<Vec<
     chaos.join(actors).await;
 
     chaos.resume_redis();
+    chaos.finish_draws().await;
     chaos.drain_queue().await?;
     if v.reconcile {
         chaos.final_reconcile().await?;
@@ -355,6 +364,8 @@ struct Chaos {
     sales: Vec<i64>,
     /// Each sale's bucket count (1: one bucket).
     buckets: HashMap<i64, u32>,
+    /// The draw sales and their draw window.
+    draws: HashMap<i64, Duration>,
     stocks: Vec<i64>,
     users: Vec<String>,
     attempts_budget: u64,
@@ -372,6 +383,8 @@ struct Attempt {
     quantity: i64,
     /// 0: no answer within [`REQUEST_LIMIT`].
     status: u16,
+    /// A 202 `queued`: in a draw sale's pool.
+    queued: bool,
     request_id: Option<Uuid>,
     code: Option<String>,
 }
@@ -444,6 +457,8 @@ struct Report {
     reconcile_repairs: u64,
     reconcile_errors: u64,
     keys_lost: u64,
+    draw_entrants: u64,
+    draw_winners: u64,
     watcher_samples: u64,
     watcher_errors: u64,
     rows: BTreeMap<String, u64>,
@@ -488,7 +503,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "  jobs: {} preheats ({} loaded, {} errors), {} reconciles ({} repairs, {} errors), \
-             {} key losses, {} pauses ({} ms), watcher {} samples ({} errors)",
+             {} key losses, {} pauses ({} ms), watcher {} samples ({} errors), draws {} \
+             entrants {} winners",
             self.preheats,
             self.preheat_loaded,
             self.preheat_errors,
@@ -499,7 +515,9 @@ impl fmt::Display for Report {
             self.pauses,
             self.paused_ms,
             self.watcher_samples,
-            self.watcher_errors
+            self.watcher_errors,
+            self.draw_entrants,
+            self.draw_winners
         )
     }
 }
@@ -526,20 +544,32 @@ impl Chaos {
         // Half the sales keep their stock in 2-4 buckets (their own stream: the rest of the
         // seed's scenario is drawn as before).
         let mut layout = seeded(seed, 11);
+        // Some one-bucket sales admit by draw (their own stream too).
+        let mut admission = seeded(seed, 12);
         let mut sales = Vec::new();
         let mut buckets = HashMap::new();
+        let mut draws = HashMap::new();
         for &stock in &stocks {
             let count = if layout.random_bool(0.5) {
                 layout.random_range(2..=4)
             } else {
                 1
             };
-            let id = env
-                .open_sale_in_buckets(stock, PER_ORDER_LIMIT, count)
-                .await?
-                .id;
+            let window = (count == 1 && admission.random_bool(0.4))
+                .then(|| phase.mul_f64(admission.random_range(0.25..0.6)));
+            let id = match window {
+                Some(window) => draw_sale(&env, stock, window).await?,
+                None => {
+                    env.open_sale_in_buckets(stock, PER_ORDER_LIMIT, count)
+                        .await?
+                        .id
+                }
+            };
             sales.push(id);
             buckets.insert(id, count);
+            if let Some(window) = window {
+                draws.insert(id, window);
+            }
         }
         let users = (0..rng.random_range(15..=45))
             .map(|i| format!("user-{i}"))
@@ -559,6 +589,7 @@ impl Chaos {
             router,
             sales,
             buckets,
+            draws,
             stocks,
             users,
             attempts_budget,
@@ -575,14 +606,24 @@ impl Chaos {
         } else {
             String::new()
         };
+        let draws: Vec<String> = self
+            .sales
+            .iter()
+            .filter_map(|id| {
+                self.draws
+                    .get(id)
+                    .map(|w| format!("sale {id} draws after {w:?}"))
+            })
+            .collect();
         println!(
             "seed={} [{}]: sales {:?} with stock {:?} in {:?} bucket(s) (limit {PER_ORDER_LIMIT}), \
-             {} users, {} attempts, {phase:?} of actors{grace}",
+             {:?}, {} users, {} attempts, {phase:?} of actors{grace}",
             self.seed,
             self.variant,
             self.sales,
             self.stocks,
             self.sales.iter().map(|id| self.buckets[id]).collect::<Vec<_>>(),
+            draws,
             self.users.len(),
             self.attempts_budget
         );
@@ -764,6 +805,28 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
     Ok((private, env))
 }
 
+/// A draw sale opening now, its pool open for `window`, loaded into Redis.
+async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
+    let now = Utc::now();
+    let a = activity::insert(
+        &env.pool,
+        &activity::NewActivity {
+            title: "chaos draw".into(),
+            total_stock: stock,
+            per_order_limit: PER_ORDER_LIMIT,
+            start_at: now,
+            end_at: now + ChronoDuration::hours(1),
+            buckets: None,
+            admission: Some("draw".into()),
+            draw_window_ms: Some(window.as_millis().max(1) as i64),
+            per_user_rate_per_sec: None,
+        },
+    )
+    .await?;
+    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+    Ok(a.id)
+}
+
 fn seeded(seed: u64, stream: u64) -> StdRng {
     StdRng::seed_from_u64(
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -819,6 +882,7 @@ impl Chaos {
             user,
             quantity,
             status,
+            queued: status == 202 && json.get("status").and_then(|v| v.as_str()) == Some("queued"),
             request_id: json
                 .get("requestId")
                 .and_then(|v| v.as_str())
@@ -1257,7 +1321,9 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
                                 .arg(&k.users)
                                 .arg(&k.ledger)
                                 .arg(&k.lock)
-                                .arg(&k.fence),
+                                .arg(&k.fence)
+                                .arg(&k.pool)
+                                .arg(&k.outbox),
                         )
                         .await?;
                 }
@@ -1370,6 +1436,33 @@ impl Chaos {
             r.dlq = dlq.0 + dlq.1;
         });
         Ok(())
+    }
+
+    /// What a draw sale's queued users do once the actors stop: ask for their status, which
+    /// runs the draw if nobody ran it and sends what the outbox holds (sends that fail are
+    /// tried again, as the next asker would). Bounded: what is left shows in the checks.
+    async fn finish_draws(&self) {
+        for &id in self.draws.keys() {
+            let until = Instant::now() + DRAIN_LIMIT;
+            while Instant::now() < until {
+                let done = async {
+                    let drawn = draw::draw(&self.patient, id, draw::seed()).await?;
+                    if matches!(drawn, Drawn::Open { .. }) {
+                        return anyhow::Ok(false);
+                    }
+                    let _ = draw::drain(&self.patient, &self.env.queue, id).await;
+                    Ok(draw::unsent(&self.patient, id).await? == 0)
+                };
+                match done.await {
+                    Ok(true) => break,
+                    Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Err(e) => {
+                        self.violate("harness", Some(id), format!("finishing the draw: {e:#}"));
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Reconcile passes past the grace period of everything done so far.
@@ -1495,7 +1588,12 @@ impl Chaos {
             .filter(|a| a.activity_id == id)
             .cloned()
             .collect();
-        let accepted = self.check_accepted_requests_resolved(id, &attempts, &rows);
+        let pool = if self.draws.contains_key(&id) {
+            self.check_draw(id, &rows).await?
+        } else {
+            HashMap::new()
+        };
+        let accepted = self.check_accepted_requests_resolved(id, &attempts, &rows, &pool);
         self.check_no_order_behind_another_answer(id, &attempts, &accepted, &rows);
         self.count(|r| {
             for row in rows.values() {
@@ -1682,12 +1780,75 @@ impl Chaos {
 
     /// Every 202 ends in an order (live or cancelled since) or a failure with an allowed reason,
     /// for the user and quantity asked. Returns the request ids answered 202.
+    /// A draw sale after its draw: drawn, every winner's request an order (or an allowed
+    /// failure), no loser's, and no loser holding any live order. Answers the pool by request
+    /// id.
+    async fn check_draw(
+        &self,
+        id: i64,
+        rows: &HashMap<Uuid, Row>,
+    ) -> anyhow::Result<HashMap<Uuid, draw::PoolEntry>> {
+        let keys_lost = lock(&self.report).keys_lost > 0;
+        let drawn = draw::draw(&self.patient, id, draw::seed()).await?;
+        if !drawn.is_done() {
+            self.violate(
+                "draw_ran",
+                Some(id),
+                format!("the draw has not run: {drawn:?}"),
+            );
+        }
+        let pool = draw::pool(&self.patient, id).await?;
+        let live_users: HashSet<&str> = rows
+            .values()
+            .filter(|r| is_live(&r.status))
+            .map(|r| r.user_id.as_str())
+            .collect();
+        let (mut winners_without, mut losers_with) = (Vec::new(), Vec::new());
+        for (user, e) in &pool {
+            let row = rows.get(&e.request_id);
+            if e.won && row.is_none() && !keys_lost {
+                winners_without.push(format!("{user} ({})", e.request_id));
+            }
+            if !e.won && (row.is_some() || live_users.contains(user.as_str())) {
+                losers_with.push(format!("{user} ({})", e.request_id));
+            }
+        }
+        if !winners_without.is_empty() || !losers_with.is_empty() {
+            self.violate(
+                "draw_outcomes",
+                Some(id),
+                format!(
+                    "{} winner(s) without an orders row: {}; {} loser(s) with an order: {}",
+                    winners_without.len(),
+                    some(&winners_without),
+                    losers_with.len(),
+                    some(&losers_with)
+                ),
+            );
+        }
+        let unsent = draw::unsent(&self.patient, id).await?;
+        if unsent > 0 {
+            self.violate(
+                "draw_sent",
+                Some(id),
+                format!("{unsent} winner(s) left unsent"),
+            );
+        }
+        self.count(|r| {
+            r.draw_entrants += pool.len() as u64;
+            r.draw_winners += pool.iter().filter(|(_, e)| e.won).count() as u64;
+        });
+        Ok(pool.into_iter().map(|(_, e)| (e.request_id, e)).collect())
+    }
+
     fn check_accepted_requests_resolved(
         &self,
         id: i64,
         attempts: &[Attempt],
         rows: &HashMap<Uuid, Row>,
+        pool: &HashMap<Uuid, draw::PoolEntry>,
     ) -> HashSet<Uuid> {
+        let keys_lost = lock(&self.report).keys_lost > 0;
         let mut accepted = HashSet::new();
         let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());
         for a in attempts.iter().filter(|a| a.status == 202) {
@@ -1697,7 +1858,13 @@ impl Chaos {
             };
             accepted.insert(request_id);
             let Some(row) = rows.get(&request_id) else {
-                unresolved.push(request_id);
+                // A queued entry the draw passed over holds nothing; one lost with the keys
+                // (before the draw, or a winner before its send) left no trace to resolve.
+                let passed_over = pool.get(&request_id).is_some_and(|e| !e.won);
+                let lost = keys_lost && !pool.contains_key(&request_id);
+                if !(a.queued && (passed_over || lost)) {
+                    unresolved.push(request_id);
+                }
                 continue;
             };
             let allowed = match row.status.as_str() {

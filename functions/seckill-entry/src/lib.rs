@@ -537,6 +537,12 @@ async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
 /// The Redis half of [`give_back_unanswered`], after the claim.
 async fn compensate_unanswered(state: &EntryState, r: &OrderMessage) -> Result<(), CacheError> {
     let s = &state.inner;
+    // A draw sale's entry: out of the pool (or, drawn a winner, given back below).
+    if r.buckets.unwrap_or(1) == 1
+        && draw::leave(&s.redis, r.activity_id, &r.user_id, r.request_id).await?
+    {
+        tracing::warn!(request_id = %r.request_id, "late draw entry taken out of the pool");
+    }
     let mode = Compensation::Full;
     let units = sale::compensate(&s.redis, r.home(), &r.user_id, r.request_id, mode).await?;
     if units.is_some() {
