@@ -10,7 +10,7 @@ mod common;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use axum::http::StatusCode;
-use chrono::{Duration as ChronoDuration, Utc};
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use common::{after_grace, consume, db_remaining, reserve, set_db_stock};
 use seckill_shared::activity::{self, Activity, NewActivity};
 use seckill_shared::order::{self, reason};
@@ -359,25 +359,18 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
     Ok(())
 }
 
-/// An activity in the database only (not loaded into Redis), written as the admin does.
-async fn insert(
-    env: &TestEnv,
-    start_at: chrono::DateTime<Utc>,
-    end_at: chrono::DateTime<Utc>,
-) -> Activity {
-    activity::insert(
-        &env.pool,
-        &NewActivity {
-            title: "roles test".into(),
-            total_stock: 5,
-            per_order_limit: 1,
-            start_at,
-            end_at,
-            buckets: None,
-        },
-    )
-    .await
-    .unwrap()
+/// An activity in the database only (not loaded into Redis), written as the admin does; the
+/// body as the admin API takes it, so a field added later keeps its default.
+async fn insert(env: &TestEnv, start_at: DateTime<Utc>, end_at: DateTime<Utc>) -> Activity {
+    let new: NewActivity = serde_json::from_value(json!({
+        "title": "roles test",
+        "totalStock": 5,
+        "perOrderLimit": 1,
+        "startAt": start_at,
+        "endAt": end_at,
+    }))
+    .unwrap();
+    activity::insert(&env.pool, &new).await.unwrap()
 }
 
 /// Reconcile as `seckill_reconcile`: a stale reservation claimed `failed` and given back, the
