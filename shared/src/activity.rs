@@ -31,7 +31,7 @@ pub struct Activity {
     /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
     /// sale had before buckets). Fixed once the sale has started or has an order.
     pub buckets: i32,
-    /// `fcfs` (first come, first served) or `draw` (see [`Admission`]).
+    /// `fcfs` (first come, first served) or `draw` (the opening decided by a draw).
     #[schema(example = "fcfs")]
     pub admission: String,
     /// A draw sale's pool window after `startAt`, in milliseconds (0 for `fcfs`).

@@ -448,7 +448,95 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
     Ok(())
 }
 
+/// The admin side: a draw needs a window that fits the sale and one bucket, a window belongs
+/// to a draw only, the admission is fixed once the sale started (409), and a rate changed on a
+/// running sale reaches its purchase script at once.
+async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let ops = Some(("ops", "seckill:admin"));
+    let now = chrono::Utc::now();
+    let body = |extra: &str| {
+        format!(
+            r#"{{"title": "t", "totalStock": 5, "perOrderLimit": 1, "startAt": "{}",
+                "endAt": "{}"{extra}}}"#,
+            (now + chrono::Duration::hours(1)).to_rfc3339(),
+            (now + chrono::Duration::hours(2)).to_rfc3339()
+        )
+    };
+    for (extra, why) in [
+        (r#", "admission": "draw""#, "a draw without a window"),
+        (
+            r#", "admission": "draw", "drawWindowMs": 0"#,
+            "an empty window",
+        ),
+        (r#", "drawWindowMs": 2000"#, "a window on a first-come sale"),
+        (
+            r#", "admission": "lottery", "drawWindowMs": 2000"#,
+            "an unknown admission",
+        ),
+        (
+            r#", "admission": "draw", "drawWindowMs": 2000, "buckets": 3"#,
+            "a draw in buckets",
+        ),
+        (r#", "perUserRatePerSec": -1"#, "a negative rate"),
+        (r#", "perUserRatePerSec": 1001"#, "a rate past the bound"),
+    ] {
+        let (status, answer) = call(
+            &admin,
+            request("POST", "/admin/activities", ops, Some(&body(extra))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{why}: {answer}");
+    }
+    let (status, _) = call(
+        &admin,
+        request(
+            "POST",
+            "/admin/activities",
+            ops,
+            Some(&body(
+                r#", "admission": "draw", "drawWindowMs": 2000, "perUserRatePerSec": 3"#,
+            )),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    let a = env.draw_sale(5, 1).await?;
+    let path = format!("/admin/activities/{}", a.id);
+    for change in [r#"{"admission": "fcfs"}"#, r#"{"drawWindowMs": 1000}"#] {
+        let (status, answer) = call(&admin, request("PUT", &path, ops, Some(change))).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{change}: {answer}");
+    }
+    let (status, answer) = call(
+        &admin,
+        request("PUT", &path, ops, Some(r#"{"perUserRatePerSec": 2}"#)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let k = env.redis.keys(a.id);
+    let rate: Option<i64> = env
+        .redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("rate"))
+        .await?;
+    assert_eq!(rate, Some(2));
+    let draw_end: Option<i64> = env
+        .redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawEndMs"))
+        .await?;
+    assert_eq!(
+        draw_end,
+        Some(a.draw_end_ms()),
+        "the change kept the draw's window"
+    );
+    Ok(())
+}
+
 on_both_redis!(
+    the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,
     losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw,
     every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends,

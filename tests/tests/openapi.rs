@@ -169,7 +169,9 @@ fn every_reference_names_a_schema_of_the_document() {
 
 #[test]
 fn the_documented_bounds_are_the_validated_ones() {
-    use seckill_shared::activity::{MAX_PER_ORDER_LIMIT, MAX_TOTAL_STOCK};
+    use seckill_shared::activity::{
+        MAX_DRAW_WINDOW_MS, MAX_PER_ORDER_LIMIT, MAX_RATE_PER_SEC, MAX_TOTAL_STOCK,
+    };
     let doc = document();
     let schemas = &doc["components"]["schemas"];
     for schema in ["NewActivity", "ActivityPatch"] {
@@ -186,6 +188,13 @@ fn the_documented_bounds_are_the_validated_ones() {
             "{schema}"
         );
         assert_eq!(p["buckets"]["minimum"], 1, "{schema}");
+        assert_eq!(p["drawWindowMs"]["maximum"], MAX_DRAW_WINDOW_MS, "{schema}");
+        assert_eq!(p["drawWindowMs"]["minimum"], 1, "{schema}");
+        assert_eq!(
+            p["perUserRatePerSec"]["maximum"], MAX_RATE_PER_SEC,
+            "{schema}"
+        );
+        assert_eq!(p["perUserRatePerSec"]["minimum"], 0, "{schema}");
     }
     assert_eq!(
         schemas["PurchaseBody"]["properties"]["quantity"]["maximum"],
