@@ -36,8 +36,7 @@ for i = 1, #flat, 2 do
     pool[#pool + 1] = {flat[i], flat[i + 1]}
   end
 end
--- Redis seeds Lua's generator the same way before every script: the caller's seed makes this
--- draw's shuffle its own.
+-- The caller's seed makes this draw's shuffle its own, and a test's repeatable.
 math.randomseed(tonumber(ARGV[1]))
 for i = #pool, 2, -1 do
   local j = math.random(i)
@@ -50,11 +49,12 @@ local winners, units = 0, 0
 for _, e in ipairs(pool) do
   if stock <= 0 then break end
   local user, value = e[1], e[2]
-  local request_id, qty, rank = string.match(value, '^([^|]*)|([^|]*)|([^|]*)|q$')
+  local request_id, qty, rank = string.match(value, '^([^|]+)|(%d+)|(%d+)|q$')
   qty = tonumber(qty)
   -- A user holding an order already (the sale was reloaded from the database meanwhile) is
-  -- passed over: one order per user.
-  if qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
+  -- passed over: one order per user. So is an entry that does not read (none does: only
+  -- purchase.lua writes them), before anything is written for it.
+  if qty and qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
     redis.call('HSET', KEYS[2], user, request_id)
     redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
     redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. epoch)

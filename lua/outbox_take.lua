@@ -21,6 +21,9 @@
 -- be empty), 0 = another drainer holds the lease.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- No outbox (not a draw sale, or the sale is not loaded): nothing to take, and no lease
+-- written into a key that would have no expiry.
+if redis.call('EXISTS', KEYS[2]) == 0 then return {1, now, {}} end
 local lease = redis.call('HGET', KEYS[2], ' lease')
 if lease then
   local holder, untl = string.match(lease, '^([^|]*)|(%d+)$')

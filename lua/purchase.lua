@@ -70,17 +70,32 @@ local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')
 if buckets ~= tonumber(ARGV[5] or '1') then return {8, buckets, 0, epoch, 0} end
 local rate = tonumber(meta[10] or '0')
+local counted = false
 if rate > 0 and #ARGV <= 5 then
   local n = redis.call('INCR', KEYS[5])
   if n == 1 then redis.call('PEXPIRE', KEYS[5], 1000) end
+  counted = true
   if n > rate then
-    local left = redis.call('PTTL', KEYS[5])
-    if left < 0 then
-      redis.call('PEXPIRE', KEYS[5], 1000)
-      left = 1000
+    -- This very request already took effect (the script delivered twice): it is answered as
+    -- before, and not counted again.
+    local mine = ARGV[3] .. '|'
+    if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[3] or (tonumber(meta[8] or '0') > 0
+        and string.sub(redis.call('HGET', KEYS[4], ARGV[1]) or '', 1, #mine) == mine) then
+      redis.call('DECR', KEYS[5])
+      counted = false
+    else
+      local left = redis.call('PTTL', KEYS[5])
+      if left < 0 then
+        redis.call('PEXPIRE', KEYS[5], 1000)
+        left = 1000
+      end
+      return {12, left, 0, epoch, 0}
     end
-    return {12, left, 0, epoch, 0}
   end
+end
+-- An answer that asks the caller to come again (expired, draw_due) is not an attempt.
+local function uncount()
+  if counted then redis.call('DECR', KEYS[5]) end
 end
 local credited = 1
 if #ARGV > 5 then
@@ -99,6 +114,8 @@ if #ARGV > 5 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Past the deadline nothing happens, the count included.
+if now > tonumber(ARGV[4]) then uncount() end
 if now > tonumber(ARGV[4]) then return {7, -1, now, epoch, credited} end
 if now < tonumber(meta[1]) then return {2, -1, now, epoch, credited} end
 if now >= tonumber(meta[2]) then return {3, -1, now, epoch, credited} end
@@ -119,7 +136,10 @@ if draw_end > 0 then
     redis.call('HSET', KEYS[4], ARGV[1], ARGV[3] .. '|' .. qty .. '|' .. rank .. '|q')
     return {10, rank, now, epoch, credited}
   end
-  if meta[9] ~= '1' then return {11, -1, now, epoch, credited} end
+  if meta[9] ~= '1' then
+    uncount()
+    return {11, -1, now, epoch, credited}
+  end
   local entry = redis.call('HGET', KEYS[4], ARGV[1])
   if entry and string.sub(entry, -2) == '|q' then
     return {6, -1, now, epoch, credited}

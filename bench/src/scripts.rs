@@ -49,11 +49,13 @@ static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
 /// `lua/purchase.lua`'s first step: the meta read, whether the sale is loaded, whether the
 /// caller chose the bucket with the sale's bucket count, and the credits block (skipped: a
 /// refusal brings no credits).
-const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq', 'buckets')
+const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
+  'buckets', 'drawEndMs', 'drawn', 'rate')
 if not meta[1] then return 1 end
 local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')
 if buckets ~= tonumber(ARGV[5] or '1') then return 8 end
+local rate = tonumber(meta[10] or '0')
 local credited = 1
 if #ARGV > 5 then
   local stock, moved = tonumber(meta[5] or '0'), false
@@ -81,6 +83,7 @@ if now < tonumber(meta[1]) then return 2 end
 if now >= tonumber(meta[2]) then return 3 end
 local qty = tonumber(ARGV[2])
 if qty > tonumber(meta[3]) then return 4 end
+local draw_end = tonumber(meta[8] or '0')
 local stock = tonumber(meta[5] or '0')
 if stock < qty and buckets == 1 then return 5 end
 ";

@@ -96,25 +96,30 @@ pub enum DrainError {
     Cache(#[from] CacheError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
 }
 
 /// Winners taken from the outbox per round.
-const TAKE: usize = 100;
+pub const TAKE: usize = 100;
 /// How long a drainer holds the outbox: long enough for one round of sends.
 const LEASE: Duration = Duration::from_secs(10);
 
-/// Sends the order messages of every winner in sale `activity_id`'s outbox, at least once,
-/// and drops those the queue confirmed. A send that fails leaves its winners in the outbox
-/// for the next drainer (the error says so); no unit is given back for it.
+/// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
+/// up to `rounds` rounds of [`TAKE`] (the caller answering a request bounds it; a background
+/// task or reconcile does not), and drops those the queue confirmed. A send that fails leaves
+/// its winners in the outbox for the next drainer (the error says so); no unit is given back
+/// for it.
 pub async fn drain(
     redis: &Redis,
     queue: &OrderQueue,
     activity_id: i64,
+    rounds: usize,
 ) -> Result<Drained, DrainError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let token = Uuid::new_v4().to_string();
     let mut report = Drained::default();
-    loop {
+    for round in 1..=rounds.max(1) {
         let mut take = scripts::OUTBOX_TAKE.prepare_invoke();
         take.key(&k.ledger)
             .key(&k.outbox)
@@ -144,7 +149,10 @@ pub async fn drain(
                 }
             }
         }
-        let last = messages.is_empty() || failure.is_some() || sent.len() < messages.len();
+        let last = messages.is_empty()
+            || failure.is_some()
+            || sent.len() < messages.len()
+            || round == rounds.max(1);
         let mut done = scripts::OUTBOX_DONE.prepare_invoke();
         done.key(&k.outbox).arg(&token).arg(u8::from(last));
         for id in &sent {
@@ -156,9 +164,10 @@ pub async fn drain(
             return Err(e.into());
         }
         if last {
-            return Ok(report);
+            break;
         }
     }
+    Ok(report)
 }
 
 /// The order messages of a batch `lua/outbox_take.lua` answered: request id, user, quantity,
@@ -181,13 +190,13 @@ fn messages(activity_id: i64, now_ms: i64, flat: &[String]) -> Vec<OrderMessage>
 }
 
 /// Winners in the outbox of sale `activity_id` (0 when it has none, or is not a draw sale).
+/// (`lua/outbox_done.lua` with nothing to drop: it counts, in one step, without reading the
+/// entries.)
 pub async fn unsent(redis: &Redis, activity_id: i64) -> Result<i64, CacheError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
-    let fields: Vec<String> = redis.cmd(redis::cmd("HKEYS").arg(&k.outbox)).await?;
-    Ok(fields
-        .iter()
-        .filter(|f| !f.is_empty() && f.as_str() != crate::keys::OUTBOX_LEASE)
-        .count() as i64)
+    let mut count = scripts::OUTBOX_DONE.prepare_invoke();
+    count.key(&k.outbox).arg("").arg(0);
+    redis.script(&count).await
 }
 
 /// Takes back the draw entry of `request_id` whose purchase was answered 503
@@ -204,6 +213,22 @@ pub async fn leave(
     inv.key(&k.pool).arg(user_id).arg(request_id.to_string());
     let left: i64 = redis.script(&inv).await?;
     scripts::flag("pool_leave.lua", left)
+}
+
+/// Before a draw: takes every entry whose purchase was answered 503 out of the pool (see
+/// [`leave`]), from the database's claims, so that the draw never picks one whose give-back
+/// did not reach Redis (a stalled Redis, a container frozen after its answer). Answers how
+/// many left.
+pub async fn leave_unanswered(
+    redis: &Redis,
+    db: &sqlx::PgPool,
+    activity_id: i64,
+) -> Result<usize, DrainError> {
+    let mut left = 0;
+    for (user_id, request_id) in crate::order::unanswered(db, activity_id).await? {
+        left += usize::from(leave(redis, activity_id, &user_id, request_id).await?);
+    }
+    Ok(left)
 }
 
 /// A user's entry in a draw sale's pool.

@@ -230,6 +230,26 @@ pub async fn insert_failed(
     Ok(inserted.rows_affected() == 1)
 }
 
+/// The requests of an activity its entry claimed as `failed` / `unavailable` (a purchase
+/// answered 503): user and request id. A draw takes such entries out of its pool first.
+pub async fn unanswered(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and status = 'failed' and failure_reason = $2",
+        activity_id,
+        reason::UNAVAILABLE
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
+}
+
 /// Rows of the given request ids (any status).
 pub async fn by_requests(
     db: impl PgExecutor<'_>,

@@ -8,6 +8,7 @@ use crate::keys::Bucket;
 use crate::refusal::Refusal;
 use crate::scripts;
 use chrono::{DateTime, Utc};
+use std::collections::HashSet;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -442,13 +443,13 @@ pub struct Snapshot {
     pub seq: i64,
     /// Request ids in a draw sale's outbox: reservations whose order message is still to be
     /// sent, which no grace period makes stale.
-    pub unsent: Vec<String>,
+    pub unsent: HashSet<String>,
 }
 
 impl Snapshot {
     /// Whether the reservation `request_id` waits in the outbox for its order message.
     pub fn is_unsent(&self, request_id: &str) -> bool {
-        self.unsent.iter().any(|id| id == request_id)
+        self.unsent.contains(request_id)
     }
 
     pub fn pending_quantity(&self) -> i64 {
@@ -480,7 +481,7 @@ pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, 
     let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
     inv.key(&k.meta).key(&k.users).key(&k.ledger).key(&k.outbox);
-    type Answer = (i64, i64, i64, Vec<String>, i64, Vec<String>);
+    type Answer = (i64, i64, i64, Vec<String>, i64, HashSet<String>);
     let (loaded, stock, participants, flat, seq, unsent): Answer = redis.script(&inv).await?;
     let ledger = flat
         .chunks(2)

@@ -1450,7 +1450,7 @@ impl Chaos {
                     if matches!(drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
-                    let _ = draw::drain(&self.patient, &self.env.queue, id).await;
+                    let _ = draw::drain(&self.patient, &self.env.queue, id, usize::MAX).await;
                     Ok(draw::unsent(&self.patient, id).await? == 0)
                 };
                 match done.await {

@@ -535,7 +535,129 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
     Ok(())
 }
 
+/// A queued user asking for their status reads their entry `q`, and pauses; another buyer
+/// runs the draw meanwhile and the user wins. The answer is the winner's `pending`, never
+/// `not_drawn`, which is final.
+async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    assert_eq!(buy(&app, &a, "alice", None).await.0, StatusCode::ACCEPTED);
+    close_draw_window(&env, a.id).await;
+    let paused = pause::arm("entry.my_order.after_pool_read", a.id);
+    let asking = {
+        let (app, a) = (app.clone(), a.clone());
+        tokio::spawn(async move { my_status(&app, &a, "alice").await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    let (status, body) = buy(&app, &a, "bob", None).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "bob buys first come after the draw: {body}"
+    );
+    assert!(
+        draw::pool_entry(&env.redis, a.id, "alice")
+            .await?
+            .unwrap()
+            .won
+    );
+    paused.resume();
+    assert_eq!(asking.await?, "pending");
+    Ok(())
+}
+
+/// A purchase in the draw window whose answer is lost: the 503 takes the entry out of the
+/// pool, so the user's retry is queued (not `already_purchased`) and the draw never sees the
+/// request told nothing happened. An entry whose give-back never reached Redis (only the
+/// database's claim was made) is taken out by reconcile before it draws.
+async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(lost.hits(), 1);
+    assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued"))
+    );
+
+    // Bob's purchase ran, and only the claim of its 503 got through.
+    let bob = common::reserve_in_pool(&env, a.id, "bob").await;
+    seckill_shared::giveback::claim(&env.pool, &bob, "unavailable").await?;
+    close_draw_window(&env, a.id).await;
+    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.pool_left, r.drawn), (1, true), "{r:?}");
+    let pool = draw::pool(&env.redis, a.id).await?;
+    assert_eq!(
+        pool.iter()
+            .map(|(u, e)| (u.as_str(), e.won))
+            .collect::<Vec<_>>(),
+        [("alice", true)]
+    );
+    Ok(())
+}
+
+/// The per-user rate counts attempts, not deliveries: the same script delivered twice past
+/// the rate answers as its first run did, and the first buyer after a draw window (told to
+/// run the draw, then asking again) is counted once.
+async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    let path = format!("/admin/activities/{}", a.id);
+    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let ops = Some(("ops", "seckill:admin"));
+    let body = r#"{"perUserRatePerSec": 1}"#;
+    assert_eq!(
+        call(&admin, request("PUT", &path, ops, Some(body))).await.0,
+        StatusCode::OK
+    );
+
+    let request_id = Uuid::now_v7();
+    for _ in 0..2 {
+        let (decision, _) = sale::purchase_script(
+            &env.redis,
+            a.id.into(),
+            "alice",
+            1,
+            request_id,
+            sale::far_deadline(),
+            &[],
+        )
+        .await?;
+        assert_eq!(decision, sale::Decision::Queued { rank: 1 });
+    }
+    close_draw_window(&env, a.id).await;
+    let (status, body) = buy(&app, &a, "bob", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("pending")),
+        "{body}"
+    );
+    let (status, body) = buy(&app, &a, "carol", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (status, body) = buy(&app, &a, "carol", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited"))
+    );
+    Ok(())
+}
+
 on_both_redis!(
+    a_status_read_across_the_draw_answers_what_the_draw_decided,
+    a_draw_entry_answered_503_leaves_the_pool,
+    the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,
     losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw,

@@ -493,11 +493,16 @@ pub async fn update_with_guard(
     }
 }
 
-/// A sale's admission, its draw window and (for a draw) its start change only before the
-/// start: the pool of a running draw was collected under them.
+/// How long before its start a sale's admission is already fixed: the change reaches Redis
+/// after its commit, and the clocks of this function and of Redis differ a little.
+const ADMISSION_FIXED_BEFORE_START: chrono::Duration = chrono::Duration::seconds(10);
+
+/// A sale's admission, its draw window and (for a draw) its start change only until shortly
+/// before the start ([`ADMISSION_FIXED_BEFORE_START`]): the pool of a running draw was
+/// collected under them.
 fn admission_unchanged_once_started(change: &Change) -> Result<(), ApiError> {
     let (before, after) = (&change.before, &change.merged);
-    let now = Utc::now();
+    let now = Utc::now() + ADMISSION_FIXED_BEFORE_START;
     if now < before.start_at && now < after.start_at {
         return Ok(());
     }
@@ -508,7 +513,7 @@ fn admission_unchanged_once_started(change: &Change) -> Result<(), ApiError> {
         || (draw && after.start_at != before.start_at)
     {
         return Err(ApiError::Conflict(
-            "admission, drawWindowMs and a draw sale's startAt can change only before the sale starts"
+            "admission, drawWindowMs and a draw sale's startAt can change only until 10 s before the sale starts"
                 .into(),
         ));
     }

@@ -166,6 +166,8 @@ pub struct ActivityReport {
     pub drawn: bool,
     /// Order messages of a draw's winners this run sent from the outbox.
     pub winners_sent: usize,
+    /// Entries of a draw's pool answered 503 and left there, taken out by this run.
+    pub pool_left: usize,
     /// Stale reservations with no order, given back (stock and user).
     pub compensated: usize,
     /// Stale entries dropped because the database already holds their outcome.
@@ -380,6 +382,11 @@ impl Reconcile {
 
     /// Step 0: the draw nobody has run since the window closed, and the outbox's sends.
     async fn draw_and_send(&self, a: &Activity, r: &mut ActivityReport) -> anyhow::Result<()> {
+        // Entries answered 503 whose give-back a stalled Redis or a frozen container left.
+        let left = draw::leave_unanswered(&self.redis, &self.pool, a.id)
+            .await
+            .context("failed to take unanswered entries out of the pool")?;
+        r.pool_left = left;
         let drawn = draw::draw(&self.redis, a.id, draw::seed())
             .await
             .context("failed to run the draw")?;
@@ -401,7 +408,7 @@ impl Reconcile {
         if !drawn.is_done() || draw::unsent(&self.redis, a.id).await? == 0 {
             return Ok(());
         }
-        match draw::drain(&self.redis, self.queue().await, a.id).await {
+        match draw::drain(&self.redis, self.queue().await, a.id, usize::MAX).await {
             Ok(d) => r.winners_sent = d.sent,
             // Left in the outbox for the next drainer; nothing is given back for it.
             Err(e) => tracing::warn!(error = %e, "draw winners not all sent"),
@@ -955,6 +962,7 @@ impl ActivityReport {
             preheated: false,
             drawn: false,
             winners_sent: 0,
+            pool_left: 0,
             compensated: 0,
             settled: 0,
             cancels_finished: 0,
@@ -996,6 +1004,7 @@ impl ActivityReport {
         self.repairs = self.compensated
             + usize::from(self.drawn)
             + self.winners_sent
+            + self.pool_left
             + self.settled
             + self.cancels_finished
             + self.transfers_finished

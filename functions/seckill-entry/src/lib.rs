@@ -299,10 +299,16 @@ async fn purchase(
         load_epoch: None,
         buckets: state.inner.bucket_counts.get(activity_id),
     };
-    let mut entered = decide(&state, &attempt).await?;
+    let mut entered = match decide(&state, &attempt).await {
+        Ok(entered) => entered,
+        Err(unanswered) => return unanswered.answer(),
+    };
     if let Ok(Entered::DrawDue) = entered {
         run_draw(&state, activity_id).await?;
-        entered = decide(&state, &attempt).await?;
+        entered = match decide(&state, &attempt).await {
+            Ok(entered) => entered,
+            Err(unanswered) => return unanswered.answer(),
+        };
     }
     let reservation = match entered {
         Ok(Entered::Reserved(reservation)) => reservation,
@@ -400,6 +406,9 @@ fn answer(request_id: Uuid, status: &'static str) -> Response {
 /// a draw that cannot run is a 503, with nothing reserved.
 async fn run_draw(state: &EntryState, activity_id: i64) -> Result<(), ApiError> {
     let s = &state.inner;
+    if let Err(e) = draw::leave_unanswered(&s.redis, &s.pool, activity_id).await {
+        tracing::warn!(activity_id, error = %e, "entries answered 503 not taken out of the pool");
+    }
     let drawn = draw::draw(&s.redis, activity_id, draw::seed()).await?;
     if let draw::Drawn::Now {
         winners,
@@ -417,18 +426,31 @@ async fn run_draw(state: &EntryState, activity_id: i64) -> Result<(), ApiError> 
     Ok(())
 }
 
-/// Sends what the outbox of a draw sale holds; a failure is logged and left to the next
-/// drainer.
+/// Sends what the outbox of a draw sale holds: one round now (the caller is answering a
+/// request), the rest in the background; whatever is left then (a failure, a container
+/// frozen between invocations) the next drainer or reconcile sends.
 async fn drain(state: &EntryState, activity_id: i64) {
     let s = &state.inner;
-    match draw::drain(&s.redis, &s.queue, activity_id).await {
-        Ok(d) if d.sent > 0 => tracing::info!(
-            activity_id,
-            sent = d.sent,
-            left = d.left,
-            "draw winners sent"
-        ),
-        Ok(_) => {}
+    match draw::drain(&s.redis, &s.queue, activity_id, 1).await {
+        Ok(d) => {
+            if d.sent > 0 {
+                tracing::info!(
+                    activity_id,
+                    sent = d.sent,
+                    left = d.left,
+                    "draw winners sent"
+                );
+            }
+            if d.left > 0 && !d.busy {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let s = &state.inner;
+                    if let Err(e) = draw::drain(&s.redis, &s.queue, activity_id, usize::MAX).await {
+                        tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
+                    }
+                });
+            }
+        }
         Err(e) => {
             tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
         }
@@ -441,7 +463,7 @@ async fn drain(state: &EntryState, activity_id: i64) {
 async fn decide(
     state: &EntryState,
     reservation: &OrderMessage,
-) -> Result<Result<Entered, Refusal>, ApiError> {
+) -> Result<Result<Entered, Refusal>, Unanswered> {
     let s = &state.inner;
     let r = reservation;
     let sent_ms = chrono::Utc::now().timestamp_millis();
@@ -485,8 +507,28 @@ async fn decide(
                 buckets: (count > 1).then_some(count),
                 ..reservation.clone()
             };
-            give_back_unanswered(state, reservation).await;
-            Err(e.into())
+            if give_back_unanswered(state, reservation).await {
+                return Err(Unanswered::Ordered(r.request_id));
+            }
+            Err(Unanswered::Unavailable(e.into()))
+        }
+    }
+}
+
+/// A purchase whose script did not answer in time.
+enum Unanswered {
+    /// Claimed and given back: 503, nothing happened.
+    Unavailable(ApiError),
+    /// The request is an order already (a draw entry drawn, sent and committed before its
+    /// answer came): 202, as it is.
+    Ordered(Uuid),
+}
+
+impl Unanswered {
+    fn answer(self) -> Result<Response, ApiError> {
+        match self {
+            Unanswered::Unavailable(e) => Err(e),
+            Unanswered::Ordered(request_id) => Ok(answer(request_id, "pending")),
         }
     }
 }
@@ -496,18 +538,24 @@ async fn decide(
 /// The claim is awaited (it is what makes the coming 503 true); the Redis half, which may be
 /// what is stalled, is tried once and then retried in the background for a few seconds, and
 /// reconcile gives back a `failed` row's reservation on its next run whatever happens here.
-async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
+/// True when the claim found the request an order already: only a draw's entry can be one
+/// (drawn, sent and committed before the answer of its purchase came); nothing is given back.
+async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) -> bool {
     let s = &state.inner;
     match giveback::claim(&s.pool, &reservation, reason::UNAVAILABLE).await {
         Ok(Claim::Won) | Ok(Claim::UnknownActivity) => {}
-        // The request id is fresh: nobody else can have decided it.
+        Ok(Claim::Decided(row)) if row.status != OrderStatus::Failed.as_str() => {
+            tracing::warn!(request_id = %reservation.request_id, status = %row.status,
+                "unanswered purchase is an order already");
+            return true;
+        }
         Ok(Claim::Decided(row)) => {
             tracing::error!(status = %row.status, "fresh request id already decided");
-            return;
+            return false;
         }
         Err(e) => {
             tracing::warn!(error = %e, "could not claim the unanswered purchase; reconcile gives it back after its grace period");
-            return;
+            return false;
         }
     }
     // One attempt now, bounded by half the timeout: a lost answer from a healthy Redis is
@@ -517,7 +565,7 @@ async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
         compensate_unanswered(state, &reservation),
     );
     if matches!(first.await, Ok(Ok(()))) {
-        return;
+        return false;
     }
     let state = state.clone();
     tokio::spawn(async move {
@@ -532,6 +580,7 @@ async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) {
             }
         }
     });
+    false
 }
 
 /// The Redis half of [`give_back_unanswered`], after the claim.
@@ -699,8 +748,10 @@ async fn my_order(
             .unwrap_or(1),
     };
     let home = Bucket::home(activity_id, count, &identity.user_id);
-    // Twice at most: once more after this call ran a draw, which may have made the caller a
-    // winner.
+    // Twice at most: once more after the draw is known to have run (by this call or any
+    // other), since it may have made the caller a winner. The second read is final: the
+    // draw is one step, and a pool entry it left queued stays so.
+    let mut drawn = false;
     for _ in 0..2 {
         let entry = sale::ledger_entry(&s.redis, home, &identity.user_id).await?;
         if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
@@ -722,20 +773,23 @@ async fn my_order(
         if pool.won {
             break;
         }
-        let status = match draw::draw(&s.redis, activity_id, draw::seed()).await? {
-            draw::Drawn::Open { .. } => "queued",
-            draw::Drawn::Now { .. } => {
-                drain(&state, activity_id).await;
-                continue;
-            }
-            draw::Drawn::Before { .. } => {
-                if draw::unsent(&s.redis, activity_id).await? > 0 {
-                    drain(&state, activity_id).await;
+        // Between the read of a queued entry and the draw: another caller may draw meanwhile.
+        seckill_shared::pause::point("entry.my_order.after_pool_read", activity_id).await;
+        let status = if drawn {
+            "not_drawn"
+        } else {
+            match draw::draw(&s.redis, activity_id, draw::seed()).await? {
+                draw::Drawn::Open { .. } => "queued",
+                draw::Drawn::Now { .. } | draw::Drawn::Before { .. } => {
+                    if draw::unsent(&s.redis, activity_id).await? > 0 {
+                        drain(&state, activity_id).await;
+                    }
+                    drawn = true;
+                    continue;
                 }
-                "not_drawn"
+                // Reloaded as a first-come sale meanwhile: the entry is history.
+                draw::Drawn::NotDraw | draw::Drawn::NotLoaded => break,
             }
-            // Reloaded as a first-come sale meanwhile: the entry is history.
-            draw::Drawn::NotDraw | draw::Drawn::NotLoaded => break,
         };
         return Ok(Json(MyOrder {
             status: status.into(),

@@ -266,3 +266,33 @@ pub async fn age_reservations(env: &TestEnv, activity_id: i64, by: Duration) {
             .expect("redis answers");
     }
 }
+
+/// Puts `user` in a draw sale's pool the way the entry function does (the purchase script
+/// must answer `queued`) and returns the order message its request would become.
+pub async fn reserve_in_pool(env: &TestEnv, activity_id: i64, user: &str) -> OrderMessage {
+    let request_id = Uuid::now_v7();
+    let (decision, _) = sale::purchase_script(
+        &env.redis,
+        activity_id.into(),
+        user,
+        1,
+        request_id,
+        sale::far_deadline(),
+        &[],
+    )
+    .await
+    .expect("redis answers");
+    assert!(
+        matches!(decision, sale::Decision::Queued { .. }),
+        "{user}: {decision:?}"
+    );
+    OrderMessage {
+        request_id,
+        activity_id,
+        user_id: user.to_string(),
+        quantity: 1,
+        reserved_at_ms: 0,
+        load_epoch: None,
+        buckets: None,
+    }
+}
