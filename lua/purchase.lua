@@ -2,12 +2,16 @@
 --
 -- Every check runs before any write, so a refused request changes nothing (but for the
 -- credits below, which are not the purchase's: they move units another bucket already gave
--- up). Order of checks: loaded -> the caller's bucket count -> caller's deadline -> window ->
--- per-order limit -> stock -> the user's field in `users` (one order per user, and this very
--- request run twice). Commands run: any refusal at most three (HMGET, TIME, HGET), a success
--- six (HMGET, TIME, HGET, and one HSET each of users, ledger and meta). Preheat created `users`
--- and `ledger` with the sale's expiry, each holding a sentinel field so it never empties and
--- loses it: no PTTL here.
+-- up, and but for the per-user rate's counter). Order of checks: loaded -> the caller's bucket
+-- count -> the per-user rate -> caller's deadline -> window -> per-order limit -> (a draw
+-- sale's pool) -> stock -> the user's field in `users` (one order per user, and this very
+-- request run twice). Commands run in a first-come sale without a rate: any refusal at most
+-- three (HMGET, TIME, HGET), a success six (HMGET, TIME, HGET, and one HSET each of users,
+-- ledger and meta). A rate adds an INCR (and a PEXPIRE on the first attempt of a second); a
+-- rate refusal is HMGET, INCR, HGET and PTTL. In a draw window an entry is six (HMGET, TIME,
+-- HGET pool, HEXISTS users, HINCRBY, HSET pool); after the draw a purchase reads the pool
+-- once more. Preheat created `users`, `ledger` (and a draw sale's pool) with the sale's
+-- expiry, each holding a sentinel field so it never empties and loses it: no PTTL here.
 --
 -- In a bucketed sale these are the keys of the user's home bucket (see keys.rs, `Bucket`).
 -- KEYS[1] meta    hash: startMs, endMs, limit, expireAtMs, total, version, stock, seq, epoch,
