@@ -9,12 +9,18 @@
 //! The sale may have several stock buckets (`--buckets`), and the stack's Redis may be the
 //! standalone server or the 3-master cluster (`--cluster`): the stock is then sampled, and read
 //! back, bucket by bucket, and the report says which node serves each bucket's hash tag.
+//!
+//! The sale may be a draw (`--admission draw`): the crowd's purchases in its window are
+//! queued, every entrant then asks for their status until it is final, and the report says
+//! who won and whether the winners' arrival ranks look uniform ([`admission`]).
 
-use crate::chart::{self, StockSample};
+use crate::chart::{self, Arrivals, Entrant, StockSample};
 use crate::load::{self, CrowdSpec, LoadReport, Plan, RunOptions};
+use admission::DrawReport;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use seckill_devserver::DevConfig;
+use seckill_shared::activity::Admission;
 use seckill_shared::auth::{mint, ADMIN_SCOPE};
 use seckill_shared::cache::Redis;
 use seckill_shared::keys::{self, Bucket as StockBucket};
@@ -28,6 +34,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod admission;
+
 /// The demo's knobs.
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -35,6 +43,10 @@ pub struct DemoOptions {
     pub per_order_limit: i64,
     /// Stock buckets the sale's Redis stock is split over (1 to `keys::MAX_BUCKETS`).
     pub buckets: u32,
+    /// First come, first served, or a draw over the purchases of the first `draw_window`.
+    pub admission: Admission,
+    /// A draw sale's pool window after the opening (unused for first come, first served).
+    pub draw_window: Duration,
     pub users: usize,
     pub requests: usize,
     pub concurrency: usize,
@@ -54,6 +66,27 @@ pub struct DemoOptions {
     pub quiet: bool,
     /// Where the stack is and how the functions are tuned (`sqs_timeout` above wins).
     pub config: Config,
+}
+
+impl DemoOptions {
+    /// Refuses what the sale cannot be: a draw runs as one script on one shard, so a draw
+    /// sale has one stock bucket.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.admission == Admission::Fcfs || self.buckets == 1,
+            "--admission draw cannot be combined with --buckets {}: a draw sale keeps its pool \
+             and its stock in one bucket (its draw is one Lua script on one shard)",
+            self.buckets
+        );
+        anyhow::ensure!(
+            self.admission == Admission::Fcfs
+                || (1..=activity::MAX_DRAW_WINDOW_MS as u128)
+                    .contains(&self.draw_window.as_millis()),
+            "--draw-window-ms must be between 1 and {}",
+            activity::MAX_DRAW_WINDOW_MS
+        );
+        Ok(())
+    }
 }
 
 /// What the stores say after the sale.
@@ -128,12 +161,19 @@ pub struct DemoReport {
     pub timeline: Vec<load::Bucket>,
     pub stock_samples: Vec<StockSample>,
     pub chart: String,
+    /// A draw sale's pool, winners and fairness (absent for first come, first served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draw: Option<DrawReport>,
 }
 
 impl DemoReport {
-    /// True when the sale came out exactly right.
+    /// True when the sale came out exactly right (a draw: every entrant settled, and the
+    /// winners' ranks consistent with a uniform draw).
     pub fn ok(&self) -> bool {
-        self.oversell == 0 && self.duplicate_users == 0 && self.conservation_ok
+        self.oversell == 0
+            && self.duplicate_users == 0
+            && self.conservation_ok
+            && self.draw.as_ref().is_none_or(DrawReport::ok)
     }
 
     /// The human report.
@@ -199,11 +239,18 @@ impl DemoReport {
             "orders in DB    {} confirmed/paid, {} failed",
             self.orders, s.failed_orders
         );
+        let winners = self
+            .draw
+            .as_ref()
+            .map_or_else(String::new, |d| format!(", draw winners: {}", d.winners));
         let _ = writeln!(
             o,
-            "units sold      {} of {} (accepted responses: {})",
+            "units sold      {} of {} (accepted responses: {}{winners})",
             self.units_sold, self.stock, self.accepted
         );
+        if let Some(d) = &self.draw {
+            d.write(o);
+        }
         if s.buckets.len() > 1 {
             write_buckets(o, &s.buckets);
         }
@@ -261,15 +308,26 @@ fn write_buckets(o: &mut String, buckets: &[BucketFacts]) {
 
 /// Runs the whole show.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
+    opts.check()?;
     let stage = Stage::set_up(&opts).await?;
     let sale = open_sale(&stage, &opts).await?;
     let activity_id = sale.id;
-    let (load, sampler) = let_crowd_in(&stage, &opts, &sale).await?;
-    let (drained, drain_secs) = drain(&stage, &opts, &sale, &load).await?;
+    let (plan, load, sampler) = let_crowd_in(&stage, &opts, &sale).await?;
+    let offset = admission::opening_offset(&load, sale.start_at);
+    let (draw, arrivals) = match opts.admission {
+        Admission::Draw => {
+            let (report, entrants) = admission::settle(&stage, &opts, &sale, &plan, &load).await?;
+            (Some(report), entrants)
+        }
+        Admission::Fcfs => (None, admission::first_come(&plan, &load, offset)),
+    };
+    let winners = draw.as_ref().map_or(0, |d| d.winners);
+    let (drained, drain_secs) = drain(&stage, &opts, &sale, &load, winners).await?;
     let samples = sampler.stop().await;
     let (reconcile, store) = read_back(stage, activity_id).await?;
-    let chart = draw_chart(&opts, &load, &samples, &store);
-    let report = build_report(
+    let arrivals = arrivals_of(&opts, arrivals);
+    let chart = draw_chart(&opts, &load, &samples, &store, &arrivals);
+    let mut report = build_report(
         activity_id,
         &opts,
         load,
@@ -280,6 +338,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
         samples,
         chart,
     );
+    report.draw = draw;
     let json_path = opts.out_dir.join("report.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("cannot write {}", json_path.display()))?;
@@ -341,6 +400,13 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
     let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
     let end_at = start_at + chrono::Duration::minutes(30);
     let (id, buckets) = create_activity(http, base, &admin, opts, start_at, end_at).await?;
+    let admission = match opts.admission {
+        Admission::Fcfs => String::new(),
+        Admission::Draw => format!(
+            ", a draw over its first {} ms",
+            opts.draw_window.as_millis()
+        ),
+    };
     anyhow::ensure!(
         buckets == opts.buckets,
         "activity {id} was created with {buckets} buckets, not the {} asked for",
@@ -349,7 +415,7 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
     say(
         opts,
         &format!(
-            "activity {id}: {} units in {buckets} bucket(s), {} per user, opens at {}",
+            "activity {id}: {} units in {buckets} bucket(s), {} per user, opens at {}{admission}",
             opts.stock,
             opts.per_order_limit,
             start_at.format("%H:%M:%S%.3f")
@@ -365,12 +431,13 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
 }
 
 /// The crowd arrives a moment before the window opens; the stock sampler runs from then on
-/// and keeps running (through the drain) until stopped.
+/// and keeps running (through the drain) until stopped. Answers the crowd's plan too (its
+/// users and their tokens).
 async fn let_crowd_in(
     stage: &Stage,
     opts: &DemoOptions,
     sale: &Sale,
-) -> anyhow::Result<(LoadReport, StockSampler)> {
+) -> anyhow::Result<(Plan, LoadReport, StockSampler)> {
     let activity_id = sale.id;
     let plan = Plan::crowd(&CrowdSpec {
         activity_id,
@@ -405,22 +472,24 @@ async fn let_crowd_in(
         },
     )
     .await?;
-    Ok((load, sampler))
+    Ok((plan, load, sampler))
 }
 
-/// Waits for the consumer to turn the accepted purchases into orders; answers whether it
-/// drained within the timeout, and how long that took.
+/// Waits for the consumer to turn the accepted purchases (and a draw's `winners`) into
+/// orders; answers whether it drained within the timeout, and how long that took.
 async fn drain(
     stage: &Stage,
     opts: &DemoOptions,
     sale: &Sale,
     load: &LoadReport,
+    winners: u64,
 ) -> anyhow::Result<(bool, f64)> {
     let accepted = load
         .requests_by_outcome
         .get("accepted")
         .copied()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        + winners;
     let drain_started = Instant::now();
     let drained = wait_for_drain(
         &stage.pool,
@@ -448,12 +517,33 @@ async fn read_back(
     Ok((reconcile, store))
 }
 
+/// The chart's arrivals panel: a draw's pool entrants, or a first-come sale's buyers.
+fn arrivals_of(opts: &DemoOptions, entrants: Vec<Entrant>) -> Arrivals {
+    match opts.admission {
+        Admission::Draw => Arrivals {
+            caption: format!(
+                "draw: pool entrants by arrival in its {} ms window, winners in green",
+                opts.draw_window.as_millis()
+            ),
+            entrants,
+            window_close: Some(opts.draw_window.as_secs_f64()),
+        },
+        Admission::Fcfs => Arrivals {
+            caption: "first come, first served: buyers by first answer after the opening, winners in green"
+                .into(),
+            entrants,
+            window_close: None,
+        },
+    }
+}
+
 /// Writes chart.png; answers its path, or why it was not written.
 fn draw_chart(
     opts: &DemoOptions,
     load: &LoadReport,
     samples: &[StockSample],
     store: &StoreFacts,
+    arrivals: &Arrivals,
 ) -> String {
     let chart_path = opts.out_dir.join("chart.png");
     let buckets = match store.buckets.len() {
@@ -464,15 +554,20 @@ fn draw_chart(
         0 => "standalone Redis".to_string(),
         n => format!("a {n}-master cluster"),
     };
+    let admission = match opts.admission {
+        Admission::Fcfs => String::new(),
+        Admission::Draw => format!(" by draw ({} ms window)", opts.draw_window.as_millis()),
+    };
     match chart::draw(
         &chart_path,
         &format!(
-            "seckill demo: {} units{buckets} on {redis}, {} requests, {} concurrent",
+            "seckill demo: {} units{buckets}{admission} on {redis}, {} requests, {} concurrent",
             opts.stock, load.requests, opts.concurrency
         ),
         &load.timeline,
         samples,
         store.db_total_stock,
+        Some(arrivals),
     ) {
         Ok(()) => display_path(&chart_path),
         Err(e) => format!("not written: {e:#}"),
@@ -525,6 +620,7 @@ fn build_report(
         timeline: load.timeline,
         stock_samples,
         chart,
+        draw: None,
     }
 }
 
@@ -581,17 +677,22 @@ async fn create_activity(
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
 ) -> anyhow::Result<(i64, u32)> {
+    let mut body = serde_json::json!({
+        "title": "make demo flash sale",
+        "totalStock": opts.stock,
+        "perOrderLimit": opts.per_order_limit,
+        "startAt": start_at.to_rfc3339(),
+        "endAt": end_at.to_rfc3339(),
+        "buckets": opts.buckets,
+    });
+    if opts.admission == Admission::Draw {
+        body["admission"] = Admission::Draw.as_str().into();
+        body["drawWindowMs"] = (opts.draw_window.as_millis() as u64).into();
+    }
     let resp = http
         .post(format!("{base}/admin/activities"))
         .bearer_auth(admin_token)
-        .json(&serde_json::json!({
-            "title": "make demo flash sale",
-            "totalStock": opts.stock,
-            "perOrderLimit": opts.per_order_limit,
-            "startAt": start_at.to_rfc3339(),
-            "endAt": end_at.to_rfc3339(),
-            "buckets": opts.buckets,
-        }))
+        .json(&body)
         .send()
         .await
         .context("POST /admin/activities")?;
@@ -610,6 +711,12 @@ async fn create_activity(
         .and_then(|v| v.as_u64())
         .and_then(|n| u32::try_from(n).ok())
         .with_context(|| format!("the created activity has no bucket count: {body}"))?;
+    let admission = body.get("admission").and_then(|v| v.as_str());
+    anyhow::ensure!(
+        admission == Some(opts.admission.as_str()),
+        "activity {id} was created with admission {admission:?}, not the {:?} asked for",
+        opts.admission.as_str()
+    );
     Ok((id, buckets))
 }
 

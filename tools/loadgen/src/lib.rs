@@ -4,9 +4,10 @@
 //! - [`load`]: the generator: a request [`load::Plan`], concurrent keep-alive clients with
 //!   JWTs, HdrHistogram latencies, outcomes by error code, a timeline of 100 ms buckets.
 //! - [`demo`]: the flash sale end to end through the in-process dev server, checked against
-//!   PostgreSQL and Redis afterwards.
+//!   PostgreSQL and Redis afterwards; first come, first served or by draw
+//!   ([`demo::admission`]: the entrants' status polls and the draw's fairness figures).
 //! - [`chart`]: the demo's PNG at 100 ms resolution (responses by class, p99, stock remaining,
-//!   in total and per stock bucket).
+//!   in total and per stock bucket), and who got a unit by when they arrived.
 
 pub mod chart;
 pub mod demo;

@@ -3,8 +3,9 @@
 //! A [`Plan`] is the list of requests to make, decided up front (so a run is reproducible from
 //! its seed and the generator does no thinking on the hot path). [`run`] fires it with a fixed
 //! number of workers over a pooled, keep-alive client, and counts what came back: outcome (HTTP
-//! status plus the JSON `error` code), latency in an HdrHistogram (µs), and a [`Timeline`] of
-//! 100 ms buckets (responses by class, p99), so a crowd of two seconds shows its shape.
+//! status plus the JSON `error` code), latency in an HdrHistogram (µs), a [`Timeline`] of
+//! 100 ms buckets (responses by class, p99), so a crowd of two seconds shows its shape, and
+//! each response's [`Answer`] (which request, when, what), so a caller can follow one user.
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -27,12 +28,22 @@ pub struct Shot {
     pub body: String,
     /// What kind of request this is (`valid`, `malformed_body`, ...), for the report.
     pub kind: &'static str,
+    /// The index in [`Plan::users`] of the user whose token this is (`None`: no token).
+    pub user: Option<usize>,
 }
 
-/// The requests of one run, in firing order.
+/// A user of the crowd: their id (the JWT's `sub`) and token.
+#[derive(Clone, Debug)]
+pub struct User {
+    pub id: String,
+    pub token: Arc<str>,
+}
+
+/// The requests of one run, in firing order, and the users they come from.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
     pub shots: Vec<Shot>,
+    pub users: Vec<User>,
 }
 
 /// How to build a purchase crowd.
@@ -58,10 +69,14 @@ impl Plan {
     pub fn crowd(spec: &CrowdSpec) -> anyhow::Result<Self> {
         anyhow::ensure!(spec.users > 0, "at least one user");
         let mut rng = StdRng::seed_from_u64(spec.seed);
-        let tokens: Vec<Arc<str>> = (0..spec.users)
+        let users: Vec<User> = (0..spec.users)
             .map(|n| {
-                let user = format!("{}-{n}", spec.user_prefix);
-                seckill_shared::auth::mint(&spec.secret, &user, "", 3600).map(Arc::from)
+                let id = format!("{}-{n}", spec.user_prefix);
+                let token = seckill_shared::auth::mint(&spec.secret, &id, "", 3600)?;
+                Ok(User {
+                    id,
+                    token: Arc::from(token),
+                })
             })
             .collect::<anyhow::Result<_>>()?;
         let path = format!("/activities/{}/orders", spec.activity_id);
@@ -74,9 +89,10 @@ impl Plan {
                 } else {
                     rng.random_range(0..spec.users)
                 };
-                let token = Some(tokens[user].clone());
+                let token = Some(users[user].token.clone());
                 let shot = |body: &str, token: Option<Arc<str>>, kind| Shot {
                     path: path.clone(),
+                    user: token.is_some().then_some(user),
                     token,
                     body: body.to_string(),
                     kind,
@@ -94,7 +110,7 @@ impl Plan {
             })
             .collect();
         shots.shuffle(&mut rng);
-        Ok(Self { shots })
+        Ok(Self { shots, users })
     }
 
     /// Number of requests of each kind.
@@ -151,8 +167,10 @@ pub const BUCKET: Duration = Duration::from_millis(100);
 /// How a response counts in the timeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
-    /// 202: a unit reserved.
+    /// 202 `pending`: a unit reserved.
     Accepted,
+    /// 202 `queued`: an entry in a draw sale's pool, no unit taken yet.
+    Queued,
     /// 409 `sold_out`.
     SoldOut,
     /// Any other business refusal (409 `not_started`, `ended`, `already_purchased`, 429, ...).
@@ -167,6 +185,7 @@ impl Class {
     /// The class of a response (`None`: no response at all) and its [`outcome`] name.
     pub fn of(status: Option<u16>, outcome: &str) -> Self {
         match status {
+            Some(202) if outcome == "queued" => Class::Queued,
             Some(202) => Class::Accepted,
             Some(409) if outcome == "sold_out" => Class::SoldOut,
             Some(409 | 429) => Class::Refused,
@@ -184,11 +203,18 @@ pub struct Bucket {
     pub start_ms: u64,
     pub requests: u64,
     pub accepted: u64,
+    /// Only a draw sale's crowd has any (and only then is it in the JSON).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub queued: u64,
     pub sold_out: u64,
     pub refused: u64,
     pub rejected: u64,
     pub failed: u64,
     pub p99_ms: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Responses counted into [`BUCKET`]-wide buckets; one per worker, merged at the end.
@@ -205,6 +231,7 @@ impl Timeline {
         b.requests += 1;
         match class {
             Class::Accepted => b.accepted += 1,
+            Class::Queued => b.queued += 1,
             Class::SoldOut => b.sold_out += 1,
             Class::Refused => b.refused += 1,
             Class::Rejected => b.rejected += 1,
@@ -218,6 +245,7 @@ impl Timeline {
             let (b, h) = self.buckets.entry(index).or_default();
             b.requests += o.requests;
             b.accepted += o.accepted;
+            b.queued += o.queued;
             b.sold_out += o.sold_out;
             b.refused += o.refused;
             b.rejected += o.rejected;
@@ -263,6 +291,20 @@ pub struct LoadReport {
     pub timeline: Vec<Bucket>,
     /// Wall-clock time of the first request (RFC 3339).
     pub started_at: String,
+    /// Every response, in no particular order (not in the JSON: one line per request).
+    #[serde(skip)]
+    pub answers: Vec<Answer>,
+}
+
+/// One response: which shot of the plan it answered, when, and how.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    /// Index in [`Plan::shots`].
+    pub shot: usize,
+    /// When the response came back, after the first request.
+    pub at: Duration,
+    /// Its [`outcome`] name.
+    pub outcome: String,
 }
 
 /// Per-worker tallies, merged at the end so the hot path shares nothing but a counter.
@@ -270,6 +312,7 @@ struct Tally {
     latency: Histogram<u64>,
     outcomes: BTreeMap<String, u64>,
     timeline: Timeline,
+    answers: Vec<Answer>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -282,15 +325,24 @@ impl Tally {
             latency: histogram(),
             outcomes: BTreeMap::new(),
             timeline: Timeline::default(),
+            answers: Vec::new(),
         }
     }
 
-    fn record(&mut self, at: Duration, micros: u64, status: Option<u16>, outcome: String) {
+    fn record(
+        &mut self,
+        shot: usize,
+        at: Duration,
+        micros: u64,
+        status: Option<u16>,
+        outcome: String,
+    ) {
         let micros = micros.max(1);
         let _ = self.latency.record(micros);
         self.timeline
             .record(at, micros, Class::of(status, &outcome));
-        *self.outcomes.entry(outcome).or_default() += 1;
+        *self.outcomes.entry(outcome.clone()).or_default() += 1;
+        self.answers.push(Answer { shot, at, outcome });
     }
 
     fn merge(&mut self, other: Tally) {
@@ -299,15 +351,21 @@ impl Tally {
             *self.outcomes.entry(k).or_default() += v;
         }
         self.timeline.merge(other.timeline);
+        self.answers.extend(other.answers);
     }
 }
 
-/// Names a response: `accepted` for 202, the JSON `error` code for errors, else `http_<status>`.
+/// Names a response: `accepted` for a 202 (`queued` for a 202 whose `status` says the purchase
+/// is in a draw sale's pool), the JSON `error` code for errors, else `http_<status>`.
 pub fn outcome(status: u16, body: &[u8]) -> String {
+    let json = serde_json::from_slice::<serde_json::Value>(body);
     if status == 202 {
-        return "accepted".into();
+        let queued = json
+            .as_ref()
+            .is_ok_and(|v| v.get("status").and_then(|s| s.as_str()) == Some("queued"));
+        return if queued { "queued" } else { "accepted" }.into();
     }
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+    if let Ok(v) = json {
         if let Some(code) = v.get("error").and_then(|c| c.as_str()) {
             return code.to_string();
         }
@@ -379,7 +437,7 @@ pub async fn run(plan: &Plan, opts: &RunOptions) -> anyhow::Result<LoadReport> {
                     };
                     let done = Instant::now();
                     let micros = done.duration_since(t0).as_micros() as u64;
-                    tally.record(done.duration_since(started), micros, status, outcome);
+                    tally.record(i, done.duration_since(started), micros, status, outcome);
                     pb.inc(1);
                 }
                 tally
@@ -413,6 +471,7 @@ pub async fn run(plan: &Plan, opts: &RunOptions) -> anyhow::Result<LoadReport> {
         latency: Latency::of(&total.latency),
         timeline,
         started_at,
+        answers: total.answers,
     })
 }
 

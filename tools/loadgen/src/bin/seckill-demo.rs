@@ -3,8 +3,9 @@
 //! Exits non-zero when the sale came out wrong (oversell, a user with two orders, or stock that
 //! does not add up), so the demo doubles as a smoke test.
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use seckill_loadgen::demo::{self, DemoOptions};
+use seckill_shared::activity::{Admission, MAX_DRAW_WINDOW_MS};
 use seckill_shared::config::RedisTopology;
 use seckill_shared::keys::MAX_BUCKETS;
 use std::io::IsTerminal;
@@ -27,6 +28,15 @@ struct Args {
     #[arg(long, default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
     buckets: u32,
+    /// How the sale admits buyers: `fcfs` (first come, first served) or `draw` (purchases in
+    /// the first --draw-window-ms are queued, the winners drawn at random when it closes; needs
+    /// --buckets 1).
+    #[arg(long, default_value = "fcfs", value_parser = parse_admission)]
+    admission: Admission,
+    /// A draw sale's window after the opening, in milliseconds (with --admission draw).
+    #[arg(long, default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_DRAW_WINDOW_MS as u64))]
+    draw_window_ms: u64,
     /// Run on the local Redis Cluster (the nodes of REDIS_CLUSTER_URLS) instead of REDIS_URL.
     // Its own id: the config's `--redis-cluster` already holds the id `cluster`.
     #[arg(long = "cluster")]
@@ -98,6 +108,8 @@ fn main() -> anyhow::Result<()> {
         stock: args.stock,
         per_order_limit: args.per_user,
         buckets: args.buckets,
+        admission: args.admission,
+        draw_window: Duration::from_millis(args.draw_window_ms),
         users: args.users,
         requests: args.requests,
         concurrency: args.concurrency,
@@ -114,6 +126,12 @@ fn main() -> anyhow::Result<()> {
         quiet: args.quiet || !std::io::stdout().is_terminal(),
         config: args.config,
     };
+    // A usage error, like clap's own: the message and exit code 2, no backtrace.
+    if let Err(e) = opts.check() {
+        Args::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, e)
+            .exit();
+    }
     let report = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -125,6 +143,10 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+fn parse_admission(s: &str) -> Result<Admission, String> {
+    Admission::parse(s).ok_or_else(|| format!("expected fcfs or draw, got {s:?}"))
 }
 
 fn report_path(report: &demo::DemoReport) -> String {
