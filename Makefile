@@ -13,7 +13,8 @@
 #   make wrk-check    load test: dev server on fauxqs, wrk 10 s x 256 connections on the accepted
 #                     purchase path; fails on any timeout, socket error, 5xx or lost order
 #   make demo         a live flash sale on the local stack; options: DEMO_ARGS="--buckets 3 --cluster"
-#                     (stock in 3 buckets, on the 3-node Redis Cluster; DEMO_ARGS=--help lists all)
+#                     (stock in 3 buckets, on the 3-node Redis Cluster), DEMO_ARGS="--admission draw"
+#                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md

@@ -183,21 +183,24 @@ impl TestEnv {
         end_at: DateTime<Utc>,
         buckets: u32,
     ) -> anyhow::Result<Activity> {
-        let a = activity::insert(
-            &self.pool,
-            &NewActivity {
-                title: "test sale".into(),
-                total_stock: stock,
-                per_order_limit: limit,
-                start_at,
-                end_at,
-                buckets: Some(i64::from(buckets)),
-                admission: None,
-                draw_window_ms: None,
-                per_user_rate_per_sec: None,
-            },
-        )
-        .await?;
+        self.load_new(&NewActivity {
+            title: "test sale".into(),
+            total_stock: stock,
+            per_order_limit: limit,
+            start_at,
+            end_at,
+            buckets: Some(i64::from(buckets)),
+            admission: None,
+            draw_window_ms: None,
+            per_user_rate_per_sec: None,
+        })
+        .await
+    }
+
+    /// Creates the activity `new` in the database and loads it into Redis, as an admin's
+    /// create of a sale inside the preheat lead does.
+    pub async fn load_new(&self, new: &NewActivity) -> anyhow::Result<Activity> {
+        let a = activity::insert(&self.pool, new).await?;
         let (_, loaded) =
             crate::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
         Ok(loaded)
@@ -207,24 +210,18 @@ impl TestEnv {
     /// (tests close it with `close_draw_window` in tests/tests/common), ends in an hour.
     pub async fn draw_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
         let now = Utc::now();
-        let a = activity::insert(
-            &self.pool,
-            &NewActivity {
-                title: "test draw".into(),
-                total_stock: stock,
-                per_order_limit: limit,
-                start_at: now - ChronoDuration::seconds(1),
-                end_at: now + ChronoDuration::hours(1),
-                buckets: None,
-                admission: Some("draw".into()),
-                draw_window_ms: Some(activity::MAX_DRAW_WINDOW_MS),
-                per_user_rate_per_sec: None,
-            },
-        )
-        .await?;
-        let (_, loaded) =
-            crate::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
-        Ok(loaded)
+        self.load_new(&NewActivity {
+            title: "test draw".into(),
+            total_stock: stock,
+            per_order_limit: limit,
+            start_at: now - ChronoDuration::seconds(1),
+            end_at: now + ChronoDuration::hours(1),
+            buckets: None,
+            admission: Some("draw".into()),
+            draw_window_ms: Some(activity::MAX_DRAW_WINDOW_MS),
+            per_user_rate_per_sec: None,
+        })
+        .await
     }
 
     /// A sale that is open now (started a minute ago, ends in an hour).

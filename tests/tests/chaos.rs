@@ -555,7 +555,7 @@ impl Chaos {
             } else {
                 1
             };
-            let window = (count == 1 && admission.random_bool(0.4))
+            let window = (count == 1 && admission.random_bool(0.6))
                 .then(|| phase.mul_f64(admission.random_range(0.25..0.6)));
             let id = match window {
                 Some(window) => draw_sale(&env, stock, window).await?,
@@ -808,9 +808,8 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
 /// A draw sale opening now, its pool open for `window`, loaded into Redis.
 async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
     let now = Utc::now();
-    let a = activity::insert(
-        &env.pool,
-        &activity::NewActivity {
+    let a = env
+        .load_new(&activity::NewActivity {
             title: "chaos draw".into(),
             total_stock: stock,
             per_order_limit: PER_ORDER_LIMIT,
@@ -820,10 +819,8 @@ async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Resul
             admission: Some("draw".into()),
             draw_window_ms: Some(window.as_millis().max(1) as i64),
             per_user_rate_per_sec: None,
-        },
-    )
-    .await?;
-    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+        })
+        .await?;
     Ok(a.id)
 }
 

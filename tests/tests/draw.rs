@@ -8,7 +8,7 @@ mod common;
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
-use seckill_shared::activity::{self, Activity, NewActivity};
+use seckill_shared::activity::{Activity, NewActivity};
 use seckill_shared::buckets::{self, Entered, Purchase};
 use seckill_shared::draw::{self, Drawn};
 use seckill_shared::on_both_redis;
@@ -162,6 +162,11 @@ async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_th
         "mean winning rank {mean}"
     );
     let early = all.iter().filter(|&&r| r <= 200).count() as f64;
+    println!(
+        "first come: chi-square {fcfs_chi2:.0}; draw at a fixed seed: chi-square {chi2:.2} \
+         (critical {CHI2_CRITICAL}); 20 draws: mean winning rank {mean:.1} (1000.5), \
+         first tenth won {early} of 4000 (400)"
+    );
     assert!(
         (early - 400.0).abs() < 4.0 * 19.0,
         "early arrivals won {early} of 4000"
@@ -401,8 +406,7 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
         draw_window_ms: None,
         per_user_rate_per_sec: rate,
     };
-    let a = activity::insert(&env.pool, &new(Some(5))).await?;
-    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+    let a = env.load_new(&new(Some(5))).await?;
 
     let path = format!("/activities/{}/orders", a.id);
     let answers = futures::stream::iter(0..50)
@@ -434,8 +438,7 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
         "nothing reached the database"
     );
 
-    let b = activity::insert(&env.pool, &new(None)).await?;
-    seckill_shared::load::load_under_lock(&env.redis, &env.pool, &env.config, b.id).await?;
+    let b = env.load_new(&new(None)).await?;
     let path = format!("/activities/{}/orders", b.id);
     let answers = futures::stream::iter(0..50)
         .map(|_| call(&app, request("POST", &path, Some(("mallory", "")), None)))
