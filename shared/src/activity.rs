@@ -115,11 +115,7 @@ impl Activity {
     /// When a draw sale's pool closes, in ms since 1970; 0 for a first-come sale. Redis holds
     /// it as the meta's `drawEndMs`.
     pub fn draw_end_ms(&self) -> i64 {
-        if self.admission == Admission::Draw.as_str() && self.draw_window_ms > 0 {
-            self.start_at.timestamp_millis() + i64::from(self.draw_window_ms)
-        } else {
-            0
-        }
+        Rules::of(self).draw_end_ms(self.start_at)
     }
 
     pub fn phase(&self, now: DateTime<Utc>) -> Phase {
@@ -261,6 +257,16 @@ impl Rules {
             admission: a.admission.clone(),
             draw_window_ms: i64::from(a.draw_window_ms),
             per_user_rate_per_sec: i64::from(a.per_user_rate_per_sec),
+        }
+    }
+
+    /// When the draw's pool closes for a sale starting at `start_at`, in ms since 1970; 0 for
+    /// a first-come sale. Redis holds it as the meta's `drawEndMs`.
+    pub fn draw_end_ms(&self, start_at: DateTime<Utc>) -> i64 {
+        if self.admission == Admission::Draw.as_str() && self.draw_window_ms > 0 {
+            start_at.timestamp_millis() + self.draw_window_ms
+        } else {
+            0
         }
     }
 

@@ -608,6 +608,58 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
     Ok(())
 }
 
+/// A purchase whose answer is lost in the last moment of the window is claimed for its 503,
+/// and pauses before its Redis half; the window closes and another buyer draws, picking the
+/// entry. Resumed, the give-back returns the winner's unit: the 503 holds nothing, the unit is
+/// sold again, and no order is made of the request.
+async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(1, 1).await?;
+    let _lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
+    let paused = pause::arm("entry.unanswered.after_claim", a.id);
+    let alice = {
+        let (app, a) = (app.clone(), a.clone());
+        tokio::spawn(async move { buy(&app, &a, "alice", None).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    close_draw_window(&env, a.id).await;
+    assert_eq!(
+        draw::draw(&env.redis, a.id, 7).await?,
+        Drawn::Now {
+            winners: 1,
+            units: 1,
+            entrants: 1
+        }
+    );
+    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(0));
+    paused.resume();
+    let (status, _) = alice.await?;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        sale::stock(&env.redis, a.id).await?,
+        Some(1),
+        "the unit is back"
+    );
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 0);
+    let (status, body) = buy(&app, &a, "bob", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("pending"))
+    );
+    consume_queue(&env).await?;
+    let rows = order_rows(&env, a.id).await;
+    assert!(
+        rows.iter()
+            .all(|o| o.user_id != "alice" || o.status == "failed"),
+        "{rows:?}"
+    );
+    conserved(&env, &a).await;
+    Ok(())
+}
+
 /// The per-user rate counts attempts, not deliveries: the same script delivered twice past
 /// the rate answers as its first run did, and the first buyer after a draw window (told to
 /// run the draw, then asking again) is counted once.
@@ -658,6 +710,7 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
 }
 
 on_both_redis!(
+    a_draw_between_a_503s_claim_and_its_give_back_holds_nothing,
     a_status_read_across_the_draw_answers_what_the_draw_decided,
     a_draw_entry_answered_503_leaves_the_pool,
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,

@@ -256,17 +256,6 @@ struct Merged {
     rules: Rules,
 }
 
-impl Merged {
-    /// When a draw sale's pool closes (0: first come, first served), as the meta holds it.
-    fn draw_end_ms(&self) -> i64 {
-        if self.rules.admission == Admission::Draw.as_str() {
-            self.start_at.timestamp_millis() + self.rules.draw_window_ms
-        } else {
-            0
-        }
-    }
-}
-
 fn merge(current: &Activity, patch: &ActivityPatch) -> Result<Merged, ApiError> {
     let merged = Merged {
         title: patch
@@ -313,7 +302,7 @@ fn sale_meta(state: &AdminState, m: &Merged, version: i64) -> SaleMeta {
         end_at: m.end_at,
         version,
         expire_at: m.end_at + buffer,
-        draw_end_ms: m.draw_end_ms(),
+        draw_end_ms: m.rules.draw_end_ms(m.start_at),
         rate: m.rules.per_user_rate_per_sec,
     }
 }

@@ -558,6 +558,8 @@ async fn give_back_unanswered(state: &EntryState, reservation: OrderMessage) -> 
             return false;
         }
     }
+    // Between the claim and its Redis half: a draw may run meanwhile.
+    seckill_shared::pause::point("entry.unanswered.after_claim", reservation.activity_id).await;
     // One attempt now, bounded by half the timeout: a lost answer from a healthy Redis is
     // undone before the 503 goes out. A stalled Redis gets the rest in the background.
     let first = tokio::time::timeout(
