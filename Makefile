@@ -184,4 +184,4 @@ sqlx-prepare: stack sqlx-cli
 		&& sqlx database create --database-url "$$url" \
 		&& sqlx migrate run --source migrations --database-url "$$url" \
 		&& DATABASE_URL="$$url" SQLX_OFFLINE=false \
-			cargo sqlx prepare --workspace -- --all-targets --all-features
+			cargo sqlx prepare --workspace -- --workspace --all-targets --all-features

@@ -1,32 +1,28 @@
--- draw.lua: a draw sale's draw, once, when its window has closed.
---
--- The pool holds the purchases of the draw window (lua/purchase.lua). The draw shuffles it
--- (Fisher-Yates, from the caller's random seed) and walks the shuffled pool: an entrant whose
--- quantity fits in the stock left wins, one that does not is passed over, until the stock is
--- covered or the pool is walked. A winner gets what a first-come purchase gets, in the same
--- step: their field in `users`, a reservation in the ledger (`r|requestId|qty|ms`), the units
--- taken from the stock. And an outbox entry: its order message is still to be sent (by
--- whoever drains the outbox, see outbox_take.lua). The pool entry becomes `w`; a loser's
--- stays `q`, which the set `drawn` flag makes final. Nothing waits on a schedule: the first
--- purchase after the window (code 11 of purchase.lua), a pool entrant asking for their status
--- or reconcile runs it, and running it again changes nothing.
+-- draw.lua: a draw sale's draw, once, when its window has closed (docs/invariants.md, "Draw
+-- admission", step 2): shuffles the pool (Fisher-Yates from the caller's seed) and walks it;
+-- an entrant whose quantity fits the stock left wins what a first-come purchase gets (the
+-- field in `users`, an `r|requestId|qty|ms` reservation, the units) plus an outbox entry; a
+-- loser's entry stays `q`, which the `drawn` flag makes final. Running it again changes
+-- nothing.
 --
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox
 -- ARGV[1] random seed (an integer below 2^31; the caller draws it from the OS's generator)
 --
--- Returns {code, winners, units, entrants, msLeft}:
---   0 the window is still open (msLeft: until it closes)   1 drawn now
---   2 drawn before (winners and units: 0)   3 not a draw sale   4 not loaded
---   entrants: the pool's size; on 1 winners and the units they took.
+-- Returns {code, winners, units, entrants (the pool's size), msLeft}:
+local OPEN = 0 -- the window is still open; msLeft until it closes
+local NOW = 1 -- drawn now: winners, and the units they took
+local BEFORE = 2 -- drawn before
+local NOT_DRAW = 3 -- not a draw sale
+local NOT_LOADED = 4
 local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch')
-if not meta[3] then return {4, 0, 0, 0, 0} end
+if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
-if draw_end <= 0 then return {3, 0, 0, 0, 0} end
+if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local size = redis.call('HLEN', KEYS[4]) - redis.call('HEXISTS', KEYS[4], '')
-if now < draw_end then return {0, 0, 0, size, draw_end - now} end
-if meta[2] == '1' then return {2, 0, 0, size, 0} end
+if now < draw_end then return {OPEN, 0, 0, size, draw_end - now} end
+if meta[2] == '1' then return {BEFORE, 0, 0, size, 0} end
 redis.call('HSET', KEYS[1], 'drawn', '1')
 
 local flat = redis.call('HGETALL', KEYS[4])
@@ -66,4 +62,4 @@ end
 if units > 0 then
   redis.call('HSET', KEYS[1], 'stock', stock, 'seq', tonumber(meta[4] or '0') + 1)
 end
-return {1, winners, units, size, 0}
+return {NOW, winners, units, size, 0}

@@ -1,13 +1,14 @@
--- lock_renew.lua: extend the lease, only for its owner (the watchdog calls it every ttl/3).
---
--- The owner's hold count (see lock_acquire.lua) is left as it is: renewing is not a hold.
+-- lock_renew.lua: extend the lease, only for its owner (the watchdog calls it every ttl/3);
+-- the hold count is left as it is.
 --
 -- KEYS[1] lock
 -- ARGV[1] owner   ARGV[2] lease in ms
 --
--- Returns 1 = renewed, 0 = not the owner any more (lease expired and maybe taken): stop work.
+-- Returns:
+local LOST = 0 -- not the owner any more (the lease expired, maybe taken): stop work
+local RENEWED = 1
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return RENEWED
 end
-return 0
+return LOST

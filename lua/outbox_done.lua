@@ -1,4 +1,5 @@
--- outbox_done.lua: drop the winners a drainer's send put on the queue, and end its lease.
+-- outbox_done.lua: drop the winners a drainer's send put on the queue, and end its lease
+-- (docs/invariants.md, "Draw admission", step 5).
 --
 -- KEYS[1] outbox
 -- ARGV[1] drainer token   ARGV[2] 1 = end the lease (the drainer stops), 0 = keep it

@@ -1,13 +1,11 @@
--- snapshot.lua: read an activity's Redis state in one atomic step (reconcile, admin stats).
+-- snapshot.lua: an activity's Redis state in one atomic step (reconcile, admin stats).
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] outbox (a draw sale's, see draw.lua)
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] outbox (a draw sale's)
 --
--- Returns {loaded, stock, participants, ledger, seq, unsent} where loaded is 1 when meta exists,
--- stock is -1 when the meta has no stock, participants counts the users' fields and ledger
--- is the flat HGETALL list (user, entry, ...), both without the sentinel field "" preheat.lua
--- keeps in each, and seq is the sale's stock sequence (bumped by every script that moves
--- stock). `unsent` lists the request ids in the outbox: drawn reservations waiting for
--- their order message, never stale (see outbox_take.lua).
+-- Returns {loaded (1: the meta exists), stock (-1: none), participants (the users' fields),
+-- ledger (flat: user, entry, ...), seq (the stock sequence), unsent (the request ids in the
+-- outbox: drawn reservations waiting for their message, never stale)}; the sentinel "" never
+-- counted.
 local loaded = redis.call('EXISTS', KEYS[1])
 local stock = tonumber(redis.call('HGET', KEYS[1], 'stock') or '-1')
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')

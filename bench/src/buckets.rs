@@ -1,5 +1,5 @@
 //! Stock buckets on the 3-master Redis Cluster: one hot sale, the same crowd (distinct users,
-//! one unit each, demand well above the stock) bought through `buckets::purchase` as the
+//! one unit each, demand well above the stock) bought through `protocol::purchase::enter` as the
 //! entry calls it (knowing the sale's bucket count), with the stock in 1, 3 and 8 buckets.
 //!
 //! Each row reads `INFO commandstats` on every node of the cluster directly (a standalone
@@ -15,13 +15,18 @@
 use crate::util::{self, Outcome};
 use chrono::Utc;
 use redis::aio::MultiplexedConnection;
-use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::buckets::{self, Purchase};
-use seckill_shared::cache::Redis;
-use seckill_shared::config::RedisTopology;
-use seckill_shared::keys::{self, Bucket};
+use seckill_shared::domain::activity::{self, Activity};
+use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::config::RedisTopology;
+use seckill_shared::protocol::load;
+use seckill_shared::protocol::purchase::{self, Outcome as Decided};
+use seckill_shared::store::buckets;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::keys::{self, Bucket};
+use seckill_shared::store::purchase::far_deadline;
 use seckill_shared::testing::{self, RedisKind};
-use seckill_shared::{load, sale, Config, Refusal};
+use seckill_shared::{Config, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -293,7 +298,8 @@ async fn open_sale(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     let (_, loaded) = load::load_under_lock(redis, pool, config, row.id).await?;
@@ -308,23 +314,23 @@ async fn open_sale(
 /// One buyer, one unit. A refusal other than `sold_out` is an error: every buyer is new and
 /// the sale is open.
 async fn attempt(c: &Ctx, i: usize) -> Outcome {
-    let buy = Purchase {
-        activity_id: c.activity_id,
-        user_id: &c.users[i % c.users.len()],
-        quantity: 1,
+    let mut buy = Attempt {
         request_id: Uuid::now_v7(),
-        deadline_ms: sale::far_deadline(),
+        activity_id: c.activity_id,
+        user_id: c.users[i % c.users.len()].clone(),
+        quantity: 1,
+        buckets: c.count,
     };
-    let mut count = c.count;
-    match buckets::purchase(&c.redis, &buy, &mut count).await {
-        Ok(Ok(_)) => {
+    match purchase::enter(&c.redis, &mut buy, far_deadline()).await {
+        Ok(Decided::Reserved(_)) => {
             let at = c.started.elapsed().as_micros() as u64;
             c.last_sale_us.fetch_max(at, Ordering::Relaxed);
             c.last_sale_index.fetch_max(i, Ordering::Relaxed);
             Outcome::Sold
         }
-        Ok(Err(Refusal::SoldOut { .. })) => Outcome::Refused,
-        Ok(Err(other)) => Outcome::Error(format!("refused: {other}")),
+        Ok(Decided::Refused(Refusal::SoldOut { .. })) => Outcome::Refused,
+        Ok(Decided::Refused(other)) => Outcome::Error(format!("refused: {other}")),
+        Ok(other) => Outcome::Error(format!("a first-come sale answered {other:?}")),
         Err(e) => Outcome::Error(format!("{e:#}")),
     }
 }
@@ -354,11 +360,14 @@ impl Nodes {
         let mut names = Vec::new();
         let mut cons = Vec::new();
         for url in urls {
-            let mut con = redis::Client::open(url.as_str())?
+            let mut con = redis::Client::open(url.expose())?
                 .get_multiplexed_async_connection()
                 .await?;
             con.set_response_timeout(Duration::from_secs(60));
-            let name = url.trim_start_matches("redis://").trim_end_matches('/');
+            let name = url
+                .expose()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/');
             names.push(name.to_string());
             cons.push(con);
         }

@@ -1,7 +1,7 @@
 //! The order consumer's committed orders/s against one transaction per order on the same
 //! table.
 //!
-//! Reservations are made with `sale::purchase` on the real Redis, turned into order messages
+//! Reservations are made with `testing::purchase` on the real Redis, turned into order messages
 //! and grouped in SQS batches of 10 built in-process. `instances` consumers (each with its own
 //! pool of `conns` connections and its own Redis connection, as separate Lambda containers)
 //! take batches concurrently. The baseline runs the same two statements (order insert +
@@ -12,12 +12,12 @@ use crate::util;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::Consumer;
-use seckill_shared::activity::{self, NewActivity};
-use seckill_shared::cache::Redis;
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale::{self, Reservation};
-use seckill_shared::Deps;
-use seckill_shared::{order, testing, Config};
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::domain::{activity, order};
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::purchase::{far_deadline, Reservation};
+use seckill_shared::{testing, Config, Context};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -91,7 +91,7 @@ pub async fn run(
 async fn new_activity(
     pool: &PgPool,
     stock: usize,
-) -> anyhow::Result<seckill_shared::activity::Activity> {
+) -> anyhow::Result<seckill_shared::domain::activity::Activity> {
     Ok(activity::insert(
         pool,
         &NewActivity {
@@ -104,7 +104,8 @@ async fn new_activity(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?)
 }
@@ -114,7 +115,7 @@ async fn db_facts(pool: &PgPool, activity_id: i64) -> anyhow::Result<(i64, i64)>
     let left = activity::remaining_stock(pool, activity_id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
-    Ok((orders, left as i64))
+    Ok((orders, left))
 }
 
 async fn consumer_run(
@@ -136,11 +137,12 @@ async fn consumer_run(
         let p = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.db_max_connections)
             .min_connections(config.db_max_connections)
-            .connect(&config.database_url)
+            .connect(config.database_url.expose())
             .await?;
         let r = Redis::connect(config).await?;
-        consumers
-            .push(Consumer::new(Deps::new(config.clone(), p, r)).with_batch_writes(batch_writes));
+        consumers.push(
+            Consumer::new(Context::new(config.clone(), p, r)).with_batch_writes(batch_writes),
+        );
     }
     let start = Instant::now();
     let (committed, failed, batched) = consume_all(&consumers, batches).await?;
@@ -185,16 +187,19 @@ async fn reservations(
             async move {
                 let user = format!("buyer-{i:07}");
                 let request_id = Uuid::now_v7();
-                let deadline = sale::far_deadline();
-                match sale::purchase(&redis, activity_id, &user, 1, request_id, deadline).await? {
+                let deadline = far_deadline();
+                match testing::purchase(&redis, activity_id, &user, 1, request_id, deadline).await?
+                {
                     Ok(Reservation { now_ms, epoch, .. }) => Ok(OrderMessage {
-                        request_id,
-                        activity_id,
-                        user_id: user,
-                        quantity: 1,
+                        attempt: Attempt {
+                            request_id,
+                            activity_id,
+                            user_id: user,
+                            quantity: 1,
+                            buckets: 1,
+                        },
                         reserved_at_ms: now_ms,
                         load_epoch: Some(epoch),
-                        buckets: None,
                     }),
                     other => Err(anyhow::anyhow!("reservation refused: {other:?}")),
                 }
@@ -217,7 +222,7 @@ fn sqs_batches(messages: &[OrderMessage]) -> Vec<SqsEvent> {
                 .iter()
                 .map(|m| {
                     let mut msg = SqsMessage::default();
-                    msg.message_id = Some(m.request_id.to_string());
+                    msg.message_id = Some(m.attempt.request_id.to_string());
                     msg.body = Some(serde_json::to_string(m).expect("serializable"));
                     msg
                 })
@@ -282,17 +287,15 @@ async fn baseline_run(
         let p = pp.clone();
         async move {
             let r: Result<bool, sqlx::Error> = async {
-                let m = OrderMessage {
+                let attempt = Attempt {
                     request_id: Uuid::now_v7(),
                     activity_id,
                     user_id: format!("buyer-{i:07}"),
                     quantity: 1,
-                    reserved_at_ms: 0,
-                    load_epoch: None,
-                    buckets: None,
+                    buckets: 1,
                 };
                 let mut tx = p.begin().await?;
-                order::insert_confirmed(&mut tx, &m).await?;
+                order::insert_confirmed(&mut tx, &attempt).await?;
                 let left = activity::take_stock(&mut tx, activity_id, 1, None).await?;
                 if left.is_none() {
                     tx.rollback().await?;

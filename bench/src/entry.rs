@@ -10,11 +10,13 @@ use axum::http::Request;
 use axum::routing::get;
 use axum::Router;
 use seckill_entry::EntryState;
-use seckill_shared::auth::{mint, JwtVerifier};
-use seckill_shared::cache::Redis;
-use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::Deps;
-use seckill_shared::{sale, scripts, testing, Config, Refusal};
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::http::auth::{mint, JwtVerifier};
+use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::purchase::{self, Code};
+use seckill_shared::store::scripts;
+use seckill_shared::{testing, Config, Context, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -146,13 +148,13 @@ pub async fn run(
     let mut config = testing::config(database_url, testing::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(5);
-    let sqs = seckill_shared::queue::sqs_client().await;
+    let sqs = seckill_shared::infra::sqs::sqs_client().await;
     let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
     config.order_queue_url = queue_url.clone();
     let redis = Redis::connect(&config).await?;
     let queue = OrderQueue::new(sqs.clone(), queue_url.clone(), config.sqs_timeout);
     let state = EntryState::new(
-        Deps::new(config.clone(), pool.clone(), redis.clone()),
+        Context::new(config.clone(), pool.clone(), redis.clone()),
         queue,
     );
     let mut admin = client.get_multiplexed_async_connection().await?;
@@ -281,7 +283,7 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
     // Warm-up (discarded): the router's connection, the script cache, runtime threads.
     let warm = n.min(10_000);
     let code = Refusal::AlreadyPurchased.code();
-    let purchased = Refusal::AlreadyPurchased.script_code();
+    let purchased = Code::AlreadyPurchased as i64;
     router_loop(b, "warm-up: router", open_id, users, warm, c, code, None).await?;
     bare_loop(
         b,
@@ -337,7 +339,7 @@ async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
     let what = "entry in-process + request build, sold out";
     let router_with_build = router_loop(b, what, id, users, n, c, code, None).await?;
     let what = "bare EVALSHA (sold_out)";
-    let sold_out = Refusal::SoldOut { stock_left: 0 }.script_code();
+    let sold_out = Code::SoldOut as i64;
     let bare_script = bare_loop(b, what, id, users, n, c, sold_out).await?;
     Ok(SoldOut {
         router,
@@ -370,8 +372,8 @@ async fn buy_for(b: &Bench, activity_id: i64, n: usize) -> anyhow::Result<()> {
     let run = util::run_tasks(16, n, move |i| {
         let (redis, users) = (redis.clone(), users.clone());
         async move {
-            let far = sale::far_deadline();
-            match sale::purchase(&redis, activity_id, &users[i], 1, Uuid::now_v7(), far).await {
+            let far = purchase::far_deadline();
+            match testing::purchase(&redis, activity_id, &users[i], 1, Uuid::now_v7(), far).await {
                 Ok(Ok(_)) => Outcome::Sold,
                 other => Outcome::Error(format!("{other:?}")),
             }
@@ -535,7 +537,7 @@ async fn bare_loop(
                 .arg(&users[i % user_count])
                 .arg(1)
                 .arg(&request_ids[i])
-                .arg(sale::far_deadline())
+                .arg(purchase::far_deadline())
                 .query_async(&mut cm)
                 .await;
             match r {
@@ -667,9 +669,9 @@ async fn public_view_on(
     pool: &sqlx::PgPool,
 ) -> anyhow::Result<PublicView> {
     let secret = "bench-secret-local-only";
-    let row = seckill_shared::activity::insert(
+    let row = seckill_shared::domain::activity::insert(
         pool,
-        &seckill_shared::activity::NewActivity {
+        &seckill_shared::domain::settings::NewActivity {
             title: "bench public view".into(),
             total_stock: 1_000_000,
             per_order_limit: 1,
@@ -679,12 +681,13 @@ async fn public_view_on(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     let mut config = b.config.clone();
     config.key_prefix = util::fresh_prefix();
-    config.database_url = database_url.to_string();
+    config.database_url = database_url.into();
     let redis = Redis::connect(&config).await?;
     let buffer = Duration::from_secs(3600);
     testing::load_without_db(&redis, &row, buffer).await?;
@@ -865,13 +868,15 @@ async fn accepted(
     // The same number of sends, same concurrency, on a fresh queue of the same emulator.
     let bare_url = testing::fresh_queue(sqs, 30, 5).await?;
     let body = Arc::new(serde_json::to_string(&OrderMessage {
-        request_id: Uuid::now_v7(),
-        activity_id,
-        user_id: b.users[0].clone(),
-        quantity: 1,
+        attempt: Attempt {
+            request_id: Uuid::now_v7(),
+            activity_id,
+            user_id: b.users[0].clone(),
+            quantity: 1,
+            buckets: 1,
+        },
         reserved_at_ms: chrono::Utc::now().timestamp_millis(),
         load_epoch: Some(1),
-        buckets: None,
     })?);
     let (client, url) = (sqs.clone(), Arc::new(bare_url.clone()));
     let run = util::run_tasks(c, n, move |_| {

@@ -5,7 +5,7 @@
 
 use crate::util;
 use redis::aio::MultiplexedConnection;
-use seckill_shared::keys::Keys;
+use seckill_shared::store::keys::Keys;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]

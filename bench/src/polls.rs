@@ -12,10 +12,13 @@
 use crate::util::{self, Outcome};
 use chrono::Utc;
 use seckill_entry::EntryState;
-use seckill_shared::activity::{self, NewActivity};
-use seckill_shared::cache::Redis;
-use seckill_shared::queue::OrderQueue;
-use seckill_shared::{order, testing, Deps};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::testing;
+use seckill_shared::Context;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -83,7 +86,8 @@ async fn measure(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     let t = Instant::now();
@@ -96,12 +100,12 @@ async fn measure(
 
     let redis = Redis::connect(config).await?;
     let queue = OrderQueue::new(
-        seckill_shared::queue::sqs_client().await,
+        seckill_shared::infra::sqs::sqs_client().await,
         // Polls never send.
         "http://127.0.0.1:9/unused",
         config.sqs_timeout,
     );
-    let state = EntryState::new(Deps::new(config.clone(), pool.clone(), redis), queue);
+    let state = EntryState::new(Context::new(config.clone(), pool.clone(), redis), queue);
     let router = seckill_entry::router(state);
     let n = sizes.orders;
     let path = Arc::new(format!("/activities/{}/orders/me", sale.id));

@@ -9,7 +9,7 @@
 //!   (rows name it `seed001`).
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
-//! - `ours`: `lua/purchase.lua` through `sale::purchase`, as the strategies' `lua` row runs
+//! - `ours`: `lua/purchase.lua` through `testing::purchase`, as the strategies' `lua` row runs
 //!   it, on a sale loaded by the product's own preheat (`testing::load_without_db`).
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
 //! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
@@ -30,8 +30,11 @@ use crate::strategies::{open_activity, Workload};
 use crate::util::{self, CommandTime, Outcome};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Script;
-use seckill_shared::cache::{Redis, RedisConn};
-use seckill_shared::sale;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::conn::RedisConn;
+use seckill_shared::store::purchase;
+use seckill_shared::testing;
+
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -137,7 +140,7 @@ impl Peer {
             Peer::Seed000 => "seed 000: GET, SISMEMBER, DECR, SADD",
             Peer::Seed001 => "seed 001: HGET, HINCRBY (no user check)",
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
-            Peer::Ours => "ours: lua/purchase.lua via sale::purchase",
+            Peer::Ours => "ours: lua/purchase.lua via testing::purchase",
             Peer::Floor => "floor: return 0 (any EVALSHA)",
             Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded? bucket count?)",
             Peer::OursClock => "ours' refusal, steps 1-2: + TIME",
@@ -364,8 +367,15 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     // Each script's answer for "bought"; any other answer it documents is a refusal.
     let (code, bought): (i64, i64) = match c.peer {
         Peer::Ours => {
-            let d =
-                sale::purchase(&c.redis, 1, user, 1, Uuid::now_v7(), sale::far_deadline()).await?;
+            let d = testing::purchase(
+                &c.redis,
+                1,
+                user,
+                1,
+                Uuid::now_v7(),
+                purchase::far_deadline(),
+            )
+            .await?;
             return Ok(if d.is_ok() {
                 Outcome::Sold
             } else {
@@ -398,8 +408,8 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
             let k = c.redis.keys(1);
             cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
             cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
-            // The bucket count `sale::purchase` passes for a sale with one bucket.
-            cmd.arg(sale::far_deadline()).arg(1);
+            // The bucket count `testing::purchase` passes for a sale with one bucket.
+            cmd.arg(purchase::far_deadline()).arg(1);
             // Each cut answers one integer: 0 after the reads, 5 (sold out) after the checks.
             let code: i64 = cmd.query_async(&mut cm).await?;
             let expected = if c.peer == Peer::OursChecks { 5 } else { 0 };

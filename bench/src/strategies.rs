@@ -1,7 +1,7 @@
 //! Five ways to take one unit of stock, compared under the same workload (same users, stock,
 //! attempt count and concurrency) on the same Redis and PostgreSQL.
 //!
-//! - `lua`: our purchase script through `sale::purchase` (window, limit, stock, user set,
+//! - `lua`: our purchase script through `testing::purchase` (window, limit, stock, user set,
 //!   ledger: one round trip).
 //! - `hincrby`: HINCRBY -1 on the goods hash, a client-side check, and a compensating
 //!   HINCRBY +1 on a negative result (two round trips on failure).
@@ -20,12 +20,19 @@
 use crate::util::{self, counter, dies, Counter, Outcome, Run, Sampler};
 use chrono::Utc;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
-use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::cache::{Redis, RedisConn};
-use seckill_shared::keys::Keys;
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale;
-use seckill_shared::{order, scripts};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::conn::RedisConn;
+use seckill_shared::store::keys::Keys;
+use seckill_shared::store::ledger;
+use seckill_shared::store::purchase;
+use seckill_shared::testing;
+
+use seckill_shared::domain::order;
+use seckill_shared::store::scripts;
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -185,8 +192,8 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
     Activity {
         id,
         title: "bench".into(),
-        total_stock: stock as i32,
-        remaining_stock: stock as i32,
+        total_stock: stock,
+        remaining_stock: stock,
         per_order_limit: 1,
         start_at: now - chrono::Duration::minutes(1),
         end_at: now + chrono::Duration::hours(1),
@@ -322,7 +329,8 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                     admission: None,
                     draw_window_ms: None,
                     per_user_rate_per_sec: None,
-                },
+                }
+                .settings()?,
             )
             .await?;
             activity_id = a.id;
@@ -372,13 +380,13 @@ async fn attempt(c: Arc<Ctx>, s: Strategy, i: usize) -> Outcome {
 
 async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let d = sale::purchase(
+    let d = testing::purchase(
         &c.redis,
         c.activity_id,
         &c.users[i],
         1,
         Uuid::now_v7(),
-        sale::far_deadline(),
+        purchase::far_deadline(),
     )
     .await?;
     Ok(match d {
@@ -487,16 +495,14 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         tx.rollback().await?;
         return Ok(Outcome::Refused);
     }
-    let m = OrderMessage {
+    let attempt = Attempt {
         request_id: Uuid::now_v7(),
         activity_id: c.activity_id,
         user_id: c.users[i].clone(),
         quantity: 1,
-        reserved_at_ms: 0,
-        load_epoch: None,
-        buckets: None,
+        buckets: 1,
     };
-    order::insert_confirmed(&mut tx, &m).await?;
+    order::insert_confirmed(&mut tx, &attempt).await?;
     tx.commit().await?;
     Ok(Outcome::Sold)
 }
@@ -513,7 +519,7 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         .arg(&c.users[i])
         .arg(1)
         .arg(&c.request_ids[i])
-        .arg(sale::far_deadline())
+        .arg(purchase::far_deadline())
         .query_async(&mut cm)
         .await?;
     Ok(if code == 0 {
@@ -555,7 +561,7 @@ fn db_sampler(
         while !stop.load(Ordering::Relaxed) {
             if let Ok(Some(v)) = activity::remaining_stock(&pool, activity_id).await {
                 s.count += 1;
-                s.min = Some(s.min.map_or(v as i64, |m| m.min(v as i64)));
+                s.min = Some(s.min.map_or(v, |m| m.min(v)));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -669,7 +675,7 @@ async fn kill(env: &mut Env, s: Strategy, wl: Workload) -> anyhow::Result<KillRu
     run.warn_errors(&format!("{} kill run", s.name()));
     let final_stock = final_stock(env, &c, s).await?;
     let pending_in_ledger = if s == Strategy::Lua {
-        let snap = sale::snapshot(&c.redis, c.activity_id).await?;
+        let snap = ledger::snapshot(&c.redis, c.activity_id).await?;
         snap.pending_quantity()
     } else {
         0

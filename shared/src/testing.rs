@@ -4,10 +4,16 @@
 //! it needs one, its own SQS queue with a dead-letter queue, so tests run in parallel and never
 //! need FLUSHALL.
 
-use crate::activity::{self, Activity, NewActivity};
-use crate::cache::Redis;
-use crate::config::{Config, RedisTopology};
-use crate::queue::{self, OrderQueue};
+use crate::domain::activity::{self, Activity};
+use crate::domain::purchase::Attempt;
+use crate::domain::refusal::Refusal;
+use crate::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
+use crate::infra::config::{Config, RedisTopology};
+use crate::infra::sqs::{self, OrderQueue};
+use crate::protocol::purchase;
+use crate::store::conn::{Redis, StoreError};
+use crate::store::purchase::Reservation;
+use crate::store::scripts::unknown_answer;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
 use std::time::Duration;
@@ -55,25 +61,25 @@ pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
         .await?;
     admin.close().await?;
     let url = with_database(&base, &name);
-    let pool = crate::db::pool_options()
+    let pool = crate::infra::db::pool_options()
         .max_connections(16)
         .connect(&url)
         .await?;
-    crate::db::migrate(&pool).await?;
+    crate::infra::db::migrate(&pool).await?;
     Ok((url, pool))
 }
 
 /// A config for one test: its database, a fresh key prefix, the chosen Redis.
 pub fn config(database_url: &str, kind: RedisKind) -> Config {
     let mut config = Config::from_env().expect("test environment parses");
-    config.database_url = database_url.to_string();
+    config.database_url = database_url.into();
     config.key_prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     config.redis = match kind {
-        RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL")),
+        RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL").into()),
         RedisKind::Cluster => RedisTopology::Cluster(
             local_env("REDIS_CLUSTER_URLS")
                 .split(',')
-                .map(str::to_string)
+                .map(crate::infra::secret::SecretUrl::from)
                 .collect(),
         ),
     };
@@ -144,7 +150,7 @@ impl TestEnv {
         let (url, pool) = fresh_database().await?;
         let mut config = config(&url, kind);
         let redis = Redis::connect(&config).await?;
-        let sqs = queue::sqs_client().await;
+        let sqs = sqs::sqs_client().await;
         let queue_url = fresh_queue(&sqs, 30, 5).await?;
         config.order_queue_url = queue_url.clone();
         let queue = OrderQueue::new(sqs.clone(), queue_url, config.sqs_timeout);
@@ -157,9 +163,9 @@ impl TestEnv {
         })
     }
 
-    /// What a function's state is built on, from this env's config, database and Redis.
-    pub fn deps(&self) -> crate::Deps {
-        crate::Deps::new(self.config.clone(), self.pool.clone(), self.redis.clone())
+    /// What a function's state is built from: this env's config, database and Redis.
+    pub fn context(&self) -> crate::Context {
+        crate::Context::new(self.config.clone(), self.pool.clone(), self.redis.clone())
     }
 
     /// Creates an activity in the database and preheats it into Redis.
@@ -200,9 +206,10 @@ impl TestEnv {
     /// Creates the activity `new` in the database and loads it into Redis, as an admin's
     /// create of a sale inside the preheat lead does.
     pub async fn load_new(&self, new: &NewActivity) -> anyhow::Result<Activity> {
-        let a = activity::insert(&self.pool, new).await?;
+        let a = activity::insert(&self.pool, &new.settings()?).await?;
         let (_, loaded) =
-            crate::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+            crate::protocol::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id)
+                .await?;
         Ok(loaded)
     }
 
@@ -218,7 +225,7 @@ impl TestEnv {
             end_at: now + ChronoDuration::hours(1),
             buckets: None,
             admission: Some("draw".into()),
-            draw_window_ms: Some(activity::MAX_DRAW_WINDOW_MS),
+            draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
             per_user_rate_per_sec: None,
         })
         .await
@@ -283,7 +290,7 @@ pub fn request(
     user: Option<(&str, &str)>,
     body: Option<&str>,
 ) -> axum::http::Request<axum::body::Body> {
-    let claims = user.map(|(sub, scope)| crate::auth::Claims {
+    let claims = user.map(|(sub, scope)| crate::http::auth::Claims {
         sub: sub.to_string(),
         scope: scope.to_string(),
         exp: u64::MAX / 2,
@@ -296,7 +303,11 @@ pub fn request(
         .body(axum::body::Body::from(body.unwrap_or("").to_string()))
         .expect("a valid request");
     req.extensions_mut()
-        .insert(crate::auth::request_context(claims.as_ref(), method, path));
+        .insert(crate::http::auth::request_context(
+            claims.as_ref(),
+            method,
+            path,
+        ));
     req
 }
 
@@ -461,7 +472,7 @@ impl PrivateRedis {
         let mut env = TestEnv::new(RedisKind::Standalone)
             .await
             .expect("test env against the real services");
-        env.config.redis = RedisTopology::Standalone(self.url());
+        env.config.redis = RedisTopology::Standalone(self.url().into());
         env.config.redis_timeout = redis_timeout;
         env.config.sold_out_cache_ttl = sold_out_ttl;
         env.redis = Redis::connect(&env.config)
@@ -483,10 +494,10 @@ pub async fn load_without_db(
     redis: &Redis,
     activity: &Activity,
     buffer: Duration,
-) -> anyhow::Result<crate::sale::PreheatOutcome> {
+) -> anyhow::Result<crate::store::meta::PreheatOutcome> {
     let owner = uuid::Uuid::new_v4().to_string();
     let keys = redis.keys(activity.id);
-    let mut inv = crate::scripts::LOCK_ACQUIRE.prepare_invoke();
+    let mut inv = crate::store::scripts::LOCK_ACQUIRE.prepare_invoke();
     inv.key(&keys.lock)
         .key(&keys.fence)
         .arg(&owner)
@@ -494,8 +505,8 @@ pub async fn load_without_db(
         .arg(0);
     let token: i64 = redis.script(&inv).await?;
     anyhow::ensure!(token > 0, "activity {} is locked", activity.id);
-    let outcome = crate::sale::preheat(redis, activity, buffer, &owner).await;
-    crate::lock::release_owned(redis, activity.id, &owner).await?;
+    let outcome = crate::store::meta::preheat(redis, activity, buffer, &owner).await;
+    crate::protocol::lock::release_owned(redis, activity.id, &owner).await?;
     Ok(outcome?)
 }
 
@@ -539,4 +550,36 @@ pub async fn lose_sale(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
         .cmd(redis::cmd("DEL").arg(&k.meta).arg(&k.users).arg(&k.ledger))
         .await?;
     Ok(())
+}
+
+/// Buys `quantity` units of sale `activity_id` for `user` as the entry function does, with the
+/// sale's bucket count learnt from Redis: the reservation, or the refusal. A draw sale's
+/// answers (queued, draw due) are an error here: tests of a draw read [`purchase::enter`].
+pub async fn purchase(
+    redis: &Redis,
+    activity_id: i64,
+    user: &str,
+    quantity: i64,
+    request_id: uuid::Uuid,
+    deadline_ms: i64,
+) -> Result<Result<Reservation, Refusal>, StoreError> {
+    let mut attempt = Attempt {
+        request_id,
+        activity_id,
+        user_id: user.to_string(),
+        quantity,
+        buckets: 1,
+    };
+    match purchase::enter(redis, &mut attempt, deadline_ms).await? {
+        purchase::Outcome::Reserved(r) => Ok(Ok(r)),
+        purchase::Outcome::Refused(refusal) => Ok(Err(refusal)),
+        purchase::Outcome::Queued { .. } => Err(unknown_answer(
+            "purchase.lua",
+            crate::store::purchase::Code::Queued as i64,
+        )),
+        purchase::Outcome::DrawDue => Err(unknown_answer(
+            "purchase.lua",
+            crate::store::purchase::Code::DrawDue as i64,
+        )),
+    }
 }

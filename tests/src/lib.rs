@@ -1,7 +1,32 @@
 //! End-to-end and invariant tests of seckill, against the real local services.
 //!
-//! The tests live in `tests/tests/`, one binary per concern: `entry` (purchase path and its
-//! failures), `lifecycle` (pay and cancel), `consumer` (the SQS consumer), `admin` (the fenced
-//! lock), `jobs` (preheat and reconcile), `http` (the local dev server over TCP), `tls` (Redis
-//! over TLS), `lambda_invoke` (every function under the real Lambda runtime API). Shared
-//! helpers are in `seckill_shared::testing`.
+//! One binary per concern in `tests/tests/` (the shared helpers are `tests/tests/common` and
+//! `seckill_shared::testing`; each file's header says what it proves):
+//!
+//! - `entry`, `public_view`, `http`: the purchase path and the public view through the
+//!   entry's router (in process, and over TCP on the dev server);
+//! - `consumer`, `lifecycle`, `jobs`, `admin`, `lock`: the consumer, pay and cancel, preheat
+//!   and reconcile, the admin function and its fenced lock;
+//! - `buckets`, `draw`: bucketed sales on the cluster, draw admission;
+//! - `interleavings`, `chaos`: pause points between protocol steps, and the seeded chaos run;
+//! - `db`, `roles`, `tls`: the pool, the least-privilege roles, TLS to the managed services;
+//! - `binaries`, `lambda_invoke`, `openapi`: the built binaries, every function under the
+//!   Lambda runtime API, and the OpenAPI document.
+
+#[cfg(test)]
+mod tests {
+    /// The list above names every test binary: a new file in `tests/tests/` is not done until
+    /// it is listed here.
+    #[test]
+    fn the_crate_doc_names_every_test_binary() {
+        let doc = include_str!("lib.rs");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let Some(binary) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            assert!(doc.contains(&format!("`{binary}`")), "{binary} is not named");
+        }
+    }
+}

@@ -8,12 +8,21 @@ use admin::{router, update_activity, update_with_guard, AdminState};
 use axum::http::StatusCode;
 use axum::Router;
 use chrono::{Duration as ChronoDuration, Utc};
-use seckill_shared::activity::{self, Activity, ActivityPatch};
-use seckill_shared::lock::{self, LockError};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::on_both_redis;
-use seckill_shared::sale::{self, Reservation};
-use seckill_shared::testing::{self, call, request, RedisKind, TestEnv};
-use seckill_shared::Deps;
+use seckill_shared::protocol::lock;
+use seckill_shared::protocol::lock::LockError;
+use seckill_shared::store::ledger;
+use seckill_shared::store::purchase;
+use seckill_shared::store::purchase::Reservation;
+use seckill_shared::testing;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::Context;
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +40,7 @@ async fn setup(kind: RedisKind, lock_ttl_ms: u64, lock_wait_ms: u64) -> (TestEnv
     let mut config = env.config.clone();
     config.lock_ttl = Duration::from_millis(lock_ttl_ms);
     config.lock_wait = Duration::from_millis(lock_wait_ms);
-    let state = AdminState::new(Deps::new(config, env.pool.clone(), env.redis.clone()));
+    let state = AdminState::new(Context::new(config, env.pool.clone(), env.redis.clone()));
     (env, state)
 }
 
@@ -220,7 +229,7 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) -> anyho
         .unwrap();
     let row = db_activity(&env, a.id).await;
     assert_eq!(row.title, last["title"].as_str().unwrap());
-    assert_eq!(row.total_stock as i64, last["totalStock"].as_i64().unwrap());
+    assert_eq!(row.total_stock, last["totalStock"].as_i64().unwrap());
     assert_eq!(row.remaining_stock, row.total_stock);
     assert_eq!(row.config_version, 1 + ok.len() as i64);
     assert_eq!(
@@ -239,7 +248,7 @@ async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) -> anyho
         .collect();
     by_token.sort_unstable();
     assert!(by_token.windows(2).all(|w| w[0].1 < w[1].1), "{by_token:?}");
-    assert_eq!(redis_stock(&env, a.id).await, Some(row.total_stock as i64));
+    assert_eq!(redis_stock(&env, a.id).await, Some(row.total_stock));
     assert_eq!(lock_value(&env, a.id).await, None, "every holder released");
     Ok(())
 }
@@ -310,13 +319,13 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(
             let redis = env.redis.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(ms((i % 30) * 5)).await;
-                sale::purchase(
+                testing::purchase(
                     &redis,
                     a.id,
                     &format!("u{i}"),
                     1,
                     Uuid::new_v4(),
-                    sale::far_deadline(),
+                    purchase::far_deadline(),
                 )
                 .await
                 .unwrap()
@@ -348,16 +357,16 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(
     // Assert: conservation (nothing consumed, so confirmed = 0), no oversell.
     assert!(!applied.is_empty());
     let row = db_activity(&env, a.id).await;
-    let snap = sale::snapshot(&env.redis, a.id).await.unwrap();
+    let snap = ledger::snapshot(&env.redis, a.id).await.unwrap();
     let stock = snap.stock.unwrap();
     assert!(stock >= 0);
     assert_eq!(snap.pending_count(), accepted);
     assert_eq!(
         stock + snap.pending_quantity(),
-        row.total_stock as i64,
+        row.total_stock,
         "redis_stock + pending = total"
     );
-    assert!(snap.pending_quantity() <= row.total_stock as i64);
+    assert!(snap.pending_quantity() <= row.total_stock);
     assert_eq!(row.remaining_stock, row.total_stock);
     assert_eq!(row.config_version, 1 + applied.len() as i64);
 

@@ -11,16 +11,29 @@ use chrono::Utc;
 use common::{after_grace, consumer, reconcile};
 use futures::StreamExt;
 use order_consumer::Outcome;
-use seckill_shared::activity::{self, Activity, ActivityPatch};
-use seckill_shared::buckets::{self, Purchase};
-use seckill_shared::keys::{self, Bucket};
-use seckill_shared::lifecycle::{self, CancelOutcome};
-use seckill_shared::order;
-use seckill_shared::pause;
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale::{self, EntryKind, Reservation};
-use seckill_shared::testing::{RedisKind, TestEnv};
-use seckill_shared::{ApiError, Deps, Refusal};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::infra::pause;
+use seckill_shared::protocol;
+use seckill_shared::protocol::cancel;
+use seckill_shared::protocol::cancel::CancelOutcome;
+use seckill_shared::protocol::purchase::Outcome as Decided;
+use seckill_shared::store;
+use seckill_shared::store::buckets;
+use seckill_shared::store::keys;
+use seckill_shared::store::keys::Bucket;
+use seckill_shared::store::keys::Home;
+use seckill_shared::store::ledger::EntryKind;
+use seckill_shared::store::meta;
+use seckill_shared::store::view;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::ApiError;
+use seckill_shared::Context;
+use seckill_shared::Refusal;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,25 +50,28 @@ async fn attempt(
     quantity: i64,
     known: u32,
 ) -> anyhow::Result<Result<OrderMessage, Refusal>> {
-    let request_id = Uuid::now_v7();
-    let buy = Purchase {
-        activity_id: a.id,
-        user_id: user,
-        quantity,
-        request_id,
-        deadline_ms: sale::far_deadline(),
-    };
-    let mut count = known;
-    let decided = buckets::purchase(&env.redis, &buy, &mut count).await?;
-    Ok(decided.map(|r: Reservation| OrderMessage {
-        request_id,
+    let mut buy = Attempt {
+        request_id: Uuid::now_v7(),
         activity_id: a.id,
         user_id: user.to_string(),
-        quantity: quantity as i32,
-        reserved_at_ms: r.now_ms,
-        load_epoch: Some(r.epoch),
-        buckets: (r.buckets > 1).then_some(r.buckets),
-    }))
+        quantity,
+        buckets: known,
+    };
+    let deadline = store::purchase::far_deadline();
+    Ok(
+        match protocol::purchase::enter(&env.redis, &mut buy, deadline).await? {
+            Decided::Reserved(r) => Ok(OrderMessage {
+                attempt: Attempt {
+                    buckets: r.buckets,
+                    ..buy
+                },
+                reserved_at_ms: r.now_ms,
+                load_epoch: Some(r.epoch),
+            }),
+            Decided::Refused(refusal) => Err(refusal),
+            other => anyhow::bail!("a first-come sale answered {other:?}"),
+        },
+    )
 }
 
 /// Every user of `users` tries `tries` times, 64 attempts at a time; half the attempts come
@@ -132,13 +148,10 @@ async fn assert_conserved(env: &TestEnv, a: &Activity) {
     let row = activity::get(&env.pool, a.id).await.unwrap().unwrap();
     assert_eq!(
         stock + pending + moving + sold,
-        i64::from(row.total_stock),
+        row.total_stock,
         "stock {stock} + pending {pending} + transfers {moving} + sold {sold}"
     );
-    assert_eq!(
-        i64::from(row.remaining_stock),
-        i64::from(row.total_stock) - sold
-    );
+    assert_eq!(row.remaining_stock, row.total_stock - sold);
     for (b, s) in &snaps {
         assert!(s.stock.unwrap() >= 0, "bucket {} below 0", b.index);
     }
@@ -169,7 +182,7 @@ fn users_at_home(activity_id: i64, count: u32, index: u32, n: usize, tag: &str) 
 fn distinct_users(messages: &[OrderMessage]) -> usize {
     messages
         .iter()
-        .map(|m| m.user_id.as_str())
+        .map(|m| m.attempt.user_id.as_str())
         .collect::<HashSet<_>>()
         .len()
 }
@@ -219,7 +232,7 @@ async fn skewed_buyers_empty_their_home_bucket_early_and_still_buy_every_unit() 
     assert_eq!(distinct_users(&accepted), 90);
     let hot = accepted
         .iter()
-        .filter(|m| m.user_id.starts_with("hot"))
+        .filter(|m| m.attempt.user_id.starts_with("hot"))
         .count();
     assert!(
         hot > 30,
@@ -383,13 +396,15 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     let user = empty_home(&env, &a, 2).await?;
     let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
     commit_all(&env, std::slice::from_ref(&m)).await;
-    let row = order::by_request(&env.pool, m.request_id).await?.unwrap();
+    let row = order::by_request(&env.pool, m.attempt.request_id)
+        .await?
+        .unwrap();
     assert_eq!(row.home().index, 2);
     assert_conserved(&env, &a).await;
     let before = stocks(&env, &a).await;
 
     // The cancel gives the unit and the quota back in the buyer's home bucket.
-    let cancelled = lifecycle::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    let cancelled = cancel::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
     assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
     let after = stocks(&env, &a).await;
     assert_eq!(after[2], before[2] + 1);
@@ -428,7 +443,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
 }
 
 fn admin_state(env: &TestEnv) -> AdminState {
-    AdminState::new(Deps::new(
+    AdminState::new(Context::new(
         env.config.clone(),
         env.pool.clone(),
         env.redis.clone(),
@@ -533,7 +548,7 @@ async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
     // The three-bucket layout is gone: none of its buckets but bucket 0 (shared) is loaded.
     for b in Bucket::all(a.id, 3).skip(1) {
         assert_eq!(
-            sale::stock(&env.redis, b).await?,
+            view::stock(&env.redis, b).await?,
             None,
             "bucket {}",
             b.index
@@ -575,11 +590,11 @@ async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
     let a = env.open_sale_in_buckets(10, 2, 3).await?;
-    let view = sale::view(&env.redis, a.id).await?.expect("loaded");
+    let view = view::view(&env.redis, a.id).await?.expect("loaded");
     assert_eq!(view.stock, 10);
     let m = attempt(&env, &a, "viewer", 2, 1).await?.expect("bought");
     commit_all(&env, &[m]).await;
-    assert_eq!(sale::view(&env.redis, a.id).await?.unwrap().stock, 8);
+    assert_eq!(view::view(&env.redis, a.id).await?.unwrap().stock, 8);
 
     // A shard restarted empty: one bucket is gone. The sale is not loaded as a whole any
     // more, and reconcile loads it from scratch from the database, with a new epoch.
@@ -588,7 +603,7 @@ async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole
     env.redis
         .cmd::<i64>(redis::cmd("DEL").arg(&k.meta).arg(&k.users).arg(&k.ledger))
         .await?;
-    assert_eq!(sale::view(&env.redis, a.id).await?, None);
+    assert_eq!(view::view(&env.redis, a.id).await?, None);
     let report = reconcile(&env).run(Utc::now()).await?;
     assert!(report.activity(a.id).unwrap().preheated);
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 8);
@@ -624,8 +639,10 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
     paused.reached().await;
     // ...while the buyer cancels, all three steps, in bucket 2: the database gains the unit
     // before reconcile reads it, and Redis gains it in a bucket reconcile already read.
-    let row = order::by_request(&env.pool, m.request_id).await?.unwrap();
-    let cancelled = lifecycle::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    let row = order::by_request(&env.pool, m.attempt.request_id)
+        .await?
+        .unwrap();
+    let cancelled = cancel::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
     assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
     paused.resume();
     let report = job.await??;
@@ -655,12 +672,14 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
     let env = TestEnv::new(CLUSTER).await?;
     let a = env.open_sale_in_buckets(9, 1, 3).await?;
     let ttl = Duration::from_millis(300);
-    let mut stale = seckill_shared::lock::acquire(&env.redis, &env.pool, a.id, ttl, ttl).await?;
+    let mut stale =
+        seckill_shared::protocol::lock::acquire(&env.redis, &env.pool, a.id, ttl, ttl).await?;
     stale.stop_watchdog();
     tokio::time::sleep(ttl * 2).await;
-    let next = seckill_shared::lock::acquire(&env.redis, &env.pool, a.id, ttl * 10, ttl).await?;
+    let next =
+        seckill_shared::protocol::lock::acquire(&env.redis, &env.pool, a.id, ttl * 10, ttl).await?;
     let bucket = Bucket::all(a.id, 3).nth(2).unwrap();
-    let meta = sale::SaleMeta {
+    let meta = meta::SaleMeta {
         title: a.title.clone(),
         total: 9,
         per_order_limit: 1,
@@ -671,12 +690,12 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
         draw_end_ms: 0,
         rate: 0,
     };
-    let refused = sale::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
-    assert_eq!(refused, sale::Adjust::NotOwner);
-    assert!(!sale::unload(&env.redis, bucket, &stale.owner).await?);
+    let refused = meta::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
+    assert_eq!(refused, meta::Adjust::NotOwner);
+    assert!(!buckets::unload(&env.redis, bucket, &stale.owner).await?);
     assert_eq!(stocks(&env, &a).await, vec![3, 3, 3]);
-    let applied = sale::adjust(&env.redis, bucket, &next.owner, -1, &meta, "next").await?;
-    assert_eq!(applied, sale::Adjust::Applied);
+    let applied = meta::adjust(&env.redis, bucket, &next.owner, -1, &meta, "next").await?;
+    assert_eq!(applied, meta::Adjust::Applied);
     next.release().await?;
     // Released: the stamps are gone with the lock.
     let stamp = env.redis.bucket_keys(bucket).lock;
@@ -693,18 +712,18 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
     let mut all = Bucket::all(a.id, 3);
     let (home, donor) = (all.next().unwrap(), all.next().unwrap());
     let id = Uuid::new_v4();
-    let first = sale::borrow(&env.redis, donor, home, id, 1)
+    let first = store::purchase::borrow(&env.redis, donor, home, id, 1)
         .await?
         .expect("taken");
-    let again = sale::borrow(&env.redis, donor, home, id, 1)
+    let again = store::purchase::borrow(&env.redis, donor, home, id, 1)
         .await?
         .expect("answered");
     assert_eq!((first.units, again.units), (2, 2), "half of 4, once");
     assert_eq!(stocks(&env, &a).await, vec![4, 2, 4]);
     assert_conserved(&env, &a).await;
     // Finished twice (the buyer's background retry and reconcile, say): credited once.
-    buckets::finish_by_id(&env.redis, donor, home, id).await?;
-    buckets::finish_by_id(&env.redis, donor, home, id).await?;
+    protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
+    protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
     assert_eq!(stocks(&env, &a).await, vec![6, 2, 4]);
     assert_conserved(&env, &a).await;
     Ok(())
@@ -714,7 +733,8 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
 async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_order(
 ) -> anyhow::Result<()> {
     use axum::http::StatusCode;
-    use seckill_shared::testing::{call, request};
+    use seckill_shared::testing::call;
+    use seckill_shared::testing::request;
     let env = TestEnv::new(CLUSTER).await?;
     let a = env.open_sale_in_buckets(4, 1, 3).await?;
     let app = common::entry_router(&env);
@@ -745,7 +765,7 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
         .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
         .collect();
     assert_eq!(sent.len(), 4);
-    assert!(sent.iter().all(|m| m.buckets == Some(3)), "{sent:?}");
+    assert!(sent.iter().all(|m| m.attempt.buckets == 3), "{sent:?}");
     commit_all(&env, &sent).await;
     for user in &accepted {
         let me = format!("/activities/{}/orders/me", a.id);
@@ -772,7 +792,7 @@ async fn a_stamp_of_an_older_token_never_replaces_a_newer_one() -> anyhow::Resul
     let stamp_with = |owner: &'static str, token: i64| {
         let (redis, stamp) = (env.redis.clone(), stamp.clone());
         async move {
-            let mut inv = seckill_shared::scripts::LOCK_STAMP.prepare_invoke();
+            let mut inv = seckill_shared::store::scripts::LOCK_STAMP.prepare_invoke();
             inv.key(&stamp).arg(owner).arg(60_000).arg(token);
             redis.script::<i64>(&inv).await
         }

@@ -38,7 +38,7 @@
 //! test): pause points are scoped by activity id, and every fresh database starts at id 1.
 
 use admin::AdminState;
-use anyhow::Context;
+use anyhow::Context as _;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_sqs::types::{Message, QueueAttributeName};
 use chrono::{Duration as ChronoDuration, Utc};
@@ -49,19 +49,35 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use reconcile::{Reconcile, ReconcileReport};
 use seckill_entry::EntryState;
-use seckill_shared::activity::{self, ActivityPatch};
-use seckill_shared::buckets;
-use seckill_shared::cache::Redis;
-use seckill_shared::config::Config;
-use seckill_shared::draw::{self, Drawn};
-use seckill_shared::keys::{Bucket, SENTINEL};
-use seckill_shared::lifecycle::{self, CancelOutcome};
-use seckill_shared::order::{self, Order};
-use seckill_shared::pause;
-use seckill_shared::queue::OrderQueue;
-use seckill_shared::sale::{self, EntryKind};
-use seckill_shared::testing::{self, call, request, PrivateRedis, RedisKind, TestEnv};
-use seckill_shared::Deps;
+use seckill_shared::domain::activity;
+use seckill_shared::domain::settings;
+use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::protocol;
+use seckill_shared::protocol::cancel;
+use seckill_shared::protocol::pay;
+use seckill_shared::store;
+use seckill_shared::store::buckets;
+use seckill_shared::store::ledger;
+use seckill_shared::store::view;
+
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::Order;
+use seckill_shared::infra::config::Config;
+use seckill_shared::infra::pause;
+use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::protocol::cancel::CancelOutcome;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::draw::Drawn;
+use seckill_shared::store::keys::Bucket;
+use seckill_shared::store::keys::SENTINEL;
+use seckill_shared::store::ledger::EntryKind;
+use seckill_shared::testing;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::PrivateRedis;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::Context;
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -578,7 +594,7 @@ impl Chaos {
         let per_second = rng.random_range(40..=100u64) as f64;
         let clicks = (per_second * phase.as_secs_f64()) as u64;
         let attempts_budget = clicks.div_ceil(BUYERS) * BUYERS;
-        let router = seckill_entry::router(EntryState::new(env.deps(), env.queue.clone()));
+        let router = seckill_entry::router(EntryState::new(env.context(), env.queue.clone()));
         Ok(Self {
             seed,
             variant,
@@ -635,7 +651,7 @@ impl Chaos {
     }
 
     /// Every bucket's snapshot of a sale, bucket 0 first.
-    async fn snapshots(&self, id: i64) -> anyhow::Result<Vec<(Bucket, sale::Snapshot)>> {
+    async fn snapshots(&self, id: i64) -> anyhow::Result<Vec<(Bucket, ledger::Snapshot)>> {
         let count = self.buckets.get(&id).copied().unwrap_or(1);
         Ok(buckets::snapshots(&self.patient, id, count).await?)
     }
@@ -713,7 +729,7 @@ impl Chaos {
     }
 
     fn consumer(&self) -> Consumer {
-        Consumer::new(Deps::new(
+        Consumer::new(Context::new(
             self.config.clone(),
             self.env.pool.clone(),
             self.patient.clone(),
@@ -809,7 +825,7 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
 async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
     let now = Utc::now();
     let a = env
-        .load_new(&activity::NewActivity {
+        .load_new(&settings::NewActivity {
             title: "chaos draw".into(),
             total_stock: stock,
             per_order_limit: PER_ORDER_LIMIT,
@@ -1103,12 +1119,12 @@ impl Chaos {
         let (pool, redis) = (&self.env.pool, &self.patient);
         let outcomes = if double_click {
             let (a, b) = tokio::join!(
-                lifecycle::cancel_order(pool, redis, order, Utc::now()),
-                lifecycle::cancel_order(pool, redis, order, Utc::now())
+                cancel::cancel_order(pool, redis, order, Utc::now()),
+                cancel::cancel_order(pool, redis, order, Utc::now())
             );
             vec![a, b]
         } else {
-            vec![lifecycle::cancel_order(pool, redis, order, Utc::now()).await]
+            vec![cancel::cancel_order(pool, redis, order, Utc::now()).await]
         };
         let cancelled = outcomes
             .iter()
@@ -1140,7 +1156,7 @@ impl Chaos {
     }
 
     async fn pay(&self, order: &Order) {
-        let paid = lifecycle::pay_order(&self.env.pool, order.id, &order.user_id, Utc::now()).await;
+        let paid = pay::pay_order(&self.env.pool, order.id, &order.user_id, Utc::now()).await;
         self.count(|r| {
             r.pays += 1;
             r.pays_refused += u64::from(paid.is_err());
@@ -1151,7 +1167,7 @@ impl Chaos {
     async fn release_unpaid(&self, rng: &mut StdRng) {
         let mut config = self.config.clone();
         config.payment_timeout = Duration::from_millis(rng.random_range(1000..=4000));
-        let job = Reconcile::new(Deps::new(
+        let job = Reconcile::new(Context::new(
             config,
             self.env.pool.clone(),
             self.patient.clone(),
@@ -1169,7 +1185,7 @@ impl Chaos {
 
 /// An admin raising, lowering (maybe below what is sold: refused) and extending the sale.
 async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let state = AdminState::new(Deps::new(
+    let state = AdminState::new(Context::new(
         c.config.clone(),
         c.env.pool.clone(),
         c.patient.clone(),
@@ -1180,7 +1196,7 @@ async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
         let current = activity::get(&c.env.pool, id)
             .await?
             .with_context(|| format!("sale {id} is gone from the database"))?;
-        let total = i64::from(current.total_stock);
+        let total = current.total_stock;
         let (what, patch) = match rng.random_range(0..100) {
             0..40 => (
                 "raise",
@@ -1216,7 +1232,7 @@ async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn preheats(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Preheat::new(Deps::new(
+    let job = Preheat::new(Context::new(
         c.config.clone(),
         c.env.pool.clone(),
         c.patient.clone(),
@@ -1258,7 +1274,7 @@ async fn redis_pauses(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn reconciles(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Reconcile::new(Deps::new(
+    let job = Reconcile::new(Context::new(
         c.config.clone(),
         c.env.pool.clone(),
         c.patient.clone(),
@@ -1346,7 +1362,7 @@ impl Chaos {
     async fn sample(&self, id: i64) -> anyhow::Result<()> {
         // The raw value: the snapshot reports a negative stock as missing.
         for bucket in self.buckets_of(id) {
-            match sale::stock(&self.patient, bucket).await {
+            match view::stock(&self.patient, bucket).await {
                 Ok(Some(stock)) if stock < 0 => self.violate(
                     "redis_stock_never_negative",
                     Some(id),
@@ -1357,7 +1373,7 @@ impl Chaos {
             }
         }
         // One statement, one snapshot: the total and the orders are read at the same moment.
-        let (total, remaining, sold): (i32, i32, i64) = sqlx::query_as(
+        let (total, remaining, sold): (i64, i64, i64) = sqlx::query_as(
             "select a.total_stock, a.remaining_stock,
                     (select coalesce(sum(o.quantity), 0)::bigint from orders o
                      where o.activity_id = a.id and o.status in ('confirmed', 'paid'))
@@ -1366,7 +1382,7 @@ impl Chaos {
         .bind(id)
         .fetch_one(&self.env.pool)
         .await?;
-        if sold > i64::from(total) || remaining < 0 {
+        if sold > total || remaining < 0 {
             self.violate(
                 "db_never_oversold",
                 Some(id),
@@ -1443,12 +1459,13 @@ impl Chaos {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
                 let done = async {
-                    let drawn = draw::draw(&self.patient, id, draw::seed()).await?;
+                    let drawn = store::draw::draw(&self.patient, id, store::draw::seed()).await?;
                     if matches!(drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
-                    let _ = draw::drain(&self.patient, &self.env.queue, id, usize::MAX).await;
-                    Ok(draw::unsent(&self.patient, id).await? == 0)
+                    let _ =
+                        protocol::draw::drain(&self.patient, &self.env.queue, id, usize::MAX).await;
+                    Ok(store::draw::unsent(&self.patient, id).await? == 0)
                 };
                 match done.await {
                     Ok(true) => break,
@@ -1464,7 +1481,7 @@ impl Chaos {
 
     /// Reconcile passes past the grace period of everything done so far.
     async fn final_reconcile(&self) -> anyhow::Result<()> {
-        let job = Reconcile::new(Deps::new(
+        let job = Reconcile::new(Context::new(
             self.config.clone(),
             self.env.pool.clone(),
             self.patient.clone(),
@@ -1503,8 +1520,8 @@ impl Chaos {
 
 /// A sale's buckets as one snapshot: loaded when every bucket is, the stock their sum, the
 /// ledger every bucket's entries, the participants their sum.
-fn whole(snaps: &[(Bucket, sale::Snapshot)]) -> sale::Snapshot {
-    sale::Snapshot {
+fn whole(snaps: &[(Bucket, ledger::Snapshot)]) -> ledger::Snapshot {
+    ledger::Snapshot {
         loaded: snaps.iter().all(|(_, s)| s.loaded),
         stock: snaps.iter().map(|(_, s)| s.stock).sum(),
         participants: snaps.iter().map(|(_, s)| s.participants).sum(),
@@ -1606,17 +1623,17 @@ impl Chaos {
 
     /// Conservation (every unit is in Redis, reserved, or sold, exactly once) and the
     /// database's remaining stock, against the total as the admin left it.
-    async fn check_stock(&self, id: i64, snap: &sale::Snapshot) -> anyhow::Result<()> {
+    async fn check_stock(&self, id: i64, snap: &ledger::Snapshot) -> anyhow::Result<()> {
         let pool = &self.env.pool;
         let a = activity::get(pool, id)
             .await?
             .with_context(|| format!("sale {id} is gone from the database"))?;
-        let (total, remaining) = (i64::from(a.total_stock), i64::from(a.remaining_stock));
+        let (total, remaining) = (a.total_stock, a.remaining_stock);
         let confirmed = order::sold_quantity(pool, id).await?;
         // The raw values: the snapshot reports a negative stock as missing.
         let mut stock = Some(0);
         for bucket in self.buckets_of(id) {
-            stock = match (stock, sale::stock(&self.patient, bucket).await?) {
+            stock = match (stock, view::stock(&self.patient, bucket).await?) {
                 (Some(sum), Some(s)) => Some(sum + s),
                 _ => None,
             };
@@ -1658,7 +1675,7 @@ impl Chaos {
 
     /// Nothing in flight once all is quiet: every reservation became an order or was given
     /// back, every cancel finished, every check of reconcile's ended.
-    fn check_ledger_empty(&self, id: i64, snap: &sale::Snapshot) {
+    fn check_ledger_empty(&self, id: i64, snap: &ledger::Snapshot) {
         if snap.ledger.is_empty() {
             return;
         }
@@ -1691,7 +1708,7 @@ impl Chaos {
                 let row = Row {
                     id: o.id,
                     user_id: o.user_id,
-                    quantity: i64::from(o.quantity),
+                    quantity: o.quantity,
                     status: o.status,
                     reason: o.failure_reason,
                 };
@@ -1704,7 +1721,7 @@ impl Chaos {
     async fn check_participants(
         &self,
         id: i64,
-        snap: &sale::Snapshot,
+        snap: &ledger::Snapshot,
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<()> {
         let mut members: HashSet<String> = HashSet::new();
@@ -1784,9 +1801,9 @@ impl Chaos {
         &self,
         id: i64,
         rows: &HashMap<Uuid, Row>,
-    ) -> anyhow::Result<HashMap<Uuid, draw::PoolEntry>> {
+    ) -> anyhow::Result<HashMap<Uuid, store::draw::PoolEntry>> {
         let keys_lost = lock(&self.report).keys_lost > 0;
-        let drawn = draw::draw(&self.patient, id, draw::seed()).await?;
+        let drawn = store::draw::draw(&self.patient, id, store::draw::seed()).await?;
         if !drawn.is_done() {
             self.violate(
                 "draw_ran",
@@ -1794,7 +1811,7 @@ impl Chaos {
                 format!("the draw has not run: {drawn:?}"),
             );
         }
-        let pool = draw::pool(&self.patient, id).await?;
+        let pool = store::draw::pool(&self.patient, id).await?;
         let live_users: HashSet<&str> = rows
             .values()
             .filter(|r| is_live(&r.status))
@@ -1823,7 +1840,7 @@ impl Chaos {
                 ),
             );
         }
-        let unsent = draw::unsent(&self.patient, id).await?;
+        let unsent = store::draw::unsent(&self.patient, id).await?;
         if unsent > 0 {
             self.violate(
                 "draw_sent",
@@ -1843,7 +1860,7 @@ impl Chaos {
         id: i64,
         attempts: &[Attempt],
         rows: &HashMap<Uuid, Row>,
-        pool: &HashMap<Uuid, draw::PoolEntry>,
+        pool: &HashMap<Uuid, store::draw::PoolEntry>,
     ) -> HashSet<Uuid> {
         let keys_lost = lock(&self.report).keys_lost > 0;
         let mut accepted = HashSet::new();
@@ -1963,7 +1980,10 @@ impl Chaos {
         if !passed {
             println!(
                 "seed={} [{}]: kept database {} and queue {} for a look",
-                self.seed, self.variant, self.env.config.database_url, self.env.queue.url
+                self.seed,
+                self.variant,
+                self.env.config.database_url.redacted(),
+                self.env.queue.url
             );
             return Vec::new();
         }
@@ -1987,7 +2007,7 @@ impl Chaos {
         );
         match tokio::time::timeout(
             CLEAN_UP_STEP_LIMIT,
-            drop_database(&self.env.config.database_url),
+            drop_database(self.env.config.database_url.expose()),
         )
         .await
         {

@@ -1,7 +1,7 @@
 //! The order consumer against the real services: PostgreSQL, Redis (standalone and cluster)
 //! and the SQS emulator.
 //!
-//! Reservations are made with `sale::purchase`, exactly as the entry function makes them, so
+//! Reservations are made with `testing::purchase`, exactly as the entry function makes them, so
 //! the ledger the consumer checks is real. Batches are built from the `events/` fixture, or
 //! really travel through an emulator queue (receive, `handle_batch`, delete what was acked:
 //! what the Lambda event source mapping does).
@@ -11,14 +11,19 @@ mod common;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::{Consumer, Outcome, Processed};
-use seckill_shared::activity::Activity;
-use seckill_shared::giveback;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::reason;
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
-use seckill_shared::order::{self, reason};
-use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Reservation};
-use seckill_shared::testing::{self, RedisKind, TestEnv};
-use seckill_shared::Deps;
+use seckill_shared::protocol::giveback;
+use seckill_shared::store::purchase;
+use seckill_shared::store::purchase::Reservation;
+use seckill_shared::testing;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::Context;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -77,7 +82,7 @@ struct Row {
     id: i64,
     request_id: Uuid,
     user_id: String,
-    quantity: i32,
+    quantity: i64,
     status: String,
     reason: Option<String>,
 }
@@ -207,12 +212,12 @@ async fn batch_of_reservations_becomes_confirmed_orders(kind: RedisKind) -> anyh
     assert!(resp.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
     assert_eq!(count_status(&rows, "confirmed"), 10);
-    let units: i32 = messages.iter().map(|m| m.quantity).sum();
-    assert_eq!(rows.iter().map(|r| r.quantity).sum::<i32>(), units);
+    let units: i64 = messages.iter().map(|m| m.attempt.quantity).sum();
+    assert_eq!(rows.iter().map(|r| r.quantity).sum::<i64>(), units);
     for m in &messages {
-        assert!(rows.iter().any(|r| r.request_id == m.request_id
-            && r.user_id == m.user_id
-            && r.quantity == m.quantity));
+        assert!(rows.iter().any(|r| r.request_id == m.attempt.request_id
+            && r.user_id == m.attempt.user_id
+            && r.quantity == m.attempt.quantity));
     }
     assert_eq!(db_remaining(&env, a.id).await, 100 - units);
     let after = snapshot(&env, a.id).await;
@@ -237,7 +242,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty(
     let a = open_sale(&env, 10, 1).await;
     for i in 0..5 {
         let m = reserve(&env, a.id, &format!("q-{i}"), 1).await;
-        env.queue.send(&m).await?;
+        env.queue.send(&m, m.attempt.activity_id).await?;
     }
 
     let acked = drain(
@@ -351,7 +356,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
 
     // Someone else holds the activity row: the first delivery's transaction stalls mid-way,
     // long enough for the visibility timeout to pass and SQS to deliver the message again.
-    let mut blocker = PgConnection::connect(&env.config.database_url).await?;
+    let mut blocker = PgConnection::connect(env.config.database_url.expose()).await?;
     sqlx::query("begin").execute(&mut blocker).await?;
     sqlx::query("select id from activities where id = $1 for update")
         .bind(a.id)
@@ -438,7 +443,9 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
     let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
     let a = open_sale(&env, 10, 1).await;
     for user in ["ann", "ben"] {
-        queue.send(&reserve(&env, a.id, user, 1).await).await?;
+        queue
+            .send(&reserve(&env, a.id, user, 1).await, a.id)
+            .await?;
     }
     env.sqs
         .send_message()
@@ -494,7 +501,11 @@ async fn unreachable_database_reports_every_message_and_loses_nothing(
         .max_connections(2)
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy("postgres://postgres@127.0.0.1:1/x")?;
-    let broken = Consumer::new(Deps::new(env.config.clone(), dead_pool, env.redis.clone()));
+    let broken = Consumer::new(Context::new(
+        env.config.clone(),
+        dead_pool,
+        env.redis.clone(),
+    ));
     let batch = event_of(&messages);
 
     let resp = broken.handle_batch(batch.clone()).await;
@@ -613,7 +624,7 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0], existing[0], "the existing order is untouched");
-    assert_eq!(rows[1].request_id, second.request_id);
+    assert_eq!(rows[1].request_id, second.attempt.request_id);
     assert_eq!(rows[1].status, "failed");
     assert_eq!(rows[1].reason.as_deref(), Some(reason::ALREADY_PURCHASED));
     assert_eq!(db_remaining(&env, a.id).await, 9);
@@ -640,7 +651,13 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     // Reconcile's give-back: the claim, then the units.
-    let given = giveback::give_back(&env.pool, &env.redis, &m, reason::RESERVATION_EXPIRED).await?;
+    let given = giveback::give_back(
+        &env.pool,
+        &env.redis,
+        &m.attempt,
+        reason::RESERVATION_EXPIRED,
+    )
+    .await?;
     assert!(
         matches!(given, giveback::GiveBack::GivenBack(Some(1))),
         "{given:?}"
@@ -668,7 +685,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
 on_both_redis!(reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again);
 
 // ---------------------------------------------------------------------------------------------
-// End to end: a crowd through sale::purchase, the queue and the consumer
+// End to end: a crowd through testing::purchase, the queue and the consumer
 // ---------------------------------------------------------------------------------------------
 
 async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyhow::Result<()> {
@@ -681,7 +698,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
     // that times out on a busy machine may still have run (the entry's job to handle).
     let mut patient = env.config.clone();
     patient.redis_timeout = Duration::from_secs(20);
-    let crowd_redis = seckill_shared::cache::Redis::connect(&patient)
+    let crowd_redis = seckill_shared::store::conn::Redis::connect(&patient)
         .await
         .unwrap();
 
@@ -690,20 +707,23 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
         let user = format!("crowd-{}", i % USERS);
         tokio::spawn(async move {
             let request_id = Uuid::new_v4();
-            let decision = sale::purchase(&redis, a.id, &user, 1, request_id, sale::far_deadline())
-                .await
-                .unwrap();
+            let decision =
+                testing::purchase(&redis, a.id, &user, 1, request_id, purchase::far_deadline())
+                    .await
+                    .unwrap();
             if let Ok(Reservation { now_ms, epoch, .. }) = decision {
                 let m = OrderMessage {
-                    request_id,
-                    activity_id: a.id,
-                    user_id: user,
-                    quantity: 1,
+                    attempt: Attempt {
+                        request_id,
+                        activity_id: a.id,
+                        user_id: user,
+                        quantity: 1,
+                        buckets: 1,
+                    },
                     reserved_at_ms: now_ms,
                     load_epoch: Some(epoch),
-                    buckets: None,
                 };
-                queue.send(&m).await.unwrap();
+                queue.send(&m, m.attempt.activity_id).await.unwrap();
                 true
             } else {
                 false
@@ -752,8 +772,8 @@ on_both_redis!(crowd_of_500_attempts_sells_exactly_the_stock);
 /// (user, quantity, status, reason), DB remaining stock, Redis stock, participants, ledger size.
 #[derive(Debug, PartialEq, Eq)]
 struct Final {
-    rows: Vec<(String, i32, String, Option<String>)>,
-    db_remaining: i32,
+    rows: Vec<(String, i64, String, Option<String>)>,
+    db_remaining: i64,
     redis_stock: Option<i64>,
     participants: i64,
     pending: usize,
@@ -792,9 +812,14 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
         .await
         .unwrap();
     let gone = &messages[1];
-    giveback::give_back(&env.pool, &env.redis, gone, reason::RESERVATION_EXPIRED)
-        .await
-        .unwrap();
+    giveback::give_back(
+        &env.pool,
+        &env.redis,
+        &gone.attempt,
+        reason::RESERVATION_EXPIRED,
+    )
+    .await
+    .unwrap();
     let mut records: Vec<SqsMessage> = messages.iter().map(record_of).collect();
     records.push(record("{poison"));
 
@@ -835,7 +860,7 @@ async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() ->
             .iter()
             .filter(|r| r.2 == "confirmed")
             .map(|r| r.1)
-            .sum::<i32>()
+            .sum::<i64>()
     );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The database pool against a session left inside a transaction sqlx does not know about
 //! (what a future cancelled during `Pool::begin`'s BEGIN round trip leaves behind).
 
-use seckill_shared::{db, testing};
+use seckill_shared::infra::db;
+use seckill_shared::testing;
 use sqlx::Row;
 use std::time::Duration;
 

@@ -8,13 +8,21 @@ mod common;
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
-use seckill_shared::activity::{Activity, NewActivity};
-use seckill_shared::buckets::{self, Entered, Purchase};
-use seckill_shared::draw::{self, Drawn};
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
-use seckill_shared::pause;
-use seckill_shared::sale;
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::protocol::purchase::{self, Outcome};
+use seckill_shared::store;
+use seckill_shared::store::draw;
+use seckill_shared::store::draw::Drawn;
+use seckill_shared::store::view;
+
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use seckill_shared::Refusal;
 use serde_json::Value;
 use std::time::Duration;
@@ -38,15 +46,15 @@ async fn my_status(app: &Router, a: &Activity, user: &str) -> String {
 }
 
 /// One attempt as the entry makes it, without HTTP: for the crowds of the fairness test.
-async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Result<Entered, Refusal> {
-    let buy = Purchase {
-        activity_id,
-        user_id: user,
-        quantity: 1,
+async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
+    let mut buy = Attempt {
         request_id: Uuid::now_v7(),
-        deadline_ms: sale::far_deadline(),
+        activity_id,
+        user_id: user.to_string(),
+        quantity: 1,
+        buckets: 1,
     };
-    buckets::enter(&env.redis, &buy, &mut 1)
+    purchase::enter(&env.redis, &mut buy, store::purchase::far_deadline())
         .await
         .expect("redis answers")
 }
@@ -58,11 +66,11 @@ async fn conserved(env: &TestEnv, a: &Activity) {
         .await
         .iter()
         .filter(|o| o.status == "confirmed")
-        .map(|o| i64::from(o.quantity))
+        .map(|o| o.quantity)
         .sum();
     assert_eq!(
         snap.stock.unwrap() + snap.pending_quantity() + confirmed,
-        i64::from(a.total_stock),
+        a.total_stock,
         "{snap:?}"
     );
 }
@@ -93,7 +101,7 @@ async fn winners_of_a_draw(env: &TestEnv, seed: u32) -> anyhow::Result<Vec<i64>>
     let a = env.draw_sale(STOCK, 1).await?;
     for i in 0..ENTRANTS {
         let entered = enter(env, a.id, &format!("u{i}")).await;
-        assert_eq!(entered, Ok(Entered::Queued { rank: i as i64 + 1 }));
+        assert_eq!(entered, Outcome::Queued { rank: i as i64 + 1 });
     }
     close_draw_window(env, a.id).await;
     let drawn = draw::draw(&env.redis, a.id, seed).await?;
@@ -113,7 +121,7 @@ async fn winners_of_a_draw(env: &TestEnv, seed: u32) -> anyhow::Result<Vec<i64>>
         .collect();
     ranks.sort();
     assert_eq!(ranks.len() as i64, STOCK);
-    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(0));
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
     Ok(ranks)
 }
 
@@ -129,8 +137,8 @@ async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_th
     let mut fcfs_ranks = Vec::new();
     for i in 0..ENTRANTS {
         match enter(&env, fcfs.id, &format!("u{i}")).await {
-            Ok(Entered::Reserved(_)) => fcfs_ranks.push(i as i64 + 1),
-            Err(Refusal::SoldOut { .. }) => {}
+            Outcome::Reserved(_) => fcfs_ranks.push(i as i64 + 1),
+            Outcome::Refused(Refusal::SoldOut { .. }) => {}
             other => panic!("first come, first served answered {other:?}"),
         }
     }
@@ -206,7 +214,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     assert_eq!(my_status(&app, &a, "bob").await, "none");
     assert_eq!(draw::pool(&env.redis, a.id).await?.len(), 2);
     assert_eq!(
-        sale::stock(&env.redis, a.id).await?,
+        view::stock(&env.redis, a.id).await?,
         Some(10),
         "the pool takes no stock"
     );
@@ -219,7 +227,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     // Alice asks first: that runs the draw, and she is a winner (3 of 10 units asked).
     assert_eq!(my_status(&app, &a, "alice").await, "pending");
     assert_eq!(my_status(&app, &a, "carol").await, "pending");
-    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(7));
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(7));
     assert_eq!(consume_queue(&env).await?, 2);
     assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
 
@@ -236,7 +244,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
         "{body}"
     );
     assert_eq!(consume_queue(&env).await?, 1);
-    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(5));
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(5));
 
     let before = snapshot(&env, a.id).await;
     assert_eq!(
@@ -458,7 +466,7 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let admin = admin::router(admin::AdminState::new(env.context()));
     let ops = Some(("ops", "seckill:admin"));
     let now = chrono::Utc::now();
     let body = |extra: &str| {
@@ -593,7 +601,7 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
 
     // Bob's purchase ran, and only the claim of its 503 got through.
     let bob = common::reserve_in_pool(&env, a.id, "bob").await;
-    seckill_shared::giveback::claim(&env.pool, &bob, "unavailable").await?;
+    seckill_shared::protocol::giveback::claim(&env.pool, &bob, "unavailable").await?;
     close_draw_window(&env, a.id).await;
     let report = reconcile(&env).run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
@@ -634,12 +642,12 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
             entrants: 1
         }
     );
-    assert_eq!(sale::stock(&env.redis, a.id).await?, Some(0));
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
     paused.resume();
     let (status, _) = alice.await?;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        sale::stock(&env.redis, a.id).await?,
+        view::stock(&env.redis, a.id).await?,
         Some(1),
         "the unit is back"
     );
@@ -670,7 +678,7 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
     let app = entry_router(&env);
     let a = env.draw_sale(5, 1).await?;
     let path = format!("/admin/activities/{}", a.id);
-    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let admin = admin::router(admin::AdminState::new(env.context()));
     let ops = Some(("ops", "seckill:admin"));
     let body = r#"{"perUserRatePerSec": 1}"#;
     assert_eq!(
@@ -680,17 +688,17 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
 
     let request_id = Uuid::now_v7();
     for _ in 0..2 {
-        let (decision, _) = sale::purchase_script(
-            &env.redis,
-            a.id.into(),
-            "alice",
-            1,
+        let attempt = Attempt {
             request_id,
-            sale::far_deadline(),
-            &[],
-        )
-        .await?;
-        assert_eq!(decision, sale::Decision::Queued { rank: 1 });
+            activity_id: a.id,
+            user_id: "alice".into(),
+            quantity: 1,
+            buckets: 1,
+        };
+        let deadline = store::purchase::far_deadline();
+        let (decision, _) =
+            store::purchase::run(&env.redis, a.id.into(), &attempt, deadline, &[]).await?;
+        assert_eq!(decision, store::purchase::Answer::Queued { rank: 1 });
     }
     close_draw_window(&env, a.id).await;
     let (status, body) = buy(&app, &a, "bob", None).await;

@@ -7,13 +7,26 @@ mod common;
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
-use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
-use seckill_shared::order;
-use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, EntryKind, Reservation};
-use seckill_shared::testing::{call, request, PrivateRedis, RedisKind, TestEnv};
+use seckill_shared::protocol::cancel;
+use seckill_shared::protocol::cancel::CancelOutcome;
+use seckill_shared::store::ledger;
+use seckill_shared::store::ledger::EntryKind;
+use seckill_shared::store::purchase;
+use seckill_shared::store::purchase::Reservation;
+use seckill_shared::store::view;
+use seckill_shared::testing;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::PrivateRedis;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -49,13 +62,13 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 2).await?;
 
-    let decision = sale::purchase(
+    let decision = testing::purchase(
         &env.redis,
         a.id,
         "alice",
         2,
         Uuid::new_v4(),
-        sale::far_deadline(),
+        purchase::far_deadline(),
     )
     .await
     .expect("one script, one hash tag: no CROSSSLOT");
@@ -103,7 +116,10 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(
         .map(|(_, _, b)| b["requestId"].as_str().unwrap().to_string())
         .collect();
     let sent = messages(&env.drain_messages(200).await?);
-    let sent_ids: HashSet<String> = sent.iter().map(|m| m.request_id.to_string()).collect();
+    let sent_ids: HashSet<String> = sent
+        .iter()
+        .map(|m| m.attempt.request_id.to_string())
+        .collect();
     assert_eq!(sent.len(), 50);
     assert_eq!(sent_ids, request_ids, "one message per accepted purchase");
     Ok(())
@@ -123,7 +139,7 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
         tokio::spawn(async move {
             let mut samples = 0;
             while !done.load(Ordering::Relaxed) {
-                if let Ok(Some(stock)) = sale::stock(&redis, id).await {
+                if let Ok(Some(stock)) = view::stock(&redis, id).await {
                     lowest.fetch_min(stock, Ordering::Relaxed);
                     samples += 1;
                 }
@@ -262,11 +278,18 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(
     let request_id = Uuid::new_v4();
 
     // The script ran; the process "died" before sending.
-    let decision =
-        sale::purchase(&env.redis, a.id, "bob", 3, request_id, sale::far_deadline()).await?;
+    let decision = testing::purchase(
+        &env.redis,
+        a.id,
+        "bob",
+        3,
+        request_id,
+        purchase::far_deadline(),
+    )
+    .await?;
 
     assert!(decision.is_ok());
-    let reservation = sale::ledger_entry(&env.redis, a.id, "bob")
+    let reservation = ledger::entry(&env.redis, a.id, "bob")
         .await?
         .expect("a ledger entry");
     assert_eq!(reservation.kind, EntryKind::Reservation);
@@ -368,8 +391,7 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
 
     // The unit comes back through a cancel made elsewhere (another container, or reconcile).
     let order = order::get(&env.pool, order_id).await.unwrap().unwrap();
-    let outcome =
-        lifecycle::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now()).await?;
+    let outcome = cancel::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now()).await?;
     assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 1 });
     let before = private.commands_served().await;
     let (status, _) = buy(&app, &a, "late-0", None).await;
@@ -519,7 +541,8 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     seckill_shared::testing::load_without_db(&env.redis, &ended, env.config.expiry_buffer).await?;
@@ -665,7 +688,14 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
             Before::SameRequest => Some(request_id),
         };
         if let Some(earlier) = earlier {
-            let first = sale::purchase(&env.redis, a.id, "alice", 1, earlier, sale::far_deadline());
+            let first = testing::purchase(
+                &env.redis,
+                a.id,
+                "alice",
+                1,
+                earlier,
+                purchase::far_deadline(),
+            );
             anyhow::ensure!(
                 first.await?.is_ok(),
                 "{}: the earlier purchase",
@@ -675,14 +705,14 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
         let deadline = if case.past_deadline {
             0
         } else {
-            sale::far_deadline()
+            purchase::far_deadline()
         };
         // The script is cached from the earlier runs: only its own commands are counted.
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query_async(&mut con)
             .await?;
-        let decision = sale::purchase(
+        let decision = testing::purchase(
             &env.redis,
             a.id,
             "alice",

@@ -9,9 +9,11 @@
 //! server (no client library) can add or fix up headers.
 
 use seckill_devserver::{DevConfig, DevServer};
-use seckill_shared::activity::Activity;
-use seckill_shared::auth::{mint, ADMIN_SCOPE};
-use seckill_shared::testing::{RedisKind, TestEnv};
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::http::auth::mint;
+use seckill_shared::http::auth::ADMIN_SCOPE;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -113,7 +115,7 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
     // received the message, ran the consumer and acknowledged it.
     let deadline = Instant::now() + Duration::from_secs(15);
     let order = loop {
-        if let Some(o) = seckill_shared::order::by_request(&env.pool, request_id).await? {
+        if let Some(o) = seckill_shared::domain::order::by_request(&env.pool, request_id).await? {
             break o;
         }
         assert!(Instant::now() < deadline, "no order within 15 s");
@@ -195,7 +197,7 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
         assert_eq!(body["error"], "unauthorized");
     }
     // Nothing was reserved by any of them.
-    let stock = seckill_shared::sale::stock(&env.redis, sale.id).await?;
+    let stock = seckill_shared::store::view::stock(&env.redis, sale.id).await?;
     assert_eq!(stock, Some(5));
     server.shutdown().await?;
     Ok(())
@@ -203,7 +205,7 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
 
 fn expired_token(user: &str) -> String {
     use jsonwebtoken::{encode, EncodingKey, Header};
-    let claims = seckill_shared::auth::Claims {
+    let claims = seckill_shared::http::auth::Claims {
         sub: user.into(),
         scope: String::new(),
         exp: 1_000_000_000,
@@ -317,10 +319,10 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
     use tower::ServiceExt;
     let env = TestEnv::new(RedisKind::Standalone).await?;
     let entry = seckill_entry::router(seckill_entry::EntryState::new(
-        env.deps(),
+        env.context(),
         env.queue.clone(),
     ));
-    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let admin = admin::router(admin::AdminState::new(env.context()));
     for (router, name) in [(&entry, "entry"), (&admin, "admin")] {
         for (method, path, status, code, allowed) in UNROUTED {
             // Each Lambda sees only its own routes: every other path is its 404.

@@ -1,6 +1,6 @@
 //! The give-back protocol under interleavings that real concurrency hits only by luck.
 //!
-//! Each test stops one actor at a named pause point (`seckill_shared::pause`) between two of
+//! Each test stops one actor at a named pause point (`seckill_shared::infra::pause`) between two of
 //! its steps, runs another actor to the end, resumes the first, and then checks what
 //! `docs/invariants.md` promises: every unit has one fate, decided once by the database
 //! (an order, or a `failed` row whose units went back to Redis exactly once), a 503 means
@@ -16,16 +16,29 @@ use order_consumer::{Consumer, Outcome};
 use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::{router, EntryState};
-use seckill_shared::activity::{self, Activity, ActivityPatch, NewActivity};
-use seckill_shared::keys::SENTINEL;
-use seckill_shared::lifecycle::{self, CancelOutcome};
-use seckill_shared::lock;
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::Order;
+use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
-use seckill_shared::order::{self, Order};
-use seckill_shared::pause;
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale;
-use seckill_shared::testing::{self, call, request, PrivateRedis, RedisKind, TestEnv};
+use seckill_shared::protocol::cancel;
+use seckill_shared::protocol::cancel::{CancelError, CancelOutcome};
+use seckill_shared::protocol::lock;
+use seckill_shared::store::keys::SENTINEL;
+use seckill_shared::store::ledger;
+use seckill_shared::store::meta;
+use seckill_shared::store::view;
+
+use seckill_shared::testing;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::PrivateRedis;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use sqlx::Connection;
 use std::collections::BTreeSet;
@@ -96,7 +109,7 @@ impl World {
     }
 
     fn admin(&self) -> admin::AdminState {
-        admin::AdminState::new(self.env.deps())
+        admin::AdminState::new(self.env.context())
     }
 
     /// A purchase through the entry router.
@@ -127,14 +140,14 @@ impl World {
         self.messages()
             .await?
             .into_iter()
-            .find(|m| m.request_id == request_id)
+            .find(|m| m.attempt.request_id == request_id)
             .ok_or_else(|| anyhow::anyhow!("message of {request_id} not on the queue"))
     }
 
     /// A purchase the consumer has confirmed (order row, DB stock, ledger entry dropped).
     async fn confirmed(&self, user: &str, qty: i64) -> anyhow::Result<Order> {
         let message = self.pending(user, qty).await?;
-        let request_id = message.request_id;
+        let request_id = message.attempt.request_id;
         let done = self.consumer().handle_message(&message).await?;
         anyhow::ensure!(done.outcome == Outcome::Committed, "{done:?}");
         self.order_of(request_id)
@@ -150,18 +163,16 @@ impl World {
     fn spawn_cancel(
         &self,
         order: &Order,
-    ) -> tokio::task::JoinHandle<Result<CancelOutcome, seckill_shared::ApiError>> {
+    ) -> tokio::task::JoinHandle<Result<CancelOutcome, CancelError>> {
         let (pool, redis, order) = (self.env.pool.clone(), self.env.redis.clone(), order.clone());
-        tokio::spawn(
-            async move { lifecycle::cancel_order(&pool, &redis, &order, Utc::now()).await },
-        )
+        tokio::spawn(async move { cancel::cancel_order(&pool, &redis, &order, Utc::now()).await })
     }
 
     async fn cancel(&self, order_id: i64) -> anyhow::Result<CancelOutcome> {
         let order = order::get(&self.env.pool, order_id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no order {order_id}"))?;
-        Ok(lifecycle::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
+        Ok(cancel::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
     }
 
     /// The users `users` holds (the sentinel field not counted).
@@ -245,10 +256,10 @@ impl World {
     /// What `docs/invariants.md` promises at a quiet moment, as a list of violations.
     async fn violations(&self) -> anyhow::Result<Vec<String>> {
         let mut out = Vec::new();
-        let snap = sale::snapshot(&self.env.redis, self.id()).await?;
+        let snap = ledger::snapshot(&self.env.redis, self.id()).await?;
         let row = self.db_row().await?;
         let sold = order::sold_quantity(&self.env.pool, self.id()).await?;
-        let total = i64::from(row.total_stock);
+        let total = row.total_stock;
         let stock = snap.stock.unwrap_or(-1);
         let pending = snap.pending_quantity();
         if stock + pending + sold != total {
@@ -261,7 +272,7 @@ impl World {
                 "oversell: pending {pending} + sold {sold} > total {total}"
             ));
         }
-        if stock > i64::from(row.remaining_stock) - pending {
+        if stock > row.remaining_stock - pending {
             out.push(format!(
                 "redis offers {stock} units, the database has {} minus {pending} pending",
                 row.remaining_stock
@@ -271,7 +282,7 @@ impl World {
         expected.extend(
             snap.ledger
                 .iter()
-                .filter(|e| e.kind == sale::EntryKind::Reservation)
+                .filter(|e| e.kind == ledger::EntryKind::Reservation)
                 .map(|e| e.user_id.clone()),
         );
         let users = self.users().await?;
@@ -331,7 +342,7 @@ async fn a_late_second_cancel_gives_the_units_back_once(kind: RedisKind) -> anyh
     let late = joined("canceller B", b).await?;
 
     assert_eq!(late, CancelOutcome::AlreadyCancelled);
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(9));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(9));
     assert!(
         w.users().await?.contains("alice"),
         "alice holds {}",
@@ -361,7 +372,7 @@ async fn a_stale_cancel_resumed_after_another_finished_leaves_the_buyer_free_to_
     let late = joined("canceller B", b).await?;
 
     assert_eq!(late, CancelOutcome::AlreadyCancelled);
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
     assert!(
         !w.users().await?.contains("alice"),
         "the late cancel put alice back in users"
@@ -404,7 +415,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
             CancelOutcome::Cancelled { quantity: 1 }
         );
     }
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
     w.assert_conserved().await
 }
 
@@ -465,7 +476,7 @@ async fn a_send_that_times_out_after_storing_sells_nothing(kind: RedisKind) -> a
     joined("the consumer", consumer).await?;
 
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let row = w.order_of(message.request_id).await?;
+    let row = w.order_of(message.attempt.request_id).await?;
     assert!(
         row.as_ref().is_none_or(|o| o.status == "failed"),
         "the caller was told nothing was sold, yet {row:?}"
@@ -493,7 +504,7 @@ async fn a_send_that_times_out_after_the_consumer_committed_answers_202(
     entry_paused.resume();
     let (status, body) = within("the entry", entry).await??;
 
-    let row = w.order_of(message.request_id).await?;
+    let row = w.order_of(message.attempt.request_id).await?;
     let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
     let answered = if sold {
         StatusCode::ACCEPTED
@@ -524,7 +535,7 @@ async fn reconcile_giving_back_a_late_reservation_beats_the_late_consumer(
     paused.resume();
     let processed = joined("the consumer", late).await?;
 
-    let row = w.order_of(message.request_id).await?;
+    let row = w.order_of(message.attempt.request_id).await?;
     let given_back = report.activity(w.id()).map_or(0, |r| r.compensated);
     assert!(
         (given_back == 1) != row.as_ref().is_some_and(|o| o.status == "confirmed"),
@@ -567,10 +578,10 @@ async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
     first_paused.resume();
     joined("delivery 1", first).await?;
 
-    let row = w.order_of(message.request_id).await?;
+    let row = w.order_of(message.attempt.request_id).await?;
     assert_eq!(row.map(|o| o.status), Some("failed".to_string()));
     assert_eq!(
-        sale::stock(&w.env.redis, w.id()).await?,
+        view::stock(&w.env.redis, w.id()).await?,
         Some(10),
         "alice's unit and bob's back"
     );
@@ -585,7 +596,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let now = Utc::now();
-    let state = admin::AdminState::new(env.deps());
+    let state = admin::AdminState::new(env.context());
     let created = admin::create_activity(
         &state,
         &NewActivity {
@@ -639,12 +650,13 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
                 admission: None,
                 draw_window_ms: None,
                 per_user_rate_per_sec: None,
-            },
+            }
+            .settings()?,
         )
         .await?;
         cases.push((a, status, code));
     }
-    let app = router(EntryState::new(env.deps(), env.queue.clone()));
+    let app = router(EntryState::new(env.context(), env.queue.clone()));
     for (a, status, code) in cases {
         let path = format!("/activities/{}/orders", a.id);
         let (got, body) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;
@@ -691,7 +703,8 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     let w = World::new(env, a);
@@ -718,8 +731,8 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
     let row = w.db_row().await?;
     assert_eq!(row.total_stock, 6);
     assert_eq!(
-        sale::stock(&w.env.redis, w.id()).await?,
-        Some(i64::from(row.remaining_stock))
+        view::stock(&w.env.redis, w.id()).await?,
+        Some(row.remaining_stock)
     );
     Ok(())
 }
@@ -749,15 +762,15 @@ async fn stock_correction_skips_a_stock_that_moved_and_came_back(
     write.resume();
     joined("reconcile", run).await?;
 
-    let stock = sale::stock(&w.env.redis, w.id()).await?.unwrap_or(-1);
-    let remaining = i64::from(w.db_row().await?.remaining_stock);
+    let stock = view::stock(&w.env.redis, w.id()).await?.unwrap_or(-1);
+    let remaining = w.db_row().await?.remaining_stock;
     assert!(
         stock == 10 || stock == remaining,
         "redis stock {stock}: neither left alone (10) nor the database's {remaining}"
     );
     // The next quiet run corrects it.
     w.reconcile().run(Utc::now()).await?;
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(remaining));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(remaining));
     Ok(())
 }
 
@@ -776,8 +789,8 @@ async fn an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis(
     let row = w.db_row().await?;
     assert_eq!(row.total_stock, 6, "the commit went through");
     assert_eq!(
-        sale::stock(&w.env.redis, w.id()).await?,
-        Some(i64::from(row.remaining_stock)),
+        view::stock(&w.env.redis, w.id()).await?,
+        Some(row.remaining_stock),
         "answered {answer:?}"
     );
     w.assert_conserved().await
@@ -835,7 +848,7 @@ async fn reloading_a_lost_running_sale_rebuilds_its_buyers(kind: RedisKind) -> a
     w.reconcile().run(Utc::now()).await?;
     let (_, body) = w.buy("bob", 1).await;
     assert_eq!(body["error"], "already_purchased", "{body}");
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(7));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(7));
     w.assert_conserved().await
 }
 
@@ -848,7 +861,7 @@ async fn a_purchase_reply_lost_to_a_timeout_is_given_back_at_once(
     let _lost = pause::arm_failure("entry.purchase.reply_lost", w.id(), 1);
     let (status, body) = w.buy("alice", 2).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(10));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
     assert!(w.messages().await?.is_empty(), "nothing was sent");
     w.assert_conserved().await?;
     let (status, body) = w.buy("alice", 2).await;
@@ -888,7 +901,7 @@ async fn a_redis_stall_leaves_no_phantom_reservation() -> anyhow::Result<()> {
         clicks.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
         "{clicks:?}"
     );
-    let snap = sale::snapshot(&w.env.redis, w.id()).await?;
+    let snap = ledger::snapshot(&w.env.redis, w.id()).await?;
     assert_eq!(snap.stock, Some(100), "{snap:?}");
     assert!(
         snap.ledger.is_empty(),
@@ -945,7 +958,7 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
     private.signal("-CONT");
     let (status, body) = answer??;
 
-    let row = w.order_of(message.request_id).await?;
+    let row = w.order_of(message.attempt.request_id).await?;
     let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
     assert!(sold, "the consumer committed: {row:?}");
     assert_ne!(
@@ -1042,7 +1055,7 @@ async fn a_reservation_lost_with_redis_is_not_committed_after_the_reload(
             accepted += 1;
         }
     }
-    let remaining = i64::from(w.db_row().await?.remaining_stock);
+    let remaining = w.db_row().await?.remaining_stock;
     if accepted > remaining {
         broken.push(format!(
             "{accepted} buyers told 202 after the reload for {remaining} units the database had"
@@ -1066,7 +1079,7 @@ async fn a_cancel_during_a_reload_waits_for_it(kind: RedisKind) -> anyhow::Resul
     let preheat = w.preheat();
     let reload = tokio::spawn(async move { preheat.run(Utc::now()).await });
     within("the reload's read", paused.reached()).await?;
-    let outcome = lifecycle::cancel_order(&w.env.pool, &w.env.redis, &bought, Utc::now()).await?;
+    let outcome = cancel::cancel_order(&w.env.pool, &w.env.redis, &bought, Utc::now()).await?;
     paused.resume();
     joined("the reload", reload).await?;
 
@@ -1099,18 +1112,18 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
 
     // Hold A between adjust.lua and its commit.
     sqlx::query(
-        "create function review_hold() returns trigger language plpgsql as $$
+        "create function hold_total_stock_update() returns trigger language plpgsql as $$
          begin perform pg_advisory_xact_lock(4242); return new; end $$",
     )
     .execute(&w.env.pool)
     .await?;
     sqlx::query(
-        "create trigger review_hold before update of total_stock on activities for each row
-         when (old.total_stock is distinct from new.total_stock) execute function review_hold()",
+        "create trigger hold_total_stock_update before update of total_stock on activities for each row
+         when (old.total_stock is distinct from new.total_stock) execute function hold_total_stock_update()",
     )
     .execute(&w.env.pool)
     .await?;
-    let mut holder = sqlx::PgConnection::connect(&w.env.config.database_url).await?;
+    let mut holder = sqlx::PgConnection::connect(w.env.config.database_url.expose()).await?;
     sqlx::query("select pg_advisory_lock(4242)")
         .execute(&mut holder)
         .await?;
@@ -1141,7 +1154,7 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
         out
     });
     within("A's adjust", async {
-        while sale::stock(&w.env.redis, id).await.ok().flatten() != Some(5) {
+        while view::stock(&w.env.redis, id).await.ok().flatten() != Some(5) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -1164,8 +1177,8 @@ async fn the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out(
 
     let mut broken = Vec::new();
     let row = w.db_row().await?;
-    let stock = sale::stock(&w.env.redis, id).await?;
-    if stock != Some(i64::from(row.remaining_stock)) {
+    let stock = view::stock(&w.env.redis, id).await?;
+    if stock != Some(row.remaining_stock) {
         broken.push(format!(
             "redis {stock:?} vs database {} after {:?} (A answered {updated:?})",
             row.remaining_stock,
@@ -1298,7 +1311,7 @@ async fn a_reload_of_a_lost_sale_while_buyers_click_lets_no_buyer_buy_again(
         .cmd(redis::cmd("HDEL").arg(&keys.ledger).arg(SENTINEL))
         .await?;
     w.preheat().run(Utc::now()).await?;
-    assert!(sale::has_sentinels(&w.env.redis, w.id()).await?);
-    assert_eq!(sale::stock(&w.env.redis, w.id()).await?, Some(15));
+    assert!(meta::has_sentinels(&w.env.redis, w.id()).await?);
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(15));
     w.assert_conserved().await
 }

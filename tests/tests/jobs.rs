@@ -8,12 +8,23 @@ mod common;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use reconcile::StockCheck;
-use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::lifecycle;
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::protocol;
+use seckill_shared::protocol::pay;
+use seckill_shared::store;
+use seckill_shared::store::ledger;
+use seckill_shared::store::purchase;
+use seckill_shared::testing;
+
+use seckill_shared::domain::order;
 use seckill_shared::on_both_redis;
-use seckill_shared::order;
-use seckill_shared::sale::{self, CancelAttempt, CancelBegin, Reservation};
-use seckill_shared::testing::{RedisKind, TestEnv};
+use seckill_shared::store::cancel::CancelAttempt;
+use seckill_shared::store::cancel::CancelBegin;
+use seckill_shared::store::purchase::Reservation;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use seckill_shared::Refusal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -68,7 +79,8 @@ async fn insert_activity(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?)
 }
@@ -136,13 +148,13 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
         .map(|i| {
             let env = env.clone();
             tokio::spawn(async move {
-                let d = sale::purchase(
+                let d = testing::purchase(
                     &env.redis,
                     a.id,
                     &format!("u{i}"),
                     1,
                     Uuid::new_v4(),
-                    sale::far_deadline(),
+                    purchase::far_deadline(),
                 )
                 .await?;
                 anyhow::Ok(d.is_ok())
@@ -231,9 +243,7 @@ async fn stale_reservation_is_given_back_after_the_grace_period_only(
     assert_eq!((r.redis_stock, r.pending_qty, r.drift), (Some(10), 0, 0));
     assert_eq!(redis_stock(&env, a.id).await, Some(10));
     assert!(!is_participant(&env, a.id, "alice").await);
-    assert!(sale::ledger_entry(&env.redis, a.id, "alice")
-        .await?
-        .is_none());
+    assert!(ledger::entry(&env.redis, a.id, "alice").await?.is_none());
 
     // Exactly once: another pass gives nothing back again.
     let again = job.run(after_grace(GRACE)).await?;
@@ -249,7 +259,7 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = reserve(&env, a.id, "alice", 3).await.request_id;
+    let rid = reserve(&env, a.id, "alice", 3).await.attempt.request_id;
     // The consumer committed and crashed before dropping the ledger entry.
     commit_order(&env, a.id, "alice", rid, 3).await?;
 
@@ -263,16 +273,14 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
     );
     assert_eq!(redis_stock(&env, a.id).await, Some(7));
     assert!(is_participant(&env, a.id, "alice").await);
-    assert!(sale::ledger_entry(&env.redis, a.id, "alice")
-        .await?
-        .is_none());
+    assert!(ledger::entry(&env.redis, a.id, "alice").await?.is_none());
     Ok(())
 }
 
 async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = reserve(&env, a.id, "buyer", 1).await.request_id;
+    let rid = reserve(&env, a.id, "buyer", 1).await.attempt.request_id;
     consume(&env, a.id, "buyer", rid, 1).await?;
     reserve(&env, a.id, "pending", 1).await;
     let k = env.redis.keys(a.id);
@@ -304,7 +312,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
+    let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     consume(&env, a.id, "alice", rid, 2).await?;
     let job = reconcile(&env);
     let k = env.redis.keys(a.id);
@@ -387,7 +395,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     let a = env.open_sale(10, 5).await?;
     let now_ms = Utc::now().timestamp_millis();
     // alice's cancel committed in the database, then the process died before cancel_finish.
-    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
+    let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let alice_order = consume(&env, a.id, "alice", rid, 2).await?;
     let alice_cancel = Uuid::now_v7();
     let attempt = CancelAttempt {
@@ -399,13 +407,14 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         cancel_id: alice_cancel,
         buckets: 1,
     };
-    let (begun, _) = sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
+    let (begun, _) = store::cancel::begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(begun, CancelBegin::Recorded);
     let committed =
-        lifecycle::commit_cancel(&env.pool, alice_order, alice_cancel, None, Utc::now()).await?;
-    assert_eq!(committed, lifecycle::Committed::Cancelled(2));
+        protocol::cancel::commit_cancel(&env.pool, alice_order, alice_cancel, None, Utc::now())
+            .await?;
+    assert_eq!(committed, protocol::cancel::Committed::Cancelled(2));
     // bob's cancel was announced but its transaction never committed.
-    let rid = reserve(&env, a.id, "bob", 1).await.request_id;
+    let rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let bob_order = consume(&env, a.id, "bob", rid, 1).await?;
     let attempt = CancelAttempt {
         activity_id: a.id,
@@ -416,7 +425,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         cancel_id: Uuid::now_v7(),
         buckets: 1,
     };
-    sale::cancel_begin(&env.redis, &attempt, now_ms).await?;
+    store::cancel::begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(redis_stock(&env, a.id).await, Some(7));
 
     let report = reconcile(&env).run(after_grace(GRACE)).await?;
@@ -441,11 +450,11 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
 async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = reserve(&env, a.id, "alice", 2).await.request_id;
+    let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
-    let paid_rid = reserve(&env, a.id, "bob", 1).await.request_id;
+    let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    lifecycle::pay_order(&env.pool, paid, "bob", Utc::now()).await?;
+    pay::pay_order(&env.pool, paid, "bob", Utc::now()).await?;
     let job = reconcile(&env);
 
     let before = job.run(Utc::now()).await?;
@@ -514,7 +523,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
         tokio::spawn(async move {
             let mut samples = 0;
             while !done.load(Ordering::SeqCst) {
-                let snap = sale::snapshot(&env.redis, id).await?;
+                let snap = ledger::snapshot(&env.redis, id).await?;
                 let stock = snap.stock.expect("loaded");
                 anyhow::ensure!(stock >= 0, "redis stock {stock} < 0");
                 samples += 1;
@@ -553,9 +562,9 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 let env = env.clone();
                 orders.push(tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(rand::random_range(0..30))).await;
-                    match commit_order(&env, id, &user, rid, qty as i32).await {
+                    match commit_order(&env, id, &user, rid, qty).await {
                         Ok(_) => {
-                            sale::settle(&env.redis, id, &user, &rid.to_string()).await?;
+                            ledger::settle(&env.redis, id, &user, &rid.to_string()).await?;
                             anyhow::Ok(true)
                         }
                         Err(e) if e.to_string() == "DB sold out" => Ok(false),
@@ -580,8 +589,15 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 tokio::spawn(async move {
                     let n = wave * WAVE + i;
                     let (user, qty, rid) = (format!("u{n}"), 1 + (n % 2) as i64, Uuid::new_v4());
-                    match sale::purchase(&env.redis, id, &user, qty, rid, sale::far_deadline())
-                        .await?
+                    match testing::purchase(
+                        &env.redis,
+                        id,
+                        &user,
+                        qty,
+                        rid,
+                        purchase::far_deadline(),
+                    )
+                    .await?
                     {
                         Ok(Reservation { stock_left, .. }) => {
                             anyhow::ensure!(stock_left >= 0);
@@ -622,7 +638,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     );
     assert!(corrected > 0, "no correction ran: {checks:?}");
     assert_eq!(refused, 0, "Redis sold units the database did not have");
-    let snap = sale::snapshot(&env.redis, id).await?;
+    let snap = ledger::snapshot(&env.redis, id).await?;
     let stock = snap.stock.expect("loaded");
     let sold = order::sold_quantity(&env.pool, id).await?;
     assert_eq!(sold, reserved);
@@ -634,16 +650,16 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     assert!(r.redis_stock >= Some(stock));
     assert_eq!((r.pending_qty, r.drift), (0, 0));
     assert_eq!(r.redis_stock, Some(STOCK - sold));
-    assert_eq!(i64::from(db_remaining(&env, id).await), STOCK - sold);
+    assert_eq!(db_remaining(&env, id).await, STOCK - sold);
     Ok(())
 }
 
 async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let rid = reserve(&env, a.id, "alice", 1).await.request_id;
+    let rid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     consume(&env, a.id, "alice", rid, 1).await?;
-    let rid = reserve(&env, a.id, "bob", 2).await.request_id;
+    let rid = reserve(&env, a.id, "bob", 2).await.attempt.request_id;
     consume(&env, a.id, "bob", rid, 2).await?;
     reserve(&env, a.id, "carol", 1).await;
     let k = env.redis.keys(a.id);

@@ -18,7 +18,8 @@
 //! reconcile reports.
 
 use anyhow::Context;
-use seckill_shared::activity::{self, NewActivity};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::testing;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -218,7 +219,7 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     // ------------------------------------------------------------------ arrange
     let (database_url, pool) = testing::fresh_database().await?;
     let config = testing::config(&database_url, testing::RedisKind::Standalone);
-    let sqs = seckill_shared::queue::sqs_client().await;
+    let sqs = seckill_shared::infra::sqs::sqs_client().await;
     let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
     let now = chrono::Utc::now();
     // The events name activity 1: the first row of a fresh database. Open now, so the
@@ -235,7 +236,8 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     assert_eq!(sale.id, 1, "the events reference activity 1");

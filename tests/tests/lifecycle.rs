@@ -1,18 +1,27 @@
 //! An order after confirmation: pay and cancel through the entry router and
-//! `seckill_shared::lifecycle`, against real Redis (standalone and cluster) and PostgreSQL.
+//! `seckill_shared::protocol::cancel`, against real Redis (standalone and cluster) and PostgreSQL.
 //! Confirmed orders are written here the way the order consumer writes them.
 
 mod common;
 
 use axum::http::StatusCode;
 use axum::Router;
-use seckill_shared::activity::Activity;
-use seckill_shared::lifecycle::{self, CancelOutcome};
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::reason;
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
 use seckill_shared::on_both_redis;
-use seckill_shared::order::{self, reason};
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale::{self, Snapshot};
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::protocol;
+use seckill_shared::protocol::cancel::CancelOutcome;
+use seckill_shared::store;
+use seckill_shared::store::ledger;
+use seckill_shared::store::ledger::Snapshot;
+use seckill_shared::store::purchase;
+use seckill_shared::testing;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -34,26 +43,26 @@ async fn world(kind: RedisKind, stock: i64) -> World {
 impl World {
     /// A purchase the consumer has confirmed: the script's reservation, then what the consumer
     /// does (order row, DB stock down in one transaction, ledger entry dropped after commit).
-    async fn confirmed(&self, user: &str, qty: i32) -> i64 {
+    async fn confirmed(&self, user: &str, qty: i64) -> i64 {
         let request_id = self.reserve(user, qty).await;
         let id = self.commit(user, qty, request_id).await;
         assert!(
-            sale::settle(&self.env.redis, self.sale.id, user, &request_id.to_string())
+            ledger::settle(&self.env.redis, self.sale.id, user, &request_id.to_string())
                 .await
                 .unwrap()
         );
         id
     }
 
-    async fn reserve(&self, user: &str, qty: i32) -> Uuid {
+    async fn reserve(&self, user: &str, qty: i64) -> Uuid {
         let request_id = Uuid::new_v4();
-        let d = sale::purchase(
+        let d = testing::purchase(
             &self.env.redis,
             self.sale.id,
             user,
-            i64::from(qty),
+            qty,
             request_id,
-            sale::far_deadline(),
+            purchase::far_deadline(),
         )
         .await
         .unwrap();
@@ -61,7 +70,7 @@ impl World {
         request_id
     }
 
-    async fn commit(&self, user: &str, qty: i32, request_id: Uuid) -> i64 {
+    async fn commit(&self, user: &str, qty: i64, request_id: Uuid) -> i64 {
         commit_order(&self.env, self.sale.id, user, request_id, qty)
             .await
             .unwrap()
@@ -95,7 +104,7 @@ impl World {
         snapshot(&self.env, self.sale.id).await
     }
 
-    async fn db_stock(&self) -> i32 {
+    async fn db_stock(&self) -> i64 {
         db_remaining(&self.env, self.sale.id).await
     }
 
@@ -254,7 +263,7 @@ async fn concurrent_cancels_of_one_order_give_stock_back_once(
     let outcomes = futures::future::join_all((0..20).map(|_| {
         let (pool, redis, order) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
         tokio::spawn(async move {
-            lifecycle::cancel_order(&pool, &redis, &order, chrono::Utc::now())
+            protocol::cancel::cancel_order(&pool, &redis, &order, chrono::Utc::now())
                 .await
                 .unwrap()
         })
@@ -292,9 +301,9 @@ async fn a_cancel_that_read_the_order_before_another_finished_it_gives_no_quota_
     let (pool, redis) = (&w.env.pool, &w.env.redis);
     let now = chrono::Utc::now();
 
-    let first = lifecycle::cancel_order(pool, redis, &stale, now).await?;
+    let first = protocol::cancel::cancel_order(pool, redis, &stale, now).await?;
     assert_eq!(first, CancelOutcome::Cancelled { quantity: 4 });
-    let second = lifecycle::cancel_order(pool, redis, &stale, now).await?;
+    let second = protocol::cancel::cancel_order(pool, redis, &stale, now).await?;
     assert_eq!(second, CancelOutcome::AlreadyCancelled);
 
     let snap = w.redis().await;
@@ -340,7 +349,7 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(
     // Steps 1 and 2 of a cancel, then the "crash": no cancel_finish.
     let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
     let cancel_id = Uuid::now_v7();
-    let attempt = sale::CancelAttempt {
+    let attempt = store::cancel::CancelAttempt {
         activity_id: w.sale.id,
         user_id: "alice",
         order_id: id,
@@ -349,13 +358,13 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(
         cancel_id,
         buckets: 1,
     };
-    sale::cancel_begin(&w.env.redis, &attempt, now.timestamp_millis())
+    store::cancel::begin(&w.env.redis, &attempt, now.timestamp_millis())
         .await
         .unwrap();
-    let committed = lifecycle::commit_cancel(&w.env.pool, id, cancel_id, None, now)
+    let committed = protocol::cancel::commit_cancel(&w.env.pool, id, cancel_id, None, now)
         .await
         .unwrap();
-    assert_eq!(committed, lifecycle::Committed::Cancelled(3));
+    assert_eq!(committed, protocol::cancel::Committed::Cancelled(3));
     assert_eq!(w.redis().await.stock, Some(7), "Redis half not done yet");
 
     let (status, body) = w.cancel(id, "alice").await;
@@ -411,7 +420,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
     assert_eq!(me["requestId"], request_id.to_string());
 
     let id = w.commit("alice", 2, request_id).await;
-    sale::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string()).await?;
+    ledger::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string()).await?;
     let me = w.me("alice").await;
     assert_eq!(
         (
@@ -428,15 +437,17 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
 
     // A request the database refused shows as failed, with its reason.
     let refused = OrderMessage {
-        request_id: Uuid::new_v4(),
-        activity_id: w.sale.id,
-        user_id: "bob".into(),
-        quantity: 1,
+        attempt: Attempt {
+            request_id: Uuid::new_v4(),
+            activity_id: w.sale.id,
+            user_id: "bob".into(),
+            quantity: 1,
+            buckets: 1,
+        },
         reserved_at_ms: 0,
         load_epoch: None,
-        buckets: None,
     };
-    assert!(order::insert_failed(&w.env.pool, &refused, reason::SOLD_OUT).await?);
+    assert!(order::insert_failed(&w.env.pool, &refused.attempt, reason::SOLD_OUT).await?);
     let me = w.me("bob").await;
     assert_eq!(
         (me["status"].as_str(), me["reason"].as_str()),

@@ -6,11 +6,16 @@
 //! a hold the holder never knew of, and a nested release delivered twice never ends it.
 
 use chrono::{Duration as ChronoDuration, Utc};
-use seckill_shared::activity::{self, NewActivity};
-use seckill_shared::lock::{self, LockError};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::on_both_redis;
-use seckill_shared::scripts;
-use seckill_shared::testing::{self, LockHold, RedisKind, TestEnv};
+use seckill_shared::protocol::lock;
+use seckill_shared::protocol::lock::LockError;
+use seckill_shared::store::scripts;
+use seckill_shared::testing;
+use seckill_shared::testing::LockHold;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
 use std::time::Duration;
 
 fn ms(n: u64) -> Duration {
@@ -33,7 +38,8 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     Ok((env, a.id))

@@ -169,9 +169,10 @@ fn every_reference_names_a_schema_of_the_document() {
 
 #[test]
 fn the_documented_bounds_are_the_validated_ones() {
-    use seckill_shared::activity::{
-        MAX_DRAW_WINDOW_MS, MAX_PER_ORDER_LIMIT, MAX_RATE_PER_SEC, MAX_TOTAL_STOCK,
-    };
+    use seckill_shared::domain::settings::MAX_DRAW_WINDOW_MS;
+    use seckill_shared::domain::settings::MAX_PER_ORDER_LIMIT;
+    use seckill_shared::domain::settings::MAX_RATE_PER_SEC;
+    use seckill_shared::domain::settings::MAX_TOTAL_STOCK;
     let doc = document();
     let schemas = &doc["components"]["schemas"];
     for schema in ["NewActivity", "ActivityPatch"] {
@@ -184,7 +185,7 @@ fn the_documented_bounds_are_the_validated_ones() {
         assert_eq!(p["title"]["maxLength"], 200, "{schema}");
         assert_eq!(
             p["buckets"]["maximum"],
-            seckill_shared::keys::MAX_BUCKETS,
+            seckill_shared::domain::settings::MAX_BUCKETS,
             "{schema}"
         );
         assert_eq!(p["buckets"]["minimum"], 1, "{schema}");

@@ -13,20 +13,24 @@ use axum::Router;
 use common::{call_with_headers, dead_pool};
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
 use seckill_entry::{router, EntryState};
-use seckill_shared::activity::{self, NewActivity};
-use seckill_shared::auth::ADMIN_SCOPE;
-use seckill_shared::cache::Redis;
+use seckill_shared::domain::activity;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::http::auth::ADMIN_SCOPE;
+use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
-use seckill_shared::queue::OrderQueue;
-use seckill_shared::testing::{request, PrivateRedis, RedisKind, TestEnv};
-use seckill_shared::Deps;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::testing::request;
+use seckill_shared::testing::PrivateRedis;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::Context;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 
 /// The entry function on the test's Redis and queue, with `pool` as its database.
 fn entry_with_pool(env: &TestEnv, pool: PgPool) -> Router {
-    let deps = Deps::new(env.config.clone(), pool, env.redis.clone());
+    let deps = Context::new(env.config.clone(), pool, env.redis.clone());
     router(EntryState::new(deps, env.queue.clone()))
 }
 
@@ -96,7 +100,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     let sale = env.open_sale(5, 1).await?;
     // The viewer never reaches the database: what it shows after the change came from Redis.
     let viewer = entry_with_pool(&env, dead_pool());
-    let admin = admin::router(admin::AdminState::new(env.deps()));
+    let admin = admin::router(admin::AdminState::new(env.context()));
     assert_eq!(view(&viewer, sale.id).await.2["title"], "test sale");
 
     let now = chrono::Utc::now();
@@ -153,7 +157,8 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
-        },
+        }
+        .settings()?,
     )
     .await?;
     let pool = own_pool(&env)?;
@@ -191,7 +196,7 @@ async fn a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let database = env.config.database_url.clone();
+    let database = env.config.database_url.expose().to_string();
     // Only the entry's own pool works on the test's database from here on.
     env.pool.close().await;
     let before = settled_transactions(&database).await?;
@@ -258,7 +263,8 @@ async fn health_needs_no_dependency_and_the_deep_check_names_the_dead_ones(
         let (redis, dead) = if breaks(Broken::Redis) {
             let private = PrivateRedis::start().await;
             let mut config = env.config.clone();
-            config.redis = seckill_shared::config::RedisTopology::Standalone(private.url());
+            config.redis =
+                seckill_shared::infra::config::RedisTopology::Standalone(private.url().into());
             (Redis::connect(&config).await?, Some(private))
         } else {
             (env.redis.clone(), None)
@@ -275,7 +281,7 @@ async fn health_needs_no_dependency_and_the_deep_check_names_the_dead_ones(
         } else {
             env.queue.clone()
         };
-        let deps = Deps::new(env.config.clone(), pool, redis);
+        let deps = Context::new(env.config.clone(), pool, redis);
         let app = router(EntryState::new(deps, queue));
 
         let (status, _, body) =
@@ -317,7 +323,7 @@ fn parse_time(text: &str) -> chrono::DateTime<chrono::Utc> {
 fn own_pool(env: &TestEnv) -> anyhow::Result<PgPool> {
     Ok(sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect_lazy(&env.config.database_url)?)
+        .connect_lazy(env.config.database_url.expose())?)
 }
 
 /// Transactions the database has counted (committed and rolled back), read from another

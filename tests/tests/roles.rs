@@ -12,11 +12,19 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use axum::http::StatusCode;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use common::{after_grace, consume, db_remaining, reserve, set_db_stock};
-use seckill_shared::activity::{self, Activity, NewActivity};
-use seckill_shared::order::{self, reason};
-use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
-use seckill_shared::{db, Deps};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::reason;
+use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::db;
+use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::testing::call;
+use seckill_shared::testing::request;
+use seckill_shared::testing::RedisKind;
+use seckill_shared::testing::TestEnv;
+use seckill_shared::Context;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -27,7 +35,12 @@ const ADMIN: (&str, &str) = ("ops", "seckill:admin");
 
 /// A pool on the test's database logged in as `role`.
 async fn pool_as(env: &TestEnv, role: &str) -> PgPool {
-    let options: PgConnectOptions = env.config.database_url.parse().expect("a PostgreSQL URL");
+    let options: PgConnectOptions = env
+        .config
+        .database_url
+        .expose()
+        .parse()
+        .expect("a PostgreSQL URL");
     db::pool_options()
         .max_connections(4)
         .connect_with(options.username(role))
@@ -36,8 +49,8 @@ async fn pool_as(env: &TestEnv, role: &str) -> PgPool {
 }
 
 /// What a function's state is built on, with its database pool logged in as `role`.
-async fn deps_as(env: &TestEnv, role: &str) -> Deps {
-    Deps::new(
+async fn deps_as(env: &TestEnv, role: &str) -> Context {
+    Context::new(
         env.config.clone(),
         pool_as(env, role).await,
         env.redis.clone(),
@@ -230,10 +243,10 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
 async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> {
     let env = new_env().await;
     let a = env.open_sale(10, 2).await?;
-    let paid = reserve(&env, a.id, "alice", 1).await.request_id;
+    let paid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "alice", paid, 1).await?;
-    seckill_shared::lifecycle::pay_order(&env.pool, paid, "alice", Utc::now()).await?;
-    let rid = reserve(&env, a.id, "bob", 1).await.request_id;
+    seckill_shared::protocol::pay::pay_order(&env.pool, paid, "alice", Utc::now()).await?;
+    let rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     consume(&env, a.id, "bob", rid, 1).await?;
     let entry = pool_as(&env, "seckill_entry").await;
 
@@ -290,7 +303,7 @@ async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Res
     // The database has one unit fewer than Redis: the third order is refused there.
     set_db_stock(&env, a.id, 2).await;
     for m in &messages {
-        env.queue.send(m).await?;
+        env.queue.send(m, m.attempt.activity_id).await?;
     }
 
     assert_eq!(consume_queue_as_consumer(&env).await, 3);
@@ -329,7 +342,10 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
     )
     .await;
     let running = env.open_sale(5, 1).await?;
-    let rid = reserve(&env, running.id, "alice", 1).await.request_id;
+    let rid = reserve(&env, running.id, "alice", 1)
+        .await
+        .attempt
+        .request_id;
     consume(&env, running.id, "alice", rid, 1).await?;
     seckill_shared::testing::lose_sale(&env.redis, running.id).await?;
     let preheat = preheat::Preheat::new(deps_as(&env, "seckill_preheat").await);
@@ -370,7 +386,9 @@ async fn insert(env: &TestEnv, start_at: DateTime<Utc>, end_at: DateTime<Utc>) -
         "endAt": end_at,
     }))
     .unwrap();
-    activity::insert(&env.pool, &new).await.unwrap()
+    activity::insert(&env.pool, &new.settings().unwrap())
+        .await
+        .unwrap()
 }
 
 /// Reconcile as `seckill_reconcile`: a stale reservation claimed `failed` and given back, the
@@ -382,9 +400,9 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     env.config.reconcile_grace = Duration::from_secs(5);
     env.config.payment_timeout = Duration::from_secs(3600);
     let a = env.open_sale(10, 5).await?;
-    let unpaid = reserve(&env, a.id, "alice", 2).await.request_id;
+    let unpaid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
-    let stale = reserve(&env, a.id, "bob", 1).await.request_id;
+    let stale = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let job = reconcile::Reconcile::new(deps_as(&env, "seckill_reconcile").await);
 
     let report = job.run(after_grace(env.config.reconcile_grace)).await?;
@@ -453,7 +471,7 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let id = created["id"].as_i64().unwrap();
-    let rid = reserve(&env, id, "alice", 1).await.request_id;
+    let rid = reserve(&env, id, "alice", 1).await.attempt.request_id;
     consume(&env, id, "alice", rid, 1).await?;
     let path = format!("/admin/activities/{id}");
     let (status, updated) = call(

@@ -7,11 +7,16 @@
 //!   and host name, and a role password set by `seckill-migrate` logs that role in.
 
 use seckill_migrate::MigrateConfig;
-use seckill_shared::cache::Redis;
-use seckill_shared::config::RedisTopology;
-use seckill_shared::db::{self, CaBundle};
-use seckill_shared::sale::{self, Reservation};
-use seckill_shared::secrets::{DatabaseSecret, RoleSecret, SecretRefs};
+use seckill_shared::infra::aws_secrets::DatabaseSecret;
+use seckill_shared::infra::aws_secrets::RoleSecret;
+use seckill_shared::infra::config::RedisTopology;
+use seckill_shared::infra::config::SecretRefs;
+use seckill_shared::infra::db;
+use seckill_shared::infra::db::CaBundle;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::purchase;
+use seckill_shared::store::purchase::Reservation;
+use seckill_shared::testing;
 use sqlx::{ConnectOptions, Connection};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -128,7 +133,8 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
 
     let mut config = seckill_shared::Config::from_env()?;
     config.key_prefix = "tls".into();
-    config.redis = RedisTopology::Standalone(format!("rediss://:s3cret-token@127.0.0.1:{port}"));
+    config.redis =
+        RedisTopology::Standalone(format!("rediss://:s3cret-token@127.0.0.1:{port}").into());
     config.redis_timeout = Duration::from_secs(2);
     let mut redis = None;
     for _ in 0..50 {
@@ -153,13 +159,13 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
             ("stock", "1".into()),
         ]))
         .await?;
-    let decision = sale::purchase(
+    let decision = testing::purchase(
         &redis,
         1,
         "alice",
         1,
         uuid::Uuid::new_v4(),
-        sale::far_deadline(),
+        purchase::far_deadline(),
     )
     .await?;
     assert!(
@@ -168,7 +174,7 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
     );
 
     // Without the token the same server refuses us.
-    config.redis = RedisTopology::Standalone(format!("rediss://127.0.0.1:{port}"));
+    config.redis = RedisTopology::Standalone(format!("rediss://127.0.0.1:{port}").into());
     let refused = match Redis::connect(&config).await {
         Err(_) => true,
         Ok(r) => r.cmd::<String>(redis::cmd("PING").arg("x")).await.is_err(),
@@ -338,7 +344,11 @@ impl TlsPostgres {
             .to_string(),
         )
         .unwrap();
-        secret.database_url(Some(host)).unwrap()
+        secret
+            .database_url(Some(host))
+            .unwrap()
+            .expose()
+            .to_string()
     }
 
     fn ca(&self) -> CaBundle {
@@ -445,7 +455,7 @@ async fn migrate_over_verify_full_sets_a_role_password_that_logs_the_role_in() -
     conn.close().await?;
     let master = pg.url("localhost", "seckill", MASTER_PASSWORD, "seckill");
     let config = MigrateConfig {
-        database_url: Some(master.clone()),
+        database_url: Some(master.clone().into()),
         secrets: SecretRefs::default(),
         database_ca: pg.ca(),
         db_acquire_timeout: Duration::from_secs(10),

@@ -5,7 +5,7 @@ use seckill_shared::Config;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let config = Config::load().await?;
     let state = AdminState::connect(config).await?;
     lambda_http::run(router(state)).await

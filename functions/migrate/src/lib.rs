@@ -1,4 +1,4 @@
-//! The `seckill-migrate` function: applies `migrations/` (embedded in `seckill_shared::db`) to
+//! The `seckill-migrate` function: applies `migrations/` (embedded in `seckill_shared::infra::db`) to
 //! the database, sets the passwords of the functions' login roles, and reports what it did.
 //!
 //! Never run on a function's cold start (many containers would race on the schema). Two ways
@@ -19,9 +19,10 @@
 mod scram;
 
 pub use scram::verifier as scram_verifier;
-use seckill_shared::config::{millis, non_blank};
-use seckill_shared::secrets::{RoleSecret, SecretRefs};
-use seckill_shared::{db, secrets};
+use seckill_shared::infra::aws_secrets::{self, RoleSecret};
+use seckill_shared::infra::config::{millis, non_blank, SecretRefs};
+use seckill_shared::infra::db;
+use seckill_shared::infra::secret::{ExposeSecret, SecretUrl};
 use serde_json::{json, Value};
 use sqlx::{ConnectOptions, Connection};
 use std::time::Duration;
@@ -29,7 +30,7 @@ use std::time::Duration;
 /// What migrating needs to know: where the database is and which role secrets to apply.
 /// (The functions' `Config` also requires Redis and the queue, which a migration run from a
 /// bastion has no use for.)
-#[derive(Clone, clap::Parser)]
+#[derive(Clone, Debug, clap::Parser)]
 #[command(
     name = "seckill-migrate",
     about = "Applies the schema migrations to the database and sets the functions' role \
@@ -43,11 +44,11 @@ pub struct MigrateConfig {
         long = "database-url",
         env = "DATABASE_URL",
         value_name = "DATABASE_URL",
-        value_parser = non_blank,
+        value_parser = secret_url,
         required_unless_present = "database_secret_arn",
         hide_env_values = true
     )]
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretUrl>,
     /// The master secret, the role secrets (REDIS_AUTH_SECRET_ARN is not read here).
     #[command(flatten)]
     pub secrets: SecretRefs,
@@ -64,28 +65,14 @@ pub struct MigrateConfig {
     pub db_acquire_timeout: Duration,
 }
 
-/// Written by hand like the functions' `Config`: the URL's password never shows.
-impl std::fmt::Debug for MigrateConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MigrateConfig")
-            .field(
-                "database_url",
-                &self.database_url.as_deref().map(secrets::redacted),
-            )
-            .field("secrets", &self.secrets)
-            .field("database_ca", &self.database_ca)
-            .field("db_acquire_timeout", &self.db_acquire_timeout)
-            .finish()
-    }
-}
-
 impl MigrateConfig {
     /// The database URL: from the secret when one is named (read per run, so a rotated
     /// password is picked up), else DATABASE_URL.
-    async fn database_url(&self) -> anyhow::Result<String> {
+    async fn database_url(&self) -> anyhow::Result<SecretUrl> {
         match &self.secrets.database_secret_arn {
             Some(arn) => {
-                secrets::database_url_from_secret(arn, self.secrets.database_host.as_deref()).await
+                aws_secrets::database_url_from_secret(arn, self.secrets.database_host.as_deref())
+                    .await
             }
             None => self
                 .database_url
@@ -98,10 +85,10 @@ impl MigrateConfig {
 /// Reads the role secrets, connects, migrates, sets the role passwords, reports which
 /// migrations are now applied and which roles got their password.
 pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
-    let roles = secrets::role_secrets(&config.secrets.database_role_secret_arns).await?;
+    let roles = aws_secrets::role_secrets(&config.secrets.database_role_secret_arns).await?;
     let url = config.database_url().await?;
-    let target = secrets::redacted(&url);
-    let options = db::connect_options(&url, &config.database_ca)?;
+    let target = url.redacted();
+    let options = db::connect_options(url.expose(), &config.database_ca)?;
     // One connection is enough and keeps this off the functions' connection budget.
     let pool = db::connect_to(options.clone(), 1, config.db_acquire_timeout).await?;
     let before: Vec<i64> = applied(&pool).await.unwrap_or_default();
@@ -132,7 +119,7 @@ pub async fn set_role_passwords(
     options: sqlx::postgres::PgConnectOptions,
     roles: &[RoleSecret],
 ) -> anyhow::Result<Vec<&'static str>> {
-    secrets::distinct_roles(roles)?;
+    aws_secrets::distinct_roles(roles)?;
     if roles.is_empty() {
         return Ok(Vec::new());
     }
@@ -143,7 +130,7 @@ pub async fn set_role_passwords(
         .map_err(|e| anyhow::anyhow!("failed to connect to set the role passwords: {e}"))?;
     let mut set = Vec::with_capacity(roles.len());
     for secret in roles {
-        let verifier = scram::verifier(&secret.password)
+        let verifier = scram::verifier(secret.password.expose_secret())
             .map_err(|e| anyhow::anyhow!("role {}: {e}", secret.role))?;
         let statement: String =
             sqlx::query_scalar("select format('alter role %I with login password %L', $1, $2)")
@@ -160,6 +147,11 @@ pub async fn set_role_passwords(
     }
     conn.close().await?;
     Ok(set)
+}
+
+/// A non-blank URL, which may carry a password.
+fn secret_url(value: &str) -> Result<SecretUrl, String> {
+    non_blank(value).map(SecretUrl::from)
 }
 
 async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {

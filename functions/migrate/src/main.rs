@@ -7,7 +7,7 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     // Parsed once (`--help` lists every setting); the secrets are read per run.
     let config = <MigrateConfig as clap::Parser>::parse();
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {

@@ -1,58 +1,32 @@
 //! order-consumer: turns the order messages `seckill-entry` sends into rows of the system of
-//! record.
+//! record, one SQS batch at a time, reporting only the failed messages.
 //!
-//! Each message stands for a reservation Redis already granted (stock taken, user added,
-//! ledger entry `r|<requestId>|qty|ms` written). Its fate is decided once, by the database's
-//! `request_id` unique key (`seckill_shared::giveback`, `docs/invariants.md`):
-//!
-//! 1. **Decided already** (a row with the request id exists, whatever its status): apply what
-//!    it says and ack. A live row drops the ledger entry; a `failed` row means someone claimed
-//!    the reservation to give it back (the entry after a failed send, reconcile after the
-//!    grace period, an earlier delivery), so its units go back, guarded by the ledger entry,
-//!    in case that actor crashed before doing it.
-//! 2. **No reservation** in the ledger (never granted, or lost with a Redis restart): claim
-//!    the request as `failed / reservation_expired` and ack. Its units are not held in Redis,
-//!    so committing would sell them twice.
-//! 3. Otherwise one transaction: insert the order, then `remaining_stock - q where
-//!    remaining_stock >= q`. After commit, drop the ledger entry. The insert is the claim: if
-//!    anyone claimed the request meanwhile it fails as a duplicate, and step 1 applies.
-//!    The ledger read of step 2 is no guard against that: it may be stale by the time the
-//!    transaction commits; the claim is what holds. The stock update also requires the sale's
-//!    load epoch to be the message's: if Redis lost the sale and loaded it again meanwhile, the
-//!    reservation's units are in the reloaded stock and the request fails
-//!    `reservation_expired` instead.
-//! 4. **Business refusals** roll back and give the reservation back through the arbiter: claim
-//!    the request as `failed`, and only if this delivery won, compensate Redis: sold out ->
-//!    full compensation; the user already holds another order -> stock only.
-//! 5. Anything transient (database or Redis out of reach, timeouts) reports the message in
-//!    `batchItemFailures`: SQS redelivers it, and after `maxReceiveCount` moves it to the DLQ.
-//!    Malformed messages are reported the same way, so they end in the DLQ for a human.
-//!
-//! Every step is safe to repeat, which is what lets a redelivery arrive at any moment.
-//!
-//! **Batch fast path.** One hot activity row serialises every order transaction on it, so
-//! one transaction per order is bounded by that row. [`Consumer::handle_batch`] first tries,
-//! per activity, one transaction for the whole batch (a multi-row insert from `unnest` plus
-//! one aggregated conditional stock update). It only commits what the per-message path
-//! would have committed; whenever the aggregate cannot apply (not enough stock for all, a
-//! one-per-user conflict, any error) it rolls back and the messages go one by one.
+//! Each message is a reservation Redis granted; its fate is decided once, by the database's
+//! `request_id` key ([`seckill_shared::protocol::giveback`]): a row already there is applied, a
+//! reservation missing from the ledger is claimed `reservation_expired`, otherwise one
+//! transaction inserts the order and takes the stock (under the message's load epoch), and a
+//! business refusal gives the units back through the arbiter. Anything transient is retried
+//! by SQS. Every step is safe to repeat. The batch fast path ([`batch`]) writes a batch's
+//! messages of one sale in one transaction. docs/invariants.md, "Consumer: an order message".
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures::StreamExt;
-use seckill_shared::cache::{CacheError, Redis};
-use seckill_shared::config::Config;
-use seckill_shared::giveback::{self, GiveBack};
-use seckill_shared::order::{self, reason, Order};
-use seckill_shared::queue::OrderMessage;
-use seckill_shared::sale::{self, Compensation, LedgerEntry};
-use seckill_shared::Deps;
-use seckill_shared::{activity, db};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::order::{self, reason, Order};
+use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::infra::{db, metrics, pause};
+use seckill_shared::protocol::giveback::{self, GiveBack};
+use seckill_shared::store::conn::{Redis, StoreError};
+use seckill_shared::store::keys::Home;
+use seckill_shared::store::ledger::{self, Compensation};
+use seckill_shared::{Config, Context};
 use sqlx::PgPool;
-use std::collections::{BTreeMap, HashSet};
 use uuid::Uuid;
 
 /// The function name used in metrics.
 pub const FUNCTION: &str = "order-consumer";
+
+mod batch;
 
 /// What became of one message that was acked (or, for [`Outcome::Malformed`], sent on its
 /// way to the DLQ).
@@ -120,8 +94,8 @@ impl From<sqlx::Error> for ConsumeError {
     }
 }
 
-impl From<CacheError> for ConsumeError {
-    fn from(e: CacheError) -> Self {
+impl From<StoreError> for ConsumeError {
+    fn from(e: StoreError) -> Self {
         ConsumeError::Retryable(anyhow::Error::new(e))
     }
 }
@@ -139,21 +113,14 @@ enum TxOutcome {
     UnknownActivity,
 }
 
-/// The consumer's dependencies, built once per container and shared by every batch.
+/// The consumer's clients, built once per container and shared by every batch.
 #[derive(Clone)]
 pub struct Consumer {
-    /// Config, pool and Redis (`self.pool`, `self.config`, `self.redis` read through it).
-    deps: Deps,
+    config: Config,
+    pool: PgPool,
+    redis: Redis,
     /// Whether batches take the one-transaction-per-activity fast path (on by default).
     batch_writes: bool,
-}
-
-impl std::ops::Deref for Consumer {
-    type Target = Deps;
-
-    fn deref(&self) -> &Deps {
-        &self.deps
-    }
 }
 
 /// Per-batch counters, emitted once as one metrics line.
@@ -173,9 +140,11 @@ pub struct BatchStats {
 }
 
 impl Consumer {
-    pub fn new(deps: Deps) -> Self {
+    pub fn new(context: Context) -> Self {
         Self {
-            deps,
+            config: context.config,
+            pool: context.pool,
+            redis: context.redis,
             batch_writes: true,
         }
     }
@@ -191,15 +160,15 @@ impl Consumer {
     /// a cold start never fails because the database is briefly away, and
     /// `MaximumConcurrency × db_max_connections` bounds what the database sees.
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
-        Ok(Self::new(Deps::connect(config).await?))
+        Ok(Self::new(Context::connect(config).await?))
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.deps.pool
+        &self.pool
     }
 
     pub fn redis(&self) -> &Redis {
-        &self.deps.redis
+        &self.redis
     }
 
     /// Handles one SQS batch and answers with the ids of the messages to redeliver (partial
@@ -209,7 +178,7 @@ impl Consumer {
     /// Emits one metrics line for the batch.
     pub async fn handle_batch(&self, event: SqsEvent) -> SqsBatchResponse {
         let (response, stats) = self.handle_batch_with_stats(event).await;
-        seckill_shared::metrics::emit(
+        metrics::emit(
             FUNCTION,
             &[
                 ("Committed", stats.committed as f64),
@@ -301,173 +270,12 @@ impl Consumer {
         (response, stats)
     }
 
-    /// The batch fast path: per activity, one transaction with one multi-row insert and one
-    /// aggregated conditional stock update, instead of one transaction (and one turn on the
-    /// hot activity row) per order. Returns the messages it committed and the rest, which
-    /// the per-message path handles.
-    ///
-    /// It only commits what the per-message path would have committed: messages whose
-    /// reservation is in the ledger and with no row yet (the insert skips request ids someone
-    /// claimed meanwhile), one per user, when the database has stock for all of them and no
-    /// one-per-user conflict. Anything else (a unique
-    /// violation, not enough stock for the whole group, an error) rolls the whole group back
-    /// and leaves it to the per-message path, which decides each message on its own.
-    async fn write_batches(&self, items: Vec<Item>) -> (Vec<Item>, Vec<Item>) {
-        let mut groups: BTreeMap<i64, Vec<Item>> = BTreeMap::new();
-        for item in items {
-            groups
-                .entry(item.message.activity_id)
-                .or_default()
-                .push(item);
-        }
-        let outcomes =
-            futures::future::join_all(groups.into_values().map(|g| self.write_group(g))).await;
-        let mut committed = Vec::new();
-        let mut rest = Vec::new();
-        for (c, r) in outcomes {
-            committed.extend(c);
-            rest.extend(r);
-        }
-        (committed, rest)
-    }
-
-    async fn write_group(&self, group: Vec<Item>) -> (Vec<Item>, Vec<Item>) {
-        if group.len() < 2 {
-            return (Vec::new(), group);
-        }
-        let activity_id = group[0].message.activity_id;
-        // One message per user: a second request of the same user, or the same message twice,
-        // is left to the per-message path.
-        let mut users = HashSet::new();
-        let (candidates, mut rest): (Vec<Item>, Vec<Item>) = group
-            .into_iter()
-            .partition(|item| users.insert(item.message.user_id.clone()));
-
-        // The reservation must be in the ledger, exactly as in the per-message path: one
-        // HMGET per home bucket (one for a sale with one bucket).
-        let entries = match self.ledger_entries(&candidates).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::debug!(activity_id, error = %e, "batch path skipped: ledger unreadable");
-                rest.extend(candidates);
-                return (Vec::new(), rest);
-            }
-        };
-        let mut held = Vec::with_capacity(candidates.len());
-        for (item, entry) in candidates.into_iter().zip(entries) {
-            let request = entry
-                .and_then(|v| LedgerEntry::parse(&item.message.user_id, &v))
-                .and_then(|e| e.request_id());
-            if request == Some(item.message.request_id) {
-                held.push(item);
-            } else {
-                rest.push(item);
-            }
-        }
-        if held.len() < 2 {
-            rest.extend(held);
-            return (Vec::new(), rest);
-        }
-
-        // A stable lock order (by user) between concurrent batches of the same activity.
-        held.sort_by(|a, b| a.message.user_id.cmp(&b.message.user_id));
-        let messages: Vec<&OrderMessage> = held.iter().map(|i| &i.message).collect();
-        let inserted = match self.write_group_tx(activity_id, &messages).await {
-            Ok(Some(inserted)) => inserted,
-            Ok(None) => {
-                tracing::debug!(activity_id, size = held.len(), "batch path fell back");
-                rest.extend(held);
-                return (Vec::new(), rest);
-            }
-            Err(e) => {
-                tracing::debug!(activity_id, error = %e, "batch path failed; falling back");
-                rest.extend(held);
-                return (Vec::new(), rest);
-            }
-        };
-        // Rows that already existed were not inserted: the per-message path finds them and
-        // applies what they say.
-        let (committed, existing): (Vec<Item>, Vec<Item>) = held
-            .into_iter()
-            .partition(|i| inserted.contains(&i.message.request_id));
-        rest.extend(existing);
-        futures::future::join_all(committed.iter().map(|i| self.settle(&i.message))).await;
-        (committed, rest)
-    }
-
-    /// Each item's ledger entry in its home bucket, in the items' order.
-    async fn ledger_entries(&self, items: &[Item]) -> Result<Vec<Option<String>>, CacheError> {
-        let mut by_home: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            by_home
-                .entry(item.message.home().index)
-                .or_default()
-                .push(i);
-        }
-        let mut entries = vec![None; items.len()];
-        for at in by_home.into_values() {
-            let home = items[at[0]].message.home();
-            let mut hmget = redis::cmd("HMGET");
-            hmget.arg(self.redis.bucket_keys(home).ledger);
-            for &i in &at {
-                hmget.arg(&items[i].message.user_id);
-            }
-            let found: Vec<Option<String>> = self.redis.cmd(&hmget).await?;
-            for (i, entry) in at.into_iter().zip(found) {
-                entries[i] = entry;
-            }
-        }
-        Ok(entries)
-    }
-
-    /// The batch transaction. `Ok(None)`: rolled back, the group goes one by one.
-    async fn write_group_tx(
-        &self,
-        activity_id: i64,
-        messages: &[&OrderMessage],
-    ) -> Result<Option<HashSet<Uuid>>, sqlx::Error> {
-        // One epoch per transaction; a group that spans a reload goes one by one.
-        let epoch = messages[0].load_epoch;
-        if messages.iter().any(|m| m.load_epoch != epoch) {
-            return Ok(None);
-        }
-        let request_ids: Vec<Uuid> = messages.iter().map(|m| m.request_id).collect();
-        let users: Vec<String> = messages.iter().map(|m| m.user_id.clone()).collect();
-        let quantities: Vec<i32> = messages.iter().map(|m| m.quantity).collect();
-        let mut tx = self.pool.begin().await?;
-        let inserted =
-            order::insert_confirmed_batch(&mut tx, activity_id, &request_ids, &users, &quantities)
-                .await;
-        let inserted = match inserted {
-            Ok(rows) => rows,
-            Err(e)
-                if db::is_unique_violation(&e, "orders_one_per_user")
-                    || db::is_foreign_key_violation(&e) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        };
-        if inserted.is_empty() {
-            tx.rollback().await?;
-            return Ok(Some(HashSet::new()));
-        }
-        let units: i64 = inserted.iter().map(|(_, q)| i64::from(*q)).sum();
-        let left = activity::take_stock(&mut tx, activity_id, units, epoch).await?;
-        if left.is_none() {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        tx.commit().await?;
-        Ok(Some(inserted.into_iter().map(|(r, _)| r).collect()))
-    }
-
     /// Processes one parsed order message. Returns the outcome and whether this call gave
     /// units back to Redis. Safe to call any number of times for the same message, also
     /// concurrently.
     pub async fn handle_message(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
         // 1. An earlier delivery or a give-back decided: apply that decision, nothing else.
-        if let Some(row) = order::by_request(&self.pool, m.request_id).await? {
+        if let Some(row) = order::by_request(&self.pool, m.attempt.request_id).await? {
             return self.decided(m, &row).await;
         }
 
@@ -477,25 +285,27 @@ impl Consumer {
         //    shortcut, not a guard: what holds is the claim (the order insert below) against
         //    every give-back, and the load epoch in the stock update against a Redis that lost
         //    the entry after this read.
-        let entry = sale::ledger_entry(&self.redis, m.home(), &m.user_id).await?;
-        if entry.and_then(|e| e.request_id()) != Some(m.request_id) {
+        let entry = ledger::entry(&self.redis, m.home(), &m.attempt.user_id).await?;
+        if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
             return self.expired(m).await;
         }
 
         // 3. The order transaction; its insert is the claim.
-        seckill_shared::pause::point("consumer.before_write", m.activity_id).await;
+        pause::point("consumer.before_write", m.attempt.activity_id).await;
         match self.write_order(m).await? {
             TxOutcome::Committed => {
                 self.settle(m).await;
                 Ok(Processed::new(Outcome::Committed, false))
             }
-            TxOutcome::Duplicate => match order::by_request(&self.pool, m.request_id).await? {
-                Some(row) => self.decided(m, &row).await,
-                None => Err(ConsumeError::Retryable(anyhow::anyhow!(
-                    "request {} conflicted but has no row",
-                    m.request_id
-                ))),
-            },
+            TxOutcome::Duplicate => {
+                match order::by_request(&self.pool, m.attempt.request_id).await? {
+                    Some(row) => self.decided(m, &row).await,
+                    None => Err(ConsumeError::Retryable(anyhow::anyhow!(
+                        "request {} conflicted but has no row",
+                        m.attempt.request_id
+                    ))),
+                }
+            }
             TxOutcome::SoldOut => self.refuse(m, reason::SOLD_OUT).await,
             TxOutcome::Reloaded => self.expired(m).await,
             TxOutcome::AlreadyPurchased => self.refuse(m, reason::ALREADY_PURCHASED).await,
@@ -509,7 +319,7 @@ impl Consumer {
     /// No reservation in the ledger: claim the request as `reservation_expired`.
     async fn expired(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
         let why = reason::RESERVATION_EXPIRED;
-        match giveback::give_back(&self.pool, &self.redis, m, why)
+        match giveback::give_back(&self.pool, &self.redis, &m.attempt, why)
             .await
             .map_err(|e| ConsumeError::Retryable(e.into()))?
         {
@@ -524,7 +334,7 @@ impl Consumer {
     /// A row for the request exists: apply it (a `failed` row's units go back, once).
     async fn decided(&self, m: &OrderMessage, row: &Order) -> Result<Processed, ConsumeError> {
         let given_back = giveback::apply(&self.redis, row).await?;
-        tracing::debug!(request_id = %m.request_id, status = %row.status, "already decided");
+        tracing::debug!(request_id = %m.attempt.request_id, status = %row.status, "already decided");
         Ok(Processed::new(Outcome::Duplicate, given_back.is_some()))
     }
 
@@ -536,7 +346,7 @@ impl Consumer {
     /// the hot activity row is locked only for the update and the commit.
     async fn write_order(&self, m: &OrderMessage) -> Result<TxOutcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let inserted = order::insert_confirmed(&mut tx, m).await;
+        let inserted = order::insert_confirmed(&mut tx, &m.attempt).await;
         if let Err(e) = inserted {
             // Dropping `tx` rolls back.
             return if db::is_unique_violation(&e, "orders_request_id_key") {
@@ -549,13 +359,17 @@ impl Consumer {
                 Err(e)
             };
         }
-        let left =
-            activity::take_stock(&mut tx, m.activity_id, i64::from(m.quantity), m.load_epoch)
-                .await?;
+        let left = activity::take_stock(
+            &mut tx,
+            m.attempt.activity_id,
+            m.attempt.quantity,
+            m.load_epoch,
+        )
+        .await?;
         if left.is_none() {
             // The foreign key proved the activity exists: it is sold out in the database, or
             // Redis lost this reservation and loaded the sale again since.
-            let epoch = activity::load_epoch(&mut *tx, m.activity_id)
+            let epoch = activity::load_epoch(&mut *tx, m.attempt.activity_id)
                 .await?
                 .ok_or(sqlx::Error::RowNotFound)?;
             tx.rollback().await?;
@@ -574,10 +388,10 @@ impl Consumer {
     /// as failed; only the winner compensates Redis), then ack. If Redis is out of reach the
     /// message is retried, and the redelivery finds the `failed` row and applies it.
     async fn refuse(&self, m: &OrderMessage, why: &'static str) -> Result<Processed, ConsumeError> {
-        let done = giveback::give_back(&self.pool, &self.redis, m, why)
+        let done = giveback::give_back(&self.pool, &self.redis, &m.attempt, why)
             .await
             .map_err(|e| ConsumeError::Retryable(e.into()))?;
-        seckill_shared::pause::point("consumer.after_give_back", m.activity_id).await;
+        pause::point("consumer.after_give_back", m.attempt.activity_id).await;
         let outcome = if why == reason::SOLD_OUT {
             Outcome::SoldOut
         } else {
@@ -592,19 +406,21 @@ impl Consumer {
         })
     }
 
-    async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, CacheError> {
-        let given = sale::compensate(&self.redis, m.home(), &m.user_id, m.request_id, mode).await?;
+    async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, StoreError> {
+        let a = &m.attempt;
+        let given =
+            ledger::compensate(&self.redis, m.home(), &a.user_id, a.request_id, mode).await?;
         Ok(given.is_some())
     }
 
     /// Drops the reservation's ledger entry once the database holds the outcome. A failure
     /// is only logged: reconcile drops entries whose order exists.
     async fn settle(&self, m: &OrderMessage) {
-        let id = m.request_id.to_string();
-        if let Err(e) = sale::settle(&self.redis, m.home(), &m.user_id, &id).await {
+        let id = m.attempt.request_id.to_string();
+        if let Err(e) = ledger::settle(&self.redis, m.home(), &m.attempt.user_id, &id).await {
             tracing::warn!(
-                request_id = %m.request_id,
-                activity_id = m.activity_id,
+                request_id = %m.attempt.request_id,
+                activity_id = m.attempt.activity_id,
                 error = %e,
                 "could not drop the ledger entry; reconcile will"
             );
@@ -613,7 +429,7 @@ impl Consumer {
 }
 
 /// A parsed message and the SQS id to report it by.
-struct Item {
+pub(crate) struct Item {
     message_id: Option<String>,
     message: OrderMessage,
 }
@@ -625,8 +441,8 @@ fn log_result(item: &Item, result: &Result<Processed, ConsumeError>, path: &'sta
     match result {
         Ok(p) => tracing::info!(
             message_id,
-            request_id = %m.request_id,
-            activity_id = m.activity_id,
+            request_id = %m.attempt.request_id,
+            activity_id = m.attempt.activity_id,
             outcome = p.outcome.as_str(),
             compensated = p.compensated,
             path,
@@ -634,8 +450,8 @@ fn log_result(item: &Item, result: &Result<Processed, ConsumeError>, path: &'sta
         ),
         Err(e) => tracing::warn!(
             message_id,
-            request_id = %m.request_id,
-            activity_id = m.activity_id,
+            request_id = %m.attempt.request_id,
+            activity_id = m.attempt.activity_id,
             outcome = "retry",
             error = %e,
             path,
@@ -649,22 +465,22 @@ pub fn parse(body: Option<&str>) -> Result<OrderMessage, ConsumeError> {
     let body = body.ok_or_else(|| ConsumeError::Malformed("message has no body".into()))?;
     let m: OrderMessage =
         serde_json::from_str(body).map_err(|e| ConsumeError::Malformed(e.to_string()))?;
-    if m.quantity <= 0 {
+    if m.attempt.quantity <= 0 {
         return Err(ConsumeError::Malformed(format!(
             "quantity must be positive, got {}",
-            m.quantity
+            m.attempt.quantity
         )));
     }
-    if m.activity_id <= 0 {
+    if m.attempt.activity_id <= 0 {
         return Err(ConsumeError::Malformed(format!(
             "activityId must be positive, got {}",
-            m.activity_id
+            m.attempt.activity_id
         )));
     }
-    if m.user_id.trim().is_empty() {
+    if m.attempt.user_id.trim().is_empty() {
         return Err(ConsumeError::Malformed("userId is empty".into()));
     }
-    if m.request_id == Uuid::nil() {
+    if m.attempt.request_id == Uuid::nil() {
         return Err(ConsumeError::Malformed("requestId is the nil uuid".into()));
     }
     Ok(m)
@@ -679,7 +495,11 @@ mod tests {
         let body = r#"{"requestId":"0f6a3e2b-8c1d-4b7e-a9f2-3d5c7e9b1a20","activityId":1,"userId":"alice","quantity":1,"reservedAtMs":1}"#;
         let m = parse(Some(body)).unwrap();
         assert_eq!(
-            (m.activity_id, m.user_id.as_str(), m.quantity),
+            (
+                m.attempt.activity_id,
+                m.attempt.user_id.as_str(),
+                m.attempt.quantity
+            ),
             (1, "alice", 1)
         );
     }

@@ -13,7 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let config = Config::load().await?;
     let consumer = Consumer::connect(config).await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {

@@ -1,61 +1,29 @@
-//! Preheat: loads every published activity that starts within the lead time (or is already
-//! running and missing from Redis) into Redis, so the purchase script finds its stock, window
-//! and limit (all in the meta hash), and `users` and the ledger already there with the sale's
-//! expiry (each holds a sentinel field, so it never empties out and loses it) when it opens.
-//!
-//! # Idempotent by construction
-//!
-//! Each activity is loaded by one Lua script (`lua/preheat.lua`, via [`sale::preheat`]) that
-//! writes the stock only into a meta it creates, never `INCR` and never over a loaded sale:
-//! running preheat twice, concurrently with itself, or while purchases decrement the stock,
-//! never resets a loaded sale. A meta hash that is already there is only replaced by a newer
-//! `config_version` (an admin change). The keys expire `expiry_buffer` after the sale ends, so nothing lingers.
-//!
-//! A load is fenced like an admin write (`seckill_shared::load`): it holds the sale's lock,
-//! records its token while reading the row, and rebuilds `users` from the live orders
-//! when Redis does not hold the sale, so a sale Redis lost keeps its one-order-per-user memory.
-//!
-//! # Why the stock keys must not be evictable
-//!
-//! Redis holds the sale's live truth between the purchase and the order row: the stock, the
-//! set of users who bought, the ledger of in-flight reservations. The cache must run with
-//! `maxmemory-policy noeviction` (writes fail loudly when memory is full, and the entry answers
-//! 503). Under any `volatile-*` or `allkeys-*` policy, and on ElastiCache Serverless, which evicts
-//! keys carrying a TTL under memory pressure (ours all carry one), Redis may silently drop them:
-//!
-//! - a lost **meta** (which holds the stock) makes the sale look not loaded until it is
-//!   re-seeded from the database's remaining stock, which does not know the reservations still
-//!   in flight;
-//! - a lost **`users`** lets a user who already bought try again; only the database's unique
-//!   index on `(activity_id, user_id)` catches the second order;
-//! - a lost **ledger** hides crashed reservations from reconcile, so their units stay lost until
-//!   the stock is corrected from the database.
-//!
-//! So the cache is sized for every running sale and its eviction policy is part of the
-//! deployment (a node-based cluster with a `noeviction` parameter group), not a tuning knob.
+//! Preheat: loads every published sale that starts within the lead time (or runs and is
+//! missing from Redis) into Redis, idempotently: each load is fenced under the sale's lock
+//! ([`seckill_shared::protocol::load`]) and `lua/preheat.lua` never touches the stock of a
+//! loaded sale, only replaces an older meta version, puts missing sentinels back and re-expires
+//! every key. A sale Redis already holds at its current version is left alone without the
+//! lock. The keys must never be evicted: docs/invariants.md, "Key lifetimes".
 
-use anyhow::Context;
+use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use seckill_shared::activity::{self, Activity};
-use seckill_shared::keys::Bucket;
-use seckill_shared::load::{self, LoadError};
-use seckill_shared::lock::LockError;
-use seckill_shared::sale::{self, PreheatOutcome};
-use seckill_shared::{buckets, Config, Deps};
+use seckill_shared::domain::activity::{self, Activity};
+use seckill_shared::infra::metrics;
+use seckill_shared::protocol::load::{self, LoadError};
+use seckill_shared::protocol::lock::LockError;
+use seckill_shared::store::buckets;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::keys::Bucket;
+use seckill_shared::store::meta::{self, PreheatOutcome};
+use seckill_shared::{Config, Context};
 use serde::Serialize;
+use sqlx::PgPool;
 
-/// The job's clients and settings, built once per cold start: the [`Deps`] and nothing else
-/// (`self.pool`, `self.config`, `self.redis` read through it).
+/// The job's clients and settings, built once per cold start.
 pub struct Preheat {
-    deps: Deps,
-}
-
-impl std::ops::Deref for Preheat {
-    type Target = Deps;
-
-    fn deref(&self) -> &Deps {
-        &self.deps
-    }
+    config: Config,
+    pool: PgPool,
+    redis: Redis,
 }
 
 /// What one run did, returned as the Lambda's JSON result and logged.
@@ -106,9 +74,9 @@ impl Preheat {
             return Ok(false);
         }
         for bucket in Bucket::all(a.id, count) {
-            let version = sale::loaded_version(&self.redis, bucket).await?;
+            let version = meta::loaded_version(&self.redis, bucket).await?;
             if version.is_none_or(|v| v < a.config_version)
-                || !sale::has_sentinels(&self.redis, bucket).await?
+                || !meta::has_sentinels(&self.redis, bucket).await?
             {
                 return Ok(false);
             }
@@ -116,14 +84,18 @@ impl Preheat {
         Ok(true)
     }
 
-    pub fn new(deps: Deps) -> Self {
-        Self { deps }
+    pub fn new(context: Context) -> Self {
+        Self {
+            config: context.config,
+            pool: context.pool,
+            redis: context.redis,
+        }
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
     /// database is briefly out of reach still starts and reports the failure per run.
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
-        Ok(Self::new(Deps::connect(config).await?))
+        Ok(Self::new(Context::connect(config).await?))
     }
 
     /// Loads every activity due at `now`. Fails only when the list of activities cannot be
@@ -172,7 +144,7 @@ impl Preheat {
         report.loaded = report.loaded_ids.len();
         report.already_loaded = report.already_loaded_ids.len();
         report.refreshed = report.refreshed_ids.len();
-        seckill_shared::metrics::emit(
+        metrics::emit(
             "preheat",
             &[
                 ("Loaded", report.loaded as f64),

@@ -8,7 +8,7 @@ use seckill_shared::Config;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let config = Config::load().await?;
     let job = Preheat::connect(config).await?;
     let job = &job;

@@ -10,7 +10,7 @@ use crate::EntryState;
 use aws_sdk_sqs::types::QueueAttributeName;
 use axum::extract::State;
 use axum::Json;
-use seckill_shared::error::ErrorBody;
+use seckill_shared::http::error::ErrorBody;
 use seckill_shared::ApiError;
 use serde::Serialize;
 use std::future::Future;
@@ -84,7 +84,10 @@ pub(crate) async fn deep_health(
         check(config.redis_timeout, async {
             s.redis.cmd::<String>(&ping).await.map(drop)
         }),
-        check(config.db_acquire_timeout, seckill_shared::db::ping(&s.pool)),
+        check(
+            config.db_acquire_timeout,
+            seckill_shared::infra::db::ping(&s.pool)
+        ),
         check(config.sqs_timeout, async {
             s.queue
                 .client

@@ -11,7 +11,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let config = Config::load().await?;
     let state = EntryState::connect(config).await?;
     lambda_http::run(router(state)).await

@@ -1,7 +1,7 @@
 //! `GET /activities/{id}`: the public view of a sale, the page every visitor refreshes while
 //! waiting for the start, so the one read of the API that must scale with the crowd.
 //!
-//! While the sale is loaded the view comes from Redis alone ([`sale::view`]: the meta's title
+//! While the sale is loaded the view comes from Redis alone ([`view::view`]: the meta's title
 //! and window and the live stock in one round trip), never from the database. Before preheat,
 //! after the keys expired, or while Redis is out of reach, the database row answers instead
 //! (its remaining stock lags the pending reservations, the best there is then). Either answer,
@@ -19,12 +19,14 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, SubsecRound, Utc};
-use seckill_shared::activity::{self, Phase};
-use seckill_shared::error::ErrorBody;
-use seckill_shared::http::ActivityId;
-use seckill_shared::sale::{self, SaleView};
-use seckill_shared::{ApiError, Deps};
+use seckill_shared::domain::activity::{self, Phase};
+use seckill_shared::http::error::ErrorBody;
+use seckill_shared::http::extract::ActivityId;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::view::{self, SaleView};
+use seckill_shared::ApiError;
 use serde::Serialize;
+use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,30 +102,33 @@ impl ViewCache {
 
     /// The view of `id`, from memory while fresh, else from [`read`] (once for all the
     /// requests waiting on the same id). Failures are not kept.
-    async fn get(&self, deps: &Deps, id: i64) -> Result<Shown, ApiError> {
+    async fn get(&self, redis: &Redis, pool: &PgPool, id: i64) -> Result<Shown, ApiError> {
         match &self.cache {
-            None => read(deps, id).await,
-            Some(cache) => cache.try_get_with(id, read(deps, id)).await.map_err(shared),
+            None => read(redis, pool, id).await,
+            Some(cache) => cache
+                .try_get_with(id, read(redis, pool, id))
+                .await
+                .map_err(shared),
         }
     }
 }
 
 /// Redis while it holds the sale, else the database row (drafts are nobody's to see).
-async fn read(deps: &Deps, id: i64) -> Result<Shown, ApiError> {
-    match sale::view(&deps.redis, id).await {
+async fn read(redis: &Redis, pool: &PgPool, id: i64) -> Result<Shown, ApiError> {
+    match view::view(redis, id).await {
         Ok(Some(view)) => return Ok(Some(Arc::new(from_redis(view)))),
         Ok(None) => {}
         Err(e) => tracing::warn!(activity_id = id, error = %e,
             "redis view unavailable; answering the database's"),
     }
-    let row = activity::get(&deps.pool, id).await?;
+    let row = activity::get(pool, id).await?;
     Ok(row.filter(|a| a.state != "draft").map(|a| {
         Arc::new(Fields {
             title: a.title,
             // Milliseconds, as Redis holds the window: the view reads the same either way.
             start_at: a.start_at.trunc_subsecs(3),
             end_at: a.end_at.trunc_subsecs(3),
-            remaining_stock: i64::from(a.remaining_stock).max(0),
+            remaining_stock: a.remaining_stock.max(0),
         })
     }))
 }
@@ -167,7 +172,7 @@ pub(crate) async fn public_activity(
     ActivityId(id): ActivityId,
 ) -> Response {
     let s = &state.inner;
-    let (response, cache_control) = match s.view.get(&s.deps, id).await {
+    let (response, cache_control) = match s.view.get(&s.redis, &s.pool, id).await {
         Ok(Some(fields)) => (
             Json(fields.answer(id, Utc::now())).into_response(),
             CACHE_SHOWN,

@@ -17,24 +17,32 @@ use order_consumer::Consumer;
 use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::{router, EntryState};
-use seckill_shared::activity;
-use seckill_shared::order::{self, Order};
-use seckill_shared::queue::{OrderMessage, OrderQueue};
-use seckill_shared::sale::{self, Reservation, Snapshot};
+use seckill_shared::domain::activity;
+use seckill_shared::store::ledger;
+use seckill_shared::store::purchase;
+use seckill_shared::store::view;
+use seckill_shared::testing;
+
+use seckill_shared::domain::order;
+use seckill_shared::domain::order::Order;
+use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::store::ledger::Snapshot;
+use seckill_shared::store::purchase::Reservation;
 use seckill_shared::testing::TestEnv;
 use std::time::Duration;
 use uuid::Uuid;
 
 pub fn consumer(env: &TestEnv) -> Consumer {
-    Consumer::new(env.deps())
+    Consumer::new(env.context())
 }
 
 pub fn reconcile(env: &TestEnv) -> Reconcile {
-    Reconcile::new(env.deps())
+    Reconcile::new(env.context())
 }
 
 pub fn preheat(env: &TestEnv) -> Preheat {
-    Preheat::new(env.deps())
+    Preheat::new(env.context())
 }
 
 /// The entry function's router on the test's queue.
@@ -43,7 +51,7 @@ pub fn entry_router(env: &TestEnv) -> Router {
 }
 
 pub fn entry_router_with_queue(env: &TestEnv, queue: OrderQueue) -> Router {
-    router(EntryState::new(env.deps(), queue))
+    router(EntryState::new(env.context(), queue))
 }
 
 /// A moment past a reconcile grace period of `grace` for anything done before now.
@@ -53,15 +61,15 @@ pub fn after_grace(grace: Duration) -> DateTime<Utc> {
 
 /// Makes a reservation the way the entry function does (the purchase script must accept it)
 /// and returns the order message it would send.
-pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32) -> OrderMessage {
+pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i64) -> OrderMessage {
     let request_id = Uuid::new_v4();
-    let decision = sale::purchase(
+    let decision = testing::purchase(
         &env.redis,
         activity_id,
         user,
-        quantity.into(),
+        quantity,
         request_id,
-        sale::far_deadline(),
+        purchase::far_deadline(),
     )
     .await
     .expect("redis answers");
@@ -75,13 +83,15 @@ pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i32)
         panic!("reservation for {user} refused: {decision:?}");
     };
     OrderMessage {
-        request_id,
-        activity_id,
-        user_id: user.to_string(),
-        quantity,
+        attempt: Attempt {
+            request_id,
+            activity_id,
+            user_id: user.to_string(),
+            quantity,
+            buckets,
+        },
         reserved_at_ms: now_ms,
         load_epoch: Some(epoch),
-        buckets: (buckets > 1).then_some(buckets),
     }
 }
 
@@ -93,20 +103,18 @@ pub async fn commit_order(
     activity_id: i64,
     user: &str,
     request_id: Uuid,
-    quantity: i32,
+    quantity: i64,
 ) -> anyhow::Result<i64> {
-    let m = OrderMessage {
+    let attempt = Attempt {
         request_id,
         activity_id,
         user_id: user.to_string(),
         quantity,
-        reserved_at_ms: 0,
-        load_epoch: None,
-        buckets: None,
+        buckets: 1,
     };
     let mut tx = env.pool.begin().await?;
-    let order_id = order::insert_confirmed(&mut tx, &m).await?;
-    let taken = activity::take_stock(&mut tx, activity_id, i64::from(quantity), None).await?;
+    let order_id = order::insert_confirmed(&mut tx, &attempt).await?;
+    let taken = activity::take_stock(&mut tx, activity_id, quantity, None).await?;
     anyhow::ensure!(taken.is_some(), "DB sold out");
     tx.commit().await?;
     Ok(order_id)
@@ -118,19 +126,19 @@ pub async fn consume(
     activity_id: i64,
     user: &str,
     request_id: Uuid,
-    quantity: i32,
+    quantity: i64,
 ) -> anyhow::Result<i64> {
     let order_id = commit_order(env, activity_id, user, request_id, quantity).await?;
-    assert!(sale::settle(&env.redis, activity_id, user, &request_id.to_string()).await?);
+    assert!(ledger::settle(&env.redis, activity_id, user, &request_id.to_string()).await?);
     Ok(order_id)
 }
 
 pub async fn snapshot(env: &TestEnv, activity_id: i64) -> Snapshot {
-    sale::snapshot(&env.redis, activity_id).await.unwrap()
+    ledger::snapshot(&env.redis, activity_id).await.unwrap()
 }
 
 pub async fn redis_stock(env: &TestEnv, activity_id: i64) -> Option<i64> {
-    sale::stock(&env.redis, activity_id).await.unwrap()
+    view::stock(&env.redis, activity_id).await.unwrap()
 }
 
 pub async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool {
@@ -141,7 +149,7 @@ pub async fn is_participant(env: &TestEnv, activity_id: i64, user: &str) -> bool
         .unwrap()
 }
 
-pub async fn db_remaining(env: &TestEnv, activity_id: i64) -> i32 {
+pub async fn db_remaining(env: &TestEnv, activity_id: i64) -> i64 {
     activity::remaining_stock(&env.pool, activity_id)
         .await
         .unwrap()
@@ -150,7 +158,7 @@ pub async fn db_remaining(env: &TestEnv, activity_id: i64) -> i32 {
 
 /// Drift by hand: the database's remaining stock set behind every actor's back (reconcile's
 /// own repair statement).
-pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i32) {
+pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i64) {
     activity::set_remaining_stock(&env.pool, activity_id, remaining)
         .await
         .unwrap();
@@ -268,31 +276,22 @@ pub async fn age_reservations(env: &TestEnv, activity_id: i64, by: Duration) {
 }
 
 /// Puts `user` in a draw sale's pool the way the entry function does (the purchase script
-/// must answer `queued`) and returns the order message its request would become.
-pub async fn reserve_in_pool(env: &TestEnv, activity_id: i64, user: &str) -> OrderMessage {
-    let request_id = Uuid::now_v7();
-    let (decision, _) = sale::purchase_script(
-        &env.redis,
-        activity_id.into(),
-        user,
-        1,
-        request_id,
-        sale::far_deadline(),
-        &[],
-    )
-    .await
-    .expect("redis answers");
-    assert!(
-        matches!(decision, sale::Decision::Queued { .. }),
-        "{user}: {decision:?}"
-    );
-    OrderMessage {
-        request_id,
+/// must answer `queued`) and returns the attempt that entered it.
+pub async fn reserve_in_pool(env: &TestEnv, activity_id: i64, user: &str) -> Attempt {
+    let attempt = Attempt {
+        request_id: Uuid::now_v7(),
         activity_id,
         user_id: user.to_string(),
         quantity: 1,
-        reserved_at_ms: 0,
-        load_epoch: None,
-        buckets: None,
-    }
+        buckets: 1,
+    };
+    let home = activity_id.into();
+    let (decision, _) = purchase::run(&env.redis, home, &attempt, purchase::far_deadline(), &[])
+        .await
+        .expect("redis answers");
+    assert!(
+        matches!(decision, purchase::Answer::Queued { .. }),
+        "{user}: {decision:?}"
+    );
+    attempt
 }

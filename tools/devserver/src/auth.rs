@@ -14,8 +14,8 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use seckill_shared::auth::{request_context, JwtVerifier};
-use seckill_shared::http::with_fallbacks;
+use seckill_shared::http::auth::{request_context, JwtVerifier};
+use seckill_shared::http::extract::with_fallbacks;
 use std::sync::Arc;
 
 /// The one local app: the entry and admin routers merged, plus `GET /openapi.json`, behind the
@@ -70,7 +70,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
-    use seckill_shared::auth::Identity;
+    use seckill_shared::http::auth::Identity;
     use tower::ServiceExt;
 
     const SECRET: &str = "auth-test-secret";

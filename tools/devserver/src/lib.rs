@@ -25,7 +25,8 @@ pub mod poller;
 
 use chrono::Utc;
 use clap::Parser;
-use seckill_shared::auth::JwtVerifier;
+use seckill_shared::http::auth::JwtVerifier;
+use seckill_shared::infra::secret::{ExposeSecret, SecretString};
 use seckill_shared::Config;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,12 +39,12 @@ pub use auth::app;
 pub use functions::Functions;
 
 /// Everything the dev server needs to start.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct DevConfig {
     /// Where to listen; port 0 picks a free one (see [`DevServer::addr`]).
     pub addr: SocketAddr,
     pub config: Config,
-    pub jwt_secret: String,
+    pub jwt_secret: SecretString,
     /// Concurrent queue pollers (Lambda scales its pollers too; a few are plenty locally).
     pub pollers: usize,
     pub poll_wait: Duration,
@@ -56,24 +57,6 @@ pub struct DevConfig {
     /// Requests handled at once; the rest wait for a turn before any handler runs (0 = no
     /// bound). See [`limit_in_flight`].
     pub max_in_flight: usize,
-}
-
-/// Written by hand so that the JWT secret never prints (and the config's own `Debug` hides
-/// the passwords in its URLs).
-impl std::fmt::Debug for DevConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevConfig")
-            .field("addr", &self.addr)
-            .field("config", &self.config)
-            .field("jwt_secret", &"***")
-            .field("pollers", &self.pollers)
-            .field("poll_wait", &self.poll_wait)
-            .field("preheat_every", &self.preheat_every)
-            .field("reconcile_every", &self.reconcile_every)
-            .field("migrate", &self.migrate)
-            .field("max_in_flight", &self.max_in_flight)
-            .finish()
-    }
 }
 
 /// The secret `scripts/env.sh` sets for local use: published, so good for loopback only.
@@ -113,7 +96,7 @@ impl DevConfig {
         Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
             config,
-            jwt_secret: jwt_secret.into(),
+            jwt_secret: SecretString::from(jwt_secret.into()),
             pollers: 4,
             poll_wait: Duration::from_secs(1),
             preheat_every: Some(Duration::from_secs(2)),
@@ -124,9 +107,14 @@ impl DevConfig {
     }
 }
 
+/// A secret from the command line or the environment.
+fn secret(value: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(value))
+}
+
 /// Command-line options of `seckill-devserver`, and every [`Config`] setting (from its variable
 /// or its flag).
-#[derive(Parser, Clone)]
+#[derive(Parser, Clone, Debug)]
 #[command(name = "seckill-devserver", version, about)]
 pub struct DevArgs {
     /// Address to listen on. Off loopback the JWT secret must not be the default one and must
@@ -152,27 +140,10 @@ pub struct DevArgs {
     #[arg(long, default_value_t = DEFAULT_MAX_IN_FLIGHT, env = "SECKILL_DEV_MAX_IN_FLIGHT")]
     pub max_in_flight: usize,
     /// HS256 secret for bearer tokens (`make token` signs with the same).
-    #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: String,
+    #[arg(long, env = "SECKILL_JWT_SECRET", hide_env_values = true, value_parser = secret)]
+    pub jwt_secret: SecretString,
     #[command(flatten)]
     pub config: Config,
-}
-
-/// By hand, like [`DevConfig`]'s: the JWT secret never prints.
-impl std::fmt::Debug for DevArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevArgs")
-            .field("addr", &self.addr)
-            .field("preheat_every", &self.preheat_every)
-            .field("reconcile_every", &self.reconcile_every)
-            .field("pollers", &self.pollers)
-            .field("poll_wait_secs", &self.poll_wait_secs)
-            .field("no_migrate", &self.no_migrate)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("jwt_secret", &"***")
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 fn every(secs: u64) -> Option<Duration> {
@@ -182,7 +153,7 @@ fn every(secs: u64) -> Option<Duration> {
 impl DevArgs {
     /// The options and the settings, checked.
     pub fn into_config(self) -> anyhow::Result<DevConfig> {
-        check_exposure(self.addr, &self.jwt_secret)?;
+        check_exposure(self.addr, self.jwt_secret.expose_secret())?;
         let config = self.config.check()?;
         Ok(DevConfig {
             addr: self.addr,
@@ -192,7 +163,7 @@ impl DevArgs {
             reconcile_every: every(self.reconcile_every),
             migrate: !self.no_migrate,
             max_in_flight: self.max_in_flight,
-            ..DevConfig::new(config, self.jwt_secret)
+            ..DevConfig::new(config, self.jwt_secret.expose_secret())
         })
     }
 }
@@ -281,15 +252,15 @@ pub async fn limit_in_flight(
 /// Refuses, before connecting anything, a weak secret on an address off loopback
 /// ([`check_exposure`]).
 pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
-    check_exposure(dev.addr, &dev.jwt_secret)?;
-    let verifier = JwtVerifier::new(&dev.jwt_secret)?;
+    check_exposure(dev.addr, dev.jwt_secret.expose_secret())?;
+    let verifier = JwtVerifier::new(dev.jwt_secret.expose_secret())?;
     if dev.migrate {
-        let pool = seckill_shared::db::connect(&dev.config).await?;
-        seckill_shared::db::migrate(&pool).await?;
+        let pool = dev.config.database_pool().await?;
+        seckill_shared::infra::db::migrate(&pool).await?;
         pool.close().await;
     }
     let functions = Functions::connect(&dev.config).await?;
-    let sqs = seckill_shared::queue::sqs_client().await;
+    let sqs = seckill_shared::infra::sqs::sqs_client().await;
     let source =
         poller::QueueSource::connect(sqs, &dev.config.order_queue_url, dev.poll_wait).await?;
 

@@ -3,7 +3,7 @@
 //! The paths come from the entry and admin functions' routers ([`seckill_entry::api`],
 //! [`admin::api`]): each handler's `#[utoipa::path]` says its parameters, body, statuses and
 //! security, and the types' `ToSchema` say the bodies. The error body and its codes come from
-//! [`seckill_shared::error::ErrorBody`] and `ApiError::codes`. What is added here is what the
+//! [`seckill_shared::http::error::ErrorBody`] and `ApiError::codes`. What is added here is what the
 //! functions share: the title, the tags and the bearer (JWT) security scheme.
 //!
 //! `docs/openapi.json` is the committed render ([`render`], written by `make openapi`);

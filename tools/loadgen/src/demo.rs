@@ -20,12 +20,14 @@ use admission::DrawReport;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use seckill_devserver::DevConfig;
-use seckill_shared::activity::Admission;
-use seckill_shared::auth::{mint, ADMIN_SCOPE};
-use seckill_shared::cache::Redis;
-use seckill_shared::keys::{self, Bucket as StockBucket};
-use seckill_shared::sale::Snapshot;
-use seckill_shared::{activity, buckets, order, Config};
+use seckill_shared::domain::settings::{self, Admission};
+use seckill_shared::domain::{activity, order};
+use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::store::buckets;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::keys::{self, Bucket as StockBucket};
+use seckill_shared::store::ledger::Snapshot;
+use seckill_shared::Config;
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -80,10 +82,10 @@ impl DemoOptions {
         );
         anyhow::ensure!(
             self.admission == Admission::Fcfs
-                || (1..=activity::MAX_DRAW_WINDOW_MS as u128)
+                || (1..=settings::MAX_DRAW_WINDOW_MS as u128)
                     .contains(&self.draw_window.as_millis()),
             "--draw-window-ms must be between 1 and {}",
-            activity::MAX_DRAW_WINDOW_MS
+            settings::MAX_DRAW_WINDOW_MS
         );
         Ok(())
     }
@@ -372,7 +374,7 @@ impl Stage {
         let base = server.url();
         say(opts, &format!("dev server on {base}"));
 
-        let pool = seckill_shared::db::connect(&config).await?;
+        let pool = config.database_pool().await?;
         let redis = Redis::connect(&config).await?;
         let http = reqwest::Client::new();
         Ok(Self {
@@ -856,8 +858,8 @@ pub async fn facts(pool: &PgPool, redis: &Redis, id: i64) -> anyhow::Result<Stor
         units_sold: t.live_units,
         failed_orders: t.failed,
         duplicate_users: t.users_with_two_live,
-        db_total_stock: a.total_stock.into(),
-        db_remaining_stock: a.remaining_stock.into(),
+        db_total_stock: a.total_stock,
+        db_remaining_stock: a.remaining_stock,
         redis_stock: all_loaded.then(|| snaps.iter().filter_map(|(_, s)| s.stock).sum()),
         redis_participants: snaps.iter().map(|(_, s)| s.participants).sum(),
         pending_qty: snaps.iter().map(|(_, s)| s.pending_quantity()).sum(),

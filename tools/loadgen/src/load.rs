@@ -72,7 +72,7 @@ impl Plan {
         let users: Vec<User> = (0..spec.users)
             .map(|n| {
                 let id = format!("{}-{n}", spec.user_prefix);
-                let token = seckill_shared::auth::mint(&spec.secret, &id, "", 3600)?;
+                let token = seckill_shared::http::auth::mint(&spec.secret, &id, "", 3600)?;
                 Ok(User {
                     id,
                     token: Arc::from(token),

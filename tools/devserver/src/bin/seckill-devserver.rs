@@ -11,7 +11,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let config = DevArgs::parse().into_config()?;
     serve(config).await
 }

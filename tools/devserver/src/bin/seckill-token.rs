@@ -5,7 +5,7 @@
 //! Signed with `SECKILL_JWT_SECRET` (HS256), exactly what the dev server verifies.
 
 use clap::Parser;
-use seckill_shared::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
 use std::io::{BufWriter, Write};
 
 /// Prints a token the local dev server accepts, or many.

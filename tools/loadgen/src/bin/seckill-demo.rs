@@ -5,9 +5,9 @@
 
 use clap::{CommandFactory, Parser};
 use seckill_loadgen::demo::{self, DemoOptions};
-use seckill_shared::activity::{Admission, MAX_DRAW_WINDOW_MS};
-use seckill_shared::config::RedisTopology;
-use seckill_shared::keys::MAX_BUCKETS;
+use seckill_shared::domain::settings::MAX_BUCKETS;
+use seckill_shared::domain::settings::{Admission, MAX_DRAW_WINDOW_MS};
+use seckill_shared::infra::config::RedisTopology;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_none() && std::env::var_os("LOG_LEVEL").is_none() {
         std::env::set_var("LOG_LEVEL", "warn");
     }
-    seckill_shared::init_tracing();
+    seckill_shared::infra::telemetry::init();
     let mut args = Args::parse();
     anyhow::ensure!(
         args.stock > 0 && args.users > 0 && args.requests > 0 && args.concurrency > 0,

@@ -243,7 +243,7 @@ pub(super) async fn settle(
         );
         tokio::time::sleep(wait).await;
     }
-    let pool = seckill_shared::draw::pool(&stage.redis, sale.id)
+    let pool = seckill_shared::store::draw::pool(&stage.redis, sale.id)
         .await
         .context("reading the draw's pool")?;
     let index: HashMap<&str, usize> = plan
@@ -273,7 +273,7 @@ pub(super) async fn settle(
     );
     let polled = poll_until_final(stage, sale.id, &tokens, opts.drain_timeout).await;
     // Read again: the draw ran meanwhile and marked its winners.
-    let pool = seckill_shared::draw::pool(&stage.redis, sale.id)
+    let pool = seckill_shared::store::draw::pool(&stage.redis, sale.id)
         .await
         .context("reading the draw's pool")?;
     let at = queued_at(plan, load, opening_offset(load, sale.start_at));

@@ -7,7 +7,7 @@ use super::{build_report, BucketFacts, DemoOptions, DemoReport, StoreFacts};
 use crate::chart::{self, Arrivals, Entrant, StockSample};
 use crate::load::{self, Answer, Bucket, Class, Latency, LoadReport, Plan, Shot, Timeline, User};
 use clap::Parser;
-use seckill_shared::activity::Admission;
+use seckill_shared::domain::settings::Admission;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,26 @@
+//! Step 0 for a draw sale: the draw nobody has run since its window closed, and the
+//! outbox's sends ([`seckill_shared::protocol::draw`]), before the snapshot, so that the
+//! ledger it reads shows every sent reservation restamped.
+
+use crate::{ActivityReport, Reconcile};
+use anyhow::Context as _;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::protocol::draw::{self, Trigger};
+
+impl Reconcile {
+    /// Step 0: the draw nobody has run since the window closed, and the outbox's sends.
+    pub(crate) async fn draw_and_send(
+        &self,
+        a: &Activity,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        let queue = self.queue().await;
+        let run = draw::run(&self.redis, &self.pool, queue, a.id, Trigger::Reconcile)
+            .await
+            .context("failed to run the draw and its sends")?;
+        r.pool_left = run.left;
+        r.drawn = matches!(run.drawn, seckill_shared::store::draw::Drawn::Now { .. });
+        r.winners_sent = run.sent;
+        Ok(())
+    }
+}

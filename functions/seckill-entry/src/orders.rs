@@ -1,0 +1,254 @@
+//! What a buyer does with their purchase after the click: `GET …/orders/me` (where it is, and
+//! for a draw's entrant the draw's outcome), and pay and cancel a confirmed order.
+//! docs/invariants.md, "Cancel", "Pay" and "Draw admission".
+
+use crate::EntryState;
+use axum::extract::State;
+use axum::Json;
+use seckill_shared::domain::order::{self, Order, OrderStatus};
+use seckill_shared::http::auth::Identity;
+use seckill_shared::http::error::ErrorBody;
+use seckill_shared::http::extract::{ActivityId, OrderId};
+use seckill_shared::infra::pause;
+use seckill_shared::protocol::cancel::{self, CancelOutcome};
+use seckill_shared::protocol::draw::{self, Trigger};
+use seckill_shared::protocol::pay::{self, Paid};
+use seckill_shared::store::buckets;
+use seckill_shared::store::draw::{self as pool, Drawn};
+use seckill_shared::store::keys::Bucket;
+use seckill_shared::store::ledger::{self, EntryKind};
+use seckill_shared::ApiError;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// `GET /activities/{id}/orders/me`: where the caller's purchase is.
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MyOrder {
+    /// `none`, `queued` (in a draw sale's pool, before its draw), `pending` (reserved, the
+    /// order is being written), `confirmed`, `paid`, `cancelled`, `failed` (with a `reason`),
+    /// or `not_drawn` (in a draw sale's pool, and the draw passed over the entry: final).
+    #[schema(example = "confirmed")]
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantity: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/activities/{activityId}/orders/me",
+    tag = "purchase",
+    operation_id = "myOrder",
+    summary = "Where the caller's purchase of this activity is",
+    params(ActivityId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The caller's reservation or latest order, or `none`", body = MyOrder),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
+pub(crate) async fn my_order(
+    State(state): State<EntryState>,
+    identity: Identity,
+    ActivityId(activity_id): ActivityId,
+) -> Result<Json<MyOrder>, ApiError> {
+    let s = &state.inner;
+    // The ledger first: the consumer commits the order before it drops the entry, so a
+    // reservation missing here is either in the database already or was given back.
+    let count = match s.bucket_counts.get(activity_id) {
+        Some(count) => count,
+        None => buckets::loaded_count(&s.redis, activity_id)
+            .await?
+            .unwrap_or(1),
+    };
+    let home = Bucket::home(activity_id, count, &identity.user_id);
+    // Twice at most: once more after the draw is known to have run (by this call or any
+    // other), since it may have made the caller a winner. The second read is final: the
+    // draw is one step, and a pool entry it left queued stays so.
+    let mut drawn = false;
+    for _ in 0..2 {
+        let entry = ledger::entry(&s.redis, home, &identity.user_id).await?;
+        if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
+            return Ok(Json(MyOrder {
+                status: "pending".into(),
+                request_id: e.request_id(),
+                quantity: Some(e.quantity),
+                ..MyOrder::default()
+            }));
+        }
+        if count > 1 {
+            break;
+        }
+        // A draw sale's entrant: `queued` until the draw, `not_drawn` after it if the draw
+        // passed them over. Asking runs a draw that is due and sends what its outbox holds.
+        let Some(entry) = pool::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
+            break;
+        };
+        if entry.won {
+            break;
+        }
+        // Between the read of a queued entry and the draw: another caller may draw meanwhile.
+        pause::point("entry.my_order.after_pool_read", activity_id).await;
+        let status = if drawn {
+            "not_drawn"
+        } else {
+            let run = draw::run(
+                &s.redis,
+                &s.pool,
+                &s.queue,
+                activity_id,
+                Trigger::StatusRead,
+            );
+            match run.await?.drawn {
+                Drawn::Open { .. } => "queued",
+                Drawn::Now { .. } | Drawn::Before { .. } => {
+                    drawn = true;
+                    continue;
+                }
+                // Reloaded as a first-come sale meanwhile: the entry is history.
+                Drawn::NotDraw | Drawn::NotLoaded => break,
+            }
+        };
+        return Ok(Json(MyOrder {
+            status: status.into(),
+            request_id: Some(entry.request_id),
+            quantity: Some(entry.quantity),
+            ..MyOrder::default()
+        }));
+    }
+    let Some(o) = order::latest_for_user(&s.pool, activity_id, &identity.user_id).await? else {
+        return Ok(Json(MyOrder {
+            status: "none".into(),
+            ..MyOrder::default()
+        }));
+    };
+    Ok(Json(MyOrder {
+        reason: (o.status == OrderStatus::Failed.as_str())
+            .then(|| o.failure_reason.clone())
+            .flatten(),
+        status: o.status,
+        request_id: Some(o.request_id),
+        order_id: Some(o.id),
+        quantity: Some(o.quantity),
+    }))
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders/{orderId}/pay",
+    tag = "orders",
+    operation_id = "pay",
+    summary = "Pay a confirmed order (paying twice answers the paid order)",
+    params(OrderId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The paid order", body = seckill_shared::domain::order::Order),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such order, or someone else's", body = ErrorBody),
+        (status = 409, description = "The order is cancelled or failed (`conflict`)", body = ErrorBody),
+        (status = 503, description = "The database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
+pub(crate) async fn pay(
+    State(state): State<EntryState>,
+    identity: Identity,
+    OrderId(order_id): OrderId,
+) -> Result<Json<order::Order>, ApiError> {
+    let paid = pay::pay_order(
+        state.pool(),
+        order_id,
+        &identity.user_id,
+        chrono::Utc::now(),
+    )
+    .await?;
+    match paid {
+        Paid::Now(order) | Paid::Before(order) => Ok(Json(order)),
+        Paid::NotPayable(order) => Err(ApiError::Conflict(format!(
+            "order {order_id} is {} and cannot be paid",
+            order.status
+        ))),
+        Paid::NotFound => Err(not_found(order_id)),
+    }
+}
+
+/// 200 body of a cancel: `releasedQuantity` is 0 for a repeated cancel.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancelled {
+    order_id: i64,
+    #[schema(example = "cancelled")]
+    status: &'static str,
+    released_quantity: i64,
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders/{orderId}/cancel",
+    tag = "orders",
+    operation_id = "cancel",
+    summary = "Cancel a confirmed order: stock and the user's quota come back, exactly once",
+    params(OrderId),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Cancelled (`releasedQuantity` 0 when it already was)", body = Cancelled),
+        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such order, or someone else's", body = ErrorBody),
+        (status = 409, description = "Paid or failed (`conflict`), or another cancel of it is running (`busy`)", body = ErrorBody),
+        (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
+        (status = 500, description = "Unexpected; logged", body = ErrorBody),
+    )
+)]
+pub(crate) async fn cancel(
+    State(state): State<EntryState>,
+    identity: Identity,
+    OrderId(order_id): OrderId,
+) -> Result<Json<Cancelled>, ApiError> {
+    let s = &state.inner;
+    let order = owned_order(&s.pool, order_id, &identity.user_id).await?;
+    let outcome = cancel::cancel_order(&s.pool, &s.redis, &order, chrono::Utc::now()).await?;
+    let released_quantity = match outcome {
+        CancelOutcome::Cancelled { quantity } => {
+            // Units came back: this container must not keep answering sold_out from memory.
+            s.sold_out.forget(order.activity_id);
+            quantity
+        }
+        CancelOutcome::AlreadyCancelled => 0,
+        CancelOutcome::NotCancellable(status) => {
+            return Err(ApiError::Conflict(format!(
+                "order {order_id} is {status} and cannot be cancelled"
+            )))
+        }
+        CancelOutcome::Busy => return Err(ApiError::Busy),
+    };
+    Ok(Json(Cancelled {
+        order_id,
+        status: "cancelled",
+        released_quantity,
+    }))
+}
+
+/// The order if it exists and belongs to `user_id`; otherwise 404, the same answer for both so
+/// order ids of other users cannot be probed.
+async fn owned_order(pool: &PgPool, order_id: i64, user_id: &str) -> Result<Order, ApiError> {
+    match order::get(pool, order_id).await? {
+        Some(order) if order.user_id == user_id => Ok(order),
+        _ => Err(not_found(order_id)),
+    }
+}
+
+fn not_found(order_id: i64) -> ApiError {
+    ApiError::NotFound(format!("order {order_id} not found"))
+}

@@ -1,0 +1,406 @@
+//! Activities (sales): the row as the database stores it, and every statement that reads or
+//! writes one. What an admin may set, and its rules, is [`super::settings`].
+
+use super::settings::{Admission, Settings};
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor};
+use std::time::Duration;
+
+/// `sqlx::query_as!(Activity, <head> + <the column list> + <tail>, args…)`: the one place the
+/// columns of [`Activity`] are listed, for every statement that answers rows.
+macro_rules! activity_rows {
+    ($head:tt, $tail:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Activity,
+            $head + "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
+                     state, config_version, last_fence_token, load_epoch, buckets, admission, \
+                     draw_window_ms, per_user_rate_per_sec, created_at, updated_at" + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// One sale as the database stores it.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Activity {
+    pub id: i64,
+    pub title: String,
+    pub total_stock: i64,
+    pub remaining_stock: i64,
+    pub per_order_limit: i64,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    /// `draft`, `published` or `closed`; only a published sale is sold.
+    pub state: String,
+    pub config_version: i64,
+    pub last_fence_token: i64,
+    /// Bumped each time Redis loads the sale from scratch (`seckill_shared::load`).
+    pub load_epoch: i64,
+    /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
+    /// sale had before buckets). Fixed once the sale has started or has an order.
+    pub buckets: i64,
+    /// `fcfs` (first come, first served) or `draw` (the opening decided by a draw).
+    #[schema(example = "fcfs")]
+    pub admission: String,
+    /// A draw sale's pool window after `startAt`, in milliseconds (0 for `fcfs`).
+    pub draw_window_ms: i64,
+    /// Purchase attempts one user may make per second (0: no limit).
+    pub per_user_rate_per_sec: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Where an activity's window stands at a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Upcoming,
+    Running,
+    Ended,
+}
+
+impl Phase {
+    /// Where the window `[start_at, end_at)` stands at `now`, wherever the window was read
+    /// (the row, or the sale's meta in Redis).
+    pub fn of(start_at: DateTime<Utc>, end_at: DateTime<Utc>, now: DateTime<Utc>) -> Phase {
+        if now < start_at {
+            Phase::Upcoming
+        } else if now < end_at {
+            Phase::Running
+        } else {
+            Phase::Ended
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Upcoming => "upcoming",
+            Phase::Running => "running",
+            Phase::Ended => "ended",
+        }
+    }
+}
+
+impl Activity {
+    /// The bucket count, as the key layout takes it.
+    pub fn bucket_count(&self) -> u32 {
+        u32::try_from(self.buckets).unwrap_or(1).max(1)
+    }
+
+    /// When a draw sale's pool closes, in ms since 1970; 0 for a first-come sale. Redis holds
+    /// it as the meta's `drawEndMs`.
+    pub fn draw_end_ms(&self) -> i64 {
+        self.settings().draw_end_ms()
+    }
+
+    /// The settings the row holds now (the base of a merge update).
+    pub fn settings(&self) -> Settings {
+        Settings {
+            title: self.title.clone(),
+            total_stock: self.total_stock,
+            per_order_limit: self.per_order_limit,
+            start_at: self.start_at,
+            end_at: self.end_at,
+            buckets: self.bucket_count(),
+            admission: Admission::parse(&self.admission).unwrap_or(Admission::Fcfs),
+            draw_window_ms: self.draw_window_ms,
+            per_user_rate_per_sec: self.per_user_rate_per_sec,
+        }
+    }
+
+    pub fn phase(&self, now: DateTime<Utc>) -> Phase {
+        Phase::of(self.start_at, self.end_at, now)
+    }
+
+    /// Whether preheat loads it at `now`: published, starting within `lead`, not yet ended.
+    pub fn due_for_preheat(&self, now: DateTime<Utc>, lead: Duration) -> bool {
+        let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
+        self.state == "published" && self.start_at <= horizon && self.end_at > now
+    }
+
+    /// When the activity's Redis keys expire: the sale's end plus the buffer.
+    pub fn expire_at(&self, buffer: Duration) -> DateTime<Utc> {
+        self.end_at + ChronoDuration::from_std(buffer).unwrap_or(ChronoDuration::hours(2))
+    }
+}
+
+/// Stores a new, published activity with all its stock remaining.
+pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity, sqlx::Error> {
+    activity_rows!(
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at,
+                                 end_at, buckets, admission, draw_window_ms, per_user_rate_per_sec)
+         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9)
+         returning ",
+        "",
+        new.title,
+        new.total_stock,
+        new.per_order_limit,
+        new.start_at,
+        new.end_at,
+        i64::from(new.buckets),
+        new.admission.as_str(),
+        new.draw_window_ms,
+        new.per_user_rate_per_sec
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// The row, from the pool or inside a transaction (after its fencing update, say).
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Activity>, sqlx::Error> {
+    activity_rows!("select ", " from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// A page of activities, newest first.
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<Activity>, sqlx::Error> {
+    activity_rows!(
+        "select ",
+        " from activities order by id desc limit $1 offset $2",
+        limit,
+        offset
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Published activities that start within `lead` of `now` and have not ended: what preheat loads.
+pub async fn due_for_preheat(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    lead: Duration,
+) -> Result<Vec<Activity>, sqlx::Error> {
+    let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
+    activity_rows!(
+        "select ",
+        " from activities
+         where state = 'published' and start_at <= $1 and end_at > $2 order by start_at",
+        horizon,
+        now
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Activities running, or ended within `buffer`: what reconcile checks.
+pub async fn due_for_reconcile(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    lead: Duration,
+    buffer: Duration,
+) -> Result<Vec<Activity>, sqlx::Error> {
+    let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
+    let since = now - ChronoDuration::from_std(buffer).unwrap_or(ChronoDuration::hours(2));
+    activity_rows!(
+        "select ",
+        " from activities
+         where state = 'published' and start_at <= $1 and end_at > $2 order by id",
+        horizon,
+        since
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The conditional stock decrement of an order (or of a batch of them, `units` summed): enough
+/// stock, and the sale not loaded from scratch since the reservations were made (`epoch`, the
+/// load epoch the messages carry; `None` for messages that carry none). Returns the stock left,
+/// or `None` when the row refused (or does not exist).
+pub async fn take_stock(
+    conn: &mut PgConnection,
+    id: i64,
+    units: i64,
+    epoch: Option<i64>,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
+         where id = $1 and remaining_stock >= $2
+           and ($3::bigint is null or load_epoch = $3)
+         returning remaining_stock",
+        id,
+        units,
+        epoch
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The sale's load epoch (`None`: no such activity).
+pub async fn load_epoch(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("select load_epoch from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Starts a new load epoch (a load from scratch), in the caller's transaction.
+pub async fn bump_load_epoch(conn: &mut PgConnection, id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update activities set load_epoch = load_epoch + 1 where id = $1",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// [`bump_load_epoch`] only while the row still carries fencing token `token` (no newer lock
+/// holder wrote since); returns the row after the bump, `None` when it did not apply.
+pub async fn bump_load_epoch_if_fenced(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    token: i64,
+) -> Result<Option<Activity>, sqlx::Error> {
+    activity_rows!(
+        "update activities set load_epoch = load_epoch + 1
+         where id = $1 and last_fence_token = $2
+         returning ",
+        "",
+        id,
+        token
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// The sale's bucket count (1 when there is no such activity: nothing is loaded for it).
+pub async fn bucket_count(db: impl PgExecutor<'_>, id: i64) -> Result<u32, sqlx::Error> {
+    let n = sqlx::query_scalar!("select buckets from activities where id = $1", id)
+        .fetch_optional(db)
+        .await?;
+    Ok(n.and_then(|n| u32::try_from(n).ok()).unwrap_or(1).max(1))
+}
+
+/// The newest fencing token the row accepted (`None`: no such activity).
+pub async fn fence_token(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("select last_fence_token from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// The stock the database has left for the sale (`None`: no such activity).
+pub async fn remaining_stock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("select remaining_stock from activities where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Total and remaining stock, with the row locked until the caller's transaction ends:
+/// reconcile's stock check, so no order or cancel commits between its reads and its fix.
+pub async fn lock_stock(conn: &mut PgConnection, id: i64) -> Result<(i64, i64), sqlx::Error> {
+    let row = sqlx::query!(
+        "select total_stock, remaining_stock from activities where id = $1 for update",
+        id
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok((row.total_stock, row.remaining_stock))
+}
+
+/// Sets the remaining stock to what the orders say it is (reconcile's repair, in the
+/// transaction of [`lock_stock`]).
+pub async fn set_remaining_stock(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    remaining: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update activities set remaining_stock = $2, updated_at = now() where id = $1",
+        id,
+        remaining
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Writes an admin's merge update, in the caller's transaction (after the fence): the
+/// settings as merged, the remaining stock moved by `stock_delta` (what the total moves by),
+/// and the new config version.
+pub async fn apply_change(
+    conn: &mut PgConnection,
+    id: i64,
+    settings: &Settings,
+    stock_delta: i64,
+    config_version: i64,
+) -> Result<Activity, sqlx::Error> {
+    activity_rows!(
+        "update activities set title = $2, total_stock = $3,
+             remaining_stock = remaining_stock + $4, per_order_limit = $5,
+             start_at = $6, end_at = $7, config_version = $8, buckets = $9, admission = $10,
+             draw_window_ms = $11, per_user_rate_per_sec = $12, updated_at = now()
+         where id = $1
+         returning ",
+        "",
+        id,
+        settings.title,
+        settings.total_stock,
+        stock_delta,
+        settings.per_order_limit,
+        settings.start_at,
+        settings.end_at,
+        config_version,
+        i64::from(settings.buckets),
+        settings.admission.as_str(),
+        settings.draw_window_ms,
+        settings.per_user_rate_per_sec
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// One row of `activity_stats`: the numbers reconcile found for a sale on its last run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub participants: i64,
+    pub sold: i64,
+    pub db_remaining: i64,
+    pub redis_stock: Option<i64>,
+    pub pending_qty: i64,
+    pub drift: i64,
+    pub repairs: i64,
+}
+
+/// Upserts the sale's row of `activity_stats`, stamped now.
+pub async fn record_stats(db: impl PgExecutor<'_>, id: i64, s: &Stats) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into activity_stats
+             (activity_id, participants, sold, db_remaining, redis_stock, pending_qty, drift,
+              repairs, checked_at)
+         values ($1, $2, $3, $4, $5, $6, $7, $8, now())
+         on conflict (activity_id) do update set
+             participants = excluded.participants, sold = excluded.sold,
+             db_remaining = excluded.db_remaining, redis_stock = excluded.redis_stock,
+             pending_qty = excluded.pending_qty, drift = excluded.drift,
+             repairs = excluded.repairs, checked_at = excluded.checked_at",
+        id,
+        s.participants,
+        s.sold,
+        s.db_remaining,
+        s.redis_stock,
+        s.pending_qty,
+        s.drift,
+        s.repairs
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The stats row reconcile last wrote for the sale.
+pub async fn stats(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Stats>, sqlx::Error> {
+    sqlx::query_as!(
+        Stats,
+        "select participants, sold, db_remaining, redis_stock, pending_qty, drift, repairs
+         from activity_stats where activity_id = $1",
+        id
+    )
+    .fetch_optional(db)
+    .await
+}

@@ -1,0 +1,14 @@
+//! The domain: sales, their settings, orders, a purchase and its refusals, and the database
+//! statements that read and write them. Nothing here knows Redis or HTTP.
+//!
+//! - [`activity`]: a sale's row and its statements; [`activity::Phase`] of its window.
+//! - [`settings`]: what an admin may set on a sale and the rules it obeys.
+//! - [`order`]: an order's row, statuses, failure reasons and statements.
+//! - [`purchase`]: one purchase attempt, and the order message it becomes.
+//! - [`refusal`]: why a purchase was refused.
+
+pub mod activity;
+pub mod order;
+pub mod purchase;
+pub mod refusal;
+pub mod settings;

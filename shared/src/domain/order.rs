@@ -1,0 +1,401 @@
+//! Orders: statuses, the row type, and every statement that reads or writes one.
+
+use super::purchase::Attempt;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+/// `sqlx::query_as!(Order, <head> + <the column list> + <tail>, args…)`: the one place the
+/// columns of [`Order`] are listed (the sale's bucket count with them), for every statement
+/// that answers rows.
+macro_rules! order_rows {
+    ($head:tt, $tail:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Order,
+            $head + r#"id, request_id, activity_id, user_id, quantity, status, failure_reason,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                (select buckets from activities a where a.id = orders.activity_id) as "buckets!""#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// An order's life: `confirmed` (written by the consumer, awaiting payment) -> `paid`, or
+/// -> `cancelled` (by its owner or by the payment timeout). `failed` records a request the
+/// database refused (sold out, second order), so its redeliveries are recognised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    Confirmed,
+    Paid,
+    Cancelled,
+    Failed,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Confirmed => "confirmed",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+            OrderStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "confirmed" => OrderStatus::Confirmed,
+            "paid" => OrderStatus::Paid,
+            "cancelled" => OrderStatus::Cancelled,
+            "failed" => OrderStatus::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// Why the database refused a request (stored in `orders.failure_reason`).
+pub mod reason {
+    /// DB stock was lower than Redis believed.
+    pub const SOLD_OUT: &str = "sold_out";
+    /// The user already holds another order for the activity.
+    pub const ALREADY_PURCHASED: &str = "already_purchased";
+    /// The reservation was given back (by reconcile) before the message was processed.
+    pub const RESERVATION_EXPIRED: &str = "reservation_expired";
+    /// The activity does not exist in the database.
+    pub const UNKNOWN_ACTIVITY: &str = "unknown_activity";
+    /// The order message could not be sent (the caller was told 503).
+    pub const SEND_FAILED: &str = "send_failed";
+    /// The purchase script's answer did not arrive in time (the caller was told 503).
+    pub const UNAVAILABLE: &str = "unavailable";
+}
+
+/// One order row, as its owner sees it after paying.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Order {
+    pub id: i64,
+    pub request_id: Uuid,
+    pub activity_id: i64,
+    pub user_id: String,
+    pub quantity: i64,
+    /// `confirmed`, `paid`, `cancelled` or `failed`.
+    pub status: String,
+    pub failure_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub paid_at: Option<DateTime<Utc>>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    /// The cancel attempt that committed the cancellation.
+    pub cancel_id: Option<Uuid>,
+    /// The sale's bucket count (fixed once it has an order): with the user, it names the
+    /// bucket that holds the order's quota and ledger entries.
+    #[serde(skip)]
+    pub buckets: i64,
+}
+
+impl Order {
+    /// The sale's bucket count, as the key layout takes it.
+    pub fn bucket_count(&self) -> u32 {
+        u32::try_from(self.buckets).unwrap_or(1).max(1)
+    }
+}
+
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Order>, sqlx::Error> {
+    order_rows!("select ", " from orders where id = $1", id)
+        .fetch_optional(db)
+        .await
+}
+
+pub async fn by_request(
+    db: impl PgExecutor<'_>,
+    request_id: Uuid,
+) -> Result<Option<Order>, sqlx::Error> {
+    order_rows!("select ", " from orders where request_id = $1", request_id)
+        .fetch_optional(db)
+        .await
+}
+
+/// The user's most relevant row for an activity: an active order if there is one, else the
+/// newest cancelled or failed one.
+pub async fn latest_for_user(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    user_id: &str,
+) -> Result<Option<Order>, sqlx::Error> {
+    order_rows!(
+        "select ",
+        " from orders where activity_id = $1 and user_id = $2
+         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1",
+        activity_id,
+        user_id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Whether the activity has any order row (of any status).
+pub async fn exists_for(db: impl PgExecutor<'_>, activity_id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select exists(select 1 from orders where activity_id = $1) as "exists!""#,
+        activity_id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Confirmed + paid quantity of an activity (what the database has sold). Reconcile calls it
+/// inside the transaction that holds the activity row lock, so it takes any executor.
+pub async fn sold_quantity(db: impl PgExecutor<'_>, activity_id: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select coalesce(sum(quantity), 0)::bigint as "sold!" from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')"#,
+        activity_id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// The consumer's order insert for one message's attempt: a `confirmed` row, which is also the claim of
+/// the request (`orders_request_id_key`) and the one-live-order-per-user check
+/// (`orders_one_per_user`); both refuse it as unique violations. Returns the order id.
+pub async fn insert_confirmed(conn: &mut PgConnection, a: &Attempt) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values ($1, $2, $3, $4, 'confirmed') returning id",
+        a.request_id,
+        a.activity_id,
+        a.user_id,
+        a.quantity
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// The batch form of [`insert_confirmed`]: one `confirmed` row per (request id, user,
+/// quantity) of one activity, skipping request ids that already have a row (claimed or
+/// decided: the per-message path applies those). Returns the request ids and quantities it
+/// inserted.
+pub async fn insert_confirmed_batch(
+    conn: &mut PgConnection,
+    activity_id: i64,
+    request_ids: &[Uuid],
+    user_ids: &[String],
+    quantities: &[i64],
+) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"insert into orders (request_id, activity_id, user_id, quantity, status)
+         select r, $2, u, q, 'confirmed'
+         from unnest($1::uuid[], $3::text[], $4::int8[]) as t(r, u, q)
+         on conflict (request_id) do nothing
+         returning request_id, quantity"#,
+        request_ids,
+        activity_id,
+        user_ids,
+        quantities
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.request_id, r.quantity))
+        .collect())
+}
+
+/// Records `m` as `failed` with `why`, unless a row with its request id exists. Returns
+/// whether this call inserted it: the claim of [`crate::protocol::giveback`].
+pub async fn insert_failed(
+    db: impl PgExecutor<'_>,
+    m: &Attempt,
+    why: &str,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query!(
+        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+         values ($1, $2, $3, $4, 'failed', $5)
+         on conflict (request_id) do nothing",
+        m.request_id,
+        m.activity_id,
+        m.user_id,
+        m.quantity,
+        why
+    )
+    .execute(db)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// The requests of an activity its entry claimed as `failed` / `unavailable` (a purchase
+/// answered 503): user and request id. A draw takes such entries out of its pool first.
+pub async fn unanswered(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and status = 'failed' and failure_reason = $2",
+        activity_id,
+        reason::UNAVAILABLE
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
+}
+
+/// Rows of the given request ids (any status).
+pub async fn by_requests(
+    db: impl PgExecutor<'_>,
+    request_ids: &[Uuid],
+) -> Result<Vec<Order>, sqlx::Error> {
+    order_rows!(
+        "select ",
+        " from orders where request_id = any($1)",
+        request_ids
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The users holding a live (confirmed or paid) order of an activity, each with the order's
+/// request id.
+pub async fn live_holders(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and status in ('confirmed', 'paid')",
+        activity_id
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
+}
+
+/// Which of `users` hold a live order of the activity: reconcile's check of the users it
+/// marked as possible orphans.
+pub async fn live_holders_among(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    users: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "select user_id from orders
+         where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
+        activity_id,
+        users
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Marks a `confirmed` order of `user_id` paid, at `now`; `None` when it is not (any more)
+/// confirmed, or not theirs.
+pub async fn mark_paid(
+    db: impl PgExecutor<'_>,
+    order_id: i64,
+    user_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<Order>, sqlx::Error> {
+    order_rows!(
+        "update orders set status = 'paid', paid_at = $3, updated_at = $3
+         where id = $1 and user_id = $2 and status = 'confirmed'
+         returning ",
+        "",
+        order_id,
+        user_id,
+        now
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Up to `limit` orders still `confirmed` (unpaid) that were created before `before`, oldest
+/// first: what the payment timeout releases.
+pub async fn unpaid_before(
+    db: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Order>, sqlx::Error> {
+    order_rows!(
+        "select ",
+        " from orders where status = 'confirmed' and created_at < $1
+         order by created_at limit $2",
+        before,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The cancel ids that committed the cancellation of any of `order_ids`.
+pub async fn committed_cancel_ids(
+    db: impl PgExecutor<'_>,
+    order_ids: &[i64],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select cancel_id as "cancel_id!" from orders
+         where id = any($1) and status = 'cancelled' and cancel_id is not null"#,
+        order_ids
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// What the orders table holds for one sale, counted in one statement (one snapshot): the
+/// demo's, the benchmark's and the tests' read-back of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Rows of any status.
+    pub rows: i64,
+    pub confirmed: i64,
+    pub confirmed_units: i64,
+    /// Confirmed or paid rows, and their units.
+    pub live: i64,
+    pub live_units: i64,
+    pub failed: i64,
+    /// Users holding more than one live order (the one-per-user index makes it 0).
+    pub users_with_two_live: i64,
+}
+
+pub async fn tally(db: impl PgExecutor<'_>, activity_id: i64) -> Result<Tally, sqlx::Error> {
+    sqlx::query_as!(
+        Tally,
+        r#"select
+             count(*) as "rows!",
+             count(*) filter (where status = 'confirmed') as "confirmed!",
+             coalesce(sum(quantity) filter (where status = 'confirmed'), 0)::bigint
+                 as "confirmed_units!",
+             count(*) filter (where status in ('confirmed', 'paid')) as "live!",
+             coalesce(sum(quantity) filter (where status in ('confirmed', 'paid')), 0)::bigint
+                 as "live_units!",
+             count(*) filter (where status = 'failed') as "failed!",
+             (select count(*) from (select user_id from orders
+                where activity_id = $1 and status in ('confirmed', 'paid')
+                group by user_id having count(*) > 1) d) as "users_with_two_live!"
+           from orders where activity_id = $1"#,
+        activity_id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Every row of a sale (any status), oldest first: the tests' and the chaos checks' view.
+pub async fn of_activity(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<Order>, sqlx::Error> {
+    order_rows!(
+        "select ",
+        " from orders where activity_id = $1 order by id",
+        activity_id
+    )
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,576 @@
+//! Settings, parsed once per process into one typed struct (clap, every field from its
+//! environment variable; a command-line flag of the same name wins).
+//!
+//! # Where values come from
+//!
+//! - **Where the services are** (`DATABASE_URL`, `REDIS_URL`, `ORDER_QUEUE_URL`) has no default
+//!   here: these are required, and parsing fails with a message naming the missing variable. In
+//!   AWS the SAM template sets them (the database through `DATABASE_SECRET_ARN` +
+//!   `DATABASE_HOST` instead of `DATABASE_URL`, see [`crate::secrets`]), so a function whose
+//!   template lost one fails its cold start instead of serving every request against localhost.
+//!   For the local stack, `scripts/env.sh` is the one place that names them; the Makefile sources
+//!   it before every recipe, and so must anything else that runs a binary or the tests.
+//! - **Tuning** (timeouts, pool size, lead times, key prefix) has its default here, the value
+//!   production runs with unless the template overrides it; `--help` shows each one.
+//!
+//! Durations are parsed once, into [`Duration`], by the unit their variable names
+//! (`REDIS_TIMEOUT_MS`, `PREHEAT_LEAD_SECS`). A malformed or blank value is an error, never a
+//! silent default.
+//!
+//! `--help` on every binary lists every setting with its variable and default; the values of
+//! variables that may carry a password (`DATABASE_URL`, `REDIS_URL`) are never printed, neither
+//! there nor by `Debug` (they are [`SecretUrl`]s).
+
+use crate::infra::aws_secrets::{self, DatabaseSecret};
+use crate::infra::db::{self, CaBundle};
+pub use crate::infra::redis_topology::RedisTopology;
+use crate::infra::secret::SecretUrl;
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// Everything a function needs to know about its surroundings.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    about = "A seckill process. Every setting is read from its environment variable; a flag of the same name wins.",
+    long_about = None
+)]
+pub struct Config {
+    /// PostgreSQL URL. Required unless DATABASE_SECRET_ARN names the credentials (as in AWS);
+    /// the local stack's is in scripts/env.sh.
+    #[arg(
+        long = "database-url",
+        env = "DATABASE_URL",
+        value_name = "DATABASE_URL",
+        value_parser = empty_or_non_blank_url,
+        required_unless_present = "database_secret_arn",
+        default_value = "",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
+    pub database_url: SecretUrl,
+    #[command(flatten)]
+    pub redis: RedisTopology,
+    /// Prefix of every Redis key (`<prefix>:{<activityId>}:meta`); tests use a fresh one.
+    #[arg(
+        long = "key-prefix",
+        env = "SECKILL_KEY_PREFIX",
+        value_name = "SECKILL_KEY_PREFIX",
+        value_parser = non_blank,
+        default_value = "seckill"
+    )]
+    pub key_prefix: String,
+    /// SQS queue URL of accepted reservations. Required; the local stack's is in scripts/env.sh.
+    #[arg(
+        long = "order-queue-url",
+        env = "ORDER_QUEUE_URL",
+        value_name = "ORDER_QUEUE_URL",
+        value_parser = non_blank
+    )]
+    pub order_queue_url: String,
+    /// Bound on one Redis call; past it the caller answers 503 instead of hanging.
+    #[arg(long = "redis-timeout-ms", env = "REDIS_TIMEOUT_MS", value_name = "REDIS_TIMEOUT_MS",
+          value_parser = millis, default_value = "300")]
+    pub redis_timeout: Duration,
+    /// Bound on one SQS send; past it the reservation is compensated and the caller gets 503.
+    #[arg(long = "sqs-timeout-ms", env = "SQS_TIMEOUT_MS", value_name = "SQS_TIMEOUT_MS",
+          value_parser = millis, default_value = "2000")]
+    pub sqs_timeout: Duration,
+    /// How long a container answers `sold_out` from memory after Redis said so.
+    #[arg(long = "sold-out-cache-ms", env = "SOLD_OUT_CACHE_MS", value_name = "SOLD_OUT_CACHE_MS",
+          value_parser = millis, default_value = "1000")]
+    pub sold_out_cache_ttl: Duration,
+    /// How long a container reuses its answer to `GET /activities/{id}` (0 = not at all).
+    /// At most 250: a view older than that would lag the purchases by more than a click.
+    #[arg(long = "public-view-cache-ms", env = "PUBLIC_VIEW_CACHE_MS",
+          value_name = "PUBLIC_VIEW_CACHE_MS", value_parser = view_cache_millis,
+          default_value = "250")]
+    pub public_view_cache_ttl: Duration,
+    /// Connections per container; `MaximumConcurrency × this` is what the database sees.
+    #[arg(long = "db-max-connections", env = "DB_MAX_CONNECTIONS", value_name = "DB_MAX_CONNECTIONS",
+          value_parser = whole::<u32>, default_value = "4")]
+    pub db_max_connections: u32,
+    /// How long a query waits for a pooled connection.
+    #[arg(long = "db-acquire-timeout-ms", env = "DB_ACQUIRE_TIMEOUT_MS",
+          value_name = "DB_ACQUIRE_TIMEOUT_MS", value_parser = millis, default_value = "3000")]
+    pub db_acquire_timeout: Duration,
+    /// Preheat loads activities starting within this lead time.
+    #[arg(long = "preheat-lead-secs", env = "PREHEAT_LEAD_SECS", value_name = "PREHEAT_LEAD_SECS",
+          value_parser = secs, default_value = "3600")]
+    pub preheat_lead: Duration,
+    /// Redis keys expire this long after the sale ends.
+    #[arg(long = "key-expiry-buffer-secs", env = "KEY_EXPIRY_BUFFER_SECS",
+          value_name = "KEY_EXPIRY_BUFFER_SECS", value_parser = secs, default_value = "7200")]
+    pub expiry_buffer: Duration,
+    /// Ledger entries older than this with no order are compensated by reconcile.
+    #[arg(long = "reconcile-grace-secs", env = "RECONCILE_GRACE_SECS",
+          value_name = "RECONCILE_GRACE_SECS", value_parser = secs, default_value = "300")]
+    pub reconcile_grace: Duration,
+    /// Confirmed orders not paid within this are cancelled by reconcile.
+    #[arg(long = "payment-timeout-secs", env = "PAYMENT_TIMEOUT_SECS",
+          value_name = "PAYMENT_TIMEOUT_SECS", value_parser = secs, default_value = "900")]
+    pub payment_timeout: Duration,
+    /// Lease of the admin lock; the watchdog renews it every third of it.
+    #[arg(long = "lock-ttl-ms", env = "LOCK_TTL_MS", value_name = "LOCK_TTL_MS",
+          value_parser = millis, default_value = "5000")]
+    pub lock_ttl: Duration,
+    /// How long an admin waits for the lock before answering 409 `busy`.
+    #[arg(long = "lock-wait-ms", env = "LOCK_WAIT_MS", value_name = "LOCK_WAIT_MS",
+          value_parser = millis, default_value = "2000")]
+    pub lock_wait: Duration,
+    /// Which CA certificates the database's TLS certificate must chain to.
+    #[command(flatten)]
+    pub database_ca: CaBundle,
+    /// Which Secrets Manager secrets hold the connection credentials (AWS only).
+    #[command(flatten)]
+    pub secrets: SecretRefs,
+}
+
+/// Which Secrets Manager secrets this process reads at its cold start (AWS only; unset
+/// locally, where nothing is read): part of [`Config`], parsed with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct SecretRefs {
+    /// Secrets Manager ARN of the database credentials (JSON username, password, host, port,
+    /// dbname); replaces DATABASE_URL. Set by the template in AWS; unset locally.
+    #[arg(
+        long = "database-secret-arn",
+        env = "DATABASE_SECRET_ARN",
+        value_name = "DATABASE_SECRET_ARN",
+        value_parser = non_blank
+    )]
+    pub database_secret_arn: Option<String>,
+    /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
+    #[arg(
+        long = "database-host",
+        env = "DATABASE_HOST",
+        value_name = "DATABASE_HOST",
+        value_parser = non_blank
+    )]
+    pub database_host: Option<String>,
+    /// Secrets Manager ARN of the Redis AUTH token, put into every REDIS_URL. Unset locally.
+    #[arg(
+        long = "redis-auth-secret-arn",
+        env = "REDIS_AUTH_SECRET_ARN",
+        value_name = "REDIS_AUTH_SECRET_ARN",
+        value_parser = non_blank
+    )]
+    pub redis_auth_secret_arn: Option<String>,
+    /// Comma-separated Secrets Manager ARNs of the functions' database roles, each secret JSON
+    /// {"username": "seckill_entry", "password": "..."}. Read by seckill-migrate only, which
+    /// sets each role's password after migrating; the functions ignore it.
+    #[arg(
+        long = "database-role-secret-arns",
+        env = "DATABASE_ROLE_SECRET_ARNS",
+        value_name = "DATABASE_ROLE_SECRET_ARNS",
+        value_delimiter = ',',
+        value_parser = trimmed_non_blank
+    )]
+    pub database_role_secret_arns: Vec<String>,
+}
+
+impl SecretRefs {
+    /// Whether [`Config::resolve_secrets`] has nothing to read (the role secrets are not its
+    /// to read).
+    pub fn is_empty(&self) -> bool {
+        self.database_secret_arn.is_none() && self.redis_auth_secret_arn.is_none()
+    }
+}
+
+/// Any text but a blank one: a variable set to nothing is a mistake, not a default.
+pub fn non_blank(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("must not be blank".into())
+    } else {
+        Ok(value.to_string())
+    }
+}
+
+/// [`non_blank`], trimmed: one item of a comma-separated list (`a, b`).
+pub fn trimmed_non_blank(value: &str) -> Result<String, String> {
+    non_blank(value).map(|v| v.trim().to_string())
+}
+
+/// [`non_blank`] as a [`SecretUrl`], but the empty string stands for "not given" (the default
+/// of a setting that another one may supply); [`Config::check`] refuses it when nothing else
+/// did.
+fn empty_or_non_blank_url(value: &str) -> Result<SecretUrl, String> {
+    if value.is_empty() {
+        Ok(SecretUrl::default())
+    } else {
+        non_blank(value).map(SecretUrl::from)
+    }
+}
+
+fn whole<T: std::str::FromStr>(value: &str) -> Result<T, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| "must be a non-negative whole number".into())
+}
+
+/// A whole number of milliseconds.
+pub fn millis(value: &str) -> Result<Duration, String> {
+    whole(value).map(Duration::from_millis)
+}
+
+/// The longest [`Config::public_view_cache_ttl`]: the view's stock may lag Redis by this.
+pub const MAX_PUBLIC_VIEW_CACHE: Duration = Duration::from_millis(250);
+
+/// [`millis`], at most [`MAX_PUBLIC_VIEW_CACHE`]: a longer value is refused, not clamped.
+fn view_cache_millis(value: &str) -> Result<Duration, String> {
+    let ttl = millis(value)?;
+    if ttl > MAX_PUBLIC_VIEW_CACHE {
+        return Err(format!(
+            "must be at most {} ms",
+            MAX_PUBLIC_VIEW_CACHE.as_millis()
+        ));
+    }
+    Ok(ttl)
+}
+
+fn secs(value: &str) -> Result<Duration, String> {
+    whole(value).map(Duration::from_secs)
+}
+
+impl Config {
+    /// The environment alone (no command line): what tests and tools that parse their own
+    /// arguments call. Fails on a missing required variable or a malformed value, naming it.
+    pub fn from_env() -> anyhow::Result<Self> {
+        use clap::Parser;
+        Self::try_parse_from(["seckill"])
+            .map_err(|e| anyhow::anyhow!("{}", e.render()))?
+            .check()
+    }
+
+    /// What clap cannot say: the database URL was given, or a secret supplies it.
+    pub fn check(self) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !self.database_url.is_empty() || self.secrets.database_secret_arn.is_some(),
+            "DATABASE_URL is empty and DATABASE_SECRET_ARN is not set: one of them must say \
+             where the database is"
+        );
+        Ok(self)
+    }
+
+    /// What a function's `main.rs` calls once per cold start: the command line and the
+    /// environment (Lambda passes no arguments; `--help` prints every setting and exits, a
+    /// missing or malformed one exits non-zero naming its variable), then the database and Redis
+    /// credentials from Secrets Manager when `DATABASE_SECRET_ARN` / `REDIS_AUTH_SECRET_ARN` are
+    /// set (see [`crate::secrets`]). Without them it makes no AWS call.
+    pub async fn load() -> anyhow::Result<Self> {
+        use clap::Parser;
+        let mut config = Self::parse().check()?;
+        let refs = config.secrets.clone();
+        config.resolve_secrets(&refs).await?;
+        Ok(config)
+    }
+
+    /// Reads the secrets `refs` names and rewrites the database URL and the Redis URLs with
+    /// them. Does nothing (and calls nothing) when no ARN is set.
+    pub async fn resolve_secrets(&mut self, refs: &SecretRefs) -> anyhow::Result<()> {
+        if refs.is_empty() {
+            return Ok(());
+        }
+        let client = aws_secrets::client().await;
+        self.resolve_secrets_with(refs, &client).await
+    }
+
+    /// [`Config::resolve_secrets`] with a given Secrets Manager client.
+    pub async fn resolve_secrets_with(
+        &mut self,
+        refs: &SecretRefs,
+        client: &aws_sdk_secretsmanager::Client,
+    ) -> anyhow::Result<()> {
+        if let Some(arn) = &refs.database_secret_arn {
+            let secret = DatabaseSecret::parse(&aws_secrets::read(client, arn).await?)?;
+            self.database_url = secret.database_url(refs.database_host.as_deref())?;
+            tracing::info!(database = ?self.database_url, "database credentials read from Secrets Manager");
+        }
+        if let Some(arn) = &refs.redis_auth_secret_arn {
+            let token = aws_secrets::redis_token(&aws_secrets::read(client, arn).await?)?;
+            self.redis = self.redis.with_token(&token)?;
+            tracing::info!("redis auth token read from Secrets Manager");
+        }
+        Ok(())
+    }
+
+    /// The database pool this config names, connecting lazily: a container whose database is
+    /// briefly out of reach still starts and reports the failure per request.
+    /// `MaximumConcurrency × db_max_connections` is the most the database sees.
+    pub fn database_pool_lazy(&self) -> anyhow::Result<PgPool> {
+        let options = db::connect_options(self.database_url.expose(), &self.database_ca)?;
+        Ok(db::pool_options()
+            .max_connections(self.db_max_connections)
+            .acquire_timeout(self.db_acquire_timeout)
+            .connect_lazy_with(options))
+    }
+
+    /// [`Config::database_pool_lazy`], connected now.
+    pub async fn database_pool(&self) -> anyhow::Result<PgPool> {
+        let options = db::connect_options(self.database_url.expose(), &self.database_ca)?;
+        db::connect_to(options, self.db_max_connections, self.db_acquire_timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the SAM template's Globals set, as variables (the lookup stands in for the process
+    /// environment, so these tests never touch the real one).
+    const TEMPLATE: [(&str, &str); 8] = [
+        (
+            "DATABASE_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:1:secret:db",
+        ),
+        ("DATABASE_HOST", "proxy.example"),
+        (
+            "REDIS_AUTH_SECRET_ARN",
+            "arn:aws:secretsmanager:us-east-1:1:secret:redis",
+        ),
+        ("REDIS_URL", "rediss://clustercfg.example:6379"),
+        ("REDIS_CLUSTER", "true"),
+        (
+            "ORDER_QUEUE_URL",
+            "https://sqs.us-east-1.amazonaws.com/1/orders",
+        ),
+        ("PAYMENT_TIMEOUT_SECS", "900"),
+        ("DB_MAX_CONNECTIONS", "1"),
+    ];
+
+    /// Parses `vars` as if they were the whole environment: each becomes the flag of the
+    /// argument that reads it, and every argument's `env` is rebound to a variable nobody sets,
+    /// so the real environment (scripts/env.sh under `make test`) plays no part.
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, String> {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut argv = vec!["seckill".to_string()];
+        let cmd = Config::command().mut_args(|arg| {
+            let Some(name) = arg.get_env().map(|n| n.to_string_lossy().into_owned()) else {
+                return arg;
+            };
+            if let Some((_, value)) = vars.iter().find(|(k, _)| *k == name) {
+                let long = arg.get_long().expect("every setting has a flag");
+                argv.push(format!("--{long}={value}"));
+            }
+            arg.env("SECKILL_CONFIG_TEST_NEVER_SET")
+        });
+        let config = cmd
+            .try_get_matches_from(argv)
+            .and_then(|m| Config::from_arg_matches(&m))
+            .map_err(|e| e.render().to_string())?;
+        config.check().map_err(|e| e.to_string())
+    }
+
+    fn local() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/seckill"),
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            (
+                "ORDER_QUEUE_URL",
+                "http://127.0.0.1:4566/123456789012/seckill-orders",
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_template_environment_parses_with_the_database_from_its_secret() {
+        let config = parse(&TEMPLATE).unwrap();
+        assert_eq!(config.database_url, "", "filled in by secrets::resolve");
+        assert_eq!(
+            config.redis,
+            RedisTopology::Cluster(vec!["rediss://clustercfg.example:6379".into()])
+        );
+        assert_eq!(config.db_max_connections, 1);
+        assert_eq!(config.payment_timeout, Duration::from_secs(900));
+        assert_eq!(
+            config.secrets.database_host.as_deref(),
+            Some("proxy.example")
+        );
+    }
+
+    #[test]
+    fn a_missing_database_url_is_named() {
+        let vars: Vec<_> = local()
+            .into_iter()
+            .filter(|(k, _)| *k != "DATABASE_URL")
+            .collect();
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_database_url_is_refused() {
+        let mut vars = local();
+        vars[0] = ("DATABASE_URL", "");
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+        vars[0] = ("DATABASE_URL", "  ");
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_order_queue_url_is_named() {
+        let vars: Vec<_> = TEMPLATE
+            .into_iter()
+            .filter(|(k, _)| *k != "ORDER_QUEUE_URL")
+            .collect();
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("ORDER_QUEUE_URL"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_read_in_the_unit_their_variable_names() {
+        let mut vars = local();
+        vars.extend([("REDIS_TIMEOUT_MS", " 250 "), ("PREHEAT_LEAD_SECS", "60")]);
+        let config = parse(&vars).unwrap();
+        assert_eq!(config.redis_timeout, Duration::from_millis(250));
+        assert_eq!(config.preheat_lead, Duration::from_secs(60));
+        assert_eq!(config.sqs_timeout, Duration::from_millis(2000), "default");
+        assert_eq!(config.lock_ttl, Duration::from_millis(5000), "default");
+    }
+
+    #[test]
+    fn the_public_view_cache_defaults_to_and_stops_at_250_ms() {
+        let config = parse(&local()).unwrap();
+        assert_eq!(config.public_view_cache_ttl, Duration::from_millis(250));
+        let mut vars = local();
+        vars.push(("PUBLIC_VIEW_CACHE_MS", "0"));
+        assert_eq!(parse(&vars).unwrap().public_view_cache_ttl, Duration::ZERO);
+        let mut vars = local();
+        vars.push(("PUBLIC_VIEW_CACHE_MS", "251"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("PUBLIC_VIEW_CACHE_MS"), "{err}");
+    }
+
+    #[test]
+    fn a_malformed_number_is_an_error_naming_its_variable() {
+        let mut vars = local();
+        vars.push(("LOCK_WAIT_MS", "2s"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("LOCK_WAIT_MS"), "{err}");
+    }
+
+    #[test]
+    fn a_url_list_is_a_cluster_and_one_url_is_standalone() {
+        assert_eq!(
+            RedisTopology::from_urls("redis://a:1, redis://b:2", false),
+            RedisTopology::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
+        assert_eq!(
+            RedisTopology::from_urls("redis://a:1", false),
+            RedisTopology::Standalone("redis://a:1".into())
+        );
+        let mut vars = local();
+        vars.push(("REDIS_CLUSTER", "yes"));
+        assert!(matches!(
+            parse(&vars).unwrap().redis,
+            RedisTopology::Cluster(_)
+        ));
+    }
+
+    #[test]
+    fn the_role_secret_arns_are_a_comma_separated_list() {
+        let mut vars = local();
+        vars.push((
+            "DATABASE_ROLE_SECRET_ARNS",
+            "arn:aws:secretsmanager:us-east-1:1:secret:entry, arn:aws:secretsmanager:us-east-1:1:secret:admin",
+        ));
+        let config = parse(&vars).unwrap();
+        assert_eq!(
+            config.secrets.database_role_secret_arns,
+            [
+                "arn:aws:secretsmanager:us-east-1:1:secret:entry",
+                "arn:aws:secretsmanager:us-east-1:1:secret:admin"
+            ]
+        );
+        assert!(parse(&local())
+            .unwrap()
+            .secrets
+            .database_role_secret_arns
+            .is_empty());
+        let mut vars = local();
+        vars.push(("DATABASE_ROLE_SECRET_ARNS", "arn:a,,arn:b"));
+        let err = parse(&vars).unwrap_err();
+        assert!(err.contains("DATABASE_ROLE_SECRET_ARNS"), "{err}");
+    }
+
+    #[test]
+    fn the_ca_bundle_is_the_compiled_in_one_unless_named() {
+        assert_eq!(parse(&local()).unwrap().database_ca.path, None);
+        let mut vars = local();
+        vars.push(("DATABASE_CA_BUNDLE", "/opt/global-bundle.pem"));
+        assert_eq!(
+            parse(&vars).unwrap().database_ca.path,
+            Some("/opt/global-bundle.pem".into())
+        );
+    }
+
+    #[test]
+    fn debug_of_a_config_full_of_secrets_shows_none_of_them() {
+        let mut vars: Vec<(&str, &str)> = TEMPLATE.to_vec();
+        vars.retain(|(k, _)| *k != "REDIS_URL");
+        vars.extend([
+            (
+                "DATABASE_URL",
+                "postgres://seckill:db-pa55@proxy:5432/seckill?sslmode=verify-full&password=qs-pa55",
+            ),
+            (
+                "REDIS_URL",
+                "rediss://:node1-t0ken@n1:6379,rediss://user:node2-t0ken@n2:6379/0?token=qs-t0ken",
+            ),
+            ("DATABASE_CA_BUNDLE", "/opt/ca.pem"),
+        ]);
+        let config = parse(&vars).unwrap();
+        let debug = format!("{config:?}");
+        for secret in [
+            "db-pa55",
+            "qs-pa55",
+            "node1-t0ken",
+            "node2-t0ken",
+            "qs-t0ken",
+        ] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        for shown in [
+            "seckill:***@proxy",
+            "user:***@n2",
+            "/opt/ca.pem",
+            "proxy.example",
+        ] {
+            assert!(debug.contains(shown), "{shown} not in {debug}");
+        }
+    }
+
+    #[test]
+    fn debug_and_help_show_no_password() {
+        let mut vars = local();
+        vars[0] = ("DATABASE_URL", "postgres://u:hunter2@db/seckill");
+        vars[1] = ("REDIS_URL", "rediss://:t0ken@redis:6379");
+        let config = parse(&vars).unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("t0ken"),
+            "{debug}"
+        );
+        assert!(debug.contains("u:***@db"), "{debug}");
+        use clap::CommandFactory;
+        for arg in Config::command().get_arguments() {
+            let name = arg.get_env().map(|n| n.to_string_lossy().into_owned());
+            if matches!(name.as_deref(), Some("DATABASE_URL" | "REDIS_URL")) {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{name:?} shows its value in --help"
+                );
+            }
+        }
+    }
+    #[test]
+    fn no_arn_means_no_secret_to_read() {
+        assert!(SecretRefs::default().is_empty());
+        let roles_only = SecretRefs {
+            database_role_secret_arns: vec!["arn:aws:secretsmanager:us-east-1:1:secret:r".into()],
+            ..SecretRefs::default()
+        };
+        assert!(roles_only.is_empty(), "the functions read no role secret");
+    }
+}

@@ -1,0 +1,22 @@
+//! Infrastructure: what a function needs from its surroundings, and nothing of the sale.
+//!
+//! - [`config`]: the typed settings (clap, each from its environment variable), parsed once;
+//!   [`redis_topology`]: where Redis is (one server or a cluster).
+//! - [`secret`]: secrets that redact themselves (`Debug` never prints one).
+//! - [`aws_secrets`]: credentials read from Secrets Manager at a cold start (AWS only).
+//! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
+//! - [`sqs`]: the SQS client and the order queue, with bounded sends.
+//! - [`metrics`]: CloudWatch Embedded Metric Format lines.
+//! - [`telemetry`]: tracing, set up once per process.
+//! - [`pause`]: named pause points and injectable failures for the interleaving tests
+//!   (compiled out without the `failpoints` feature).
+
+pub mod aws_secrets;
+pub mod config;
+pub mod db;
+pub mod metrics;
+pub mod pause;
+pub mod redis_topology;
+pub mod secret;
+pub mod sqs;
+pub mod telemetry;

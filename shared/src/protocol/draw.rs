@@ -1,0 +1,268 @@
+//! A draw sale's draw and its sends, as one sequence every trigger runs ([`run`]): the
+//! entries answered 503 leave the pool, the draw runs if it is due, and the outbox's winners
+//! are sent at least once ([`drain`]: take, send, done). Nothing waits on a schedule: the
+//! first purchase after the window, a pool entrant asking for their status, and reconcile
+//! each trigger it. docs/invariants.md, "Draw admission".
+
+use crate::domain::order;
+use crate::domain::purchase::{Attempt, OrderMessage};
+use crate::infra::pause;
+use crate::infra::sqs::{OrderQueue, QueueError};
+use crate::store::conn::{Redis, StoreError};
+use crate::store::draw::{self, Drawn, Taken};
+use sqlx::PgPool;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrawError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Who runs the sequence, which sets what it can afford.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// A purchase told `draw_due`, answering its request: the 503 entries leave first, one
+    /// round of sends now and the rest in the background.
+    Purchase,
+    /// A queued entrant's status read, answering its request: no database read (a crowd
+    /// polls), one round of sends now and the rest in the background.
+    StatusRead,
+    /// Reconcile's run: the 503 entries leave first, every send now.
+    Reconcile,
+}
+
+/// What one [`run`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrawRun {
+    pub drawn: Drawn,
+    /// Entries answered 503 taken out of the pool before the draw.
+    pub left: usize,
+    /// Winners' order messages the queue confirmed.
+    pub sent: usize,
+}
+
+/// The draw of sale `activity_id` if it is due, between its neighbours (see the module docs).
+/// A failed send leaves its winners in the outbox for the next drainer (it is logged, not an
+/// error); a draw that cannot run is.
+pub async fn run(
+    redis: &Redis,
+    db: &PgPool,
+    queue: &OrderQueue,
+    activity_id: i64,
+    trigger: Trigger,
+) -> Result<DrawRun, DrawError> {
+    let left = match trigger {
+        Trigger::StatusRead => 0,
+        Trigger::Purchase => match leave_unanswered(redis, db, activity_id).await {
+            Ok(left) => left,
+            Err(e) => {
+                tracing::warn!(activity_id, error = %e, "entries answered 503 not taken out of the pool");
+                0
+            }
+        },
+        Trigger::Reconcile => leave_unanswered(redis, db, activity_id).await?,
+    };
+    let drawn = draw::draw(redis, activity_id, draw::seed()).await?;
+    if let Drawn::Now {
+        winners,
+        units,
+        entrants,
+    } = drawn
+    {
+        tracing::warn!(
+            activity_id,
+            winners,
+            units,
+            entrants,
+            ?trigger,
+            repair = "drawn",
+            "draw ran"
+        );
+    }
+    let mut report = DrawRun {
+        drawn,
+        left,
+        sent: 0,
+    };
+    // A crash between the draw and the sends: the outbox keeps the winners.
+    if trigger == Trigger::Purchase && pause::fail("entry.draw.before_send", activity_id) {
+        return Ok(report);
+    }
+    if !drawn.is_done() || draw::unsent(redis, activity_id).await? == 0 {
+        return Ok(report);
+    }
+    let rounds = match trigger {
+        Trigger::Reconcile => usize::MAX,
+        Trigger::Purchase | Trigger::StatusRead => 1,
+    };
+    match drain(redis, queue, activity_id, rounds).await {
+        Ok(d) => {
+            report.sent = d.sent;
+            if d.sent > 0 {
+                tracing::info!(
+                    activity_id,
+                    sent = d.sent,
+                    left = d.left,
+                    "draw winners sent"
+                );
+            }
+            if d.left > 0 && !d.busy && rounds == 1 {
+                drain_later(redis, queue, activity_id);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
+        }
+    }
+    Ok(report)
+}
+
+/// The sends a request left for later, in the background; what is left then (a failure, a
+/// container frozen between invocations) the next drainer or reconcile sends.
+fn drain_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
+    let (redis, queue) = (redis.clone(), queue.clone());
+    tokio::spawn(async move {
+        if let Err(e) = drain(&redis, &queue, activity_id, usize::MAX).await {
+            tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
+        }
+    });
+}
+
+/// What one [`drain`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Order messages the queue confirmed.
+    pub sent: usize,
+    /// Outbox entries left (their sends failed, or came in meanwhile).
+    pub left: i64,
+    /// Another drainer held the lease: this one sent nothing.
+    pub busy: bool,
+}
+
+/// Winners taken from the outbox per round.
+pub const TAKE: usize = 100;
+/// How long a drainer holds the outbox: long enough for one round of sends.
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
+/// up to `rounds` rounds of [`TAKE`] (the caller answering a request bounds it; a background
+/// task or reconcile does not), and drops those the queue confirmed. A send that fails leaves
+/// its winners in the outbox for the next drainer (the error says so); no unit is given back
+/// for it.
+pub async fn drain(
+    redis: &Redis,
+    queue: &OrderQueue,
+    activity_id: i64,
+    rounds: usize,
+) -> Result<Drained, DrawError> {
+    let token = Uuid::new_v4().to_string();
+    let mut report = Drained::default();
+    for round in 1..=rounds.max(1) {
+        let Some((now_ms, taken)) = draw::take(redis, activity_id, &token, LEASE, TAKE).await?
+        else {
+            report.busy = true;
+            return Ok(report);
+        };
+        let messages = messages(activity_id, now_ms, &taken);
+        // Between the restamp and the sends: reconcile must not give these back.
+        pause::point("draw.drain.after_take", activity_id).await;
+        let mut sent = Vec::new();
+        let mut failure = None;
+        if pause::fail("draw.drain.after_take", activity_id) {
+            failure = Some(QueueError::Timeout(queue.timeout));
+        } else {
+            for chunk in messages.chunks(10) {
+                match queue.send_batch(chunk, activity_id).await {
+                    Ok(ok) => sent.extend(ok.into_iter().map(|i| chunk[i].attempt.request_id)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let last = messages.is_empty()
+            || failure.is_some()
+            || sent.len() < messages.len()
+            || round == rounds.max(1);
+        report.left = draw::done(redis, activity_id, &token, last, &sent).await?;
+        report.sent += sent.len();
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        if last {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// The order messages of a take's winners, reserved at `now_ms` (the restamp).
+fn messages(activity_id: i64, now_ms: i64, taken: &[Taken]) -> Vec<OrderMessage> {
+    taken
+        .iter()
+        .map(|t| OrderMessage {
+            attempt: Attempt {
+                request_id: t.request_id,
+                activity_id,
+                user_id: t.user_id.clone(),
+                quantity: t.quantity,
+                buckets: 1,
+            },
+            reserved_at_ms: now_ms,
+            load_epoch: Some(t.epoch),
+        })
+        .collect()
+}
+
+/// Before a draw: takes every entry whose purchase was answered 503 out of the pool (see
+/// [`draw::leave`]), from the database's claims, so that the draw never picks one whose
+/// give-back did not reach Redis (a stalled Redis, a container frozen after its answer).
+/// Answers how many left.
+pub async fn leave_unanswered(
+    redis: &Redis,
+    db: &PgPool,
+    activity_id: i64,
+) -> Result<usize, DrawError> {
+    let mut left = 0;
+    for (user_id, request_id) in order::unanswered(db, activity_id).await? {
+        left += usize::from(draw::leave(redis, activity_id, &user_id, request_id).await?);
+    }
+    Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_batch_becomes_messages_with_the_restamp_and_the_epoch() {
+        let id = Uuid::now_v7();
+        let taken = [Taken {
+            request_id: id,
+            user_id: "alice".into(),
+            quantity: 2,
+            epoch: 7,
+        }];
+        let m = messages(5, 1_000, &taken);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (
+                m[0].attempt.request_id,
+                m[0].attempt.user_id.as_str(),
+                m[0].attempt.quantity
+            ),
+            (id, "alice", 2)
+        );
+        assert_eq!(
+            (m[0].reserved_at_ms, m[0].load_epoch, m[0].attempt.buckets),
+            (1_000, Some(7), 1)
+        );
+    }
+}

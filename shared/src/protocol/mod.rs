@@ -1,0 +1,19 @@
+//! The protocol: who changes Redis and the database, in which steps, and how each step stays
+//! right whatever runs between two of them. Every function is a caller of these; each step's
+//! interleavings and crash points are in docs/invariants.md.
+//!
+//! - [`purchase`]: a purchase across a sale's buckets (borrowing when the home bucket is short).
+//! - [`giveback`]: the database as the one arbiter of a reservation's fate.
+//! - [`cancel`]: a confirmed order cancelled exactly once (ledger, database, Redis).
+//! - [`pay`]: a confirmed order paid.
+//! - [`draw`]: a draw sale's draw and its winners' sends.
+//! - [`load`]: a sale loaded into Redis under its fenced lock.
+//! - [`lock`]: the per-sale lock with its watchdog and a fencing token the database checks.
+
+pub mod cancel;
+pub mod draw;
+pub mod giveback;
+pub mod load;
+pub mod lock;
+pub mod pay;
+pub mod purchase;

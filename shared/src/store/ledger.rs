@@ -1,0 +1,318 @@
+//! The ledger of entries in flight between Redis and the database, and the scripts that end
+//! them: `lua/give_back.lua` (a reservation's or a committed cancel's units back, once),
+//! `lua/settle.lua` (an entry dropped once the database holds its outcome), and
+//! `lua/snapshot.lua` (a sale's state read in one step). docs/invariants.md, "The state".
+
+use super::conn::{Redis, StoreError};
+use super::keys::Bucket;
+use super::scripts::{self, codes};
+use std::collections::HashSet;
+use uuid::Uuid;
+
+/// How much of a reservation a give-back returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compensation {
+    /// Stock back and the user removed: the purchase never happened.
+    Full,
+    /// Stock back only: the user already holds another order and keeps it.
+    StockOnly,
+}
+
+codes! {
+    /// `lua/give_back.lua`'s reply codes.
+    pub enum GiveBackCode of "give_back.lua" {
+        NotThere = 0,
+        GivenBack = 1,
+    }
+}
+
+/// `lua/give_back.lua` for the entry of `kind` carrying `id`: the units back (and, for
+/// [`Compensation::Full`], the user out of `users`), at most once. The quantity given back,
+/// `None` when the ledger no longer holds that entry.
+async fn give_back(
+    redis: &Redis,
+    at: Bucket,
+    user_id: &str,
+    id: Uuid,
+    kind: &str,
+    mode: Compensation,
+) -> Result<Option<i64>, StoreError> {
+    let k = redis.bucket_keys(at);
+    let mut inv = scripts::GIVE_BACK.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.users)
+        .key(&k.ledger)
+        .arg(user_id)
+        .arg(id.to_string())
+        .arg(kind)
+        .arg(match mode {
+            Compensation::Full => "full",
+            Compensation::StockOnly => "stock",
+        });
+    let (code, qty): (i64, i64) = redis.script(&inv).await?;
+    Ok((GiveBackCode::read(code)? == GiveBackCode::GivenBack).then_some(qty))
+}
+
+/// Gives a reservation back, at most once. Returns the quantity given back, or `None` when
+/// the ledger no longer holds this request (already settled or compensated).
+pub async fn compensate(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+    user_id: &str,
+    request_id: Uuid,
+    mode: Compensation,
+) -> Result<Option<i64>, StoreError> {
+    give_back(redis, at.into(), user_id, request_id, "r", mode).await
+}
+
+/// Gives a cancelled order's units and quota back, at most once, for the attempt `cancel_id`
+/// (the one the order row recorded). Returns the quantity.
+pub async fn cancel_finish(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+    user_id: &str,
+    cancel_id: Uuid,
+) -> Result<Option<i64>, StoreError> {
+    give_back(
+        redis,
+        at.into(),
+        user_id,
+        cancel_id,
+        "c",
+        Compensation::Full,
+    )
+    .await
+}
+
+codes! {
+    /// `lua/settle.lua`'s reply codes.
+    pub enum SettleCode of "settle.lua" {
+        NotThere = 0,
+        Dropped = 1,
+    }
+}
+
+/// Drops the ledger entry carrying `id` (a request id, a cancel id, a check token or a
+/// transfer id) once the database holds the outcome. Returns whether an entry was dropped.
+pub async fn settle(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+    user_id: &str,
+    id: &str,
+) -> Result<bool, StoreError> {
+    let k = redis.bucket_keys(at.into());
+    let mut inv = scripts::SETTLE.prepare_invoke();
+    inv.key(&k.ledger).arg(user_id).arg(id);
+    Ok(SettleCode::read(redis.script(&inv).await?)? == SettleCode::Dropped)
+}
+
+/// What a ledger entry stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// `r|<requestId>|qty|ms`: units reserved, order message on its way.
+    Reservation,
+    /// `c|<cancelId>|qty|ms|<orderId>`: a cancel attempt between Redis and the database.
+    Cancel,
+    /// `x|<token>|0|ms`: reconcile's orphan check is looking at this user.
+    Check,
+    /// `t|<transferId>|qty|ms|<homeIndex>|<epoch>` under a [`super::keys::transfer_field`]:
+    /// units taken from this bucket for a purchase in another (`lua/borrow.lua`), not yet
+    /// known to be there.
+    Transfer,
+}
+
+/// One in-flight entry of the ledger, keyed by user (or, for a transfer, by its field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub user_id: String,
+    pub kind: EntryKind,
+    /// What guards the entry: the request id (reservation), the cancel id (cancel), the check
+    /// token or the transfer id.
+    pub id: String,
+    pub quantity: i64,
+    pub at_ms: i64,
+    /// The order a cancel entry is about.
+    pub order_id: Option<i64>,
+    /// A transfer's home bucket index and the load epoch it was taken in.
+    pub transfer: Option<(u32, i64)>,
+}
+
+impl LedgerEntry {
+    pub fn parse(user_id: &str, value: &str) -> Option<Self> {
+        let mut parts = value.split('|');
+        let kind = match parts.next()? {
+            "r" => EntryKind::Reservation,
+            "c" => EntryKind::Cancel,
+            "x" => EntryKind::Check,
+            "t" => EntryKind::Transfer,
+            _ => return None,
+        };
+        let id = parts.next()?.to_string();
+        let quantity = parts.next()?.parse().ok()?;
+        let at_ms = parts.next()?.parse().ok()?;
+        let order_id = match kind {
+            EntryKind::Cancel => Some(parts.next()?.parse().ok()?),
+            _ => None,
+        };
+        let transfer = match kind {
+            EntryKind::Transfer => Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?)),
+            _ => None,
+        };
+        Some(Self {
+            user_id: user_id.to_string(),
+            kind,
+            id,
+            quantity,
+            at_ms,
+            order_id,
+            transfer,
+        })
+    }
+
+    /// The reservation's request id, when this is a reservation.
+    pub fn request_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Reservation)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The transfer's id, when this is a transfer.
+    pub fn transfer_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Transfer)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The cancel attempt's id, when this is a cancel.
+    pub fn cancel_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Cancel)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+}
+
+/// The user's ledger entry, if any.
+pub async fn entry(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+    user_id: &str,
+) -> Result<Option<LedgerEntry>, StoreError> {
+    let k = redis.bucket_keys(at.into());
+    let value: Option<String> = redis
+        .cmd(redis::cmd("HGET").arg(&k.ledger).arg(user_id))
+        .await?;
+    Ok(value.and_then(|v| LedgerEntry::parse(user_id, &v)))
+}
+
+/// A bucket's Redis state, read atomically.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub loaded: bool,
+    /// `None` when the meta holds no stock (the sale is not loaded).
+    pub stock: Option<i64>,
+    /// Users holding a reservation, an order or a cancel in flight (the sentinel not counted).
+    pub participants: i64,
+    pub ledger: Vec<LedgerEntry>,
+    /// The stock sequence: bumped by every script that moves the stock.
+    pub seq: i64,
+    /// Request ids in a draw sale's outbox: reservations whose order message is still to be
+    /// sent, which no grace period makes stale.
+    pub unsent: HashSet<String>,
+}
+
+impl Snapshot {
+    /// Whether the reservation `request_id` waits in the outbox for its order message.
+    pub fn is_unsent(&self, request_id: &str) -> bool {
+        self.unsent.contains(request_id)
+    }
+
+    pub fn pending_quantity(&self) -> i64 {
+        self.ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Reservation)
+            .map(|e| e.quantity)
+            .sum()
+    }
+
+    /// Units taken from this bucket for another, not yet known to be there.
+    pub fn transfer_quantity(&self) -> i64 {
+        self.ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Transfer)
+            .map(|e| e.quantity)
+            .sum()
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.ledger
+            .iter()
+            .filter(|e| e.kind == EntryKind::Reservation)
+            .count()
+    }
+}
+
+/// `lua/snapshot.lua`: one bucket's state in one step.
+pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, StoreError> {
+    let k = redis.bucket_keys(at.into());
+    let mut inv = scripts::SNAPSHOT.prepare_invoke();
+    inv.key(&k.meta).key(&k.users).key(&k.ledger).key(&k.outbox);
+    type Reply = (i64, i64, i64, Vec<String>, i64, HashSet<String>);
+    let (loaded, stock, participants, flat, seq, unsent): Reply = redis.script(&inv).await?;
+    let ledger = flat
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [user, value] => LedgerEntry::parse(user, value),
+            _ => None,
+        })
+        .collect();
+    Ok(Snapshot {
+        loaded: loaded == 1,
+        stock: (stock >= 0).then_some(stock),
+        participants,
+        ledger,
+        seq,
+        unsent,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_a_wrapper_does_not_know_is_an_error_not_an_outcome() {
+        assert!(matches!(SettleCode::read(0), Ok(SettleCode::NotThere)));
+        assert!(matches!(SettleCode::read(1), Ok(SettleCode::Dropped)));
+        let e = SettleCode::read(2).unwrap_err();
+        assert!(e.to_string().contains("settle.lua answered 2"), "{e}");
+    }
+
+    #[test]
+    fn ledger_entries_parse_both_kinds() {
+        let r =
+            LedgerEntry::parse("alice", "r|6f1c1a2e-0000-4000-8000-000000000001|2|1700").unwrap();
+        assert_eq!(r.kind, EntryKind::Reservation);
+        assert_eq!(r.quantity, 2);
+        assert!(r.request_id().is_some());
+        let c =
+            LedgerEntry::parse("bob", "c|6f1c1a2e-0000-4000-8000-000000000002|1|1800|17").unwrap();
+        assert_eq!(
+            (c.kind, c.order_id, c.at_ms),
+            (EntryKind::Cancel, Some(17), 1800)
+        );
+        assert!(c.cancel_id().is_some() && c.request_id().is_none());
+        let x = LedgerEntry::parse("carol", "x|tok|0|1900").unwrap();
+        assert_eq!((x.kind, x.id.as_str()), (EntryKind::Check, "tok"));
+        let t = LedgerEntry::parse(
+            " transfer:6f1c1a2e-0000-4000-8000-000000000003",
+            "t|6f1c1a2e-0000-4000-8000-000000000003|4|2000|2|7",
+        )
+        .unwrap();
+        assert_eq!(
+            (t.kind, t.quantity, t.transfer),
+            (EntryKind::Transfer, 4, Some((2, 7)))
+        );
+        assert!(t.transfer_id().is_some() && t.request_id().is_none());
+        assert!(LedgerEntry::parse("x", "garbage").is_none());
+    }
+}

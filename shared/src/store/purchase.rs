@@ -1,0 +1,214 @@
+//! The purchase scripts: `lua/purchase.lua` in one bucket, and the two steps of a transfer
+//! between buckets (`lua/borrow.lua`, `lua/credit.lua`). The purchase as a whole, across
+//! buckets, is [`crate::protocol::purchase`].
+
+use super::conn::{Redis, StoreError};
+use super::keys::Bucket;
+use super::scripts::{self, codes};
+use crate::domain::purchase::Attempt;
+use crate::domain::refusal::Refusal;
+use uuid::Uuid;
+
+codes! {
+    /// `lua/purchase.lua`'s reply codes.
+    pub enum Code of "purchase.lua" {
+        Accepted = 0,
+        NotFound = 1,
+        NotStarted = 2,
+        Ended = 3,
+        QuantityExceedsLimit = 4,
+        SoldOut = 5,
+        AlreadyPurchased = 6,
+        Expired = 7,
+        Layout = 8,
+        Short = 9,
+        Queued = 10,
+        DrawDue = 11,
+        RateLimited = 12,
+    }
+}
+
+/// A purchase `purchase.lua` made: stock taken, user added, reservation recorded in the
+/// ledger of the user's home bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Units left after this one (in the home bucket).
+    pub stock_left: i64,
+    /// The Redis server's clock when the script ran: the reservation's time.
+    pub now_ms: i64,
+    /// The sale's load epoch, for the order message.
+    pub epoch: i64,
+    /// The sale's bucket count the reservation was made under, for the order message.
+    pub buckets: u32,
+}
+
+/// What `purchase.lua` answered in one bucket: one variant per reply code, refusals folded
+/// into [`Answer::Refused`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Accepted(Reservation),
+    Refused(Refusal),
+    /// The sale has this many buckets, not the caller's count: ask the right home bucket.
+    Layout(u32),
+    /// A bucketed sale's home bucket holds only `stock` units, fewer than asked, and the user
+    /// is free to buy: borrow from the other buckets and ask again.
+    Short {
+        stock: i64,
+    },
+    /// A draw sale's window is open: the user is in its pool, with this arrival rank (from 1).
+    Queued {
+        rank: i64,
+    },
+    /// A draw sale's window has closed and its draw has not run: run it and ask again.
+    DrawDue,
+}
+
+/// Units [`borrow`] took from another bucket, for the home bucket's purchase to add to its
+/// stock (once per id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credit {
+    /// The bucket the units came from.
+    pub donor: Bucket,
+    pub id: Uuid,
+    pub units: i64,
+    pub epoch: i64,
+}
+
+/// Runs `lua/purchase.lua` in bucket `home` for `attempt`, adding `credits` to the bucket's
+/// stock first. `deadline_ms` is on the Redis server's clock: a script that only gets to run
+/// after it refuses ([`Refusal::Expired`]), so a caller that timed out and answered 503
+/// leaves nothing behind. The flag: every credit is in the bucket's stock (now or before), so
+/// the donors' ledger entries can go.
+pub async fn run(
+    redis: &Redis,
+    home: Bucket,
+    attempt: &Attempt,
+    deadline_ms: i64,
+    credits: &[Credit],
+) -> Result<(Answer, bool), StoreError> {
+    let k = redis.bucket_keys(home);
+    let mut inv = scripts::PURCHASE.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.users)
+        .key(&k.ledger)
+        .key(&k.pool)
+        .key(k.rate(&attempt.user_id))
+        .arg(&attempt.user_id)
+        .arg(attempt.quantity)
+        .arg(attempt.request_id.to_string())
+        .arg(deadline_ms)
+        .arg(home.count);
+    for c in credits {
+        inv.arg(c.id.to_string()).arg(c.units).arg(c.epoch);
+    }
+    let (code, value, now_ms, epoch, credited): (i64, i64, i64, i64, i64) =
+        redis.script(&inv).await?;
+    let answer = match Code::read(code)? {
+        Code::Accepted => Answer::Accepted(Reservation {
+            stock_left: value,
+            now_ms,
+            epoch,
+            buckets: home.count,
+        }),
+        Code::Layout => Answer::Layout(u32::try_from(value).unwrap_or(1).max(1)),
+        Code::Short => Answer::Short { stock: value },
+        Code::Queued => Answer::Queued { rank: value },
+        Code::DrawDue => Answer::DrawDue,
+        Code::NotFound => Answer::Refused(Refusal::NotFound),
+        Code::NotStarted => Answer::Refused(Refusal::NotStarted),
+        Code::Ended => Answer::Refused(Refusal::Ended),
+        Code::QuantityExceedsLimit => Answer::Refused(Refusal::QuantityExceedsLimit),
+        Code::SoldOut => Answer::Refused(Refusal::SoldOut { stock_left: value }),
+        Code::AlreadyPurchased => Answer::Refused(Refusal::AlreadyPurchased),
+        Code::Expired => Answer::Refused(Refusal::Expired { now_ms }),
+        Code::RateLimited => Answer::Refused(Refusal::RateLimited {
+            retry_after_ms: value,
+        }),
+    };
+    Ok((answer, credited == 1))
+}
+
+/// A purchase deadline that never passes, for callers with no timeout of their own to honour
+/// (tests, tools).
+pub fn far_deadline() -> i64 {
+    i64::MAX / 2
+}
+
+codes! {
+    /// `lua/borrow.lua`'s one code; any other first value is the units it took.
+    pub enum Borrowed of "borrow.lua" {
+        Nothing = 0,
+    }
+}
+
+/// `lua/borrow.lua`: takes units from `donor` for a purchase in `home` that is short of
+/// `need`, under the transfer id `id`. `None`: nothing there (empty, not loaded, or another
+/// layout).
+pub async fn borrow(
+    redis: &Redis,
+    donor: Bucket,
+    home: Bucket,
+    id: Uuid,
+    need: i64,
+) -> Result<Option<Credit>, StoreError> {
+    let k = redis.bucket_keys(donor);
+    let mut inv = scripts::BORROW.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.ledger)
+        .arg(id.to_string())
+        .arg(need)
+        .arg(home.index)
+        .arg(donor.count);
+    let (units, epoch): (i64, i64) = redis.script(&inv).await?;
+    Ok((units != Borrowed::Nothing as i64).then_some(Credit {
+        donor,
+        id,
+        units,
+        epoch,
+    }))
+}
+
+codes! {
+    /// What `lua/credit.lua` answered.
+    pub enum Credited of "credit.lua" {
+        /// The home bucket is not loaded: a load from scratch is under way or due.
+        NotLoaded = 0,
+        Now = 1,
+        Before = 2,
+        /// The home bucket was loaded again since the units were taken.
+        OtherEpoch = 3,
+    }
+}
+
+/// `lua/credit.lua`: puts a transfer's units into its home bucket, once.
+pub async fn credit(
+    redis: &Redis,
+    home: Bucket,
+    id: Uuid,
+    units: i64,
+    epoch: i64,
+) -> Result<Credited, StoreError> {
+    let k = redis.bucket_keys(home);
+    let mut inv = scripts::CREDIT.prepare_invoke();
+    inv.key(&k.meta).arg(id.to_string()).arg(units).arg(epoch);
+    Credited::read(redis.script::<i64>(&inv).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_code_the_wrapper_does_not_know_is_an_error_not_an_outcome() {
+        assert_eq!(Code::read(0).unwrap(), Code::Accepted);
+        assert_eq!(Code::read(12).unwrap(), Code::RateLimited);
+        for code in [-1, 13, 99] {
+            let e = Code::read(code).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("purchase.lua answered {code}")),
+                "{e}"
+            );
+        }
+    }
+}
