@@ -26,7 +26,10 @@ mod tests {
             let Some(binary) = name.strip_suffix(".rs") else {
                 continue;
             };
-            assert!(doc.contains(&format!("`{binary}`")), "{binary} is not named");
+            assert!(
+                doc.contains(&format!("`{binary}`")),
+                "{binary} is not named"
+            );
         }
     }
 }
