@@ -9,6 +9,7 @@
 //! | `PUT /admin/activities/{activityId}` | merge update under the lock; 200 with the result |
 //! | `GET /admin/activities/{activityId}` | the activity plus live stats (DB, Redis, drift) |
 //! | `GET /admin/activities?limit=&offset=` | a page, newest first |
+//! | `GET /admin/ops` | queue depth, purchase counters, latest reconcile checks ([`ops`]) |
 //!
 //! Creating takes no lock for the insert: nobody can hold the lock of an id that does not
 //! exist yet, and the new row starts at `last_fence_token = 0`, below every token
@@ -75,6 +76,8 @@ use std::collections::HashMap;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub mod ops;
+
 /// What every handler needs, built once per cold start: the [`Deps`] and nothing else
 /// (handlers read `state.pool`, `state.config`, `state.redis` through it).
 #[derive(Clone)]
@@ -113,6 +116,7 @@ pub fn api() -> OpenApiRouter<AdminState> {
     OpenApiRouter::new()
         .routes(routes!(create, list))
         .routes(routes!(show, update))
+        .routes(routes!(ops::ops))
 }
 
 #[utoipa::path(
