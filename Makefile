@@ -17,6 +17,8 @@
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
+#   make test-browser the storefront and operator pages in headless Chromium (Playwright, pytest)
+#                     against a throwaway dev server; screenshots in target/browser/
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
 #   make chaos        the seeded chaos test over many seeds: make chaos SEEDS=1..200 MINUTES=20
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
@@ -54,7 +56,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help test-browser wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -136,6 +138,12 @@ serve:
 # scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
 wrk-check:
 	bash scripts/wrk-check.sh
+
+# scripts/browser-tests.sh installs chromium (apt) and playwright (venv) itself; PYTEST_ARGS
+# narrows the run (PYTEST_ARGS="-k draw").
+PYTEST_ARGS ?=
+test-browser:
+	bash scripts/browser-tests.sh $(PYTEST_ARGS)
 
 token:
 	$(ENV) cargo run -q -p seckill-devserver --bin seckill-token -- --user $(USER_ID) $(if $(ADMIN),--admin)
