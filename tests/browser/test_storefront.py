@@ -194,11 +194,14 @@ def test_cancel_a_confirmed_order(context: BrowserContext, api: Api, shot):
     sale = api.create_sale("Cancel sale", stock=2, starts_in=-1)
     page = open_sale(context, sale["id"], unique("canceller"))
     expect(page.locator("#stock")).to_have_text("2")
-    page.locator("#buy").click()
+    # By keyboard alone: the buttons are plain buttons in the tab order.
+    page.locator("#buy").focus()
+    page.keyboard.press("Enter")
     expect(order_status(page)).to_have_attribute("data-status", "confirmed", timeout=15_000)
     # The live stock follows the sale.
     expect(page.locator("#stock")).to_have_text("1", timeout=10_000)
-    page.locator("#cancel").click()
+    page.locator("#cancel").focus()
+    page.keyboard.press("Space")
     expect(order_status(page)).to_have_attribute("data-status", "cancelled")
     expect(page.locator("#order-status")).to_contain_text("Cancelled: Order #")
     # The unit is back on sale, and so is the buyer's quota.
@@ -283,3 +286,13 @@ def test_every_refusal_has_its_own_message(context: BrowserContext, api: Api, sh
     expect(page.locator("#signed-out")).to_be_visible()
     expect(buy).to_be_disabled()
     shot(page, "storefront-unauthorized")
+
+    # A pasted bearer token (on AWS: from Cognito) signs in as well.
+    page.unroute("**/activities/*/orders")
+    user = unique("pasted")
+    page.locator("#paste summary").click()
+    page.fill("#token", f"Bearer {api.token(user)}")
+    page.get_by_role("button", name="Use this token").click()
+    expect(page.locator("#who")).to_have_text(user)
+    buy.click()
+    expect(order_status(page)).to_have_attribute("data-status", re.compile("^(accepted|pending|confirmed)$"))
