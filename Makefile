@@ -6,7 +6,8 @@
 #   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
 #                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
 #                     the standalone-Redis tests again on Valkey (make test-valkey), then
-#                     schemathesis against a dev server (scripts/schemathesis.sh)
+#                     schemathesis against a dev server (scripts/schemathesis.sh), then the pages
+#                     in headless Chromium (scripts/browser-tests.sh)
 #   make test-valkey  every test that runs on standalone Redis, against Valkey (127.0.0.1:6380)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process,
 #                     its queue on fauxqs (127.0.0.1:4567); make serve SQS=moto serves on moto
@@ -17,6 +18,8 @@
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
+#   make test-browser the storefront and operator pages in headless Chromium (Playwright, pytest)
+#                     against a throwaway dev server; screenshots in target/browser/
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
 #   make chaos        the seeded chaos test over many seeds: make chaos SEEDS=1..200 MINUTES=20
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
@@ -54,7 +57,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help test-browser wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -77,6 +80,7 @@ test: stack
 	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
 	$(MAKE) --no-print-directory valkey-tests
 	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
+	bash scripts/browser-tests.sh # the storefront and operator pages in headless Chromium
 
 # ElastiCache's default engine is Valkey: every test that on_both_redis! runs on a standalone
 # server runs again with REDIS_URL on Valkey, after checking that the server there is Valkey.
@@ -136,6 +140,12 @@ serve:
 # scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
 wrk-check:
 	bash scripts/wrk-check.sh
+
+# scripts/browser-tests.sh installs chromium (apt) and playwright (venv) itself; PYTEST_ARGS
+# narrows the run (PYTEST_ARGS="-k draw").
+PYTEST_ARGS ?=
+test-browser:
+	bash scripts/browser-tests.sh $(PYTEST_ARGS)
 
 token:
 	$(ENV) cargo run -q -p seckill-devserver --bin seckill-token -- --user $(USER_ID) $(if $(ADMIN),--admin)

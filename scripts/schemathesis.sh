@@ -62,12 +62,12 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
 export SECKILL_KEY_PREFIX="fuzz$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
 export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
-RUST_LOG="${RUST_LOG:-warn}" start_devserver target/debug/seckill-devserver "$LOG" \
+RUST_LOG="${RUST_LOG:-warn}" start_devserver "${CARGO_TARGET_DIR:-target}/debug/seckill-devserver" "$LOG" \
     --pollers 2 --preheat-every 2 --reconcile-every 5
 log "dev server on $URL (database $DB, log $LOG)"
 
-USER_TOKEN="$(target/debug/seckill-token --user fuzz-user --ttl-secs 3600)"
-ADMIN_TOKEN="$(target/debug/seckill-token --user fuzz-admin --admin --ttl-secs 3600)"
+USER_TOKEN="$("${CARGO_TARGET_DIR:-target}"/debug/seckill-token --user fuzz-user --ttl-secs 3600)"
+ADMIN_TOKEN="$("${CARGO_TARGET_DIR:-target}"/debug/seckill-token --user fuzz-admin --admin --ttl-secs 3600)"
 
 # A sale running now: created through the API, loaded into Redis by the create itself.
 start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"

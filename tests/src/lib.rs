@@ -3,8 +3,9 @@
 //! One binary per concern in `tests/tests/` (the shared helpers are `tests/tests/common` and
 //! `seckill_shared::testing`; each file's header says what it proves):
 //!
-//! - `entry`, `public_view`, `http`: the purchase path and the public view through the
-//!   entry's router (in process, and over TCP on the dev server);
+//! - `entry`, `public_view`, `http`, `storefront`: the purchase path and the public view
+//!   through the entry's router (in process, and over TCP on the dev server), and the pages
+//!   the dev server serves;
 //! - `consumer`, `lifecycle`, `jobs`, `admin`, `lock`: the consumer, pay and cancel, preheat
 //!   and reconcile, the admin function and its fenced lock;
 //! - `buckets`, `draw`: bucketed sales on the cluster, draw admission;

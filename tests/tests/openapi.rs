@@ -55,6 +55,7 @@ fn every_route_of_both_routers_is_documented() {
         "GET /activities/{activityId}/orders/me",
         "GET /admin/activities",
         "GET /admin/activities/{activityId}",
+        "GET /admin/ops",
         "GET /health",
         "GET /health/deep",
         "POST /activities/{activityId}/orders",

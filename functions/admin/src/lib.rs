@@ -8,6 +8,7 @@
 //!   "Admin": a lower takes from Redis before the commit, a raise commits first).
 //! - `GET /admin/activities/{activityId}`, `GET /admin/activities`: a sale with its live
 //!   stats, a page of sales ([`stats`]).
+//! - `GET /admin/ops`: the operator page's numbers ([`ops`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -25,6 +26,7 @@ use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub mod ops;
 pub mod stats;
 pub mod update;
 
@@ -66,6 +68,7 @@ pub fn api() -> OpenApiRouter<AdminState> {
     OpenApiRouter::new()
         .routes(routes!(create, stats::list))
         .routes(routes!(stats::show, update::update))
+        .routes(routes!(ops::ops))
 }
 
 #[utoipa::path(

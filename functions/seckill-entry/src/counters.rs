@@ -19,6 +19,7 @@ pub(crate) struct Counters {
     refused: [AtomicU64; Refusal::ALL.len()],
     sold_out_cached: AtomicU64,
     unavailable: AtomicU64,
+    breaker_opens: AtomicU64,
     last_flush_ms: AtomicU64,
     base: std::sync::OnceLock<Instant>,
 }
@@ -59,6 +60,12 @@ impl Counters {
         self.maybe_flush();
     }
 
+    /// The Redis circuit breaker opened: the `BreakerOpens` alarm's metric.
+    pub(crate) fn breaker_opened(&self) {
+        self.breaker_opens.fetch_add(1, Ordering::Relaxed);
+        self.maybe_flush();
+    }
+
     fn maybe_flush(&self) {
         let now = self.base.get_or_init(Instant::now).elapsed().as_millis() as u64;
         let last = self.last_flush_ms.load(Ordering::Relaxed);
@@ -83,6 +90,7 @@ impl Counters {
                 taken(&self.sold_out_cached),
             ),
             ("RejectedUnavailable".to_string(), taken(&self.unavailable)),
+            ("BreakerOpens".to_string(), taken(&self.breaker_opens)),
         ];
         for (refusal, n) in Refusal::ALL.iter().zip(&self.refused) {
             counters.push((refusal_metric(refusal.code()), taken(n)));

@@ -209,13 +209,20 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self) {
+    /// Counts a failure; true when this one opened the breaker (it was closed, or its cooldown
+    /// had run out, and the run of failures reached [`Breaker::THRESHOLD`]).
+    pub(crate) fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= Self::THRESHOLD {
-            let until = self.now_ms() + self.cooldown.as_millis() as u64;
-            self.open_until_ms.store(until.max(1), Ordering::Relaxed);
+        if failures < Self::THRESHOLD {
+            return false;
+        }
+        let was_open = self.is_open();
+        let until = self.now_ms() + self.cooldown.as_millis() as u64;
+        self.open_until_ms.store(until.max(1), Ordering::Relaxed);
+        if !was_open {
             tracing::warn!(failures, cooldown = ?self.cooldown, "redis circuit breaker open");
         }
+        !was_open
     }
 }
 
@@ -253,12 +260,17 @@ mod tests {
     fn breaker_opens_after_a_run_of_failures_and_closes_on_success() {
         let b = Breaker::new(Duration::from_millis(100));
         for _ in 0..Breaker::THRESHOLD - 1 {
-            b.failure();
+            assert!(!b.failure());
         }
         assert!(!b.is_open());
-        b.failure();
+        assert!(b.failure(), "the run's fifth failure opens it");
         assert!(b.is_open());
+        assert!(!b.failure(), "already open: not opened again");
         b.success();
         assert!(!b.is_open());
+        for _ in 0..Breaker::THRESHOLD - 1 {
+            assert!(!b.failure());
+        }
+        assert!(b.failure(), "a new run after a success opens it again");
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! `/health` is liveness: the function runs and routes, nothing more, so it does no I/O at
 //! all and a load balancer or an uptime probe polling it costs Redis and the database nothing.
+//! It also tells the function's clock (`serverTime`, never cached), so a page can count down
+//! to a sale's start on the server's clock rather than the browser's.
 //! `/health/deep` asks each dependency once (Redis `PING`, a database round trip, the order
 //! queue's `GetQueueAttributes`), concurrently and each within [`DEEP_CHECK_TIMEOUT`], and
 //! answers 503 naming whichever did not answer.
@@ -9,7 +11,10 @@
 use crate::EntryState;
 use aws_sdk_sqs::types::QueueAttributeName;
 use axum::extract::State;
+use axum::http::header::CACHE_CONTROL;
+use axum::response::IntoResponse;
 use axum::Json;
+use chrono::{SecondsFormat, Utc};
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::ApiError;
 use serde::Serialize;
@@ -22,10 +27,17 @@ pub const DEEP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// 200 body of `GET /health`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Health {
     #[schema(example = "ok")]
     status: &'static str,
+    /// The function's clock when it answered: RFC 3339, UTC, milliseconds.
+    #[schema(example = "2026-12-01T12:00:00.123Z")]
+    server_time: String,
 }
+
+/// `Cache-Control` of `GET /health`: the clock it tells is stale at once.
+pub const HEALTH_CACHE: &str = "no-store";
 
 #[utoipa::path(
     get,
@@ -35,11 +47,15 @@ pub struct Health {
     summary = "Liveness: 200 whenever the function runs (no I/O, no token needed)",
     security(()),
     responses(
-        (status = 200, description = "The function answers; dependencies are not asked (see `/health/deep`)", body = Health),
+        (status = 200, description = "The function answers, with its clock; dependencies are not asked (see `/health/deep`); `Cache-Control: no-store`", body = Health),
     )
 )]
-pub(crate) async fn health() -> Json<Health> {
-    Json(Health { status: "ok" })
+pub(crate) async fn health() -> impl IntoResponse {
+    let body = Health {
+        status: "ok",
+        server_time: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+    };
+    ([(CACHE_CONTROL, HEALTH_CACHE)], Json(body))
 }
 
 /// One dependency's answer to the deep check.

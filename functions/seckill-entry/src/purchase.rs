@@ -312,7 +312,9 @@ async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, Un
             Ok(outcome)
         }
         Err(e) => {
-            s.breaker.failure();
+            if s.breaker.failure() {
+                s.counters.breaker_opened();
+            }
             s.counters.unavailable();
             Span::current().record("outcome", "unavailable");
             tracing::info!(activity_id = attempt.activity_id, request_id = %attempt.request_id, error = %e,

@@ -404,3 +404,27 @@ pub async fn stats(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Stats>, sq
     .fetch_optional(db)
     .await
 }
+
+/// A sale's latest reconcile check, as the operator page shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checked {
+    pub activity_id: i64,
+    pub checked_at: DateTime<Utc>,
+    pub drift: i64,
+    pub repairs: i64,
+}
+
+/// The latest reconcile rows (one per sale), newest check first, at most `limit`.
+pub async fn latest_checks(
+    db: impl PgExecutor<'_>,
+    limit: i64,
+) -> Result<Vec<Checked>, sqlx::Error> {
+    sqlx::query_as!(
+        Checked,
+        "select activity_id, checked_at, drift, repairs from activity_stats
+         order by checked_at desc, activity_id desc limit $1",
+        limit
+    )
+    .fetch_all(db)
+    .await
+}

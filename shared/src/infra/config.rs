@@ -67,6 +67,15 @@ pub struct Config {
         value_parser = non_blank
     )]
     pub order_queue_url: String,
+    /// SQS URL of the order queue's dead-letter queue: the operator page shows its depth
+    /// (unset: not shown).
+    #[arg(
+        long = "order-dlq-url",
+        env = "ORDER_DLQ_URL",
+        value_name = "ORDER_DLQ_URL",
+        value_parser = non_blank
+    )]
+    pub order_dlq_url: Option<String>,
     /// Bound on one Redis call; past it the caller answers 503 instead of hanging.
     #[arg(long = "redis-timeout-ms", env = "REDIS_TIMEOUT_MS", value_name = "REDIS_TIMEOUT_MS",
           value_parser = millis, default_value = "300")]

@@ -17,11 +17,13 @@
 //! - [`poller`]: the queue poller (Lambda's partial-batch semantics).
 //! - [`functions`]: builds the five functions from one config.
 //! - [`openapi`]: the OpenAPI document of both routers, served at `/openapi.json`.
+//! - [`web`]: the storefront and operator pages, `POST /dev/token`, the purchase counter.
 
 pub mod auth;
 pub mod functions;
 pub mod openapi;
 pub mod poller;
+pub mod web;
 
 use chrono::Utc;
 use clap::Parser;
@@ -271,6 +273,8 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     let (stop, stopped) = watch::channel(false);
 
     let mut router = app(functions.entry.clone(), functions.admin.clone(), verifier);
+    let loopback = dev.addr.ip().to_canonical().is_loopback();
+    router = web::storefront(router, dev.jwt_secret.expose_secret(), loopback);
     if dev.max_in_flight > 0 {
         let turns = Arc::new(Semaphore::new(dev.max_in_flight));
         router = router.layer(axum::middleware::from_fn_with_state(turns, limit_in_flight));
