@@ -50,6 +50,19 @@ fn with_database(url: &str, name: &str) -> String {
 
 /// A fresh, migrated database named `seckill_test_<uuid>`. Returns its URL and a pool.
 pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
+    let url = empty_database().await?;
+    let pool = crate::infra::db::pool_options()
+        .max_connections(16)
+        .connect(&url)
+        .await?;
+    crate::infra::db::migrate(&pool).await?;
+    Ok((url, pool))
+}
+
+/// A fresh database named `seckill_test_<uuid>` with nothing in it (no migration run):
+/// for a test of the migration itself, which must not depend on what another checkout's
+/// migrations left in a shared database. Returns its URL.
+pub async fn empty_database() -> anyhow::Result<String> {
     let base = server_url();
     let name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
     let mut admin = PgConnection::connect(&with_database(&base, "postgres")).await?;
@@ -60,13 +73,7 @@ pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
         .execute(&mut admin)
         .await?;
     admin.close().await?;
-    let url = with_database(&base, &name);
-    let pool = crate::infra::db::pool_options()
-        .max_connections(16)
-        .connect(&url)
-        .await?;
-    crate::infra::db::migrate(&pool).await?;
-    Ok((url, pool))
+    Ok(with_database(&base, &name))
 }
 
 /// A config for one test: its database, a fresh key prefix, the chosen Redis.

@@ -257,9 +257,13 @@ fn a_lambda_without_a_required_variable_fails_its_cold_start_naming_it() {
 
 #[test]
 fn migrate_runs_from_a_shell_with_the_database_settings_only() {
-    // The documented bastion / VPN use: no Redis, no queue, just where the database is.
+    // The documented bastion / VPN use: no Redis, no queue, just where the database is. A
+    // database of its own: the local `seckill` one may carry another checkout's migrations.
     let dir = build_all();
-    let database_url = std::env::var("DATABASE_URL").expect("source scripts/env.sh");
+    let database_url = tokio::runtime::Runtime::new()
+        .expect("a runtime")
+        .block_on(seckill_shared::testing::empty_database())
+        .expect("an empty database");
     let env = [
         ("DATABASE_URL", Some(database_url.as_str())),
         ("REDIS_URL", None),
