@@ -7,11 +7,8 @@ use crate::strategies::open_activity;
 use crate::util::{self, Outcome, Run};
 use axum::body::Body;
 use axum::http::Request;
-use axum::routing::get;
 use axum::Router;
 use seckill_entry::EntryState;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
-use seckill_shared::http::auth::{mint, JwtVerifier};
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{self, Code};
@@ -24,7 +21,7 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use uuid::Uuid;
 
-const BODY: &str = r#"{"quantity":1}"#;
+pub(crate) const BODY: &str = r#"{"quantity":1}"#;
 
 /// One measured loop.
 #[derive(Clone, Debug, Serialize)]
@@ -43,7 +40,12 @@ pub struct Measure {
 }
 
 impl Measure {
-    fn from_run(what: &str, run: &Run, concurrency: usize, commands: Option<u64>) -> Self {
+    pub(crate) fn from_run(
+        what: &str,
+        run: &Run,
+        concurrency: usize,
+        commands: Option<u64>,
+    ) -> Self {
         run.warn_errors(what);
         let m = Self {
             what: what.to_string(),
@@ -128,14 +130,14 @@ pub struct Sizes {
 }
 
 /// The entry state and what the section needs around it.
-struct Bench {
-    config: Config,
-    redis: Redis,
-    router: Router,
-    client: redis::Client,
-    admin: redis::aio::MultiplexedConnection,
-    users: Arc<Vec<String>>,
-    purchase_sha: String,
+pub(crate) struct Bench {
+    pub(crate) config: Config,
+    pub(crate) redis: Redis,
+    pub(crate) router: Router,
+    pub(crate) client: redis::Client,
+    pub(crate) admin: redis::aio::MultiplexedConnection,
+    pub(crate) users: Arc<Vec<String>>,
+    pub(crate) purchase_sha: String,
 }
 
 pub async fn run(
@@ -174,7 +176,7 @@ pub async fn run(
     let result = sections(&b, &sqs, &queue_url, sizes).await;
     let mut con = b.admin.clone();
     util::delete_prefix(&mut con, &b.config.key_prefix).await?;
-    delete_queue(&sqs, &queue_url).await;
+    crate::accepted::delete_queue(&sqs, &queue_url).await;
     result
 }
 
@@ -198,16 +200,17 @@ async fn sections(
     .await?;
 
     // 3. HTTP on the dev server's app (authorizer middleware + routers), with a trivial route.
-    let (http_entry, http_trivial) = match http(b, open_id, rejected.users, sizes).await {
-        Ok((e, t)) => (Some(e), Some(t)),
-        Err(e) => {
-            eprintln!("  ! HTTP section failed: {e:#}");
-            (None, None)
-        }
-    };
+    let (http_entry, http_trivial) =
+        match crate::http::http(b, open_id, rejected.users, sizes).await {
+            Ok((e, t)) => (Some(e), Some(t)),
+            Err(e) => {
+                eprintln!("  ! HTTP section failed: {e:#}");
+                (None, None)
+            }
+        };
 
     // 4. The public view over HTTP, against the sold-out flood over HTTP.
-    let view = match public_view(b, sizes).await {
+    let view = match crate::http::public_view(b, sizes).await {
         Ok(v) => Some(v),
         Err(e) => {
             eprintln!("  ! public view section failed: {e:#}");
@@ -216,13 +219,14 @@ async fn sections(
     };
 
     // 5. Accepted purchases with their SQS send, against bare sends on the same emulator.
-    let (accepted_router, sqs_bare_send) = match accepted(b, sqs, queue_url, sizes).await {
-        Ok((a, s)) => (Some(a), Some(s)),
-        Err(e) => {
-            eprintln!("  ! accepted/SQS section failed: {e:#}");
-            (None, None)
-        }
-    };
+    let (accepted_router, sqs_bare_send) =
+        match crate::accepted::accepted(b, sqs, queue_url, sizes).await {
+            Ok((a, s)) => (Some(a), Some(s)),
+            Err(e) => {
+                eprintln!("  ! accepted/SQS section failed: {e:#}");
+                (None, None)
+            }
+        };
 
     Ok(EntryResults {
         request_build_us,
@@ -555,354 +559,4 @@ async fn bare_loop(
         concurrency,
         Some(util::commands_between(&before, &after)),
     ))
-}
-
-/// The dev server's app (the same authorizer middleware and routers `make serve` runs) on
-/// 127.0.0.1:0, plus a trivial route behind the same middleware.
-async fn http(
-    b: &Bench,
-    activity_id: i64,
-    user_count: usize,
-    sizes: &Sizes,
-) -> anyhow::Result<(Measure, Measure)> {
-    let secret = "bench-secret-local-only";
-    let functions = seckill_devserver::Functions::connect(&b.config).await?;
-    let noop = Router::new().route("/bench/noop", get(|| async { "ok" }));
-    let app = seckill_devserver::app(
-        functions.entry.clone().merge(noop),
-        functions.admin.clone(),
-        JwtVerifier::new(secret)?,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let token_count = user_count.min(2_000);
-    let tokens: Arc<Vec<String>> = Arc::new(
-        b.users[..token_count]
-            .iter()
-            .map(|u| mint(secret, u, "", 3600))
-            .collect::<anyhow::Result<_>>()?,
-    );
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(sizes.concurrency)
-        .build()?;
-    let c = sizes.concurrency;
-
-    let entry_url = Arc::new(format!("http://{addr}/activities/{activity_id}/orders"));
-    let (client, t) = (http.clone(), tokens.clone());
-    let mut admin = b.admin.clone();
-    let before = util::commandstats(&mut admin).await?;
-    let run = util::run_tasks(c, sizes.http, move |i| {
-        let (client, t, url) = (client.clone(), t.clone(), entry_url.clone());
-        async move {
-            let r = client
-                .post(url.as_str())
-                .bearer_auth(&t[i % t.len()])
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await;
-            match r {
-                Ok(resp) if resp.status().as_u16() == 409 => {
-                    let _ = resp.bytes().await;
-                    Outcome::Refused
-                }
-                Ok(resp) => Outcome::Error(format!("status {}", resp.status())),
-                Err(e) => Outcome::Error(e.to_string()),
-            }
-        }
-    })
-    .await;
-    let after = util::commandstats(&mut admin).await?;
-    let entry = Measure::from_run(
-        "HTTP dev server: POST orders (already_purchased)",
-        &run,
-        c,
-        Some(util::commands_between(&before, &after)),
-    );
-
-    let noop_url = Arc::new(format!("http://{addr}/bench/noop"));
-    let (client, t) = (http.clone(), tokens.clone());
-    let run = util::run_tasks(c, sizes.http, move |i| {
-        let (client, t, url) = (client.clone(), t.clone(), noop_url.clone());
-        async move {
-            match client
-                .get(url.as_str())
-                .bearer_auth(&t[i % t.len()])
-                .send()
-                .await
-            {
-                Ok(resp) if resp.status().is_success() => {
-                    let _ = resp.bytes().await;
-                    Outcome::Refused
-                }
-                Ok(resp) => Outcome::Error(format!("status {}", resp.status())),
-                Err(e) => Outcome::Error(e.to_string()),
-            }
-        }
-    })
-    .await;
-    let trivial = Measure::from_run("HTTP dev server: trivial route (same auth)", &run, c, None);
-    server.abort();
-    Ok((entry, trivial))
-}
-
-/// The dev server's app on 127.0.0.1:0 (its own functions, pools and key prefix): the sold-out
-/// flood on a sale loaded with no stock, then the public view of a running sale the database
-/// and Redis both hold, each `sizes.http` requests at the same concurrency. The view row's database transactions are read from
-/// `pg_stat_database` before it and after the server and its pools are gone (a backend reports
-/// its counts when idle at most once a second, and at exit), until the figure settles.
-async fn public_view(b: &Bench, sizes: &Sizes) -> anyhow::Result<PublicView> {
-    // A database of the row's own: its transaction count is the app's alone, not the
-    // autovacuum that the earlier sections' writes set off in the bench's database.
-    let (database_url, pool) = testing::fresh_database().await?;
-    let measured = public_view_on(b, sizes, &database_url, &pool).await;
-    pool.close().await;
-    crate::drop_database(&database_url).await?;
-    measured
-}
-
-async fn public_view_on(
-    b: &Bench,
-    sizes: &Sizes,
-    database_url: &str,
-    pool: &sqlx::PgPool,
-) -> anyhow::Result<PublicView> {
-    let secret = "bench-secret-local-only";
-    let row = seckill_shared::domain::activity::insert(
-        pool,
-        &seckill_shared::domain::settings::NewActivity {
-            title: "bench public view".into(),
-            total_stock: 1_000_000,
-            per_order_limit: 1,
-            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
-            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-        }
-        .settings()?,
-    )
-    .await?;
-    let mut config = b.config.clone();
-    config.key_prefix = util::fresh_prefix();
-    config.database_url = database_url.into();
-    let redis = Redis::connect(&config).await?;
-    let buffer = Duration::from_secs(3600);
-    testing::load_without_db(&redis, &row, buffer).await?;
-    // A sale Redis holds and the database does not, so its id cannot be a row's.
-    let sold_out_id = row.id + 1_000_000;
-    testing::load_without_db(&redis, &open_activity(sold_out_id, 0), buffer).await?;
-    let functions = seckill_devserver::Functions::connect(&config).await?;
-    let app = seckill_devserver::app(
-        functions.entry.clone(),
-        functions.admin.clone(),
-        JwtVerifier::new(secret)?,
-    );
-    drop(functions);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let tokens: Arc<Vec<String>> = Arc::new(
-        b.users[..b.users.len().min(2_000)]
-            .iter()
-            .map(|u| mint(secret, u, "", 3600))
-            .collect::<anyhow::Result<_>>()?,
-    );
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(sizes.concurrency)
-        .build()?;
-    let c = sizes.concurrency;
-
-    let url = Arc::new(format!("http://{addr}/activities/{sold_out_id}/orders"));
-    let (client, t) = (http.clone(), tokens.clone());
-    let run = util::run_tasks(c, sizes.http, move |i| {
-        let (client, t, url) = (client.clone(), t.clone(), url.clone());
-        async move {
-            let r = client
-                .post(url.as_str())
-                .bearer_auth(&t[i % t.len()])
-                .header("content-type", "application/json")
-                .body(BODY)
-                .send()
-                .await;
-            expect_status(r, 409).await
-        }
-    })
-    .await;
-    let sold_out = Measure::from_run(
-        "HTTP dev server: POST orders (sold out, cache warm)",
-        &run,
-        c,
-        None,
-    );
-
-    // Settled first: the backends that migrated the database and connected the functions report
-    // their transactions up to a second late.
-    let mut count = TransactionCount::new(database_url);
-    let before = count.settled().await?;
-    let url = Arc::new(format!("http://{addr}/activities/{}", row.id));
-    let client = http.clone();
-    let run = util::run_tasks(c, sizes.http, move |_| {
-        let (client, url) = (client.clone(), url.clone());
-        async move { expect_status(client.get(url.as_str()).send().await, 200).await }
-    })
-    .await;
-    let view = Measure::from_run("HTTP dev server: GET activity (public view)", &run, c, None);
-    server.abort();
-    let _ = server.await;
-    drop(http);
-    let after = count.settled().await?;
-    let mut con = b.admin.clone();
-    util::delete_prefix(&mut con, &config.key_prefix).await?;
-    let db_transactions = (after - before).max(0);
-    eprintln!(
-        "  public view: {db_transactions} database transactions for {} requests",
-        view.attempts
-    );
-    Ok(PublicView {
-        view_vs_sold_out: view.per_s / sold_out.per_s,
-        db_transactions_per_request: db_transactions as f64 / view.attempts as f64,
-        db_transactions,
-        view,
-        sold_out,
-    })
-}
-
-async fn expect_status(r: reqwest::Result<reqwest::Response>, want: u16) -> Outcome {
-    match r {
-        Ok(resp) if resp.status().as_u16() == want => {
-            let _ = resp.bytes().await;
-            Outcome::Refused
-        }
-        Ok(resp) => Outcome::Error(format!("status {}", resp.status())),
-        Err(e) => Outcome::Error(e.to_string()),
-    }
-}
-
-/// `xact_commit + xact_rollback` of one database, less the transactions of its own reads
-/// (each read is one transaction, on a connection of its own).
-struct TransactionCount<'a> {
-    url: &'a str,
-    own_reads: i64,
-}
-
-impl<'a> TransactionCount<'a> {
-    fn new(url: &'a str) -> Self {
-        Self { url, own_reads: 0 }
-    }
-
-    async fn read(&mut self) -> anyhow::Result<i64> {
-        use sqlx::Connection;
-        let mut con = sqlx::PgConnection::connect(self.url).await?;
-        let (n,): (i64,) = sqlx::query_as(
-            "select (xact_commit + xact_rollback)::bigint from pg_stat_database
-             where datname = current_database()",
-        )
-        .fetch_one(&mut con)
-        .await?;
-        con.close().await?;
-        // The reads before this one have been counted by now (a backend reports at exit);
-        // this one's own transaction is not yet in `n`, and is taken off the next reads.
-        let count = n - self.own_reads;
-        self.own_reads += 1;
-        Ok(count)
-    }
-
-    /// The count once two reads a second apart agree (at most ~12 s): backends report their
-    /// counts when idle, at most once a second, and at exit.
-    async fn settled(&mut self) -> anyhow::Result<i64> {
-        let mut last = self.read().await?;
-        for _ in 0..12 {
-            tokio::time::sleep(Duration::from_millis(1_000)).await;
-            let now = self.read().await?;
-            if now == last {
-                return Ok(now);
-            }
-            last = now;
-        }
-        Ok(last)
-    }
-}
-
-async fn accepted(
-    b: &Bench,
-    sqs: &aws_sdk_sqs::Client,
-    queue_url: &str,
-    sizes: &Sizes,
-) -> anyhow::Result<(Measure, Measure)> {
-    let n = sizes.sqs_sends;
-    let c = sizes.sqs_concurrency;
-    let activity_id = 3;
-    seckill_shared::testing::load_without_db(
-        &b.redis,
-        &open_activity(activity_id, n as i64 + 10),
-        Duration::from_secs(3600),
-    )
-    .await?;
-    // Users no other section used for this activity: every request is accepted.
-    let router = b.router.clone();
-    let users = b.users.clone();
-    let path = Arc::new(format!("/activities/{activity_id}/orders"));
-    let run = util::run_tasks(c, n, move |i| {
-        let (router, users, path) = (router.clone(), users.clone(), path.clone());
-        async move {
-            let req = testing::request("POST", &path, Some((&users[i], "")), Some(BODY));
-            match router.oneshot(req).await {
-                Ok(resp) if resp.status().as_u16() == 202 => Outcome::Sold,
-                Ok(resp) => {
-                    let status = resp.status();
-                    let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
-                        .await
-                        .unwrap_or_default();
-                    Outcome::Error(format!("{status} {}", String::from_utf8_lossy(&body)))
-                }
-                Err(e) => Outcome::Error(e.to_string()),
-            }
-        }
-    })
-    .await;
-    let accepted = Measure::from_run("entry in-process, accepted (+ SQS send)", &run, c, None);
-
-    // The same number of sends, same concurrency, on a fresh queue of the same emulator.
-    let bare_url = testing::fresh_queue(sqs, 30, 5).await?;
-    let body = Arc::new(serde_json::to_string(&OrderMessage {
-        attempt: Attempt {
-            request_id: Uuid::now_v7(),
-            activity_id,
-            user_id: b.users[0].clone(),
-            quantity: 1,
-            buckets: 1,
-        },
-        reserved_at_ms: chrono::Utc::now().timestamp_millis(),
-        load_epoch: Some(1),
-    })?);
-    let (client, url) = (sqs.clone(), Arc::new(bare_url.clone()));
-    let run = util::run_tasks(c, n, move |_| {
-        let (client, url, body) = (client.clone(), url.clone(), body.clone());
-        async move {
-            match client
-                .send_message()
-                .queue_url(url.as_str())
-                .message_body(body.as_str())
-                .send()
-                .await
-            {
-                Ok(_) => Outcome::Sold,
-                Err(e) => Outcome::Error(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string()),
-            }
-        }
-    })
-    .await;
-    let bare = Measure::from_run("bare SendMessage (same emulator)", &run, c, None);
-    delete_queue(sqs, &bare_url).await;
-    let _ = queue_url;
-    Ok((accepted, bare))
-}
-
-async fn delete_queue(sqs: &aws_sdk_sqs::Client, url: &str) {
-    for u in [url.to_string(), testing::dlq_url(url)] {
-        let _ = sqs.delete_queue().queue_url(u).send().await;
-    }
 }

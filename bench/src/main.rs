@@ -25,12 +25,14 @@
 //! - [`binaries`]: release binary sizes and time to ready.
 //! - [`report`]: the table, RESULTS.md and results.json.
 
+mod accepted;
 mod alloc;
 mod binaries;
 mod buckets;
 mod consumer;
 mod costs;
 mod entry;
+mod http;
 mod memory;
 mod polls;
 mod report;
