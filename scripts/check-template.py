@@ -615,6 +615,10 @@ def check_log_groups(t: Template) -> None:
               f" {group_name!r}{', shared with ' + seen[group_id] if group_id in seen else ''})")
         if group_id:
             seen.setdefault(group_id, name)
+        level = config.get("ApplicationLogLevel")
+        check(param_ref(t, level) == "LogLevel",
+              f"{name}: logs at Lambda's ApplicationLogLevel from LogLevel, which the function reads as "
+              f"AWS_LAMBDA_LOG_LEVEL (got {level!r})")
 
 
 # ---------------------------------------------------------------- network
@@ -1831,6 +1835,9 @@ BREAKAGES = [
     ("a log group keeps its events forever",
      lambda t: props(t, "EntryLogGroup").pop("RetentionInDays"),
      "EntryLogGroup: log group retention"),
+    ("the functions log at a level nobody can set",
+     lambda t: t.globals["LoggingConfig"].pop("ApplicationLogLevel"),
+     "logs at Lambda's ApplicationLogLevel"),
     ("a function writes to a log group Lambda creates",
      lambda t: props(t, "PreheatFunction").pop("LoggingConfig"),
      "PreheatFunction: writes JSON to its own log group"),

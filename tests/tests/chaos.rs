@@ -46,7 +46,7 @@ use order_consumer::Consumer;
 use preheat::Preheat;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use reconcile::{Reconcile, ReconcileReport};
 use seckill_entry::EntryState;
 use seckill_shared::domain::activity;

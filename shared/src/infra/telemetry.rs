@@ -1,14 +1,17 @@
 //! Tracing, set up once per process.
 
 /// JSON lines when `AWS_LAMBDA_LOG_FORMAT=JSON` (as Lambda sets it), human-readable text
-/// otherwise; the level comes from `RUST_LOG` / `LOG_LEVEL`.
+/// otherwise. The level: `RUST_LOG` (a full filter) when set, else Lambda's logging config
+/// (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets from the function's `ApplicationLogLevel`), else
+/// `LOG_LEVEL` (a filter, for local runs), else `info`.
 pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| {
-            tracing_subscriber::EnvFilter::try_new(
-                std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
-            )
-        })
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let directive = filter_directive(
+        var("RUST_LOG").as_deref(),
+        var("AWS_LAMBDA_LOG_LEVEL").as_deref(),
+        var("LOG_LEVEL").as_deref(),
+    );
+    let filter = tracing_subscriber::EnvFilter::try_new(&directive)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let json = std::env::var("AWS_LAMBDA_LOG_FORMAT")
         .map(|v| v.eq_ignore_ascii_case("json"))
@@ -21,4 +24,49 @@ pub fn init() {
     } else {
         builder.without_time().try_init()
     };
+}
+
+/// The filter from the three sources, first one set wins. Lambda's levels are `TRACE`, `DEBUG`,
+/// `INFO`, `WARN`, `ERROR` and `FATAL`; tracing has no fatal, so that one keeps errors only.
+fn filter_directive(
+    rust_log: Option<&str>,
+    lambda: Option<&str>,
+    log_level: Option<&str>,
+) -> String {
+    if let Some(filter) = rust_log {
+        return filter.to_string();
+    }
+    if let Some(level) = lambda {
+        return match level.trim().to_ascii_lowercase().as_str() {
+            "fatal" => "error".to_string(),
+            other => other.to_string(),
+        };
+    }
+    log_level.unwrap_or("info").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_directive;
+
+    #[rustfmt::skip]
+    const CASES: &[(Option<&str>, Option<&str>, Option<&str>, &str)] = &[
+        (None, None, None, "info"),
+        (None, None, Some("seckill=debug,info"), "seckill=debug,info"),
+        (None, Some("DEBUG"), Some("warn"), "debug"),
+        (None, Some("FATAL"), None, "error"),
+        (None, Some("WARN"), None, "warn"),
+        (Some("trace"), Some("ERROR"), Some("warn"), "trace"),
+    ];
+
+    #[test]
+    fn the_lambda_logging_config_wins_over_log_level_and_rust_log_over_both() {
+        for &(rust_log, lambda, log_level, want) in CASES {
+            assert_eq!(
+                filter_directive(rust_log, lambda, log_level),
+                want,
+                "RUST_LOG={rust_log:?} AWS_LAMBDA_LOG_LEVEL={lambda:?} LOG_LEVEL={log_level:?}"
+            );
+        }
+    }
 }
