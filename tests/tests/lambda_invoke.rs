@@ -194,6 +194,23 @@ fn read_event(name: &str) -> Value {
     serde_json::from_str(&text).expect("event fixture is JSON")
 }
 
+/// An order route's event (`/orders/1/...`) for another order id, in a file of its own.
+fn with_order_id(name: &str, order_id: i64) -> anyhow::Result<PathBuf> {
+    let mut e = read_event(name);
+    let path = e["rawPath"].as_str().context("an HTTP event")?.replacen(
+        "/orders/1/",
+        &format!("/orders/{order_id}/"),
+        1,
+    );
+    e["rawPath"] = Value::from(path.as_str());
+    e["requestContext"]["http"]["path"] = Value::from(path.as_str());
+    e["pathParameters"]["orderId"] = Value::from(order_id.to_string());
+    let file =
+        std::env::temp_dir().join(format!("seckill-{order_id}-{}-{name}", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec(&e)?)?;
+    Ok(file)
+}
+
 /// An HTTP API response's status and JSON body.
 fn http_response(function: &str, resp: &Value) -> (u64, Value) {
     let status = resp["statusCode"]
@@ -400,6 +417,34 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
         "{body}"
     );
 
+    // ------------------------------------------------------------------ the other user routes
+    // Anyone's: the public view and the two health checks.
+    for (file, want) in [
+        ("entry-public-view.json", 200),
+        ("entry-health.json", 200),
+        ("entry-health-deep.json", 200),
+    ] {
+        let resp = watch.invoke(&bin, "seckill-entry", &event(file)).await?;
+        let (status, body) = http_response("seckill-entry", &resp);
+        assert_eq!(status, want, "{file}: {body}");
+    }
+    // alice's order by its id: cancelled (stock and quota back), then too late to pay.
+    let order_id: i64 = sqlx::query_scalar("select id from orders where user_id = 'alice'")
+        .fetch_one(&pool)
+        .await?;
+    for (file, want) in [("entry-cancel.json", 200), ("entry-pay.json", 409)] {
+        let resp = watch
+            .invoke(&bin, "seckill-entry", &with_order_id(file, order_id)?)
+            .await?;
+        let (status, body) = http_response("seckill-entry", &resp);
+        assert_eq!(status, want, "{file}: {body}");
+    }
+    let status: String = sqlx::query_scalar("select status from orders where id = $1")
+        .bind(order_id)
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(status, "cancelled");
+
     // ------------------------------------------------------------------ admin create
     let resp = watch
         .invoke(&bin, "admin", &event("admin-create-activity.json"))
@@ -410,6 +455,27 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
         body["id"], 2,
         "the second activity of the fresh database: {body}"
     );
+
+    // ------------------------------------------------------------------ the other admin routes
+    for (file, want) in [
+        ("admin-get-activity.json", 200),
+        ("admin-update-activity.json", 200),
+        ("admin-list-activities.json", 200),
+        ("admin-ops.json", 200),
+    ] {
+        let resp = watch.invoke(&bin, "admin", &event(file)).await?;
+        let (status, body) = http_response("admin", &resp);
+        assert_eq!(status, want, "{file}: {body}");
+    }
+    let listed = watch
+        .invoke(&bin, "admin", &event("admin-list-activities.json"))
+        .await?;
+    let (_, body) = http_response("admin", &listed);
+    assert_eq!(body["items"].as_array().map(Vec::len), Some(2), "{body}");
+    let title: String = sqlx::query_scalar("select title from activities where id = 2")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(title, "Black Friday 1-yuan phone (restocked)");
 
     // ------------------------------------------------------------------ reconcile
     let report = watch

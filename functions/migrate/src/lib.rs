@@ -20,7 +20,7 @@ mod scram;
 
 pub use scram::verifier as scram_verifier;
 use seckill_shared::infra::aws_secrets::{self, RoleSecret};
-use seckill_shared::infra::config::{millis, non_blank, SecretRefs};
+use seckill_shared::infra::config::{millis, SecretRefs};
 use seckill_shared::infra::db;
 use seckill_shared::infra::secret::{ExposeSecret, SecretUrl};
 use serde_json::{json, Value};
@@ -66,6 +66,26 @@ pub struct MigrateConfig {
 }
 
 impl MigrateConfig {
+    /// The command line and the environment; blank references are no references (a blank
+    /// `DATABASE_URL` as the template declares it, the ARNs `events/env.json` blanks for
+    /// `sam local invoke`).
+    pub fn load() -> anyhow::Result<Self> {
+        <Self as clap::Parser>::parse().without_blanks()
+    }
+
+    fn without_blanks(mut self) -> anyhow::Result<Self> {
+        self.secrets.drop_blank();
+        self.secrets.check()?;
+        if self
+            .database_url
+            .as_ref()
+            .is_some_and(|u| u.expose().trim().is_empty())
+        {
+            self.database_url = None;
+        }
+        Ok(self)
+    }
+
     /// The database URL: from the secret when one is named (read per run, so a rotated
     /// password is picked up), else DATABASE_URL.
     async fn database_url(&self) -> anyhow::Result<SecretUrl> {
@@ -151,7 +171,7 @@ pub async fn set_role_passwords(
 
 /// A non-blank URL, which may carry a password.
 fn secret_url(value: &str) -> Result<SecretUrl, String> {
-    non_blank(value).map(SecretUrl::from)
+    Ok(SecretUrl::from(value))
 }
 
 async fn applied(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
@@ -181,6 +201,38 @@ mod tests {
             ["arn:entry", "arn:admin"]
         );
         assert_eq!(config.database_ca.path, Some("/opt/ca.pem".into()));
+    }
+
+    #[test]
+    fn blank_references_are_none_as_sam_local_sets_them() {
+        let config = MigrateConfig::try_parse_from([
+            "seckill-migrate",
+            "--database-url=postgres://postgres@127.0.0.1:5432/seckill",
+            "--database-secret-arn=",
+            "--database-role-secret-arns=",
+        ])
+        .unwrap()
+        .without_blanks()
+        .unwrap();
+        assert_eq!(config.secrets.database_secret_arn, None);
+        assert!(config.secrets.database_role_secret_arns.is_empty());
+        assert!(config.database_url.is_some());
+        let config = MigrateConfig::try_parse_from([
+            "seckill-migrate",
+            "--database-url=",
+            "--database-secret-arn=arn:db",
+        ])
+        .unwrap()
+        .without_blanks()
+        .unwrap();
+        assert_eq!(
+            config.database_url, None,
+            "the template's blank DATABASE_URL"
+        );
+        assert_eq!(
+            config.secrets.database_secret_arn.as_deref(),
+            Some("arn:db")
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde_json::Value;
 async fn main() -> anyhow::Result<()> {
     seckill_shared::infra::telemetry::init();
     // Parsed once (`--help` lists every setting); the secrets are read per run.
-    let config = <MigrateConfig as clap::Parser>::parse();
+    let config = MigrateConfig::load()?;
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
         let config = &config;
         lambda_runtime::run(service_fn(|_: LambdaEvent<Value>| async move {

@@ -139,28 +139,25 @@ pub struct Config {
 #[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct SecretRefs {
     /// Secrets Manager ARN of the database credentials (JSON username, password, host, port,
-    /// dbname); replaces DATABASE_URL. Set by the template in AWS; unset locally.
+    /// dbname); replaces DATABASE_URL. Set by the template in AWS; unset (or blank) locally.
     #[arg(
         long = "database-secret-arn",
         env = "DATABASE_SECRET_ARN",
-        value_name = "DATABASE_SECRET_ARN",
-        value_parser = non_blank
+        value_name = "DATABASE_SECRET_ARN"
     )]
     pub database_secret_arn: Option<String>,
     /// Host that overrides the secret's (the RDS Proxy endpoint in AWS).
     #[arg(
         long = "database-host",
         env = "DATABASE_HOST",
-        value_name = "DATABASE_HOST",
-        value_parser = non_blank
+        value_name = "DATABASE_HOST"
     )]
     pub database_host: Option<String>,
     /// Secrets Manager ARN of the Redis AUTH token, put into every REDIS_URL. Unset locally.
     #[arg(
         long = "redis-auth-secret-arn",
         env = "REDIS_AUTH_SECRET_ARN",
-        value_name = "REDIS_AUTH_SECRET_ARN",
-        value_parser = non_blank
+        value_name = "REDIS_AUTH_SECRET_ARN"
     )]
     pub redis_auth_secret_arn: Option<String>,
     /// Comma-separated Secrets Manager ARNs of the functions' database roles, each secret JSON
@@ -171,12 +168,46 @@ pub struct SecretRefs {
         env = "DATABASE_ROLE_SECRET_ARNS",
         value_name = "DATABASE_ROLE_SECRET_ARNS",
         value_delimiter = ',',
-        value_parser = trimmed_non_blank
+        value_parser = trimmed
     )]
     pub database_role_secret_arns: Vec<String>,
 }
 
 impl SecretRefs {
+    /// A blank reference is no reference: `sam local invoke` can only override variables the
+    /// template declares, so `events/env.json` blanks the template's ARNs to run without AWS.
+    pub fn drop_blank(&mut self) {
+        for reference in [
+            &mut self.database_secret_arn,
+            &mut self.database_host,
+            &mut self.redis_auth_secret_arn,
+        ] {
+            if reference.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                *reference = None;
+            }
+        }
+        if self
+            .database_role_secret_arns
+            .iter()
+            .all(|arn| arn.is_empty())
+        {
+            self.database_role_secret_arns.clear();
+        }
+    }
+
+    /// A list with a blank item (`a,,b`) is a mistake; a blank list is none
+    /// ([`SecretRefs::drop_blank`]).
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.database_role_secret_arns
+                .iter()
+                .all(|arn| !arn.is_empty()),
+            "DATABASE_ROLE_SECRET_ARNS has a blank item: {:?}",
+            self.database_role_secret_arns
+        );
+        Ok(())
+    }
+
     /// Whether [`Config::resolve_secrets`] has nothing to read (the role secrets are not its
     /// to read).
     pub fn is_empty(&self) -> bool {
@@ -193,9 +224,9 @@ pub fn non_blank(value: &str) -> Result<String, String> {
     }
 }
 
-/// [`non_blank`], trimmed: one item of a comma-separated list (`a, b`).
-pub fn trimmed_non_blank(value: &str) -> Result<String, String> {
-    non_blank(value).map(|v| v.trim().to_string())
+/// One item of a comma-separated list (`a, b`), trimmed.
+fn trimmed(value: &str) -> Result<String, String> {
+    Ok(value.trim().to_string())
 }
 
 /// [`non_blank`] as a [`SecretUrl`], but the empty string stands for "not given" (the default
@@ -250,8 +281,11 @@ impl Config {
             .check()
     }
 
-    /// What clap cannot say: the database URL was given, or a secret supplies it.
-    pub fn check(self) -> anyhow::Result<Self> {
+    /// What clap cannot say: a blank secret reference is no reference
+    /// ([`SecretRefs::drop_blank`]), and the database URL was given, or a secret supplies it.
+    pub fn check(mut self) -> anyhow::Result<Self> {
+        self.secrets.drop_blank();
+        self.secrets.check()?;
         anyhow::ensure!(
             !self.database_url.is_empty() || self.secrets.database_secret_arn.is_some(),
             "DATABASE_URL is empty and DATABASE_SECRET_ARN is not set: one of them must say \
@@ -393,6 +427,32 @@ mod tests {
         assert_eq!(
             config.secrets.database_host.as_deref(),
             Some("proxy.example")
+        );
+    }
+
+    /// `sam local invoke` with samconfig's `events/env.json`: its variables for every
+    /// function over the template's.
+    #[test]
+    fn the_sam_local_environment_runs_on_the_local_stack_and_reads_no_secret() {
+        let local: serde_json::Value =
+            serde_json::from_str(include_str!("../../../events/env.json")).unwrap();
+        // The first of a name wins in `parse`: env.json's values, then the template's.
+        let vars: Vec<(&str, &str)> = local["Parameters"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str().unwrap()))
+            .chain(TEMPLATE)
+            .collect();
+        let config = parse(&vars).unwrap();
+        assert_eq!(config.secrets, SecretRefs::default());
+        assert_eq!(
+            config.database_url,
+            "postgres://postgres@127.0.0.1:5432/seckill"
+        );
+        assert_eq!(
+            config.redis,
+            RedisTopology::Standalone("redis://127.0.0.1:6379".into())
         );
     }
 

@@ -49,8 +49,16 @@ fn filter_directive(
 mod tests {
     use super::filter_directive;
 
+    /// `RUST_LOG`, `AWS_LAMBDA_LOG_LEVEL`, `LOG_LEVEL`, and the filter they make.
+    type Case = (
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+        &'static str,
+    );
+
     #[rustfmt::skip]
-    const CASES: &[(Option<&str>, Option<&str>, Option<&str>, &str)] = &[
+    const CASES: &[Case] = &[
         (None, None, None, "info"),
         (None, None, Some("seckill=debug,info"), "seckill=debug,info"),
         (None, Some("DEBUG"), Some("warn"), "debug"),
