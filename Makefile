@@ -7,25 +7,27 @@
 #                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
 #                     the standalone-Redis tests again on Valkey (make test-valkey), then
 #                     schemathesis against a dev server (scripts/schemathesis.sh), then the pages
-#                     in headless Chromium (scripts/browser-tests.sh)
+#                     in headless Chromium (scripts/browser-tests.sh), then the README's commands
+#                     (scripts/readme-check.py)
 #   make test-valkey  every test that runs on standalone Redis, against Valkey (127.0.0.1:6380)
-#   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process,
+#   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process (PROFILE=dev: debug),
 #                     its queue on fauxqs (127.0.0.1:4567); make serve SQS=moto serves on moto
 #   make wrk-check    load test: dev server on fauxqs, wrk 10 s x 256 connections on the accepted
 #                     purchase path; fails on any timeout, socket error, 5xx or lost order
-#   make demo         a live flash sale on the local stack; options: DEMO_ARGS="--buckets 3 --cluster"
+#   make demo         a live flash sale on the local stack (PROFILE=dev: the debug build); options: DEMO_ARGS="--buckets 3 --cluster"
 #                     (stock in 3 buckets, on the 3-node Redis Cluster), DEMO_ARGS="--admission draw"
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
+#   make readme-check every command of README.md, run or accounted for
 #   make test-browser the storefront and operator pages in headless Chromium (Playwright, pytest)
 #                     against a throwaway dev server; screenshots in target/browser/
 #   make bench        the benchmark (BENCH_ARGS=--quick for a ~30 s smoke run); writes bench/RESULTS.md
-#   make chaos        the seeded chaos test over many seeds: make chaos SEEDS=1..200 MINUTES=20
+#   make chaos        the seeded chaos test over many seeds (defaults SEEDS=1..1000 MINUTES=10)
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
 #   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
-#   make clean-stack  stop the cluster nodes, Valkey and moto_server that `make stack` started
+#   make clean-stack  stop the cluster nodes, Valkey, moto_server and fauxqs that `make stack` started
 #   make sqlx-prepare after changing a query: regenerate .sqlx/ (the offline query data every
 #                     build uses) against a freshly migrated scratch database; commit .sqlx/
 
@@ -57,7 +59,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help test-browser wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help readme-check test-browser wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -81,6 +83,11 @@ test: stack
 	$(MAKE) --no-print-directory valkey-tests
 	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
 	bash scripts/browser-tests.sh # the storefront and operator pages in headless Chromium
+	$(MAKE) --no-print-directory readme-check
+
+# Every command of README.md, run (fast: the debug build, a small crowd) or accounted for.
+readme-check: stack
+	$(ENV) $(VENV)/bin/python scripts/readme-check.py
 
 # ElastiCache's default engine is Valkey: every test that on_both_redis! runs on a standalone
 # server runs again with REDIS_URL on Valkey, after checking that the server there is Valkey.
@@ -127,15 +134,20 @@ else
 $(error SQS must be fauxqs (default) or moto, not '$(SQS)')
 endif
 
+# `make serve` and `make demo` build with the release profile; PROFILE=dev builds (and runs) the
+# debug binaries instead, which `make test` has built already (scripts/readme-check.sh uses it).
+PROFILE ?= release
+CARGO_PROFILE := $(if $(filter release,$(PROFILE)),--release,--profile $(PROFILE))
+
 demo:
 	bash scripts/stack.sh serve
-	export $(FAUXQS_SQS) && $(ENV) cargo run --release -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
+	export $(FAUXQS_SQS) && $(ENV) cargo run $(CARGO_PROFILE) -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
 
 # A load tool's connections are descriptors: the soft limit is lifted to the hard one first.
 serve:
 	bash scripts/stack.sh $(SERVE_STACK)
 	ulimit -n "$$(ulimit -Hn)" 2>/dev/null || true; \
-		$(if $(SERVE_SQS),export $(SERVE_SQS) &&) $(ENV) cargo run --release -p seckill-devserver
+		$(if $(SERVE_SQS),export $(SERVE_SQS) &&) $(ENV) cargo run $(CARGO_PROFILE) -p seckill-devserver
 
 # scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
 wrk-check:

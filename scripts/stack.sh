@@ -91,6 +91,8 @@ ensure_packages() {
     command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
     command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
     command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+    # The README's walkthrough of the API reads its JSON answers with jq.
+    command -v jq >/dev/null 2>&1 || pkgs+=(jq)
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
     # Debian splits venv/ensurepip out of python3; only needed while the venv does not exist yet.
     if [ ! -x "$VENV/bin/python" ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then

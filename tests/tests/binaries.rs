@@ -95,6 +95,58 @@ fn variables_of(command: clap::Command) -> Vec<String> {
         .collect()
 }
 
+/// The README's "Configuration" table: each row's variable and its default cell.
+fn readme_settings() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## Configuration\n")
+        .nth(1)
+        .expect("the README has a Configuration section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name.to_string(), cells.get(2)?.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_configuration_table_lists_every_setting_with_its_default() {
+    let mut settings: Vec<clap::Arg> = Config::command().get_arguments().cloned().collect();
+    settings.extend(MigrateConfig::command().get_arguments().cloned());
+    let table = readme_settings();
+    let mut listed: Vec<&str> = table.iter().map(|(name, _)| name.as_str()).collect();
+    listed.sort_unstable();
+    let mut wanted: Vec<String> = settings
+        .iter()
+        .filter_map(|a| a.get_env().map(|v| v.to_string_lossy().into_owned()))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    assert_eq!(
+        listed, wanted,
+        "README.md's Configuration table against Config and MigrateConfig"
+    );
+    for arg in &settings {
+        let Some(name) = arg.get_env().map(|v| v.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        let cell = &table.iter().find(|(n, _)| *n == name).expect("listed").1;
+        for default in arg.get_default_values() {
+            let default = default.to_string_lossy();
+            if !default.is_empty() {
+                assert!(
+                    cell.contains(&format!("`{default}`")),
+                    "{name}: the README says {cell:?}, the code's default is {default}"
+                );
+            }
+        }
+    }
+}
+
 /// Runs `bin` with `env` changes, bounded: a binary that does not exit within `limit` is
 /// killed and reported as `None`.
 fn run_bounded(
