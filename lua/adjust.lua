@@ -8,7 +8,8 @@
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id   ARGV[10] title   ARGV[11] drawEndMs (0: first
--- come, first served)   ARGV[12] per-user rate (0: none)
+-- come, first served)   ARGV[12] per-user rate (0: none)   ARGV[13] a unit's price in minor
+-- units   ARGV[14] its currency
 --
 -- Returns {code, stock}:
 local APPLIED = 0 -- stock = the new Redis stock
@@ -27,7 +28,8 @@ if delta ~= 0 then
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
-  'title', ARGV[10], 'drawEndMs', ARGV[11], 'rate', ARGV[12])
+  'title', ARGV[10], 'drawEndMs', ARGV[11], 'rate', ARGV[12], 'price', ARGV[13],
+  'currency', ARGV[14])
 if tonumber(ARGV[11]) > 0 then
   redis.call('HSETNX', KEYS[5], '', '-')
   redis.call('HSETNX', KEYS[6], '', '-')

@@ -10,7 +10,8 @@
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
 -- ARGV[10] title   ARGV[11] the sale's bucket count   ARGV[12] drawEndMs (0: first come,
--- first served)   ARGV[13] per-user rate per second (0: none)
+-- first served)   ARGV[13] per-user rate per second (0: none)   ARGV[14] a unit's price in
+-- minor units   ARGV[15] its currency (both shown by the public view)
 --
 -- Returns:
 local ALREADY_LOADED = 0 -- unchanged but the expiry and the sentinels
@@ -34,7 +35,7 @@ if version then
   if tonumber(ARGV[6]) > tonumber(version) then
     redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
       'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
-      'drawEndMs', ARGV[12], 'rate', ARGV[13])
+      'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15])
     expire_all()
     return META_REFRESHED
   end
@@ -44,7 +45,7 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
   'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
-  'rate', ARGV[13])
+  'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15])
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 expire_all()
 return LOADED

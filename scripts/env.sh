@@ -29,6 +29,11 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 # HS256 secret the dev server verifies user tokens with (local only; AWS uses the JWT authorizer)
 : "${SECKILL_JWT_SECRET:=local-dev-secret-change-me}"
 
+# Payments: the dev server's local provider, and the secret its signed webhook events carry
+# (Stripe's scheme; local only: in AWS the provider's own secret)
+: "${PAYMENT_PROVIDER:=local}"
+: "${PAYMENT_WEBHOOK_SECRET:=whsec_local_dev_change_me}"
+
 # sqlx::query! checks every statement at compile time against the committed .sqlx/ (offline
 # data), so builds need no database. After changing a query: `make sqlx-prepare`, commit .sqlx/.
 : "${SQLX_OFFLINE:=true}"
@@ -39,7 +44,7 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS VALKEY_URL \
     AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY \
     AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL \
-    SECKILL_JWT_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY
+    SECKILL_JWT_SECRET PAYMENT_PROVIDER PAYMENT_WEBHOOK_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY
 
 # The project's Python tools (moto_server, cfn-lint; cargo-lambda and sam after `make tools-lambda`),
 # appended so that the machine's own tools keep precedence.

@@ -74,7 +74,7 @@ start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"
 end="$(date -u -d '+2 hours' +%Y-%m-%dT%H:%M:%SZ)"
 seeded="$(curl -sf --max-time 10 -X POST "$URL/admin/activities" \
     -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' \
-    -d "{\"title\":\"fuzzed sale\",\"totalStock\":100000,\"perOrderLimit\":5,\"startAt\":\"$start\",\"endAt\":\"$end\"}")" \
+    -d "{\"title\":\"fuzzed sale\",\"totalStock\":100000,\"perOrderLimit\":5,\"priceMinor\":1999,\"currency\":\"usd\",\"startAt\":\"$start\",\"endAt\":\"$end\"}")" \
     || die "could not seed the sale"
 case "$seeded" in *'"id":1,'*) ;; *) die "the seeded sale is not id 1: $seeded" ;; esac
 # And the user's order in it, confirmed by the dev server's poller: order 1, for pay and cancel.

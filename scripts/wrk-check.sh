@@ -98,7 +98,7 @@ start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"
 end="$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)"
 created="$(curl -sf --max-time 10 -X POST "$URL/admin/activities" \
     -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' \
-    -d "{\"title\":\"wrk check\",\"totalStock\":$TOKENS,\"perOrderLimit\":1,\"startAt\":\"$start\",\"endAt\":\"$end\"}")" \
+    -d "{\"title\":\"wrk check\",\"totalStock\":$TOKENS,\"perOrderLimit\":1,\"priceMinor\":1999,\"currency\":\"usd\",\"startAt\":\"$start\",\"endAt\":\"$end\"}")" \
     || die "could not create the sale"
 ACTIVITY="$(printf '%s' "$created" | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')"
 for _ in $(seq 1 60); do

@@ -104,6 +104,8 @@ async fn new_activity(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )

@@ -207,6 +207,8 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         admission: "fcfs".into(),
         draw_window_ms: 0,
         per_user_rate_per_sec: 0,
+        price_minor: 1_999,
+        currency: "usd".into(),
     }
 }
 
@@ -329,6 +331,8 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                     admission: None,
                     draw_window_ms: None,
                     per_user_rate_per_sec: None,
+                    price_minor: 1_999,
+                    currency: "usd".into(),
                 }
                 .settings()?,
             )

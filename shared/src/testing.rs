@@ -206,6 +206,8 @@ impl TestEnv {
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         })
         .await
     }
@@ -234,6 +236,8 @@ impl TestEnv {
             admission: Some("draw".into()),
             draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         })
         .await
     }
@@ -589,4 +593,92 @@ pub async fn purchase(
             crate::store::purchase::Code::DrawDue as i64,
         )),
     }
+}
+
+/// Pays order `order_id` as its owner and the provider would: starts its payment with the
+/// local provider, then settles the provider's `payment_intent.succeeded` event for it (the
+/// webhook's signature check is the HTTP layer's, tested there). The payment timeout is
+/// `timeout`. Answers what the event came to, or why the payment could not start.
+pub async fn pay(
+    pool: &PgPool,
+    order_id: i64,
+    timeout: Duration,
+) -> anyhow::Result<Result<crate::protocol::pay::Settled, String>> {
+    use crate::infra::payments::{self, LocalProvider, PaymentRequest, Provider};
+    use crate::protocol::pay::{self, Started};
+    let order = crate::domain::order::get(pool, order_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no order {order_id}"))?;
+    let payment = match pay::start(pool, &LocalProvider, &order, Utc::now(), timeout).await? {
+        Started::Pending { payment, .. } | Started::Paid(payment) => payment,
+        Started::NotPayable(why) => return Ok(Err(why)),
+    };
+    let request = PaymentRequest {
+        order_id,
+        amount_minor: payment.amount_minor,
+        currency: payment.currency.clone(),
+    };
+    let event_id = format!("evt_test_{}", uuid::Uuid::new_v4().simple());
+    let body = payments::succeeded_event(&event_id, &request, &payment.provider_payment_id);
+    let event: payments::Event = serde_json::from_str(&body)?;
+    let settled = pay::settle(pool, LocalProvider.name(), &event, Utc::now(), timeout).await?;
+    Ok(settled.map_err(|mismatch| mismatch.to_string()))
+}
+
+/// The provider's webhook request for the payment a `POST /orders/{id}/pay` answered
+/// (`started`): a `payment_intent.succeeded` event with id `event_id`, for `amount_minor`,
+/// signed with `secret` at `signed_at` (unix seconds) as the provider signs.
+pub fn provider_event(
+    secret: &str,
+    event_id: &str,
+    started: &serde_json::Value,
+    amount_minor: i64,
+    signed_at: i64,
+) -> axum::http::Request<axum::body::Body> {
+    use crate::infra::payments::{self, signature, PaymentRequest};
+    let request = PaymentRequest {
+        order_id: started["orderId"].as_i64().expect("a payment's orderId"),
+        amount_minor,
+        currency: started["currency"].as_str().expect("a currency").into(),
+    };
+    let payment_id = started["paymentId"].as_str().expect("a paymentId");
+    let body = payments::succeeded_event(event_id, &request, payment_id);
+    let header = signature::sign(secret.as_bytes(), signed_at, body.as_bytes());
+    axum::http::Request::post("/payments/webhook")
+        .header("content-type", "application/json")
+        .header(signature::HEADER, header)
+        .body(axum::body::Body::from(body))
+        .expect("a valid request")
+}
+
+/// `POST /orders/{order_id}/pay` as `user` on `router`, then the provider's signed event for
+/// the payment it started, as the buyer completing the payment causes. Answers the webhook's
+/// answer, or the pay's when it was refused.
+pub async fn pay_through_provider(
+    router: &axum::Router,
+    config: &Config,
+    order_id: i64,
+    user: &str,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    use crate::infra::secret::ExposeSecret;
+    let path = format!("/orders/{order_id}/pay");
+    let (status, started) = call(router, request("POST", &path, Some((user, "")), None)).await;
+    if status != axum::http::StatusCode::OK {
+        return (status, started);
+    }
+    let secret = config
+        .payments
+        .webhook_secret
+        .as_ref()
+        .expect("PAYMENT_WEBHOOK_SECRET is set (scripts/env.sh)");
+    let event_id = format!("evt_test_{}", uuid::Uuid::new_v4().simple());
+    let amount = started["amountMinor"].as_i64().expect("an amountMinor");
+    let event = provider_event(
+        secret.expose_secret(),
+        &event_id,
+        &started,
+        amount,
+        Utc::now().timestamp(),
+    );
+    call(router, event).await
 }

@@ -94,6 +94,8 @@ class Api:
             "title": title,
             "totalStock": stock,
             "perOrderLimit": extra.pop("perOrderLimit", 1),
+            "priceMinor": extra.pop("priceMinor", 1999),
+            "currency": extra.pop("currency", "usd"),
             "startAt": rfc3339(start),
             "endAt": rfc3339(start + timedelta(seconds=lasts)),
             **extra,

@@ -96,7 +96,6 @@ def test_countdown_on_the_server_clock_then_buy_at_the_opening(context: BrowserC
     shot(tab2, "storefront-already-purchased")
 
 
-@pytest.mark.skip(reason="needs the payment provider API")
 def test_pay_a_confirmed_order(context: BrowserContext, api: Api, shot):
     sale = api.create_sale("Pay sale", stock=3, starts_in=-1)
     page = open_sale(context, sale["id"], unique("payer"))

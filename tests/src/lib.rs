@@ -8,6 +8,8 @@
 //!   the dev server serves;
 //! - `consumer`, `lifecycle`, `jobs`, `admin`, `lock`: the consumer, pay and cancel, preheat
 //!   and reconcile, the admin function and its fenced lock;
+//! - `payments`: a payment started at the provider, its signed webhook, each event decided
+//!   once, and a payment racing a cancel;
 //! - `buckets`, `draw`: bucketed sales on the cluster, draw admission;
 //! - `interleavings`, `chaos`: pause points between protocol steps, and the seeded chaos run;
 //! - `db`, `roles`, `tls`: the pool, the least-privilege roles, TLS to the managed services;

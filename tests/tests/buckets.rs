@@ -689,6 +689,8 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
         expire_at: a.expire_at(env.config.expiry_buffer),
         draw_end_ms: 0,
         rate: 0,
+        price_minor: a.price_minor,
+        currency: a.currency.clone(),
     };
     let refused = meta::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
     assert_eq!(refused, meta::Adjust::NotOwner);

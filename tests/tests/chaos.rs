@@ -50,11 +50,12 @@ use rand::{RngExt, SeedableRng};
 use reconcile::{Reconcile, ReconcileReport};
 use seckill_entry::EntryState;
 use seckill_shared::domain::activity;
+use seckill_shared::domain::payment::Outcome;
 use seckill_shared::domain::settings;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel;
-use seckill_shared::protocol::pay;
+use seckill_shared::protocol::pay::Settled;
 use seckill_shared::store;
 use seckill_shared::store::buckets;
 use seckill_shared::store::ledger;
@@ -835,6 +836,8 @@ async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Resul
             admission: Some("draw".into()),
             draw_window_ms: Some(window.as_millis().max(1) as i64),
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         })
         .await?;
     Ok(a.id)
@@ -1156,10 +1159,17 @@ impl Chaos {
     }
 
     async fn pay(&self, order: &Order) {
-        let paid = pay::pay_order(&self.env.pool, order.id, &order.user_id, Utc::now()).await;
+        let paid = testing::pay(&self.env.pool, order.id, self.config.payment_timeout).await;
+        let refused = !matches!(
+            paid,
+            Ok(Ok(Settled::Decided {
+                outcome: Outcome::Paid,
+                ..
+            }))
+        );
         self.count(|r| {
             r.pays += 1;
-            r.pays_refused += u64::from(paid.is_err());
+            r.pays_refused += u64::from(refused);
         });
     }
 

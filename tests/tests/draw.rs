@@ -413,6 +413,8 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
         admission: None,
         draw_window_ms: None,
         per_user_rate_per_sec: rate,
+        price_minor: 1_999,
+        currency: "usd".into(),
     };
     let a = env.load_new(&new(Some(5))).await?;
 

@@ -541,6 +541,8 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )

@@ -609,6 +609,8 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         },
     )
     .await?;
@@ -650,6 +652,8 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
                 admission: None,
                 draw_window_ms: None,
                 per_user_rate_per_sec: None,
+                price_minor: 1_999,
+                currency: "usd".into(),
             }
             .settings()?,
         )
@@ -703,6 +707,8 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )

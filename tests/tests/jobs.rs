@@ -12,7 +12,6 @@ use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::protocol;
-use seckill_shared::protocol::pay;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
@@ -79,6 +78,8 @@ async fn insert_activity(
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )
@@ -454,7 +455,9 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    pay::pay_order(&env.pool, paid, "bob", Utc::now()).await?;
+    testing::pay(&env.pool, paid, env.config.payment_timeout)
+        .await?
+        .map_err(anyhow::Error::msg)?;
     let job = reconcile(&env);
 
     let before = job.run(Utc::now()).await?;

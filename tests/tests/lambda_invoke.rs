@@ -253,6 +253,8 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )

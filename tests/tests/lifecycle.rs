@@ -80,8 +80,15 @@ impl World {
         call(&self.app, request("POST", path, Some((user, "")), None)).await
     }
 
-    async fn pay(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
+    /// `POST …/pay`: starts the payment at the provider, pays nothing.
+    async fn start_pay(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
         self.post(&format!("/orders/{order_id}/pay"), user).await
+    }
+
+    /// The buyer starts the payment and completes it: the provider's signed event reaches the
+    /// webhook. Answers the webhook's answer (or the start's refusal).
+    async fn pay(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
+        testing::pay_through_provider(&self.app, &self.env.config, order_id, user).await
     }
 
     async fn cancel(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
@@ -133,14 +140,42 @@ async fn owner_pays_once_and_paying_again_is_idempotent(kind: RedisKind) -> anyh
     );
     assert_eq!(w.status(id).await, "confirmed", "others cannot pay it");
 
+    // Starting the payment pays nothing: only the provider's event does.
+    let (status, started) = w.start_pay(id, "alice").await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert_eq!(
+        (started["status"].as_str(), started["amountMinor"].as_i64()),
+        (Some("requires_payment"), Some(w.sale.price_minor))
+    );
+    let (_, again) = w.start_pay(id, "alice").await;
+    assert_eq!(
+        again["paymentId"], started["paymentId"],
+        "one payment per order"
+    );
+    assert_eq!(
+        w.status(id).await,
+        "confirmed",
+        "a buyer's say-so pays nothing"
+    );
+
     let (status, first) = w.pay(id, "alice").await;
     assert_eq!(status, StatusCode::OK, "{first}");
-    assert_eq!(first["status"], "paid");
+    assert_eq!(
+        (first["outcome"].as_str(), first["replayed"].as_bool()),
+        (Some("paid"), Some(false))
+    );
+    let paid_at = order::get(&w.env.pool, id).await?.unwrap().paid_at;
     let (status, second) = w.pay(id, "alice").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        second["paidAt"], first["paidAt"],
-        "the second pay changes nothing"
+        second["outcome"], "already_paid",
+        "a second payment event pays nothing more"
+    );
+    assert_eq!(order::get(&w.env.pool, id).await?.unwrap().paid_at, paid_at);
+    let (_, after) = w.start_pay(id, "alice").await;
+    assert_eq!(
+        (after["status"].as_str(), &after["paymentId"]),
+        (Some("succeeded"), &started["paymentId"])
     );
     assert_eq!(w.me("alice").await["status"], "paid");
     Ok(())

@@ -38,6 +38,8 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
             admission: None,
             draw_window_ms: None,
             per_user_rate_per_sec: None,
+            price_minor: 1_999,
+            currency: "usd".into(),
         }
         .settings()?,
     )

@@ -20,6 +20,7 @@ use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::db;
 use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::testing;
 use seckill_shared::testing::call;
 use seckill_shared::testing::request;
 use seckill_shared::testing::RedisKind;
@@ -186,10 +187,11 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
     );
     let (_, bob) = mine("bob").await;
 
-    let pay = format!("/orders/{}/pay", alice["orderId"]);
-    let (status, paid) = call(&entry, request("POST", &pay, Some(("alice", "")), None)).await;
+    let alice_order = alice["orderId"].as_i64().unwrap();
+    let (status, paid) =
+        testing::pay_through_provider(&entry, &env.config, alice_order, "alice").await;
     assert_eq!(
-        (status, paid["status"].as_str()),
+        (status, paid["outcome"].as_str()),
         (StatusCode::OK, Some("paid")),
         "{paid}"
     );
@@ -245,7 +247,9 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
     let a = env.open_sale(10, 2).await?;
     let paid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "alice", paid, 1).await?;
-    seckill_shared::protocol::pay::pay_order(&env.pool, paid, "alice", Utc::now()).await?;
+    seckill_shared::testing::pay(&env.pool, paid, env.config.payment_timeout)
+        .await?
+        .map_err(anyhow::Error::msg)?;
     let rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     consume(&env, a.id, "bob", rid, 1).await?;
     let entry = pool_as(&env, "seckill_entry").await;

@@ -252,3 +252,80 @@ async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Res
     server.shutdown().await?;
     Ok(())
 }
+
+/// The local provider end to end over TCP: a purchase, `POST …/pay` (pays nothing), then
+/// `POST <completeUrl>`, which sends the webhook a signed event: the order reads `paid`. A
+/// second completion pays nothing more; an unknown payment is 404; the webhook itself refuses
+/// an unsigned event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_buyer_pays_through_the_local_provider() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let sale = env.open_sale(5, 1).await?;
+    let server = start(&env).await;
+    let alice = mint(SECRET, "alice", "", 600)?;
+    let orders = format!("/activities/{}/orders", sale.id);
+    let (status, _, _) = http(&server, "POST", &orders, Some(&alice), "{}").await;
+    assert_eq!(status, 202);
+    let me = format!("{orders}/me");
+    let mut order = Value::Null;
+    for _ in 0..200 {
+        order = json(&http(&server, "GET", &me, Some(&alice), "").await.2);
+        if order["status"] == "confirmed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(order["status"], "confirmed", "{order}");
+
+    let pay = format!("/orders/{}/pay", order["orderId"]);
+    let (status, _, body) = http(&server, "POST", &pay, Some(&alice), "").await;
+    assert_eq!(status, 200, "{body}");
+    let payment = json(&body);
+    assert_eq!(
+        json(&http(&server, "GET", &me, Some(&alice), "").await.2)["status"],
+        "confirmed"
+    );
+    let complete = payment["completeUrl"]
+        .as_str()
+        .expect("a completeUrl")
+        .to_string();
+
+    let (status, _, body) = http(&server, "POST", &complete, None, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["outcome"], "paid", "{body}");
+    assert_eq!(
+        json(&http(&server, "GET", &me, Some(&alice), "").await.2)["status"],
+        "paid"
+    );
+    let (status, _, body) = http(&server, "POST", &complete, None, "").await;
+    assert_eq!(
+        (status, json(&body)["outcome"].as_str()),
+        (200, Some("already_paid"))
+    );
+
+    let (status, _, _) = http(
+        &server,
+        "POST",
+        "/payments/local/pi_local_987654/complete",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = http(&server, "POST", "/payments/local/evil/complete", None, "").await;
+    assert_eq!(status, 404);
+    let (status, _, body) = http(
+        &server,
+        "POST",
+        "/payments/webhook",
+        None,
+        r#"{"id":"evt_x"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, json(&body)["error"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    Ok(())
+}

@@ -2,7 +2,8 @@
 //!
 //! - [`purchase`]: one Lua script on Redis decides, the order message goes to SQS, 202 at
 //!   once; a 503 means nothing happened (docs/invariants.md, "Entry: a purchase").
-//! - [`orders`]: where the caller's purchase is, pay and cancel.
+//! - [`orders`]: where the caller's purchase is, and cancel.
+//! - [`payments`]: pay (a payment started at the provider) and the provider's signed webhook.
 //! - [`view`]: the public view of a sale, from Redis behind a short per-container cache.
 //! - [`health`]: liveness with no I/O, and a deep check of every dependency.
 //! - [`guards`]: what each container keeps in front of Redis (the sold-out memory, bucket
@@ -13,6 +14,7 @@
 
 use axum::Router;
 use seckill_shared::http::extract::with_fallbacks;
+use seckill_shared::infra::payments::Provider;
 use seckill_shared::infra::sqs::{self, OrderQueue};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
@@ -25,6 +27,7 @@ pub mod counters;
 pub mod guards;
 pub mod health;
 pub mod orders;
+pub mod payments;
 pub mod purchase;
 pub mod view;
 
@@ -56,6 +59,8 @@ struct Inner {
     skew: guards::ClockSkew,
     view: view::ViewCache,
     counters: counters::Counters,
+    /// The payment provider (`None`: paying answers 503).
+    payments: Option<Arc<dyn Provider>>,
 }
 
 impl EntryState {
@@ -74,6 +79,7 @@ impl EntryState {
                 skew: guards::ClockSkew::default(),
                 view: view::ViewCache::new(config.public_view_cache_ttl),
                 counters: counters::Counters::default(),
+                payments: config.payments.provider(),
                 config,
                 pool,
                 redis,
@@ -123,7 +129,8 @@ pub fn api() -> OpenApiRouter<EntryState> {
         .routes(routes!(purchase::purchase))
         .routes(routes!(orders::my_order))
         .routes(routes!(view::public_activity))
-        .routes(routes!(orders::pay))
+        .routes(routes!(payments::pay))
+        .routes(routes!(payments::webhook))
         .routes(routes!(orders::cancel))
         .routes(routes!(health::health))
         .routes(routes!(health::deep_health))

@@ -1,6 +1,6 @@
 //! What a buyer does with their purchase after the click: `GET …/orders/me` (where it is, and
-//! for a draw's entrant the draw's outcome), and pay and cancel a confirmed order.
-//! docs/invariants.md, "Cancel", "Pay" and "Draw admission".
+//! for a draw's entrant the draw's outcome), and cancel a confirmed order.
+//! docs/invariants.md, "Cancel" and "Draw admission".
 
 use crate::EntryState;
 use axum::extract::State;
@@ -12,7 +12,6 @@ use seckill_shared::http::extract::{ActivityId, OrderId};
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
 use seckill_shared::protocol::draw::{self, Trigger};
-use seckill_shared::protocol::pay::{self, Paid};
 use seckill_shared::store::buckets;
 use seckill_shared::store::draw::{self as pool, Drawn};
 use seckill_shared::store::keys::Bucket;
@@ -141,46 +140,6 @@ pub(crate) async fn my_order(
         order_id: Some(o.id),
         quantity: Some(o.quantity),
     }))
-}
-
-#[utoipa::path(
-    post,
-    path = "/orders/{orderId}/pay",
-    tag = "orders",
-    operation_id = "pay",
-    summary = "Pay a confirmed order (paying twice answers the paid order)",
-    params(OrderId),
-    security(("bearer" = [])),
-    responses(
-        (status = 200, description = "The paid order", body = seckill_shared::domain::order::Order),
-        (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 404, description = "No such order, or someone else's", body = ErrorBody),
-        (status = 409, description = "The order is cancelled or failed (`conflict`)", body = ErrorBody),
-        (status = 503, description = "The database is out of reach", body = ErrorBody),
-        (status = 500, description = "Unexpected; logged", body = ErrorBody),
-    )
-)]
-pub(crate) async fn pay(
-    State(state): State<EntryState>,
-    identity: Identity,
-    OrderId(order_id): OrderId,
-) -> Result<Json<order::Order>, ApiError> {
-    let paid = pay::pay_order(
-        state.pool(),
-        order_id,
-        &identity.user_id,
-        chrono::Utc::now(),
-    )
-    .await?;
-    match paid {
-        Paid::Now(order) | Paid::Before(order) => Ok(Json(order)),
-        Paid::NotPayable(order) => Err(ApiError::Conflict(format!(
-            "order {order_id} is {} and cannot be paid",
-            order.status
-        ))),
-        Paid::NotFound => Err(not_found(order_id)),
-    }
 }
 
 /// 200 body of a cancel: `releasedQuantity` is 0 for a repeated cancel.

@@ -57,6 +57,14 @@ pub struct PublicActivity {
     /// `upcoming`, `running` or `ended`.
     #[schema(example = "running")]
     pub state: &'static str,
+    /// The most units one order may take.
+    pub per_order_limit: i64,
+    /// A unit's price in the currency's minor units (1999 is 19.99 USD).
+    #[schema(example = 1999)]
+    pub price_minor: i64,
+    /// ISO 4217, lowercase.
+    #[schema(example = "usd")]
+    pub currency: String,
 }
 
 /// What the cache keeps for an id: the view without its state (computed from the window at
@@ -69,6 +77,9 @@ struct Fields {
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
     remaining_stock: i64,
+    per_order_limit: i64,
+    price_minor: i64,
+    currency: String,
 }
 
 impl Fields {
@@ -80,6 +91,9 @@ impl Fields {
             end_at: self.end_at,
             remaining_stock: self.remaining_stock,
             state: Phase::of(self.start_at, self.end_at, now).as_str(),
+            per_order_limit: self.per_order_limit,
+            price_minor: self.price_minor,
+            currency: self.currency.clone(),
         }
     }
 }
@@ -129,6 +143,9 @@ async fn read(redis: &Redis, pool: &PgPool, id: i64) -> Result<Shown, ApiError> 
             start_at: a.start_at.trunc_subsecs(3),
             end_at: a.end_at.trunc_subsecs(3),
             remaining_stock: a.remaining_stock.max(0),
+            per_order_limit: a.per_order_limit,
+            price_minor: a.price_minor,
+            currency: a.currency,
         })
     }))
 }
@@ -139,6 +156,9 @@ fn from_redis(view: SaleView) -> Fields {
         start_at: view.start_at,
         end_at: view.end_at,
         remaining_stock: view.stock,
+        per_order_limit: view.per_order_limit,
+        price_minor: view.price_minor,
+        currency: view.currency,
     }
 }
 

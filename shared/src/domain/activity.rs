@@ -15,7 +15,8 @@ macro_rules! activity_rows {
             Activity,
             $head + "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
                      state, config_version, last_fence_token, load_epoch, buckets, admission, \
-                     draw_window_ms, per_user_rate_per_sec, created_at, updated_at" + $tail
+                     draw_window_ms, per_user_rate_per_sec, price_minor, currency, created_at, \
+                     updated_at" + $tail
             $(, $arg)*
         )
     };
@@ -48,6 +49,12 @@ pub struct Activity {
     pub draw_window_ms: i64,
     /// Purchase attempts one user may make per second (0: no limit).
     pub per_user_rate_per_sec: i64,
+    /// A unit's price in the currency's minor units (0: a sale from before prices, which
+    /// cannot be paid until an admin sets one).
+    pub price_minor: i64,
+    /// ISO 4217, lowercase.
+    #[schema(example = "usd")]
+    pub currency: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -107,6 +114,8 @@ impl Activity {
             admission: Admission::parse(&self.admission).unwrap_or(Admission::Fcfs),
             draw_window_ms: self.draw_window_ms,
             per_user_rate_per_sec: self.per_user_rate_per_sec,
+            price_minor: self.price_minor,
+            currency: self.currency.clone(),
         }
     }
 
@@ -130,8 +139,9 @@ impl Activity {
 pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity, sqlx::Error> {
     activity_rows!(
         "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at,
-                                 end_at, buckets, admission, draw_window_ms, per_user_rate_per_sec)
-         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9)
+                                 end_at, buckets, admission, draw_window_ms, per_user_rate_per_sec,
+                                 price_minor, currency)
+         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          returning ",
         "",
         new.title,
@@ -142,7 +152,9 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity,
         i64::from(new.buckets),
         new.admission.as_str(),
         new.draw_window_ms,
-        new.per_user_rate_per_sec
+        new.per_user_rate_per_sec,
+        new.price_minor,
+        new.currency
     )
     .fetch_one(db)
     .await
@@ -334,7 +346,8 @@ pub async fn apply_change(
         "update activities set title = $2, total_stock = $3,
              remaining_stock = remaining_stock + $4, per_order_limit = $5,
              start_at = $6, end_at = $7, config_version = $8, buckets = $9, admission = $10,
-             draw_window_ms = $11, per_user_rate_per_sec = $12, updated_at = now()
+             draw_window_ms = $11, per_user_rate_per_sec = $12, price_minor = $13,
+             currency = $14, updated_at = now()
          where id = $1
          returning ",
         "",
@@ -349,7 +362,9 @@ pub async fn apply_change(
         i64::from(settings.buckets),
         settings.admission.as_str(),
         settings.draw_window_ms,
-        settings.per_user_rate_per_sec
+        settings.per_user_rate_per_sec,
+        settings.price_minor,
+        settings.currency
     )
     .fetch_one(conn)
     .await

@@ -295,25 +295,33 @@ pub async fn live_holders_among(
     .await
 }
 
-/// Marks a `confirmed` order of `user_id` paid, at `now`; `None` when it is not (any more)
-/// confirmed, or not theirs.
+/// Marks a `confirmed` order paid, at `now`; `None` when it is not (any more) confirmed.
+/// Only a provider's verified event calls it (`protocol::pay::settle`).
 pub async fn mark_paid(
-    db: impl PgExecutor<'_>,
+    conn: &mut PgConnection,
     order_id: i64,
-    user_id: &str,
     now: DateTime<Utc>,
 ) -> Result<Option<Order>, sqlx::Error> {
     order_rows!(
-        "update orders set status = 'paid', paid_at = $3, updated_at = $3
-         where id = $1 and user_id = $2 and status = 'confirmed'
+        "update orders set status = 'paid', paid_at = $2, updated_at = $2
+         where id = $1 and status = 'confirmed'
          returning ",
         "",
         order_id,
-        user_id,
         now
     )
-    .fetch_optional(db)
+    .fetch_optional(conn)
     .await
+}
+
+/// The order, locked until the transaction ends (a cancel's conditional update waits).
+pub async fn get_for_update(
+    conn: &mut PgConnection,
+    id: i64,
+) -> Result<Option<Order>, sqlx::Error> {
+    order_rows!("select ", " from orders where id = $1 for update", id)
+        .fetch_optional(conn)
+        .await
 }
 
 /// Up to `limit` orders still `confirmed` (unpaid) that were created before `before`, oldest

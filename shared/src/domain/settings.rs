@@ -14,6 +14,10 @@ pub const MAX_DRAW_WINDOW_MS: i64 = 600_000;
 pub const MAX_RATE_PER_SEC: i64 = 1_000;
 /// The most buckets one sale may have.
 pub const MAX_BUCKETS: u32 = 16;
+/// Upper bound on a unit's price in minor units (999,999.99 in a two-decimal currency): the
+/// most a card payment at the usual providers may be, and with the per-order limit still far
+/// inside i64.
+pub const MAX_PRICE_MINOR: i64 = 99_999_999;
 
 /// An admin's input that breaks a rule of the settings; the text names the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -63,6 +67,11 @@ pub struct Settings {
     pub draw_window_ms: i64,
     /// Purchase attempts one user may make per second (0: no limit).
     pub per_user_rate_per_sec: i64,
+    /// A unit's price in the currency's minor units (cents); an order pays it times its
+    /// quantity.
+    pub price_minor: i64,
+    /// ISO 4217, lowercase (`usd`).
+    pub currency: String,
 }
 
 impl Settings {
@@ -75,6 +84,14 @@ impl Settings {
     /// Checks the rules of the rate and the admission (the fields, the bucket count and the
     /// admission's name are checked before, in that order).
     fn checked(self) -> Result<Self, Invalid> {
+        if !(1..=MAX_PRICE_MINOR).contains(&self.price_minor) {
+            return invalid(format!(
+                "priceMinor must be between 1 and {MAX_PRICE_MINOR}"
+            ));
+        }
+        if !(self.currency.len() == 3 && self.currency.bytes().all(|b| b.is_ascii_lowercase())) {
+            return invalid("currency must be three letters of ISO 4217 (usd)".into());
+        }
         if self.per_user_rate_per_sec < 0 || self.per_user_rate_per_sec > MAX_RATE_PER_SEC {
             return invalid(format!(
                 "perUserRatePerSec must be between 0 and {MAX_RATE_PER_SEC}"
@@ -153,6 +170,13 @@ pub struct NewActivity {
     #[schema(minimum = 0, maximum = 1_000)]
     #[serde(default)]
     pub per_user_rate_per_sec: Option<i64>,
+    /// A unit's price in the currency's minor units (1999 is 19.99 USD); a buyer pays it
+    /// times the order's quantity, through the payment provider.
+    #[schema(minimum = 1, maximum = 99_999_999, example = 1999)]
+    pub price_minor: i64,
+    /// ISO 4217 code (`usd`; any case, stored lowercase).
+    #[schema(example = "usd", pattern = "^[A-Za-z]{3}$")]
+    pub currency: String,
 }
 
 impl NewActivity {
@@ -176,6 +200,8 @@ impl NewActivity {
             admission: admission(self.admission.as_deref().unwrap_or("fcfs"))?,
             draw_window_ms: self.draw_window_ms.unwrap_or(0),
             per_user_rate_per_sec: self.per_user_rate_per_sec.unwrap_or(0),
+            price_minor: self.price_minor,
+            currency: self.currency.trim().to_ascii_lowercase(),
         }
         .checked()
     }
@@ -204,6 +230,12 @@ pub struct ActivityPatch {
     pub draw_window_ms: Option<i64>,
     #[schema(minimum = 0, maximum = 1_000)]
     pub per_user_rate_per_sec: Option<i64>,
+    /// Only until 10 s before the sale starts: a confirmed order pays the price it was sold at.
+    #[schema(minimum = 1, maximum = 99_999_999)]
+    pub price_minor: Option<i64>,
+    /// Only until 10 s before the sale starts.
+    #[schema(pattern = "^[A-Za-z]{3}$")]
+    pub currency: Option<String>,
 }
 
 impl ActivityPatch {
@@ -212,6 +244,8 @@ impl ActivityPatch {
             && self.admission.is_none()
             && self.draw_window_ms.is_none()
             && self.per_user_rate_per_sec.is_none()
+            && self.price_minor.is_none()
+            && self.currency.is_none()
             && self.title.is_none()
             && self.total_stock.is_none()
             && self.per_order_limit.is_none()
@@ -246,6 +280,11 @@ impl ActivityPatch {
             per_user_rate_per_sec: self
                 .per_user_rate_per_sec
                 .unwrap_or(was.per_user_rate_per_sec),
+            price_minor: self.price_minor.unwrap_or(was.price_minor),
+            currency: match &self.currency {
+                Some(c) => c.trim().to_ascii_lowercase(),
+                None => was.currency.clone(),
+            },
         }
         .checked()
     }

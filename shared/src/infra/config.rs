@@ -23,6 +23,7 @@
 
 use crate::infra::aws_secrets::{self, DatabaseSecret};
 use crate::infra::db::{self, CaBundle};
+use crate::infra::payments::PaymentSettings;
 pub use crate::infra::redis_topology::RedisTopology;
 use crate::infra::secret::SecretUrl;
 use sqlx::PgPool;
@@ -132,6 +133,9 @@ pub struct Config {
     /// Which Secrets Manager secrets hold the connection credentials (AWS only).
     #[command(flatten)]
     pub secrets: SecretRefs,
+    /// The payment provider and its webhook's secret.
+    #[command(flatten)]
+    pub payments: PaymentSettings,
 }
 
 /// Which Secrets Manager secrets this process reads at its cold start (AWS only; unset
@@ -286,6 +290,8 @@ impl Config {
     pub fn check(mut self) -> anyhow::Result<Self> {
         self.secrets.drop_blank();
         self.secrets.check()?;
+        self.payments.drop_blank();
+        self.payments.check()?;
         anyhow::ensure!(
             !self.database_url.is_empty() || self.secrets.database_secret_arn.is_some(),
             "DATABASE_URL is empty and DATABASE_SECRET_ARN is not set: one of them must say \
@@ -304,6 +310,10 @@ impl Config {
         let mut config = Self::parse().check()?;
         let refs = config.secrets.clone();
         config.resolve_secrets(&refs).await?;
+        if config.payments.secret_arn.is_some() {
+            let client = aws_secrets::client().await;
+            config.payments.resolve_secret(&client).await?;
+        }
         Ok(config)
     }
 

@@ -7,6 +7,7 @@
 //! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
 //! - [`sqs`]: the SQS client and the order queue, with bounded sends.
 //! - [`metrics`]: CloudWatch Embedded Metric Format lines.
+//! - [`payments`]: the payment provider, its webhook signature and its events.
 //! - [`telemetry`]: tracing, set up once per process.
 //! - [`pause`]: named pause points and injectable failures for the interleaving tests
 //!   (compiled out without the `failpoints` feature).
@@ -16,6 +17,7 @@ pub mod config;
 pub mod db;
 pub mod metrics;
 pub mod pause;
+pub mod payments;
 pub mod redis_topology;
 pub mod secret;
 pub mod sqs;

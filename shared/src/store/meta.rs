@@ -82,7 +82,9 @@ async fn preheat_bucket(
         .arg(&activity.title)
         .arg(bucket.count)
         .arg(activity.draw_end_ms())
-        .arg(activity.per_user_rate_per_sec);
+        .arg(activity.per_user_rate_per_sec)
+        .arg(activity.price_minor)
+        .arg(&activity.currency);
     PreheatOutcome::read(redis.script(&inv).await?)
 }
 
@@ -126,6 +128,9 @@ pub struct SaleMeta {
     pub draw_end_ms: i64,
     /// Purchase attempts per user and second (0: no limit).
     pub rate: i64,
+    /// A unit's price in minor units and its currency, for the public view.
+    pub price_minor: i64,
+    pub currency: String,
 }
 
 impl SaleMeta {
@@ -143,6 +148,8 @@ impl SaleMeta {
             expire_at: settings.end_at + buffer,
             draw_end_ms: settings.draw_end_ms(),
             rate: settings.per_user_rate_per_sec,
+            price_minor: settings.price_minor,
+            currency: settings.currency.clone(),
         }
     }
 }
@@ -176,7 +183,9 @@ pub async fn adjust(
         .arg(change)
         .arg(&meta.title)
         .arg(meta.draw_end_ms)
-        .arg(meta.rate);
+        .arg(meta.rate)
+        .arg(meta.price_minor)
+        .arg(&meta.currency);
     let (code, stock): (i64, i64) = redis.script(&inv).await?;
     Ok(match AdjustCode::read(code)? {
         AdjustCode::Applied => Adjust::Applied,

@@ -20,21 +20,29 @@ pub struct SaleView {
     pub end_at: DateTime<Utc>,
     /// Units Redis may still sell (never below 0).
     pub stock: i64,
+    pub per_order_limit: i64,
+    /// A unit's price in minor units, and its currency.
+    pub price_minor: i64,
+    pub currency: String,
 }
 
-/// The meta fields the public view reads: title, startMs, endMs, stock, buckets.
+/// The meta fields the public view reads: title, startMs, endMs, stock, buckets, limit,
+/// price, currency.
 type ViewFields = (
     Option<String>,
     Option<i64>,
     Option<i64>,
     Option<i64>,
     Option<u32>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
 );
 
 /// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it), and
 /// in a bucketed sale one HGET of each other bucket's stock. `None` when Redis does not hold
 /// the whole view: the sale is not loaded (before preheat, after its keys expired), or its
-/// meta was written before the meta carried the title.
+/// meta was written before the meta carried the title and the price.
 pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, StoreError> {
     let k = redis.keys(activity_id);
     let mut cmd = redis::cmd("HMGET");
@@ -43,10 +51,21 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
         .arg("startMs")
         .arg("endMs")
         .arg("stock")
-        .arg("buckets");
-    let (title, start_ms, end_ms, stock, buckets): ViewFields = redis.cmd(&cmd).await?;
-    let (Some(title), Some(start_ms), Some(end_ms), Some(mut stock)) =
-        (title, start_ms, end_ms, stock)
+        .arg("buckets")
+        .arg("limit")
+        .arg("price")
+        .arg("currency");
+    let (title, start_ms, end_ms, stock, buckets, limit, price, currency): ViewFields =
+        redis.cmd(&cmd).await?;
+    let (
+        Some(title),
+        Some(start_ms),
+        Some(end_ms),
+        Some(mut stock),
+        Some(per_order_limit),
+        Some(price_minor),
+        Some(currency),
+    ) = (title, start_ms, end_ms, stock, limit, price, currency)
     else {
         return Ok(None);
     };
@@ -65,5 +84,8 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
         start_at,
         end_at,
         stock: stock.max(0),
+        per_order_limit,
+        price_minor,
+        currency,
     }))
 }

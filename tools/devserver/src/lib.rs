@@ -18,11 +18,14 @@
 //! - [`functions`]: builds the five functions from one config.
 //! - [`openapi`]: the OpenAPI document of both routers, served at `/openapi.json`.
 //! - [`web`]: the storefront and operator pages, `POST /dev/token`, the purchase counter.
+//! - [`provider`]: the local payment provider's completion, which sends the webhook a signed
+//!   event (loopback only).
 
 pub mod auth;
 pub mod functions;
 pub mod openapi;
 pub mod poller;
+pub mod provider;
 pub mod web;
 
 use chrono::Utc;
@@ -275,6 +278,11 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     let mut router = app(functions.entry.clone(), functions.admin.clone(), verifier);
     let loopback = dev.addr.ip().to_canonical().is_loopback();
     router = web::storefront(router, dev.jwt_secret.expose_secret(), loopback);
+    if loopback {
+        let pool = dev.config.database_pool_lazy()?;
+        let secret = dev.config.payments.webhook_secret.clone();
+        router = provider::local_provider(router, pool, secret);
+    }
     if dev.max_in_flight > 0 {
         let turns = Arc::new(Semaphore::new(dev.max_in_flight));
         router = router.layer(axum::middleware::from_fn_with_state(turns, limit_in_flight));

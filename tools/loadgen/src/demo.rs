@@ -385,6 +385,8 @@ async fn create_activity(
         "title": "make demo flash sale",
         "totalStock": opts.stock,
         "perOrderLimit": opts.per_order_limit,
+        "priceMinor": 1999,
+        "currency": "usd",
         "startAt": start_at.to_rfc3339(),
         "endAt": end_at.to_rfc3339(),
         "buckets": opts.buckets,
