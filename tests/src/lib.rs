@@ -10,6 +10,7 @@
 //!   and reconcile, the admin function and its fenced lock;
 //! - `payments`: a payment started at the provider, its signed webhook, each event decided
 //!   once, and a payment racing a cancel;
+//! - `edge`: the origin secret's check in front of the entry's and the admin's routers;
 //! - `buckets`, `draw`: bucketed sales on the cluster, draw admission;
 //! - `interleavings`, `chaos`: pause points between protocol steps, and the seeded chaos run;
 //! - `db`, `roles`, `tls`: the pool, the least-privilege roles, TLS to the managed services;

@@ -420,7 +420,7 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(
     let app = router(state.clone());
     let now = Utc::now();
     let body = json!({
-        "title": "later", "totalStock": 10, "perOrderLimit": 1,
+        "title": "later", "totalStock": 10, "perOrderLimit": 1, "priceMinor": 1999, "currency": "usd",
         "startAt": (now + ChronoDuration::days(1)).to_rfc3339(),
         "endAt": (now + ChronoDuration::days(2)).to_rfc3339(),
     });
@@ -482,7 +482,7 @@ async fn bad_admin_requests_are_refused_and_change_nothing() -> anyhow::Result<(
     let now = Utc::now();
     let start = (now + ChronoDuration::hours(1)).to_rfc3339();
     let end = (now + ChronoDuration::hours(2)).to_rfc3339();
-    let valid = json!({"title": "Phones", "totalStock": 10, "perOrderLimit": 2,
+    let valid = json!({"title": "Phones", "totalStock": 10, "perOrderLimit": 2, "priceMinor": 1999, "currency": "usd",
                        "startAt": start, "endAt": end});
 
     // Arrange: one good activity.
@@ -566,6 +566,10 @@ async fn bad_admin_requests_are_refused_and_change_nothing() -> anyhow::Result<(
         json!({"startAt": "1969-12-31T23:59:59Z"}),
         json!({"endAt": "9999-12-31T23:59:59-23:59"}),
         json!({"price": 10}),
+        json!({"priceMinor": 0}),
+        json!({"priceMinor": 100_000_000}),
+        json!({"currency": "dollars"}),
+        json!({"currency": "u$d"}),
     ];
     for field in bad_fields {
         let mut create = valid.clone();

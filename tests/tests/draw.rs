@@ -473,7 +473,7 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
     let now = chrono::Utc::now();
     let body = |extra: &str| {
         format!(
-            r#"{{"title": "t", "totalStock": 5, "perOrderLimit": 1, "startAt": "{}",
+            r#"{{"title": "t", "totalStock": 5, "perOrderLimit": 1, "priceMinor": 1999, "currency": "usd", "startAt": "{}",
                 "endAt": "{}"{extra}}}"#,
             (now + chrono::Duration::hours(1)).to_rfc3339(),
             (now + chrono::Duration::hours(2)).to_rfc3339()

@@ -229,6 +229,8 @@ async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates(
         "title": "http test sale",
         "totalStock": 10,
         "perOrderLimit": 1,
+        "priceMinor": 1999,
+        "currency": "usd",
         "startAt": (now + chrono::Duration::minutes(5)).to_rfc3339(),
         "endAt": (now + chrono::Duration::hours(1)).to_rfc3339(),
     })

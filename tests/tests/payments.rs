@@ -614,3 +614,74 @@ fn form_decoded(text: &str) -> String {
     }
     String::from_utf8(out).unwrap()
 }
+
+/// The price is public (the view, from Redis) and an admin may change it only until shortly
+/// before the start: a buyer pays what the sale opened with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_price_is_shown_and_fixed_once_the_sale_starts() -> anyhow::Result<()> {
+    let w = world().await;
+    let admin = admin::router(admin::AdminState::new(w.env.context()));
+    let ops = Some(("ops", "seckill:admin"));
+    let (status, view) = call(
+        &w.app,
+        request("GET", &format!("/activities/{}", w.sale.id), None, None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            &view["priceMinor"],
+            &view["currency"],
+            &view["perOrderLimit"]
+        ),
+        (&1999.into(), &"usd".into(), &5.into()),
+        "{view}"
+    );
+    let running = format!("/admin/activities/{}", w.sale.id);
+    let (status, answer) = call(
+        &admin,
+        request("PUT", &running, ops, Some(r#"{"priceMinor": 1}"#)),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{answer}"
+    );
+
+    let now = Utc::now();
+    let later = w
+        .env
+        .sale(
+            5,
+            1,
+            now + chrono::Duration::hours(1),
+            now + chrono::Duration::hours(2),
+        )
+        .await?;
+    let path = format!("/admin/activities/{}", later.id);
+    let change = r#"{"priceMinor": 2500, "currency": "EUR"}"#;
+    let (status, answer) = call(&admin, request("PUT", &path, ops, Some(change))).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (&answer["priceMinor"], &answer["currency"]),
+        (&2500.into(), &"eur".into())
+    );
+    let k = w.env.redis.keys(later.id);
+    let meta: (Option<i64>, Option<String>) = w
+        .env
+        .redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("price")
+                .arg("currency"),
+        )
+        .await?;
+    assert_eq!(
+        meta,
+        (Some(2500), Some("eur".into())),
+        "the loaded sale's view shows it"
+    );
+    Ok(())
+}

@@ -386,6 +386,8 @@ async fn insert(env: &TestEnv, start_at: DateTime<Utc>, end_at: DateTime<Utc>) -
         "title": "roles test",
         "totalStock": 5,
         "perOrderLimit": 1,
+        "priceMinor": 1999,
+        "currency": "usd",
         "startAt": start_at,
         "endAt": end_at,
     }))
@@ -459,6 +461,8 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
         "title": "roles sale",
         "totalStock": 5,
         "perOrderLimit": 1,
+        "priceMinor": 1999,
+        "currency": "usd",
         "startAt": now - ChronoDuration::minutes(1),
         "endAt": now + ChronoDuration::hours(1),
     });

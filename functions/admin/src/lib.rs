@@ -57,10 +57,12 @@ impl AdminState {
 }
 
 /// The admin routes, for `lambda_http::run` and the local dev server alike. Unknown routes
-/// answer 404 and wrong methods 405, both as error JSON.
+/// answer 404 and wrong methods 405, both as error JSON; with the edge on, a request without
+/// the origin secret answers 403 before any of them.
 pub fn router(state: AdminState) -> Router {
     let (routes, _) = api().split_for_parts();
-    with_fallbacks(routes).with_state(state)
+    let origin = state.config.edge_origin.clone();
+    seckill_shared::http::origin::guard(with_fallbacks(routes).with_state(state), &origin)
 }
 
 /// The routes of [`router`] with their OpenAPI description (`docs/openapi.json`).

@@ -267,6 +267,7 @@ pub async fn update_with_guard(
         .ok_or(sqlx::Error::RowNotFound)?;
     let change = Update::new(current, patch)?;
     admission_unchanged_once_started(&change)?;
+    price_unchanged_once_started(&change)?;
     if change.after.buckets != change.before.bucket_count() {
         relayout(state, guard, &mut tx, &change).await?;
         let updated =
@@ -306,6 +307,22 @@ fn admission_unchanged_once_started(change: &Update) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// A sale's price changes only until shortly before its start
+/// ([`ADMISSION_FIXED_BEFORE_START`]): a buyer pays the price the sale opened with, and a
+/// payment started keeps its amount.
+fn price_unchanged_once_started(change: &Update) -> Result<(), ApiError> {
+    let (before, after) = (&change.before, &change.after);
+    let now = Utc::now() + ADMISSION_FIXED_BEFORE_START;
+    if (now < before.start_at && now < after.start_at)
+        || (after.price_minor == before.price_minor && after.currency == before.currency)
+    {
+        return Ok(());
+    }
+    Err(ApiError::Conflict(
+        "priceMinor and currency can change only until 10 s before the sale starts".into(),
+    ))
 }
 
 /// A new bucket count: only before the sale starts (by the window before and after the

@@ -14,6 +14,7 @@
 
 use axum::Router;
 use seckill_shared::http::extract::with_fallbacks;
+use seckill_shared::http::origin;
 use seckill_shared::infra::payments::Provider;
 use seckill_shared::infra::sqs::{self, OrderQueue};
 use seckill_shared::store::conn::Redis;
@@ -117,10 +118,12 @@ impl EntryState {
 struct Schemas;
 
 /// The function's HTTP API (paths as API Gateway routes them). Unknown routes answer 404 and
-/// wrong methods 405, both as error JSON.
+/// wrong methods 405, both as error JSON; with the edge on, a request without the origin
+/// secret answers 403 before any of them.
 pub fn router(state: EntryState) -> Router {
     let (routes, _) = api().split_for_parts();
-    with_fallbacks(routes).with_state(state)
+    let origin = state.config().edge_origin.clone();
+    origin::guard(with_fallbacks(routes).with_state(state), &origin)
 }
 
 /// The routes of [`router`] with their OpenAPI description (`docs/openapi.json`).

@@ -5,7 +5,9 @@
 //!   answer each lower layer's error becomes.
 //! - [`extract`]: bounded JSON bodies, positive-integer path ids, the 404 / 405 answers.
 //! - [`auth`]: the caller's identity from the verified JWT's claims; local HS256 tokens.
+//! - [`origin`]: the origin secret's check, the edge's only way in.
 
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod origin;

@@ -195,7 +195,20 @@ pub async fn client() -> aws_sdk_secretsmanager::Client {
 
 /// The `SecretString` of the secret `arn`, bounded by [`READ_TIMEOUT`].
 pub async fn read(client: &aws_sdk_secretsmanager::Client, arn: &str) -> anyhow::Result<String> {
-    let call = client.get_secret_value().secret_id(arn).send();
+    read_stage(client, arn, "AWSCURRENT").await
+}
+
+/// The `SecretString` of the version of `arn` labelled `stage` (`AWSCURRENT`, `AWSPREVIOUS`).
+pub async fn read_stage(
+    client: &aws_sdk_secretsmanager::Client,
+    arn: &str,
+    stage: &str,
+) -> anyhow::Result<String> {
+    let call = client
+        .get_secret_value()
+        .secret_id(arn)
+        .version_stage(stage)
+        .send();
     let out = tokio::time::timeout(READ_TIMEOUT, call)
         .await
         .map_err(|_| anyhow::anyhow!("reading secret {arn} timed out after {READ_TIMEOUT:?}"))?

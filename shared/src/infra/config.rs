@@ -25,7 +25,7 @@ use crate::infra::aws_secrets::{self, DatabaseSecret};
 use crate::infra::db::{self, CaBundle};
 use crate::infra::payments::PaymentSettings;
 pub use crate::infra::redis_topology::RedisTopology;
-use crate::infra::secret::SecretUrl;
+use crate::infra::secret::{SecretString, SecretUrl};
 use sqlx::PgPool;
 use std::time::Duration;
 
@@ -136,6 +136,72 @@ pub struct Config {
     /// The payment provider and its webhook's secret.
     #[command(flatten)]
     pub payments: PaymentSettings,
+    /// The origin secret CloudFront sends (the edge on): requests without it are refused.
+    #[command(flatten)]
+    pub edge_origin: EdgeOrigin,
+}
+
+/// The values `x-origin-verify` may carry: with the edge on, CloudFront adds the origin
+/// secret to every request it sends the HTTP API, and `http::origin` refuses the others.
+/// Nothing set: every request is let through (the edge off, and local runs).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct EdgeOrigin {
+    /// AWS, the edge on: the Secrets Manager secret (JSON {"value": ...}) CloudFront sends in
+    /// x-origin-verify. Its current and previous values are accepted (a rotation refuses
+    /// nobody).
+    #[arg(
+        id = "edge_origin_secret_arn",
+        long = "edge-origin-secret-arn",
+        env = "EDGE_ORIGIN_SECRET_ARN",
+        value_name = "EDGE_ORIGIN_SECRET_ARN"
+    )]
+    pub secret_arn: Option<String>,
+    /// The origin secret itself, for a run outside AWS that stands behind a proxy adding it.
+    #[arg(id = "edge_origin_secret", long = "edge-origin-secret", env = "EDGE_ORIGIN_SECRET",
+          value_name = "EDGE_ORIGIN_SECRET", value_parser = secret_text, hide_env_values = true)]
+    pub secret: Option<SecretString>,
+    /// The values read from EDGE_ORIGIN_SECRET_ARN at the cold start.
+    #[arg(skip)]
+    pub from_arn: Vec<SecretString>,
+}
+
+impl EdgeOrigin {
+    /// Every value a request may carry; empty: no check.
+    pub fn accepted(&self) -> Vec<SecretString> {
+        self.secret.iter().chain(&self.from_arn).cloned().collect()
+    }
+
+    /// Reads the current and (if any) the previous value of EDGE_ORIGIN_SECRET_ARN.
+    pub async fn resolve(&mut self, client: &aws_sdk_secretsmanager::Client) -> anyhow::Result<()> {
+        let Some(arn) = &self.secret_arn else {
+            return Ok(());
+        };
+        let value = |json: &str| -> anyhow::Result<SecretString> {
+            #[derive(serde::Deserialize)]
+            struct Origin {
+                value: String,
+            }
+            let origin: Origin = serde_json::from_str(json)
+                .map_err(|_| anyhow::anyhow!("origin secret is not JSON with a \"value\""))?;
+            anyhow::ensure!(!origin.value.is_empty(), "origin secret is empty");
+            Ok(SecretString::from(origin.value))
+        };
+        self.from_arn = vec![value(&aws_secrets::read(client, arn).await?)?];
+        match aws_secrets::read_stage(client, arn, "AWSPREVIOUS").await {
+            Ok(previous) => self.from_arn.push(value(&previous)?),
+            // A secret never rotated has no previous version.
+            Err(e) => tracing::debug!(error = %e, "no previous origin secret"),
+        }
+        tracing::info!(
+            values = self.from_arn.len(),
+            "origin secret read from Secrets Manager"
+        );
+        Ok(())
+    }
+}
+
+fn secret_text(value: &str) -> Result<SecretString, String> {
+    non_blank(value).map(SecretString::from)
 }
 
 /// Which Secrets Manager secrets this process reads at its cold start (AWS only; unset
@@ -292,6 +358,14 @@ impl Config {
         self.secrets.check()?;
         self.payments.drop_blank();
         self.payments.check()?;
+        if self
+            .edge_origin
+            .secret_arn
+            .as_deref()
+            .is_some_and(|v| v.trim().is_empty())
+        {
+            self.edge_origin.secret_arn = None;
+        }
         anyhow::ensure!(
             !self.database_url.is_empty() || self.secrets.database_secret_arn.is_some(),
             "DATABASE_URL is empty and DATABASE_SECRET_ARN is not set: one of them must say \
@@ -310,9 +384,10 @@ impl Config {
         let mut config = Self::parse().check()?;
         let refs = config.secrets.clone();
         config.resolve_secrets(&refs).await?;
-        if config.payments.secret_arn.is_some() {
+        if config.payments.secret_arn.is_some() || config.edge_origin.secret_arn.is_some() {
             let client = aws_secrets::client().await;
             config.payments.resolve_secret(&client).await?;
+            config.edge_origin.resolve(&client).await?;
         }
         Ok(config)
     }

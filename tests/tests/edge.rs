@@ -1,0 +1,152 @@
+//! No way around the edge: with the origin secret set, the entry's and the admin's routers
+//! refuse every request without `x-origin-verify` = one of its values (403) before any handler
+//! runs, so before Redis or the database; `GET /health/deep` stays reachable for IAM-signed
+//! monitors. The secret's current and previous values (a rotation) are read from Secrets
+//! Manager (the local emulator).
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use common::{dead_pool, redis_stock};
+use seckill_shared::infra::config::EdgeOrigin;
+use seckill_shared::testing::{call, request, RedisKind, TestEnv};
+use seckill_shared::Context;
+use serde_json::Value;
+
+const CURRENT: &str = "origin-current-0123456789";
+const PREVIOUS: &str = "origin-previous-0123456789";
+
+fn origin() -> EdgeOrigin {
+    EdgeOrigin {
+        secret: Some(CURRENT.to_string().into()),
+        from_arn: vec![PREVIOUS.to_string().into()],
+        ..EdgeOrigin::default()
+    }
+}
+
+/// The entry's router with the origin secret on, over `context`.
+fn entry(env: &TestEnv, mut context: Context) -> Router {
+    context.config.edge_origin = origin();
+    seckill_entry::router(seckill_entry::EntryState::new(context, env.queue.clone()))
+}
+
+/// `req` with `x-origin-verify: value`.
+fn via(value: &str, mut req: Request<Body>) -> Request<Body> {
+    req.headers_mut()
+        .insert("x-origin-verify", value.parse().unwrap());
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let sale = env.open_sale(5, 1).await?;
+    let app = entry(&env, env.context());
+    let buy = || {
+        let path = format!("/activities/{}/orders", sale.id);
+        request("POST", &path, Some(("alice", "")), Some("{}"))
+    };
+
+    for (what, req) in [
+        ("no header", buy()),
+        ("a wrong value", via("guess", buy())),
+        ("a prefix of the value", via(&CURRENT[..10], buy())),
+    ] {
+        let (status, body) = call(&app, req).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{what}: {body}"
+        );
+    }
+    assert_eq!(
+        redis_stock(&env, sale.id).await,
+        Some(5),
+        "nothing was sold"
+    );
+    let (status, body) = call(&app, via(CURRENT, buy())).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+
+    // On a database out of reach, an unknown id would cost a read and answer 503: refused
+    // first, it costs none.
+    let mut no_db = env.context();
+    no_db.pool = dead_pool();
+    let app = entry(&env, no_db);
+    let unknown = || request("GET", "/activities/987654321", None, None);
+    assert_eq!(call(&app, unknown()).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        call(&app, via(PREVIOUS, unknown())).await.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the previous value of a rotation is let through"
+    );
+    // The deep health check is the one route monitors reach without the edge.
+    let (status, _) = call(&app, request("GET", "/health/deep", None, None)).await;
+    assert_ne!(status, StatusCode::FORBIDDEN);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_routes_need_the_origin_secret_too() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let mut context = env.context();
+    context.config.edge_origin = origin();
+    let app = admin::router(admin::AdminState::new(context));
+    let list = || {
+        request(
+            "GET",
+            "/admin/activities",
+            Some(("ops", "seckill:admin")),
+            None,
+        )
+    };
+
+    let (status, body): (StatusCode, Value) = call(&app, list()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(call(&app, via(CURRENT, list())).await.0, StatusCode::OK);
+    Ok(())
+}
+
+/// In AWS the functions read EDGE_ORIGIN_SECRET_ARN at a cold start: the current value and,
+/// after a rotation, the previous one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_origin_secret_and_its_previous_value_are_read_from_secrets_manager(
+) -> anyhow::Result<()> {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url("http://127.0.0.1:4566")
+        .load()
+        .await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let name = format!("edge-origin-{}", uuid::Uuid::new_v4().simple());
+    let created = client
+        .create_secret()
+        .name(&name)
+        .secret_string(r#"{"value": "first-value"}"#)
+        .send()
+        .await?;
+    let arn = created.arn().unwrap().to_string();
+    let mut origin = EdgeOrigin {
+        secret_arn: Some(arn.clone()),
+        ..EdgeOrigin::default()
+    };
+    origin.resolve(&client).await?;
+    let values = |o: &EdgeOrigin| {
+        use seckill_shared::infra::secret::ExposeSecret;
+        o.accepted()
+            .iter()
+            .map(|s| s.expose_secret().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(values(&origin), vec!["first-value"]);
+
+    client
+        .put_secret_value()
+        .secret_id(&arn)
+        .secret_string(r#"{"value": "second-value"}"#)
+        .send()
+        .await?;
+    origin.resolve(&client).await?;
+    assert_eq!(values(&origin), vec!["second-value", "first-value"]);
+    Ok(())
+}
