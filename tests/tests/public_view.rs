@@ -19,6 +19,7 @@ use seckill_shared::http::auth::ADMIN_SCOPE;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
 use seckill_shared::store::conn::Redis;
+use seckill_shared::testing::call;
 use seckill_shared::testing::request;
 use seckill_shared::testing::PrivateRedis;
 use seckill_shared::testing::RedisKind;
@@ -370,4 +371,74 @@ async fn activity_reads(database_url: &str) -> anyhow::Result<i64> {
         last = Some(count);
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
+}
+
+/// Random ids above the highest sale cost no database read each: the container knows the
+/// highest id (read at most once a second), and answers 404 above it. Before, each id cost a
+/// read of its own.
+async fn random_ids_above_the_highest_sale_cost_no_database_read_each(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let sale = env.open_sale(5, 1).await?;
+    let database = env.config.database_url.expose().to_string();
+    env.pool.close().await;
+    let before = activity_reads(&database).await?;
+    let pool = own_pool(&env)?;
+    let app = entry_with_pool(&env, pool.clone());
+
+    let ids: Vec<i64> = (1..=300).map(|n| sale.id + 1_000 * n + n % 7).collect();
+    let answers = futures::future::join_all(ids.iter().map(|id| view(&app, *id))).await;
+    let (status, _, body) = view(&app, sale.id).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the real sale is still shown: {body}"
+    );
+    pool.close().await;
+
+    for (status, cache_control, body) in answers {
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found"))
+        );
+        assert_eq!(cache_control, CACHE_NOT_FOUND);
+    }
+    let reads = activity_reads(&database).await? - before;
+    assert!(
+        reads <= 3,
+        "{reads} database reads for 300 distinct unknown ids"
+    );
+    Ok(())
+}
+on_both_redis!(random_ids_above_the_highest_sale_cost_no_database_read_each);
+
+/// An id has one spelling: `+7`, `007` are 404 with no I/O at all (the database here is out
+/// of reach, so any read would answer 503); junk stays 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_non_canonical_id_is_not_found_without_any_io() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let app = entry_with_pool(&env, dead_pool());
+    for path in [
+        "/activities/+7",
+        "/activities/007",
+        "/activities/%2B7",
+        "/activities/07/orders/me",
+    ] {
+        let (status, body) = call(&app, request("GET", path, Some(("alice", "")), None)).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found")),
+            "{path}: {body}"
+        );
+    }
+    let (status, _) = call(&app, request("GET", "/activities/7", None, None)).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the canonical id is read"
+    );
+    let (status, _) = call(&app, request("GET", "/activities/7x", None, None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    Ok(())
 }

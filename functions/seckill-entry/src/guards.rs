@@ -106,6 +106,44 @@ impl UnloadedCache {
     }
 }
 
+/// The highest activity id this container knows to exist, read from the database at most
+/// once per [`KnownMax::REFRESH`]: an id above it is no sale, answered 404 with no database
+/// read, so a flood of random ids costs one read per period and container, not one per id.
+#[derive(Default)]
+pub(crate) struct KnownMax {
+    max: AtomicI64,
+    /// When the database was last asked; callers above the max wait on the one read.
+    checked: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl KnownMax {
+    const REFRESH: Duration = Duration::from_secs(1);
+
+    /// Whether activity `id` may exist: yes at or below the known max; above it, as the max
+    /// read at most once per period says. A failed read says yes (the caller then reads the
+    /// row and answers as its failure deserves).
+    pub(crate) async fn may_exist(&self, pool: &sqlx::PgPool, id: i64) -> bool {
+        if id <= self.max.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut checked = self.checked.lock().await;
+        if id <= self.max.load(Ordering::Relaxed) {
+            return true;
+        }
+        if checked.is_some_and(|at| at.elapsed() < Self::REFRESH) {
+            return false;
+        }
+        match seckill_shared::domain::activity::max_id(pool).await {
+            Ok(max) => {
+                self.max.fetch_max(max, Ordering::Relaxed);
+                *checked = Some(Instant::now());
+                id <= max
+            }
+            Err(_) => true,
+        }
+    }
+}
+
 /// The offset of the Redis server's clock from this container's, estimated from the
 /// purchase script's answers: each answer carries the server's `TIME` when the script ran,
 /// which is at least (send time + offset), so the smallest `serverNow - sentAt` seen is the

@@ -485,6 +485,9 @@ async fn after_send_error(
 /// unknown id costs the database one read per id and cache period.
 async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
     let s = &state.inner;
+    if !s.known_max.may_exist(&s.pool, activity_id).await {
+        return Refusal::NotFound.into();
+    }
     let window = match s.unloaded.get(activity_id) {
         Some(window) => window,
         None => match activity::get(&s.pool, activity_id).await {

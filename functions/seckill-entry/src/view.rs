@@ -7,7 +7,9 @@
 //! (its remaining stock lags the pending reservations, the best there is then). Either answer,
 //! and a 404 for an unknown or draft id, is kept per container for `public_view_cache_ttl`
 //! (at most 250 ms): a hit costs no I/O, concurrent misses of one id share one backend read,
-//! and a flood for an unknown id costs one database read per id and period. The cache holds a
+//! and a flood for an unknown id costs one database read per id and period. An id above the
+//! highest one the database has (read at most once a second) is 404 with no read at all, and
+//! an id spelled otherwise than canonically (`+7`, `007`) with no I/O. The cache holds a
 //! bounded number of ids, so random ids cannot grow it without limit.
 //!
 //! The answer also tells browsers and a CDN how long they may reuse it (`Cache-Control`).
@@ -192,7 +194,12 @@ pub(crate) async fn public_activity(
     ActivityId(id): ActivityId,
 ) -> Response {
     let s = &state.inner;
-    let (response, cache_control) = match s.view.get(&s.redis, &s.pool, id).await {
+    let shown = if s.known_max.may_exist(&s.pool, id).await {
+        s.view.get(&s.redis, &s.pool, id).await
+    } else {
+        Ok(None)
+    };
+    let (response, cache_control) = match shown {
         Ok(Some(fields)) => (
             Json(fields.answer(id, Utc::now())).into_response(),
             CACHE_SHOWN,

@@ -160,6 +160,13 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity,
     .await
 }
 
+/// The highest activity id there is (0: none): one step down the primary key's index.
+pub async fn max_id(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"select coalesce(max(id), 0) as "max!" from activities"#)
+        .fetch_one(db)
+        .await
+}
+
 /// The row, from the pool or inside a transaction (after its fencing update, say).
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Activity>, sqlx::Error> {
     activity_rows!("select ", " from activities where id = $1", id)

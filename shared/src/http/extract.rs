@@ -60,7 +60,12 @@ pub fn positive_id(params: &RawPathParams, name: &str) -> Result<i64, ApiError> 
         .find_map(|(key, value)| (key == name).then_some(value))
         .ok_or_else(|| ApiError::BadRequest(format!("missing path parameter {name}")))?;
     match raw.parse::<i64>() {
-        Ok(id) if id > 0 => Ok(id),
+        // One spelling per id: `+7`, `007` would each miss the edge's cache and the
+        // container's, and cost a read of their own. No such address, and no I/O.
+        Ok(id) if id > 0 && raw.len() == id.to_string().len() => Ok(id),
+        Ok(id) if id > 0 => Err(ApiError::NotFound(format!(
+            "no {name} {raw:?}: ids are written without a sign or leading zeros"
+        ))),
         _ => Err(ApiError::BadRequest(format!(
             "{name} must be a positive integer, got {raw:?}"
         ))),
