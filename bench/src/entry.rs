@@ -118,6 +118,11 @@ pub struct PublicView {
     /// row, less the reads of the counter itself.
     pub db_transactions: i64,
     pub db_transactions_per_request: f64,
+    /// `GET /activities/{id}` of a different id above the highest one per request, and the
+    /// database transactions that row caused.
+    pub unknown: Measure,
+    pub unknown_db_transactions: i64,
+    pub unknown_db_transactions_per_request: f64,
 }
 
 pub struct Sizes {

@@ -208,23 +208,48 @@ async fn public_view_on(
     })
     .await;
     let view = Measure::from_run("HTTP dev server: GET activity (public view)", &run, c, None);
+    let after_view = count.settled().await?;
+
+    // Anonymous load on ids no sale has: each a different id above the highest one.
+    let base = Arc::new(format!("http://{addr}/activities/"));
+    let (client, first_unknown) = (http.clone(), row.id + 1);
+    let run = util::run_tasks(c, sizes.http, move |i| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let url = format!("{base}{}", first_unknown + i as i64);
+            expect_status(client.get(url).send().await, 404).await
+        }
+    })
+    .await;
+    let unknown = Measure::from_run(
+        "HTTP dev server: GET activity (distinct unknown ids)",
+        &run,
+        c,
+        None,
+    );
     server.abort();
     let _ = server.await;
     drop(http);
     let after = count.settled().await?;
     let mut con = b.admin.clone();
     util::delete_prefix(&mut con, &config.key_prefix).await?;
-    let db_transactions = (after - before).max(0);
+    let db_transactions = (after_view - before).max(0);
+    let unknown_db_transactions = (after - after_view).max(0);
     eprintln!(
-        "  public view: {db_transactions} database transactions for {} requests",
-        view.attempts
+        "  public view: {db_transactions} database transactions for {} requests; \
+         {unknown_db_transactions} for {} requests of distinct unknown ids",
+        view.attempts, unknown.attempts
     );
     Ok(PublicView {
         view_vs_sold_out: view.per_s / sold_out.per_s,
         db_transactions_per_request: db_transactions as f64 / view.attempts as f64,
         db_transactions,
+        unknown_db_transactions_per_request: unknown_db_transactions as f64
+            / unknown.attempts.max(1) as f64,
+        unknown_db_transactions,
         view,
         sold_out,
+        unknown,
     })
 }
 

@@ -205,7 +205,8 @@ impl TestEnv {
             buckets: Some(i64::from(buckets)),
             admission: None,
             draw_window_ms: None,
-            per_user_rate_per_sec: None,
+            // No rate: these sales test other rules, and a test's crowd may be one user.
+            per_user_rate_per_sec: Some(0),
             price_minor: 1_999,
             currency: "usd".into(),
         })
@@ -235,7 +236,8 @@ impl TestEnv {
             buckets: None,
             admission: Some("draw".into()),
             draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
-            per_user_rate_per_sec: None,
+            // No rate: these sales test other rules, and a test's crowd may be one user.
+            per_user_rate_per_sec: Some(0),
             price_minor: 1_999,
             currency: "usd".into(),
         })

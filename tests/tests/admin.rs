@@ -502,6 +502,15 @@ async fn bad_admin_requests_are_refused_and_change_nothing() -> anyhow::Result<(
     assert_eq!(created["remainingStock"], json!(10));
     assert_eq!(created["perOrderLimit"], json!(2));
     assert_eq!(created["configVersion"], json!(1));
+    assert_eq!(
+        created["perUserRatePerSec"],
+        json!(10),
+        "a sale that names no rate gets the default one"
+    );
+    assert_eq!(
+        (&created["priceMinor"], &created["currency"]),
+        (&json!(1999), &json!("usd"))
+    );
     let path = format!("/admin/activities/{id}");
     let before = db_activity(&env, id).await;
 

@@ -261,6 +261,12 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
     )
     .await;
     refused(&entry, "update activities set last_fence_token = 1 << 40").await;
+    // Units go back only through a cancel of a confirmed order (cancel_confirmed_order).
+    refused(
+        &entry,
+        "update activities set remaining_stock = remaining_stock + 100",
+    )
+    .await;
     refused(
         &entry,
         "insert into activities (title, total_stock, remaining_stock, per_order_limit, \

@@ -24,6 +24,7 @@ pub fn table(s: &mut String, e: &EntryResults) {
         e.http_trivial.as_ref(),
         e.view.as_ref().map(|v| &v.sold_out),
         e.view.as_ref().map(|v| &v.view),
+        e.view.as_ref().map(|v| &v.unknown),
         e.accepted_router.as_ref(),
         e.sqs_bare_send.as_ref(),
     ];
@@ -53,8 +54,9 @@ pub fn table(s: &mut String, e: &EntryResults) {
     if let Some(v) = &e.view {
         let _ = writeln!(
             s,
-            "Public view row: {} database transactions (pg_stat_database `xact_commit + xact_rollback` of the row's own database) for {} requests.\n",
-            v.db_transactions, v.view.attempts
+            "Public view row: {} database transactions (pg_stat_database `xact_commit + xact_rollback` of the row's own database) for {} requests. Distinct unknown ids (each request a different id above the highest): {} transactions for {} requests ({:.4} per request).\n",
+            v.db_transactions, v.view.attempts, v.unknown_db_transactions, v.unknown.attempts,
+            v.unknown_db_transactions_per_request
         );
     }
 }

@@ -137,6 +137,12 @@ fn entry(e: Option<&EntryResults>) -> Map<String, Value> {
             json!(round(v.db_transactions_per_request, 4))
         }),
     );
+    ratios.insert(
+        "publicViewUnknownIdsDbTxPerRequest".into(),
+        view.map_or(Value::Null, |v| {
+            json!(round(v.unknown_db_transactions_per_request, 4))
+        }),
+    );
     ratios
 }
 

@@ -6,7 +6,10 @@
 //! to a sale's start on the server's clock rather than the browser's.
 //! `/health/deep` asks each dependency once (Redis `PING`, a database round trip, the order
 //! queue's `GetQueueAttributes`), concurrently and each within [`DEEP_CHECK_TIMEOUT`], and
-//! answers 503 naming whichever did not answer.
+//! answers 503 when any did not answer. Its answer is kept per container for
+//! [`DEEP_CHECK_CACHE`] (concurrent callers share one check), so a flood of it costs the
+//! dependencies three calls per period; a 503 names nothing (the log does), so it tells a
+//! caller nothing about what stands behind the API. In AWS only IAM-signed callers reach it.
 
 use crate::EntryState;
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -24,6 +27,16 @@ use std::time::{Duration, Instant};
 /// The longest one dependency may take to answer the deep check (less when its own timeout
 /// is shorter), so the check answers well within the function's timeout.
 pub const DEEP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a container answers the deep check from its last one.
+pub const DEEP_CHECK_CACHE: Duration = Duration::from_secs(5);
+
+/// The last deep check of this container: when it ran, and its answer (`None`: a dependency
+/// was out of reach).
+#[derive(Default)]
+pub(crate) struct DeepCache {
+    last: tokio::sync::Mutex<Option<(Instant, Option<DeepHealth>)>>,
+}
 
 /// 200 body of `GET /health`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -59,7 +72,7 @@ pub(crate) async fn health() -> impl IntoResponse {
 }
 
 /// One dependency's answer to the deep check.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Check {
     #[schema(example = "ok")]
@@ -69,7 +82,7 @@ pub struct Check {
 }
 
 /// 200 body of `GET /health/deep`: every dependency answered.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct DeepHealth {
     #[schema(example = "ok")]
     status: &'static str,
@@ -83,16 +96,32 @@ pub struct DeepHealth {
     path = "/health/deep",
     tag = "health",
     operation_id = "deepHealth",
-    summary = "Readiness: asks Redis, the database and the order queue (no token needed)",
+    summary = "Readiness: asks Redis, the database and the order queue, at most once per 5 s per container (IAM-signed callers only in AWS)",
     security(()),
     responses(
         (status = 200, description = "Each dependency answered within its bound", body = DeepHealth),
-        (status = 503, description = "The message names each dependency out of reach (`unavailable`)", body = ErrorBody),
+        (status = 503, description = "A dependency is out of reach (`unavailable`; which one is logged, not answered)", body = ErrorBody),
     )
 )]
 pub(crate) async fn deep_health(
     State(state): State<EntryState>,
 ) -> Result<Json<DeepHealth>, ApiError> {
+    let mut last = state.inner.deep.last.lock().await;
+    let answer = match &*last {
+        Some((at, answer)) if at.elapsed() < DEEP_CHECK_CACHE => answer.clone(),
+        _ => {
+            let answer = deep_check(&state).await;
+            *last = Some((Instant::now(), answer.clone()));
+            answer
+        }
+    };
+    answer
+        .map(Json)
+        .ok_or_else(|| ApiError::Unavailable("a dependency is out of reach".into()))
+}
+
+/// Asks each dependency once; `None` when any did not answer (each failure logged).
+async fn deep_check(state: &EntryState) -> Option<DeepHealth> {
     let s = &state.inner;
     let config = &s.config;
     let ping = redis::cmd("PING");
@@ -130,16 +159,16 @@ pub(crate) async fn deep_health(
         }
     }
     match (redis, database, queue) {
-        (Ok(redis), Ok(database), Ok(queue)) => Ok(Json(DeepHealth {
+        (Ok(redis), Ok(database), Ok(queue)) => Some(DeepHealth {
             status: "ok",
             redis,
             database,
             queue,
-        })),
-        _ => Err(ApiError::Unavailable(format!(
-            "out of reach: {}",
-            down.join(", ")
-        ))),
+        }),
+        _ => {
+            tracing::warn!(down = %down.join(", "), "deep health check: out of reach");
+            None
+        }
     }
 }
 

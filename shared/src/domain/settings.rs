@@ -12,6 +12,9 @@ pub const MAX_PER_ORDER_LIMIT: i64 = 10_000;
 pub const MAX_DRAW_WINDOW_MS: i64 = 600_000;
 /// Upper bound on a per-user purchase rate.
 pub const MAX_RATE_PER_SEC: i64 = 1_000;
+/// A new sale's per-user purchase rate unless it says otherwise: far above what a person
+/// clicks, far below what a script sends. 0 turns it off, on purpose only.
+pub const DEFAULT_RATE_PER_SEC: i64 = 10;
 /// The most buckets one sale may have.
 pub const MAX_BUCKETS: u32 = 16;
 /// Upper bound on a unit's price in minor units (999,999.99 in a two-decimal currency): the
@@ -165,7 +168,7 @@ pub struct NewActivity {
     #[schema(minimum = 1, maximum = 600_000)]
     #[serde(default)]
     pub draw_window_ms: Option<i64>,
-    /// Purchase attempts one user may make per second (0, the default: no limit); the excess
+    /// Purchase attempts one user may make per second (default 10; 0: no limit); the excess
     /// is answered 429 `rate_limited` with `Retry-After`.
     #[schema(minimum = 0, maximum = 1_000)]
     #[serde(default)]
@@ -199,7 +202,7 @@ impl NewActivity {
             buckets: bucket_count(self.buckets.unwrap_or(1))?,
             admission: admission(self.admission.as_deref().unwrap_or("fcfs"))?,
             draw_window_ms: self.draw_window_ms.unwrap_or(0),
-            per_user_rate_per_sec: self.per_user_rate_per_sec.unwrap_or(0),
+            per_user_rate_per_sec: self.per_user_rate_per_sec.unwrap_or(DEFAULT_RATE_PER_SEC),
             price_minor: self.price_minor,
             currency: self.currency.trim().to_ascii_lowercase(),
         }

@@ -274,39 +274,24 @@ pub async fn commit_cancel(
     epoch: Option<i64>,
     now: DateTime<Utc>,
 ) -> Result<Committed, CancelError> {
-    let mut tx = pool.begin().await?;
+    // The database function `cancel_confirmed_order`: the order's update and the units' return
+    // in one transaction, the second only while the sale's load epoch is `epoch`; the entry's
+    // role may give units back through it alone.
     let row = sqlx::query!(
-        "update orders set status = 'cancelled', cancel_id = $3, cancelled_at = $2,
-             updated_at = $2
-         where id = $1 and status = 'confirmed' and not ($3 = any(aborted_cancel_ids))
-         returning quantity, activity_id",
+        r#"select outcome as "outcome!", quantity as "quantity!"
+           from cancel_confirmed_order($1, $2, $3, $4)"#,
         order_id,
-        now,
-        cancel_id
+        cancel_id,
+        epoch,
+        now
     )
-    .fetch_optional(&mut *tx)
-    .await?
-    .map(|r| (r.quantity, r.activity_id));
-    let Some((quantity, activity_id)) = row else {
-        tx.rollback().await?;
-        return Ok(Committed::NotConfirmed);
-    };
-    let updated = sqlx::query!(
-        "update activities set remaining_stock = remaining_stock + $2, updated_at = $3
-         where id = $1 and ($4::bigint is null or load_epoch = $4)",
-        activity_id,
-        quantity,
-        now,
-        epoch
-    )
-    .execute(&mut *tx)
+    .fetch_one(pool)
     .await?;
-    if updated.rows_affected() != 1 {
-        tx.rollback().await?;
-        return Ok(Committed::EpochMoved);
-    }
-    tx.commit().await?;
-    Ok(Committed::Cancelled(quantity))
+    Ok(match row.outcome.as_str() {
+        "cancelled" => Committed::Cancelled(i64::from(row.quantity)),
+        "epoch_moved" => Committed::EpochMoved,
+        _ => Committed::NotConfirmed,
+    })
 }
 
 /// Reconcile's verdict on a cancel attempt whose announcement went stale: from now on it may
