@@ -537,7 +537,9 @@ async fn bare_loop(
         let sha = sha.clone();
         let request_ids = request_ids.clone();
         async move {
-            let r: redis::RedisResult<(i64, i64, i64, i64)> = redis::cmd("EVALSHA")
+            // purchase.lua answers {code, value, nowMs, epoch, credited}: the code is all this
+            // row reads.
+            let r: redis::RedisResult<Vec<i64>> = redis::cmd("EVALSHA")
                 .arg(sha.as_str())
                 .arg(3)
                 .arg(&k.meta)
@@ -549,9 +551,11 @@ async fn bare_loop(
                 .arg(purchase::far_deadline())
                 .query_async(&mut cm)
                 .await;
-            match r {
-                Ok((c, _, _, _)) if c == code => Outcome::Refused,
-                Ok((c, _, _, _)) => Outcome::Error(format!("script answered {c}, expected {code}")),
+            match r.as_deref() {
+                Ok([c, ..]) if *c == code => Outcome::Refused,
+                Ok(answer) => {
+                    Outcome::Error(format!("script answered {answer:?}, expected {code}"))
+                }
                 Err(e) => Outcome::Error(e.to_string()),
             }
         }

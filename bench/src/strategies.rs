@@ -514,7 +514,8 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
 async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     let mut cm = c.cm.clone();
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let (code, _, _, _): (i64, i64, i64, i64) = redis::cmd("EVALSHA")
+    // purchase.lua answers {code, value, nowMs, epoch, credited}.
+    let answer: Vec<i64> = redis::cmd("EVALSHA")
         .arg(&c.purchase_sha)
         .arg(3)
         .arg(&c.keys.meta)
@@ -526,7 +527,7 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         .arg(purchase::far_deadline())
         .query_async(&mut cm)
         .await?;
-    Ok(if code == 0 {
+    Ok(if answer.first() == Some(&0) {
         Outcome::Sold
     } else {
         Outcome::Refused
