@@ -74,6 +74,7 @@ test: stack
 	bash scripts/drop-test-dbs.sh
 	$(ENV) cargo fmt --all -- --check
 	$(ENV) cargo clippy --workspace --all-targets -- -D warnings
+	$(ENV) cargo deny check licenses bans sources # deny.toml
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py

@@ -547,6 +547,19 @@ stop() {
     print_summary
 }
 
+# cargo-deny (`make test` checks the dependency tree's licenses, bans and sources with it),
+# pinned, built once into cargo's own bin directory (a few minutes, the first time only).
+CARGO_DENY_VERSION=0.20.2
+ensure_cargo_deny() {
+    if [ "$(cargo-deny --version 2>/dev/null)" = "cargo-deny $CARGO_DENY_VERSION" ]; then
+        summary cargo-deny "$(command -v cargo-deny) already installed"
+        return
+    fi
+    log "cargo install cargo-deny $CARGO_DENY_VERSION (a few minutes, once)"
+    cargo install --quiet --locked --version "$CARGO_DENY_VERSION" cargo-deny
+    summary cargo-deny "$(command -v cargo-deny) installed"
+}
+
 up() {
     mkdir -p "$STACK_DIR"
     ensure_packages
@@ -557,6 +570,7 @@ up() {
     ensure_valkey
     ensure_moto
     ensure_queues
+    ensure_cargo_deny
 }
 
 # `make serve` / `make demo`: the stack plus fauxqs with the same queue + DLQ.
