@@ -121,7 +121,7 @@ impl KnownMax {
 
     /// Whether activity `id` may exist: yes at or below the known max; above it, as the max
     /// read at most once per period says. A failed read says yes (the caller then reads the
-    /// row and answers as its failure deserves).
+    /// row and answers as its failure deserves), and is not tried again within the period.
     pub(crate) async fn may_exist(&self, pool: &sqlx::PgPool, id: i64) -> bool {
         if id <= self.max.load(Ordering::Relaxed) {
             return true;
@@ -133,10 +133,10 @@ impl KnownMax {
         if checked.is_some_and(|at| at.elapsed() < Self::REFRESH) {
             return false;
         }
+        *checked = Some(Instant::now());
         match seckill_shared::domain::activity::max_id(pool).await {
             Ok(max) => {
                 self.max.fetch_max(max, Ordering::Relaxed);
-                *checked = Some(Instant::now());
                 id <= max
             }
             Err(_) => true,

@@ -14,6 +14,7 @@
 //!
 //! The answer also tells browsers and a CDN how long they may reuse it (`Cache-Control`).
 
+use crate::guards::KnownMax;
 use crate::EntryState;
 use axum::extract::State;
 use axum::http::header::CACHE_CONTROL;
@@ -118,24 +119,39 @@ impl ViewCache {
 
     /// The view of `id`, from memory while fresh, else from [`read`] (once for all the
     /// requests waiting on the same id). Failures are not kept.
-    async fn get(&self, redis: &Redis, pool: &PgPool, id: i64) -> Result<Shown, ApiError> {
+    async fn get(
+        &self,
+        redis: &Redis,
+        pool: &PgPool,
+        known_max: &KnownMax,
+        id: i64,
+    ) -> Result<Shown, ApiError> {
         match &self.cache {
-            None => read(redis, pool, id).await,
+            None => read(redis, pool, known_max, id).await,
             Some(cache) => cache
-                .try_get_with(id, read(redis, pool, id))
+                .try_get_with(id, read(redis, pool, known_max, id))
                 .await
                 .map_err(shared),
         }
     }
 }
 
-/// Redis while it holds the sale, else the database row (drafts are nobody's to see).
-async fn read(redis: &Redis, pool: &PgPool, id: i64) -> Result<Shown, ApiError> {
+/// Redis while it holds the sale, else the database row (drafts are nobody's to see), unless
+/// the id lies above the highest one the database has.
+async fn read(
+    redis: &Redis,
+    pool: &PgPool,
+    known_max: &KnownMax,
+    id: i64,
+) -> Result<Shown, ApiError> {
     match view::view(redis, id).await {
         Ok(Some(view)) => return Ok(Some(Arc::new(from_redis(view)))),
         Ok(None) => {}
         Err(e) => tracing::warn!(activity_id = id, error = %e,
             "redis view unavailable; answering the database's"),
+    }
+    if !known_max.may_exist(pool, id).await {
+        return Ok(None);
     }
     let row = activity::get(pool, id).await?;
     Ok(row.filter(|a| a.state != "draft").map(|a| {
@@ -194,12 +210,7 @@ pub(crate) async fn public_activity(
     ActivityId(id): ActivityId,
 ) -> Response {
     let s = &state.inner;
-    let shown = if s.known_max.may_exist(&s.pool, id).await {
-        s.view.get(&s.redis, &s.pool, id).await
-    } else {
-        Ok(None)
-    };
-    let (response, cache_control) = match shown {
+    let (response, cache_control) = match s.view.get(&s.redis, &s.pool, &s.known_max, id).await {
         Ok(Some(fields)) => (
             Json(fields.answer(id, Utc::now())).into_response(),
             CACHE_SHOWN,

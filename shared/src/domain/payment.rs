@@ -5,6 +5,20 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor};
 
+/// `sqlx::query_as!(Payment, "select <the columns> from payments " + <tail>, args…)`: the one
+/// place the columns of [`Payment`] are listed.
+macro_rules! payment_rows {
+    ($tail:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Payment,
+            "select order_id, provider, provider_payment_id, amount_minor, currency, status,
+                    created_at
+             from payments " + $tail
+            $(, $arg)*
+        )
+    };
+}
+
 /// One row of `payments`.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Payment {
@@ -55,15 +69,9 @@ pub async fn of_order(
     db: impl PgExecutor<'_>,
     order_id: i64,
 ) -> Result<Option<Payment>, sqlx::Error> {
-    sqlx::query_as!(
-        Payment,
-        "select order_id, provider, provider_payment_id, amount_minor, currency, status,
-                created_at
-         from payments where order_id = $1",
-        order_id
-    )
-    .fetch_optional(db)
-    .await
+    payment_rows!("where order_id = $1", order_id)
+        .fetch_optional(db)
+        .await
 }
 
 /// The payment the provider knows as `provider_payment_id`, locked until the transaction
@@ -73,12 +81,8 @@ pub async fn by_provider_id_for_update(
     provider: &str,
     provider_payment_id: &str,
 ) -> Result<Option<Payment>, sqlx::Error> {
-    sqlx::query_as!(
-        Payment,
-        "select order_id, provider, provider_payment_id, amount_minor, currency, status,
-                created_at
-         from payments where provider = $1 and provider_payment_id = $2
-         for update",
+    payment_rows!(
+        "where provider = $1 and provider_payment_id = $2 for update",
         provider,
         provider_payment_id
     )
@@ -204,11 +208,8 @@ pub async fn by_provider_id(
     provider: &str,
     provider_payment_id: &str,
 ) -> Result<Option<Payment>, sqlx::Error> {
-    sqlx::query_as!(
-        Payment,
-        "select order_id, provider, provider_payment_id, amount_minor, currency, status,
-                created_at
-         from payments where provider = $1 and provider_payment_id = $2",
+    payment_rows!(
+        "where provider = $1 and provider_payment_id = $2",
         provider,
         provider_payment_id
     )
