@@ -1,4 +1,5 @@
-"""Stripe's own library on either side of our webhook signature (tests/tests/payments.rs).
+"""Stripe's own library on either side of our webhook signature: it signs a body for our
+webhook to verify, and verifies a header our signer made.
 
     cross_check.py sign SECRET     < body    prints the Stripe-Signature header Stripe's
                                              library makes for the body

@@ -541,3 +541,42 @@ async fn a_buyers_order_lookup_reads_the_buyer_index_not_every_order_of_the_sale
     assert!(!plan.contains("Seq Scan"), "{plan}");
     Ok(())
 }
+
+/// A cancel announced under one load epoch, paused before its database step while the sale is
+/// loaded from scratch (the epoch moves): the database step changes nothing, neither the order
+/// nor the stock (the order's update is rolled back with the stock's), and the cancel answers
+/// `busy`.
+async fn a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 2).await;
+    let order = order::get(&w.env.pool, id).await?.unwrap();
+    let stock = w.db_stock().await;
+
+    let paused = seckill_shared::infra::pause::arm("cancel.after_begin", w.sale.id);
+    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
+    let canceller = tokio::spawn(async move {
+        protocol::cancel::cancel_order(&pool, &redis, &o, chrono::Utc::now()).await
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(30), paused.reached()).await?;
+    let mut conn = w.env.pool.acquire().await?;
+    seckill_shared::domain::activity::bump_load_epoch(&mut conn, w.sale.id).await?;
+    drop(conn);
+    paused.resume();
+    let outcome = canceller.await??;
+
+    assert_eq!(outcome, CancelOutcome::Busy);
+    assert_eq!(
+        w.status(id).await,
+        "confirmed",
+        "the order's update was rolled back"
+    );
+    assert_eq!(
+        w.db_stock().await,
+        stock,
+        "no unit came back in the database"
+    );
+    Ok(())
+}
+on_both_redis!(a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing);

@@ -1,6 +1,6 @@
 //! What a buyer does with their purchase after the click: `GET …/orders/me` (where it is, and
-//! for a draw's entrant the draw's outcome), and cancel a confirmed order.
-//! docs/invariants.md, "Cancel" and "Draw admission".
+//! for a draw's entrant the draw's outcome), and cancel a confirmed order: its units and the
+//! user's quota come back exactly once, whichever cancel or payment commits first.
 
 use crate::EntryState;
 use axum::extract::State;

@@ -1,7 +1,7 @@
 //! Paying: `POST /orders/{id}/pay` starts the order's payment at the provider and answers what
 //! the client needs to complete it; `POST /payments/webhook`, reached without a user token,
 //! takes the provider's signed events, and only a verified `payment_intent.succeeded` event
-//! for the payment's exact amount marks the order paid. docs/invariants.md, "Pay".
+//! for the payment's exact amount marks the order paid (`protocol::pay::settle`).
 
 use crate::EntryState;
 use axum::body::Bytes;

@@ -5,7 +5,7 @@
 //! The event's one transaction locks the order and pays it only while it is `confirmed` and
 //! within the payment timeout; a cancel (its owner's, or the payment timeout's) updates the
 //! same row on the same condition, so whichever commits first wins, and a payment that loses
-//! is recorded `refund_due`: money back, never a unit back on sale. docs/invariants.md, "Pay".
+//! is recorded `refund_due`: money back, never a unit back on sale.
 
 use crate::domain::activity;
 use crate::domain::order::{self, Order, OrderStatus};
