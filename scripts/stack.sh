@@ -560,6 +560,18 @@ ensure_cargo_deny() {
     summary cargo-deny "$(command -v cargo-deny) installed"
 }
 
+# Each function's Redis ACL user (scripts/redis_acl.py: its scripts' commands, keys under
+# `seckill:`, a local password) on every Redis and Valkey server of the stack. ACL SETUSER with
+# `reset` first: running it again leaves each user exactly as declared. The servers keep no ACL
+# file, so a restarted server gets its users back here.
+ensure_acl_users() {
+    local servers=("$HOST:$REDIS_PORT" "$HOST:$VALKEY_PORT") p
+    for p in "${CLUSTER_PORTS[@]}"; do servers+=("$HOST:$p"); done
+    python3 "$REPO/scripts/redis_acl.py" apply "${servers[@]}" \
+        || die "could not create the functions' Redis ACL users (scripts/redis_acl.py)"
+    summary redis-acl "$(python3 "$REPO/scripts/redis_acl.py" json | grep -c '"user"') function users on ${#servers[@]} servers"
+}
+
 up() {
     mkdir -p "$STACK_DIR"
     ensure_packages
@@ -568,6 +580,7 @@ up() {
     ensure_cluster
     ensure_venv
     ensure_valkey
+    ensure_acl_users
     ensure_moto
     ensure_queues
     ensure_cargo_deny

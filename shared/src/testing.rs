@@ -8,6 +8,7 @@ use crate::domain::activity::{self, Activity};
 use crate::domain::purchase::Attempt;
 use crate::domain::refusal::Refusal;
 use crate::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
+use crate::infra::aws_secrets::RedisLogin;
 use crate::infra::config::{Config, RedisTopology};
 use crate::infra::sqs::{self, OrderQueue};
 use crate::protocol::purchase;
@@ -80,7 +81,12 @@ pub async fn empty_database() -> anyhow::Result<String> {
 pub fn config(database_url: &str, kind: RedisKind) -> Config {
     let mut config = Config::from_env().expect("test environment parses");
     config.database_url = database_url.into();
-    config.key_prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    // Under `seckill:`, the key pattern of the functions' Redis ACL users, so a test may run a
+    // function logged in as its user ([`local_redis_login`]).
+    config.key_prefix = format!(
+        "seckill:t{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     config.redis = match kind {
         RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL").into()),
         RedisKind::Cluster => RedisTopology::Cluster(
@@ -97,6 +103,16 @@ pub fn config(database_url: &str, kind: RedisKind) -> Config {
     config.sqs_timeout = Duration::from_secs(10);
     config.db_max_connections = 8;
     config
+}
+
+/// The local login of a function's Redis ACL user (`seckill-entry`, ...): scripts/stack.sh
+/// creates each user of scripts/redis_acl.py on every local server, with the password
+/// `local-<user>`.
+pub fn local_redis_login(user: &str) -> RedisLogin {
+    RedisLogin::parse(
+        &serde_json::json!({"username": user, "token": format!("local-{user}")}).to_string(),
+    )
+    .expect("a login")
 }
 
 /// Creates a fresh queue (and its DLQ, with the given `maxReceiveCount`) on the emulator.

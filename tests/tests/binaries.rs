@@ -368,3 +368,51 @@ fn the_lambdas_as_deployed_are_built_without_test_support() {
     let workspace = tree(&["--workspace"]);
     assert!(workspace.contains("feature \"testing\""), "{workspace}");
 }
+
+/// Each function's Redis ACL user (scripts/redis_acl.py, the template's ElastiCache users)
+/// lists exactly the Lua scripts its built binary carries: a script a function starts to run
+/// without its user allowing the script's commands fails here, not in production; one it no
+/// longer runs is dropped from its user.
+#[test]
+fn each_functions_redis_user_lists_exactly_the_scripts_its_binary_carries() {
+    let dir = build_all();
+    let out = Command::new("python3")
+        .arg(repo_root().join("scripts/redis_acl.py"))
+        .arg("json")
+        .output()
+        .expect("python3 runs scripts/redis_acl.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let users: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let carried = |binary: &str| -> Vec<&str> {
+        let bytes = std::fs::read(dir.join(binary)).unwrap();
+        let mut names: Vec<&str> = seckill_shared::store::scripts::SOURCES
+            .iter()
+            .filter(|(_, source)| memchr::memmem::find(&bytes, source.as_bytes()).is_some())
+            .map(|(name, _)| *name)
+            .collect();
+        names.sort_unstable();
+        names
+    };
+    for function in FUNCTIONS {
+        let declared: Vec<&str> = users[function]["scripts"]
+            .as_array()
+            .unwrap_or_else(|| panic!("scripts/redis_acl.py has no user for {function}"))
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            carried(function),
+            declared,
+            "{function}: the scripts its binary carries vs its Redis user's (scripts/redis_acl.py)"
+        );
+    }
+    assert_eq!(
+        carried(MIGRATE),
+        Vec::<&str>::new(),
+        "the migration runs no script"
+    );
+}

@@ -3,8 +3,13 @@
 //! the migration lacks fails here; and statements outside the role are refused with SQLSTATE
 //! 42501 (insufficient_privilege, which row-level security's refusals share).
 //!
-//! Locally the roles log in without a password (trust auth on 127.0.0.1); the test database
-//! is migrated, and the sales are set up, as the master user, as in AWS.
+//! The same runs log in to Redis as each function's ACL user (scripts/redis_acl.py; the
+//! scripts' commands, keys under `seckill:`), so a command a function's path sends and its user
+//! lacks fails here too; and each user is refused what its function does not run (NOPERM).
+//!
+//! Locally the roles log in without a password (trust auth on 127.0.0.1), the Redis users with
+//! `local-<user>` (scripts/stack.sh creates them); the test database is migrated, and the sales
+//! are set up, as the master user and the default Redis user, as in AWS.
 
 mod common;
 
@@ -18,8 +23,10 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::infra::config::RedisTopology;
 use seckill_shared::infra::db;
 use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::store::conn::Redis;
 use seckill_shared::testing;
 use seckill_shared::testing::call;
 use seckill_shared::testing::request;
@@ -29,6 +36,7 @@ use seckill_shared::Context;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
+use std::collections::BTreeSet;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -49,12 +57,27 @@ async fn pool_as(env: &TestEnv, role: &str) -> PgPool {
         .unwrap_or_else(|e| panic!("{role} logs in: {e}"))
 }
 
-/// What a function's state is built on, with its database pool logged in as `role`.
+/// The function's Redis ACL user of the database role `role` (`seckill_entry` ->
+/// `seckill-entry`, scripts/redis_acl.py), on the test's Redis with the test's key prefix.
+async fn redis_as(env: &TestEnv, role: &str) -> Redis {
+    let user = role.replace('_', "-");
+    let mut config = env.config.clone();
+    config.redis = config
+        .redis
+        .with_login(&testing::local_redis_login(&user))
+        .unwrap();
+    Redis::connect(&config).await.unwrap_or_else(|e| {
+        panic!("{user} logs in to Redis ({e}): bash scripts/stack.sh creates the users")
+    })
+}
+
+/// What a function's state is built on: its database pool logged in as `role`, its Redis
+/// connection as the function's ACL user.
 async fn deps_as(env: &TestEnv, role: &str) -> Context {
     Context::new(
         env.config.clone(),
         pool_as(env, role).await,
-        env.redis.clone(),
+        redis_as(env, role).await,
     )
 }
 
@@ -86,14 +109,15 @@ async fn queued_event(env: &TestEnv) -> SqsEvent {
     event
 }
 
-/// The consumer, logged in as its role, takes everything queued; nothing may fail.
-async fn consume_queue_as_consumer(env: &TestEnv) -> usize {
+/// The consumer, logged in as its role, takes everything queued; nothing may fail. Returns how
+/// many messages it took and how many of them went through the batch path.
+async fn consume_queue_as_consumer(env: &TestEnv) -> (usize, u32) {
     let event = queued_event(env).await;
     let n = event.records.len();
     let consumer = order_consumer::Consumer::new(deps_as(env, "seckill_consumer").await);
-    let resp = consumer.handle_batch(event).await;
+    let (resp, stats) = consumer.handle_batch_with_stats(event).await;
     assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
-    n
+    (n, stats.batched)
 }
 
 async fn new_env() -> TestEnv {
@@ -176,7 +200,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
         let (status, body) = buy(user).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     }
-    assert_eq!(consume_queue_as_consumer(&env).await, 2);
+    assert_eq!(consume_queue_as_consumer(&env).await.0, 2);
     let me = format!("/activities/{}/orders/me", a.id);
     let mine = |user: &'static str| call(&entry, request("GET", &me, Some((user, "")), None));
     let (status, alice) = mine("alice").await;
@@ -316,10 +340,19 @@ async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Res
         env.queue.send(m, m.attempt.activity_id).await?;
     }
 
-    assert_eq!(consume_queue_as_consumer(&env).await, 3);
+    assert_eq!(consume_queue_as_consumer(&env).await.0, 3);
 
     let tally = order::tally(&env.pool, a.id).await?;
     assert_eq!((tally.confirmed, tally.failed), (2, 1), "{tally:?}");
+
+    // Two orders of one sale that both fit go through the batch path, which reads their
+    // ledger entries in one HMGET: a user without it would fall back one by one, silently.
+    let b = env.open_sale(2, 1).await?;
+    for user in ["dave", "erin"] {
+        let m = reserve(&env, b.id, user, 1).await;
+        env.queue.send(&m, b.id).await?;
+    }
+    assert_eq!(consume_queue_as_consumer(&env).await, (2, 2));
     assert_eq!(db_remaining(&env, a.id).await, 0);
     let consumer = pool_as(&env, "seckill_consumer").await;
     refused(&consumer, "update orders set status = 'paid'").await;
@@ -525,5 +558,147 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
              db_remaining, pending_qty, drift) values (1, 0, 0, 0, 0, 0)",
     )
     .await;
+    Ok(())
+}
+
+/// Each function's Redis user as scripts/redis_acl.py declares it: (binary, user, the commands
+/// it may send, lowercase).
+fn declared_redis_users() -> Vec<(String, String, BTreeSet<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/redis_acl.py"))
+        .arg("json")
+        .output()
+        .expect("python3 runs scripts/redis_acl.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let users: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    users
+        .into_iter()
+        .map(|(binary, spec)| {
+            let allowed = spec["access"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .filter_map(|rule| rule.strip_prefix('+'))
+                .map(str::to_string)
+                .collect();
+            (binary, spec["user"].as_str().unwrap().to_string(), allowed)
+        })
+        .collect()
+}
+
+/// Refused by the ACL: NOPERM for a command or key, the script error for a command a script
+/// called.
+fn assert_refused<T: std::fmt::Debug>(user: &str, what: &str, result: redis::RedisResult<T>) {
+    match result {
+        Err(e)
+            if e.code() == Some("NOPERM") || e.to_string().contains("can't run this command") => {}
+        other => panic!("{user}: {what} should be refused by its ACL, got {other:?}"),
+    }
+}
+
+/// Every function's Redis user is refused what its function does not run: the server's
+/// administration, keys outside `seckill:`, each data command its scripts do not call, also
+/// from inside a script. The users are
+/// the ones scripts/stack.sh created from scripts/redis_acl.py; the runs above prove each one
+/// is enough for its function's path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_redis_user_is_refused_what_its_function_does_not_run() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let key = format!("{}:acl-probe", env.config.key_prefix);
+    let users = declared_redis_users();
+    assert_eq!(
+        users.len(),
+        5,
+        "one user per function that uses Redis: {users:?}"
+    );
+    // Commands some function's scripts call; each user must be refused those its own do not.
+    let data_commands: [(&str, &[&str]); 14] = [
+        ("del", &[]),
+        ("set", &["1"]),
+        ("hset", &["f", "1"]),
+        ("hdel", &["f"]),
+        ("hsetnx", &["f", "1"]),
+        ("hlen", &[]),
+        ("pttl", &[]),
+        ("decr", &[]),
+        ("incr", &[]),
+        ("pexpire", &["1000"]),
+        ("pexpireat", &["1"]),
+        ("hgetall", &[]),
+        ("hkeys", &[]),
+        ("hscan", &["0"]),
+    ];
+    let mut refused_somewhere = BTreeSet::new();
+    for (binary, user, allowed) in &users {
+        let mut config = env.config.clone();
+        config.redis = config.redis.with_login(&testing::local_redis_login(user))?;
+        let RedisTopology::Standalone(url) = &config.redis else {
+            unreachable!("the role tests run on standalone Redis")
+        };
+        let client = redis::Client::open(url.expose())?;
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("{user} logs in ({e}): bash scripts/stack.sh creates it"));
+        let pong: String = redis::cmd("PING").query_async(&mut con).await?;
+        assert_eq!(pong, "PONG", "{user}");
+
+        for (name, args) in [
+            ("FLUSHALL", vec![]),
+            ("KEYS", vec!["*"]),
+            ("CONFIG", vec!["GET", "maxmemory"]),
+            ("SCRIPT", vec!["FLUSH"]),
+            ("ACL", vec!["LIST"]),
+            ("EVAL", vec!["return 1", "0"]),
+            ("CLIENT", vec!["LIST"]),
+            ("INFO", vec!["server"]),
+            ("SCAN", vec!["0"]),
+        ] {
+            let result: redis::RedisResult<redis::Value> =
+                redis::cmd(name).arg(&args).query_async(&mut con).await;
+            assert_refused(user, &format!("{name} {args:?}"), result);
+        }
+        let outside: redis::RedisResult<Option<String>> = redis::cmd("HGET")
+            .arg("other:{1}:meta")
+            .arg("stock")
+            .query_async(&mut con)
+            .await;
+        assert_refused(user, "a key outside seckill:", outside);
+
+        for (command, args) in data_commands {
+            if allowed.contains(command) {
+                continue;
+            }
+            refused_somewhere.insert(command);
+            let result: redis::RedisResult<redis::Value> = redis::cmd(command)
+                .arg(&key)
+                .arg(args)
+                .query_async(&mut con)
+                .await;
+            assert_refused(user, command, result);
+        }
+
+        // EVALSHA is no way around the ACL: a script's commands are checked as the user's.
+        if !allowed.contains("del") {
+            let result: redis::RedisResult<redis::Value> =
+                redis::Script::new("return redis.call('DEL', KEYS[1])")
+                    .key(&key)
+                    .invoke_async(&mut con)
+                    .await;
+            assert_refused(user, &format!("{binary}: DEL inside a script"), result);
+        }
+    }
+    // The list above is not vacuous: every one of its commands is some user's refusal.
+    assert_eq!(
+        refused_somewhere.len(),
+        data_commands.len(),
+        "{refused_somewhere:?}"
+    );
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! The template hands the functions secret *ARNs*, never values (see
 //! [`crate::infra::config::SecretRefs`]): the database credentials as RDS writes them
-//! ([`DatabaseSecret`]), the Redis AUTH token ([`redis_token`]) and, for `seckill-migrate`
+//! ([`DatabaseSecret`]), each function's Redis login ([`RedisLogin`]) and, for `seckill-migrate`
 //! only, the login roles' passwords ([`RoleSecret`]). The database URL built here says
 //! `sslmode=verify-full`: the certificate must chain to the CA bundle and name the proxy.
 //! Every value read here is a [`SecretString`] or a [`SecretUrl`], so nothing of it prints.
@@ -149,41 +149,67 @@ pub async fn role_secrets(arns: &[String]) -> anyhow::Result<Vec<RoleSecret>> {
     Ok(secrets)
 }
 
-/// The ElastiCache AUTH token from its secret: JSON `{"token": "..."}` or the bare token.
-pub fn redis_token(secret_string: &str) -> anyhow::Result<SecretString> {
-    let trimmed = secret_string.trim();
-    let token = if trimmed.starts_with('{') {
-        #[derive(Deserialize)]
-        struct Token {
-            token: String,
-        }
-        serde_json::from_str::<Token>(trimmed)
-            .map_err(|_| anyhow::anyhow!("redis auth secret is JSON without a string \"token\""))?
-            .token
-    } else {
-        trimmed.to_string()
-    };
-    anyhow::ensure!(!token.is_empty(), "redis auth secret is empty");
-    Ok(SecretString::from(token))
+/// A function's Redis login from its secret: JSON `{"username": "seckill-entry", "token": "..."}`
+/// (the function's own ElastiCache user, whose access string allows only what it runs), or
+/// `{"token": "..."}` / the bare token (a cluster-wide AUTH token, the default user).
+#[derive(Clone, Debug)]
+pub struct RedisLogin {
+    pub username: Option<String>,
+    pub token: SecretString,
 }
 
-/// `url` with `token` as its password (the user name kept, an old password replaced).
-pub fn with_redis_password(url: &SecretUrl, token: &SecretString) -> anyhow::Result<SecretUrl> {
-    let (scheme, rest) = url
-        .expose()
-        .split_once("://")
-        .ok_or_else(|| anyhow::anyhow!("redis url has no scheme: {url:?}"))?;
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let (user, host) = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => (userinfo.split(':').next().unwrap_or(""), host),
-        None => ("", authority),
-    };
-    anyhow::ensure!(!host.is_empty(), "redis url has no host: {url:?}");
-    let password = encode(token.expose_secret());
-    Ok(SecretUrl::new(format!(
-        "{scheme}://{user}:{password}@{host}{tail}"
-    )))
+impl RedisLogin {
+    pub fn parse(secret_string: &str) -> anyhow::Result<Self> {
+        let trimmed = secret_string.trim();
+        let (username, token) = if trimmed.starts_with('{') {
+            #[derive(Deserialize)]
+            struct Login {
+                #[serde(default)]
+                username: Option<String>,
+                token: String,
+            }
+            let login = serde_json::from_str::<Login>(trimmed).map_err(|_| {
+                anyhow::anyhow!("redis auth secret is JSON without a string \"token\"")
+            })?;
+            (login.username, login.token)
+        } else {
+            (None, trimmed.to_string())
+        };
+        anyhow::ensure!(!token.is_empty(), "redis auth secret is empty");
+        let username = username.map(|u| u.trim().to_string());
+        anyhow::ensure!(
+            username.as_deref().is_none_or(|u| !u.is_empty()),
+            "redis auth secret has a blank username"
+        );
+        Ok(Self {
+            username,
+            token: SecretString::from(token),
+        })
+    }
+
+    /// `url` logged in as this login: its user name (when the secret names one, else the URL's)
+    /// and its token as the password.
+    pub fn apply(&self, url: &SecretUrl) -> anyhow::Result<SecretUrl> {
+        let (scheme, rest) = url
+            .expose()
+            .split_once("://")
+            .ok_or_else(|| anyhow::anyhow!("redis url has no scheme: {url:?}"))?;
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (url_user, host) = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => (userinfo.split(':').next().unwrap_or(""), host),
+            None => ("", authority),
+        };
+        anyhow::ensure!(!host.is_empty(), "redis url has no host: {url:?}");
+        let user = match &self.username {
+            Some(name) => encode(name),
+            None => url_user.to_string(),
+        };
+        let password = encode(self.token.expose_secret());
+        Ok(SecretUrl::new(format!(
+            "{scheme}://{user}:{password}@{host}{tail}"
+        )))
+    }
 }
 
 /// A Secrets Manager client from the standard AWS configuration
@@ -284,16 +310,23 @@ mod tests {
     }
 
     #[test]
-    fn redis_token_reads_json_or_a_bare_string() {
+    fn a_redis_login_reads_json_with_or_without_a_user_or_a_bare_token() {
+        let login = RedisLogin::parse(r#"{"username":"seckill-entry","token":"abc123"}"#).unwrap();
+        assert_eq!(login.username.as_deref(), Some("seckill-entry"));
+        assert_eq!(login.token.expose_secret(), "abc123");
+        let login = RedisLogin::parse(r#"{"token":"abc123"}"#).unwrap();
         assert_eq!(
-            redis_token(r#"{"token":"abc123"}"#)
-                .unwrap()
-                .expose_secret(),
-            "abc123"
+            (login.username, login.token.expose_secret()),
+            (None, "abc123")
         );
-        assert_eq!(redis_token("  abc123\n").unwrap().expose_secret(), "abc123");
-        assert!(redis_token(r#"{"password":"x"}"#).is_err());
-        assert!(redis_token("").is_err());
+        let login = RedisLogin::parse("  abc123\n").unwrap();
+        assert_eq!(
+            (login.username, login.token.expose_secret()),
+            (None, "abc123")
+        );
+        assert!(RedisLogin::parse(r#"{"password":"x"}"#).is_err());
+        assert!(RedisLogin::parse(r#"{"username":" ","token":"x"}"#).is_err());
+        assert!(RedisLogin::parse("").is_err());
     }
 
     #[test]

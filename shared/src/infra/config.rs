@@ -223,7 +223,8 @@ pub struct SecretRefs {
         value_name = "DATABASE_HOST"
     )]
     pub database_host: Option<String>,
-    /// Secrets Manager ARN of the Redis AUTH token, put into every REDIS_URL. Unset locally.
+    /// Secrets Manager ARN of this function's Redis login (JSON username + token: its own
+    /// ElastiCache user), put into every REDIS_URL. Unset locally.
     #[arg(
         long = "redis-auth-secret-arn",
         env = "REDIS_AUTH_SECRET_ARN",
@@ -414,9 +415,9 @@ impl Config {
             tracing::info!(database = ?self.database_url, "database credentials read from Secrets Manager");
         }
         if let Some(arn) = &refs.redis_auth_secret_arn {
-            let token = aws_secrets::redis_token(&aws_secrets::read(client, arn).await?)?;
-            self.redis = self.redis.with_token(&token)?;
-            tracing::info!("redis auth token read from Secrets Manager");
+            let login = aws_secrets::RedisLogin::parse(&aws_secrets::read(client, arn).await?)?;
+            self.redis = self.redis.with_login(&login)?;
+            tracing::info!(user = ?login.username, "redis login read from Secrets Manager");
         }
         Ok(())
     }

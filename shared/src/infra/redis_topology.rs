@@ -1,9 +1,9 @@
 //! Where Redis is: one server, or the seed nodes of a cluster, parsed from `REDIS_URL` and
 //! `REDIS_CLUSTER` as a part of [`crate::infra::config::Config`].
 
-use crate::infra::aws_secrets;
+use crate::infra::aws_secrets::RedisLogin;
 use crate::infra::config::non_blank;
-use crate::infra::secret::{SecretString, SecretUrl};
+use crate::infra::secret::SecretUrl;
 
 /// Where Redis is: one server, or the seed nodes of a cluster. Parsed from `REDIS_URL` (one URL,
 /// or a comma-separated list of cluster nodes) and `REDIS_CLUSTER` (a single URL that is a
@@ -30,16 +30,14 @@ impl RedisTopology {
         }
     }
 
-    /// The same servers with `token` as the password of every URL (ElastiCache's AUTH token).
-    pub fn with_token(&self, token: &SecretString) -> anyhow::Result<RedisTopology> {
+    /// The same servers, every URL logged in as `login` (the function's ElastiCache user).
+    pub fn with_login(&self, login: &RedisLogin) -> anyhow::Result<RedisTopology> {
         Ok(match self {
-            RedisTopology::Standalone(url) => {
-                RedisTopology::Standalone(aws_secrets::with_redis_password(url, token)?)
-            }
+            RedisTopology::Standalone(url) => RedisTopology::Standalone(login.apply(url)?),
             RedisTopology::Cluster(nodes) => RedisTopology::Cluster(
                 nodes
                     .iter()
-                    .map(|n| aws_secrets::with_redis_password(n, token))
+                    .map(|n| login.apply(n))
                     .collect::<anyhow::Result<_>>()?,
             ),
         })
@@ -98,12 +96,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_token_becomes_the_password_of_every_cluster_node() {
+    fn the_login_becomes_the_user_and_password_of_every_cluster_node() {
         let topology = RedisTopology::Cluster(vec![
             "rediss://clustercfg.seckill.abc.use1.cache.amazonaws.com:6379".into(),
             "rediss://old:stale@node2:6379/0".into(),
         ]);
-        let RedisTopology::Cluster(nodes) = topology.with_token(&"t0k/en".into()).unwrap() else {
+        let RedisTopology::Cluster(nodes) = topology.with_login(&token("t0k/en")).unwrap() else {
             panic!("still a cluster")
         };
         assert_eq!(
@@ -119,8 +117,19 @@ mod tests {
     fn a_standalone_url_gets_the_token_too() {
         let topology = RedisTopology::Standalone("redis://127.0.0.1:6379".into());
         assert_eq!(
-            topology.with_token(&"tok".into()).unwrap(),
+            topology.with_login(&token("tok")).unwrap(),
             RedisTopology::Standalone("redis://:tok@127.0.0.1:6379".into())
         );
+        let user = RedisLogin::parse(r#"{"username":"seckill-entry","token":"tok"}"#).unwrap();
+        assert_eq!(
+            RedisTopology::Standalone("redis://old:stale@127.0.0.1:6379".into())
+                .with_login(&user)
+                .unwrap(),
+            RedisTopology::Standalone("redis://seckill-entry:tok@127.0.0.1:6379".into())
+        );
+    }
+
+    fn token(token: &str) -> RedisLogin {
+        RedisLogin::parse(token).unwrap()
     }
 }

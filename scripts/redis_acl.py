@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The Redis ACL user of each function: the one place that says what each may run.
+
+A function's user may run its Lua scripts (EVALSHA, and SCRIPT LOAD after a failover or a
+SCRIPT FLUSH emptied the script cache), the commands those scripts call (read from lua/*.lua,
+so a script that starts calling a new command widens only the users that run it), the commands
+the function sends itself, and what the client sends on every connection. Every key it may
+touch starts with `seckill:` (the functions' SECKILL_KEY_PREFIX default); no other key, no
+channel, no other command.
+
+    python3 scripts/redis_acl.py access FUNCTION    the access string of FUNCTION's user
+    python3 scripts/redis_acl.py json               every user: name, access string, scripts
+    python3 scripts/redis_acl.py apply HOST:PORT... ACL SETUSER every user, with its local
+                                                    password, on each server (scripts/stack.sh)
+
+The same access strings are the template's AWS::ElastiCache::User AccessString values
+(scripts/check-template.py compares them). Locally each user's password is
+`local-<user name>` (scripts/env.sh's REDIS_ACL_PASSWORD_PREFIX), for tests only; in AWS each
+user's password is its own generated secret.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+LUA = Path(__file__).resolve().parent.parent / "lua"
+
+# Every key of the functions starts with the key prefix and a colon.
+KEY_PATTERN = "seckill:*"
+
+# What every user's connection sends besides its own commands: the script calls, the reload
+# after NOSCRIPT, the health check, and the cluster client's slot map. Not CLIENT SETINFO:
+# Redis 7.0/7.1 (ElastiCache's redis7) do not know it, and redis-rs ignores its refusal.
+BASE = ("EVALSHA", "SCRIPT|LOAD", "PING", "CLUSTER|SLOTS")
+
+# Per function (its binary's name): its Redis user, the scripts it runs, and the commands it
+# sends itself. The binaries test (tests/tests/binaries.rs) checks that no built binary carries
+# a script its user does not list.
+USERS: dict[str, dict] = {
+    "seckill-entry": {
+        "user": "seckill-entry",
+        "scripts": [
+            "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
+            "cancel_begin.lua", "draw.lua", "outbox_take.lua", "outbox_done.lua", "pool_leave.lua",
+        ],
+        # The public view, a user's ledger entry and pool entry, the buckets' stock.
+        "commands": ["HGET", "HMGET", "HGETALL"],
+    },
+    "order-consumer": {
+        "user": "seckill-consumer",
+        "scripts": ["give_back.lua", "settle.lua"],
+        # The home buckets' stock of a batch's sales.
+        "commands": ["HMGET"],
+    },
+    "preheat": {
+        "user": "seckill-preheat",
+        "scripts": [
+            "preheat.lua", "rebuild_users.lua", "unload.lua",
+            "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
+        ],
+        "commands": ["HGET", "HMGET", "HEXISTS"],
+    },
+    "reconcile": {
+        "user": "seckill-reconcile",
+        "scripts": [
+            "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "give_back.lua",
+            "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
+            "outbox_done.lua", "pool_leave.lua", "preheat.lua", "rebuild_users.lua", "unload.lua",
+            "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
+        ],
+        # The orphan check's walk of a ledger, the stock of the buckets, pool entries.
+        "commands": ["HGET", "HMGET", "HEXISTS", "HGETALL", "HKEYS", "HSCAN"],
+    },
+    "admin": {
+        "user": "seckill-admin",
+        "scripts": [
+            "adjust.lua", "preheat.lua", "rebuild_users.lua", "unload.lua", "snapshot.lua",
+            "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
+        ],
+        "commands": ["HGET", "HMGET", "HEXISTS"],
+    },
+}
+
+CALL = re.compile(r"""redis\.p?call\(\s*['"]([A-Za-z]+)['"]""")
+
+
+def script_commands(script: str) -> set[str]:
+    """The commands one Lua script calls (every call names its command as a literal)."""
+    text = (LUA / script).read_text()
+    commands = {c.upper() for c in CALL.findall(text)}
+    dynamic = re.search(r"""redis\.p?call\(\s*[^'"\s]""", text)
+    if dynamic:
+        raise SystemExit(f"{script}: a redis.call whose command is not a literal cannot be checked")
+    return commands
+
+
+def commands(function: str) -> list[str]:
+    spec = USERS[function]
+    found = set(spec["commands"])
+    for script in spec["scripts"]:
+        found |= script_commands(script)
+    return sorted(found)
+
+
+def access(function: str) -> str:
+    """The ACL rules of FUNCTION's user, without a password and without `reset` (ElastiCache
+    takes neither in an access string)."""
+    allowed = list(BASE) + commands(function)
+    return " ".join(["on", f"~{KEY_PATTERN}", "-@all"] + [f"+{c.lower()}" for c in allowed])
+
+
+def local_password(user: str) -> str:
+    return f"local-{user}"
+
+
+def every_user() -> dict[str, dict]:
+    return {
+        function: {
+            "user": spec["user"],
+            "access": access(function),
+            "scripts": sorted(spec["scripts"]),
+        }
+        for function, spec in USERS.items()
+    }
+
+
+def apply(servers: list[str]) -> None:
+    for server in servers:
+        host, port = server.rsplit(":", 1)
+        for function, spec in USERS.items():
+            rules = ["reset", f">{local_password(spec['user'])}"] + access(function).split()
+            out = subprocess.run(
+                ["redis-cli", "-h", host, "-p", port, "ACL", "SETUSER", spec["user"], *rules],
+                capture_output=True, text=True, check=False,
+            )
+            if out.returncode != 0 or out.stdout.strip() != "OK":
+                raise SystemExit(f"ACL SETUSER {spec['user']} on {server}: {out.stdout}{out.stderr}".strip())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "access" and argv[1] in USERS:
+        print(access(argv[1]))
+    elif argv == ["json"]:
+        print(json.dumps(every_user(), indent=2))
+    elif len(argv) >= 2 and argv[0] == "apply":
+        apply(argv[1:])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
