@@ -4,7 +4,7 @@
 -- "Admin".
 --
 -- KEYS[1] meta   KEYS[2] lock (its holder's holds, see lock_acquire.lua)   KEYS[3] users
--- KEYS[4] ledger   KEYS[5] pool   KEYS[6] outbox (a draw sale's)
+-- KEYS[4] ledger   KEYS[5] pool   KEYS[6] outbox   KEYS[7] tickets (a draw sale's)
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id   ARGV[10] title   ARGV[11] drawEndMs (0: first
@@ -33,8 +33,9 @@ redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[
 if tonumber(ARGV[11]) > 0 then
   redis.call('HSETNX', KEYS[5], '', '-')
   redis.call('HSETNX', KEYS[6], '', '-')
+  redis.call('ZADD', KEYS[7], 'NX', -1, '')
 end
-for _, key in ipairs({KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}) do
+for _, key in ipairs({KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}) do
   if redis.call('EXISTS', key) == 1 then redis.call('PEXPIREAT', key, ARGV[8]) end
 end
 return {APPLIED, stock}

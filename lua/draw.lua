@@ -1,65 +1,80 @@
--- draw.lua: a draw sale's draw, once, when its window has closed (docs/invariants.md, "Draw
--- admission", step 2): shuffles the pool (Fisher-Yates from the caller's seed) and walks it;
--- an entrant whose quantity fits the stock left wins what a first-come purchase gets (the
--- field in `users`, an `r|requestId|qty|ms` reservation, the units) plus an outbox entry; a
--- loser's entry stays `q`, which the `drawn` flag makes final. Running it again changes
--- nothing.
+-- draw.lua: one bounded step of a draw sale's draw, once its window has closed (docs/
+-- invariants.md, "Draw admission", step 2). The entrants are taken in the order of their
+-- tickets (`tickets`, lowest first; a ticket is HMAC-SHA1 of the sale's secret and the user id,
+-- so the order is fixed by the secret and nobody's arrival changes it), at most ARGV[1] of them
+-- per call from the cursor `drawAt` in the meta: an entrant whose entry is still queued, whose
+-- quantity fits the stock left and who holds nothing yet wins what a first-come purchase gets
+-- (the field in `users`, an `r|requestId|qty|ms` reservation, the units) plus an outbox entry;
+-- any other is passed over. The draw is done when the stock is gone or every ticket was seen:
+-- the meta's `drawn` flag makes the losers final (their entries stay `q`: not drawn), and
+-- `drawCutoff` keeps the last ticket the draw looked at (every ticket above it lost). Each call
+-- is atomic and moves the cursor with what it wrote; a call after the draw is done changes
+-- nothing, and a crash between calls loses nothing: the next call goes on from the cursor.
+-- The tickets are never removed during the draw (an entry taken back leaves the pool hash
+-- only), so the cursor's index always means the same ticket.
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox
--- ARGV[1] random seed (an integer below 2^31; the caller draws it from the OS's generator)
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox   KEYS[6] tickets
+-- ARGV[1] how many tickets this call may look at (>= 1)
 --
 -- Returns {code, winners, units, entrants (the pool's size), msLeft}:
 local OPEN = 0 -- the window is still open; msLeft until it closes
-local NOW = 1 -- drawn now: winners, and the units they took
-local BEFORE = 2 -- drawn before
+local STEP = 1 -- this call drew `winners` taking `units`; the draw is not done
+local BEFORE = 2 -- the draw was done before this call
 local NOT_DRAW = 3 -- not a draw sale
 local NOT_LOADED = 4
-local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch')
+local DONE = 5 -- this call drew `winners` taking `units`, and finished the draw
+local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch', 'drawAt')
 if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
 if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local size = redis.call('HLEN', KEYS[4]) - redis.call('HEXISTS', KEYS[4], '')
-if now < draw_end then return {OPEN, 0, 0, size, draw_end - now} end
-if meta[2] == '1' then return {BEFORE, 0, 0, size, 0} end
-redis.call('HSET', KEYS[1], 'drawn', '1')
-
-local flat = redis.call('HGETALL', KEYS[4])
-local pool = {}
-for i = 1, #flat, 2 do
-  if flat[i] ~= '' and string.sub(flat[i + 1], -2) == '|q' then
-    pool[#pool + 1] = {flat[i], flat[i + 1]}
-  end
+local function entrants()
+  return math.max(redis.call('ZCARD', KEYS[6]) - redis.call('ZCOUNT', KEYS[6], -1, -1), 0)
 end
--- The caller's seed makes this draw's shuffle its own, and a test's repeatable.
-math.randomseed(tonumber(ARGV[1]))
-for i = #pool, 2, -1 do
-  local j = math.random(i)
-  pool[i], pool[j] = pool[j], pool[i]
-end
+if now < draw_end then return {OPEN, 0, 0, entrants(), draw_end - now} end
+if meta[2] == '1' then return {BEFORE, 0, 0, entrants(), 0} end
+-- The sentinel '' has the lowest score, -1: index 0 (back if it went, before the cursor moved).
+redis.call('ZADD', KEYS[6], 'NX', -1, '')
+local size = redis.call('ZCARD', KEYS[6]) - 1
 
 local stock = tonumber(meta[3])
 local epoch = meta[5] or '0'
+local at = tonumber(meta[6] or '1')
+local budget = tonumber(ARGV[1])
 local winners, units = 0, 0
-for _, e in ipairs(pool) do
-  if stock <= 0 then break end
-  local user, value = e[1], e[2]
-  local request_id, qty, rank = string.match(value, '^([^|]+)|(%d+)|(%d+)|q$')
-  qty = tonumber(qty)
-  -- A user holding an order already (the sale was reloaded from the database meanwhile) is
-  -- passed over: one order per user. So is an entry that does not read (none does: only
-  -- purchase.lua writes them), before anything is written for it.
-  if qty and qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
-    redis.call('HSET', KEYS[2], user, request_id)
-    redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
-    redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. epoch)
-    redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|w')
-    stock = stock - qty
-    winners, units = winners + 1, units + qty
+local last = nil
+if stock > 0 then
+  local slice = redis.call('ZRANGE', KEYS[6], at, at + budget - 1, 'WITHSCORES')
+  for i = 1, #slice, 2 do
+    local user, score = slice[i], slice[i + 1]
+    at, last = at + 1, score
+    local value = redis.call('HGET', KEYS[4], user)
+    local request_id, qty, rank
+    if value then
+      request_id, qty, rank = string.match(value, '^([^|]+)|(%d+)|(%d+)|q$')
+    end
+    qty = tonumber(qty)
+    -- A user holding an order already (the sale was reloaded from the database meanwhile) is
+    -- passed over: one order per user. So is an entry taken back (no pool entry) or won.
+    if qty and qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
+      redis.call('HSET', KEYS[2], user, request_id)
+      redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
+      redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. epoch)
+      redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|w')
+      stock = stock - qty
+      winners, units = winners + 1, units + qty
+      if stock <= 0 then break end
+    end
   end
 end
 if units > 0 then
   redis.call('HSET', KEYS[1], 'stock', stock, 'seq', tonumber(meta[4] or '0') + 1)
 end
-return {NOW, winners, units, size, 0}
+redis.call('HSET', KEYS[1], 'drawAt', at)
+if last then redis.call('HSET', KEYS[1], 'drawCutoff', last) end
+if stock <= 0 or at > size then
+  redis.call('HSET', KEYS[1], 'drawn', '1')
+  return {DONE, winners, units, size, 0}
+end
+return {STEP, winners, units, size, 0}

@@ -5,13 +5,16 @@
 -- meta from the database row; its `users` was rebuilt first (rebuild_users.lua).
 --
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] lock (or its stamp in this bucket)
--- KEYS[5] pool   KEYS[6] outbox (a draw sale's)
+-- KEYS[5] pool   KEYS[6] outbox   KEYS[7] tickets (a draw sale's)
 -- ARGV[1] stock to load (this bucket's share of the database's remaining)   ARGV[2] total
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch
 -- ARGV[10] title   ARGV[11] the sale's bucket count   ARGV[12] drawEndMs (0: first come,
 -- first served)   ARGV[13] per-user rate per second (0: none)   ARGV[14] a unit's price in
--- minor units   ARGV[15] its currency (both shown by the public view)
+-- minor units   ARGV[15] its currency (both shown by the public view)   the sale's ticket
+-- secret: ARGV[16] and ARGV[17] HMAC-SHA1's inner and outer padded keys (64 bytes each),
+-- ARGV[18] its SHA-256 (public), ARGV[19] the secret (hex; public once the draw is done);
+-- every sale has one
 --
 -- Returns:
 local ALREADY_LOADED = 0 -- unchanged but the expiry and the sentinels
@@ -19,7 +22,14 @@ local LOADED = 1
 local META_REFRESHED = 2 -- already loaded, the meta replaced by a newer version
 local NOT_OWNER = 3 -- nothing changed
 if redis.call('HEXISTS', KEYS[4], ARGV[8]) == 0 then return NOT_OWNER end
+-- Every sale's meta holds its ticket secret, written by every run (a first-come sale an admin
+-- turns into a draw before its start needs it); only a draw sale's public view shows any of it.
+local function draw_secret()
+  redis.call('HSET', KEYS[1], 'drawKeyI', ARGV[16], 'drawKeyO', ARGV[17], 'drawCommit', ARGV[18],
+    'drawSecret', ARGV[19])
+end
 local function expire_all()
+  draw_secret()
   redis.call('HSETNX', KEYS[2], '', '-')
   redis.call('HSETNX', KEYS[3], '', '-')
   for i = 1, 3 do redis.call('PEXPIREAT', KEYS[i], ARGV[7]) end
@@ -28,6 +38,8 @@ local function expire_all()
       redis.call('HSETNX', KEYS[i], '', '-')
       redis.call('PEXPIREAT', KEYS[i], ARGV[7])
     end
+    redis.call('ZADD', KEYS[7], 'NX', -1, '')
+    redis.call('PEXPIREAT', KEYS[7], ARGV[7])
   end
 end
 local version = redis.call('HGET', KEYS[1], 'version')

@@ -8,7 +8,8 @@
 --
 -- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
 -- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
--- a `rate`); one hash tag on every key (the user's home bucket in a bucketed sale)
+-- a `rate`)    KEYS[6] tickets (a draw sale's); one hash tag on every key (the user's home
+-- bucket in a bucketed sale)
 -- ARGV[1] user id (from the verified JWT; never empty, so never the sentinel field "")
 -- ARGV[2] quantity (an integer >= 1)   ARGV[3] request id (a uuid)
 -- ARGV[4] deadline, ms on this server's clock: the caller stops waiting for the answer then
@@ -105,8 +106,18 @@ if draw_end > 0 then
       return {ALREADY_PURCHASED, -1, now, epoch, credited}
     end
     if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {ALREADY_PURCHASED, -1, now, epoch, credited} end
+    -- The entrant's ticket: the first 52 bits (13 hex digits, exact as a score) of
+    -- HMAC-SHA1(the sale's secret, user id), from the two padded keys the load wrote. The same
+    -- user always gets the same ticket: an entry taken back after a 503 and made again does
+    -- not draw a new one.
+    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO')
+    if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
+    local inner = (string.gsub(redis.sha1hex(pads[1] .. ARGV[1]), '%x%x',
+      function(h) return string.char(tonumber(h, 16)) end))
+    local ticket = tonumber(string.sub(redis.sha1hex(pads[2] .. inner), 1, 13), 16)
     local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
     redis.call('HSET', KEYS[4], ARGV[1], ARGV[3] .. '|' .. qty .. '|' .. rank .. '|q')
+    redis.call('ZADD', KEYS[6], ticket, ARGV[1])
     return {QUEUED, rank, now, epoch, credited}
   end
   if meta[9] ~= '1' then

@@ -31,6 +31,7 @@ mod binaries;
 mod buckets;
 mod consumer;
 mod costs;
+mod draw;
 mod entry;
 mod http;
 mod memory;
@@ -64,11 +65,11 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
     /// Sections to run (comma-separated):
-    /// strategies,scripts,buckets,entry,consumer,polls,memory,binaries.
+    /// strategies,scripts,buckets,entry,consumer,polls,draw,memory,binaries.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "strategies,scripts,buckets,entry,consumer,polls,memory,binaries"
+        default_value = "strategies,scripts,buckets,entry,consumer,polls,draw,memory,binaries"
     )]
     pub sections: Vec<String>,
     /// Where RESULTS.md and results.json go.
@@ -132,6 +133,9 @@ pub struct Sizes {
     pub bucket_stock: i64,
     pub bucket_attempts: usize,
     pub bucket_counts: Vec<u32>,
+    /// Entrants of the draw section's sales, and the largest the whole-pool draw runs at.
+    pub draw_entrants: Vec<usize>,
+    pub draw_baseline_max: usize,
 }
 
 impl Sizes {
@@ -162,6 +166,12 @@ impl Sizes {
             bucket_stock: if q { 300 } else { 3_000 },
             bucket_attempts: if q { 3_000 } else { 30_000 },
             bucket_counts: vec![1, 3, 8],
+            draw_entrants: if q {
+                vec![10_000]
+            } else {
+                vec![10_000, 100_000, 1_000_000]
+            },
+            draw_baseline_max: 100_000,
         }
     }
 }
@@ -205,6 +215,7 @@ pub struct Results {
     pub entry: Option<entry::EntryResults>,
     pub consumer: Option<consumer::ConsumerResults>,
     pub polls: Option<polls::PollResults>,
+    pub draw: Vec<draw::DrawRow>,
     pub memory: Vec<memory::MemoryRow>,
     pub binaries: Vec<binaries::BinaryRow>,
 }
@@ -325,6 +336,25 @@ async fn measure(args: &Args, sizes: &Sizes, stores: &mut Stores) -> anyhow::Res
             concurrency: sizes.db_pool as usize,
         };
         results.polls = Some(polls::run(&stores.database_url, &poll_sizes).await?);
+    }
+    if want("draw") {
+        eprintln!(
+            "== the draw at {:?} entrants ({} units; the whole-pool draw beside it up to {})",
+            sizes.draw_entrants,
+            draw::STOCK,
+            sizes.draw_baseline_max
+        );
+        results.draw = draw::run(
+            &stores.client,
+            &stores.database_url,
+            &stores.pool,
+            &draw::Sizes {
+                entrants: sizes.draw_entrants.clone(),
+                baseline_max: sizes.draw_baseline_max,
+                concurrency: sizes.concurrency,
+            },
+        )
+        .await?;
     }
     if want("memory") {
         results.memory = measure_memory(sizes, &mut stores.admin).await;

@@ -4,12 +4,13 @@
 //! - [`machine`]: where and when the run happened (RESULTS.md's header).
 //! - One module per section of the table, in the order it prints them: [`strategies`],
 //!   [`scripts`], [`buckets`], [`ratios`] (also computed here for results.json), [`entry`],
-//!   [`consumer`], [`polls`], [`memory`], [`binaries`].
+//!   [`consumer`], [`polls`], [`draw`], [`memory`], [`binaries`].
 //! - `method.md`: "How it was measured", the end of RESULTS.md.
 
 mod binaries;
 mod buckets;
 mod consumer;
+mod draw;
 mod entry;
 mod machine;
 mod memory;
@@ -64,6 +65,7 @@ impl Document {
             "entry": self.results.entry,
             "consumer": self.results.consumer,
             "polls": self.results.polls,
+            "draw": self.results.draw,
             "memory": self.results.memory,
             "binaries": self.results.binaries,
         })
@@ -91,6 +93,9 @@ impl Document {
         }
         if let Some(p) = &r.polls {
             polls::table(&mut s, p);
+        }
+        if !r.draw.is_empty() {
+            draw::table(&mut s, &r.draw);
         }
         if !r.memory.is_empty() {
             memory::table(&mut s, &r.memory);

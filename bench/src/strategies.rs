@@ -209,6 +209,7 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         per_user_rate_per_sec: 0,
         price_minor: 1_999,
         currency: "usd".into(),
+        draw_secret: Default::default(),
     }
 }
 

@@ -1469,7 +1469,7 @@ impl Chaos {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
                 let done = async {
-                    let drawn = store::draw::draw(&self.patient, id, store::draw::seed()).await?;
+                    let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
                     if matches!(drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
@@ -1813,7 +1813,7 @@ impl Chaos {
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<HashMap<Uuid, store::draw::PoolEntry>> {
         let keys_lost = lock(&self.report).keys_lost > 0;
-        let drawn = store::draw::draw(&self.patient, id, store::draw::seed()).await?;
+        let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
         if !drawn.is_done() {
             self.violate(
                 "draw_ran",

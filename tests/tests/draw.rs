@@ -25,6 +25,7 @@ use seckill_shared::testing::RedisKind;
 use seckill_shared::testing::TestEnv;
 use seckill_shared::Refusal;
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -96,15 +97,15 @@ fn chi_square(ranks: &[i64]) -> f64 {
 }
 
 /// A draw sale of STOCK units with ENTRANTS entrants, arriving one after the other: the arrival
-/// rank of each winner after a draw with `seed`.
-async fn winners_of_a_draw(env: &TestEnv, seed: u32) -> anyhow::Result<Vec<i64>> {
+/// rank of each winner after its draw (each sale has its own ticket secret).
+async fn winners_of_a_draw(env: &TestEnv) -> anyhow::Result<Vec<i64>> {
     let a = env.draw_sale(STOCK, 1).await?;
     for i in 0..ENTRANTS {
         let entered = enter(env, a.id, &format!("u{i}")).await;
         assert_eq!(entered, Outcome::Queued { rank: i as i64 + 1 });
     }
     close_draw_window(env, a.id).await;
-    let drawn = draw::draw(&env.redis, a.id, seed).await?;
+    let drawn = draw::draw(&env.redis, a.id, Duration::MAX).await?;
     assert_eq!(
         drawn,
         Drawn::Now {
@@ -127,8 +128,8 @@ async fn winners_of_a_draw(env: &TestEnv, seed: u32) -> anyhow::Result<Vec<i64>>
 
 /// 2,000 entrants in a known arrival order for 200 units. First come, first served: the
 /// first 200 arrivals win, and the chi-square of their ranks is far past any critical value.
-/// A draw: the winners' ranks pass the chi-square test at a fixed seed, and over 20 seeds
-/// the mean winning rank and the early arrivals' share of the wins are what chance gives.
+/// A draw: the winners' ranks pass the chi-square test, and over 20 sales (20 secrets) the
+/// mean winning rank and the early arrivals' share of the wins are what chance gives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_them_all() {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
@@ -146,7 +147,7 @@ async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_th
     let fcfs_chi2 = chi_square(&fcfs_ranks);
     assert!(fcfs_chi2 > 1_000.0, "first come: chi-square {fcfs_chi2}");
 
-    let ranks = winners_of_a_draw(&env, 20_261_201).await.unwrap();
+    let ranks = winners_of_a_draw(&env).await.unwrap();
     let chi2 = chi_square(&ranks);
     assert!(
         chi2 < CHI2_CRITICAL,
@@ -158,7 +159,7 @@ async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_th
     // has a standard error of 577.35 * sqrt(1800/1999) / sqrt(4000) = 8.66. The first tenth
     // of the arrivals wins a tenth of the draws: 400 of 4,000, standard error sqrt(360) = 19.
     let draws = futures::stream::iter(1..=20u32)
-        .map(|seed| winners_of_a_draw(&env, seed))
+        .map(|_| winners_of_a_draw(&env))
         .buffer_unordered(4)
         .collect::<Vec<_>>()
         .await;
@@ -171,7 +172,7 @@ async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_th
     );
     let early = all.iter().filter(|&&r| r <= 200).count() as f64;
     println!(
-        "first come: chi-square {fcfs_chi2:.0}; draw at a fixed seed: chi-square {chi2:.2} \
+        "first come: chi-square {fcfs_chi2:.0}; one draw: chi-square {chi2:.2} \
          (critical {CHI2_CRITICAL}); 20 draws: mean winning rank {mean:.1} (1000.5), \
          first tenth won {early} of 4000 (400)"
     );
@@ -248,7 +249,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
 
     let before = snapshot(&env, a.id).await;
     assert_eq!(
-        draw::draw(&env.redis, a.id, 1).await?,
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
         Drawn::Before { entrants: 2 }
     );
     assert_eq!(snapshot(&env, a.id).await, before);
@@ -654,7 +655,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     close_draw_window(&env, a.id).await;
     assert_eq!(
-        draw::draw(&env.redis, a.id, 7).await?,
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
         Drawn::Now {
             winners: 1,
             units: 1,
@@ -736,7 +737,277 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
     Ok(())
 }
 
+/// Each entrant's ticket as `scripts/draw_verify.py` recomputes it from the revealed secret,
+/// after checking the secret against the commitment (it exits non-zero on a mismatch).
+fn verified_tickets(secret: &str, commitment: &str, users: &[String]) -> HashMap<String, i64> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/draw_verify.py"))
+        .args(["--secret", secret, "--commitment", commitment, "--json"])
+        .args(users)
+        .output()
+        .expect("python3 runs scripts/draw_verify.py");
+    assert!(
+        out.status.success(),
+        "the verifier refused: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the verifier's JSON")
+}
+
+/// Every ticket in the sale's `tickets`, by user (the sentinel left out).
+async fn tickets(env: &TestEnv, activity_id: i64) -> HashMap<String, i64> {
+    let k = env.redis.keys(activity_id);
+    let flat: Vec<(String, f64)> = env
+        .redis
+        .cmd(
+            redis::cmd("ZRANGE")
+                .arg(&k.tickets)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES"),
+        )
+        .await
+        .unwrap();
+    flat.into_iter()
+        .filter(|(user, _)| !user.is_empty())
+        .map(|(user, score)| (user, score as i64))
+        .collect()
+}
+
+/// The public view's `draw`.
+async fn public_draw(app: &Router, a: &Activity) -> Value {
+    let (status, body) = call(
+        app,
+        request("GET", &format!("/activities/{}", a.id), None, None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["draw"].clone()
+}
+
+/// The draw is verifiable: from its creation the public view shows the SHA-256 of the ticket
+/// secret and nothing else of it; after the draw it shows the secret and the cutoff, and the
+/// verifier recomputes from them every entrant's ticket as Redis holds it, and the winners
+/// are exactly the entrants with the lowest tickets, each at or below the cutoff, every
+/// loser above it.
+async fn the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the_verifier(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(40, 1).await?;
+    let before = public_draw(&app, &a).await;
+    let commitment = before["commitment"]
+        .as_str()
+        .expect("a commitment")
+        .to_string();
+    assert_eq!(commitment.len(), 64, "{before}");
+    assert!(
+        before.get("secret").is_none() && before.get("cutoff").is_none(),
+        "{before}"
+    );
+
+    let users: Vec<String> = (0..300).map(|i| format!("entrant-{i}")).collect();
+    for (i, user) in users.iter().enumerate() {
+        assert_eq!(
+            enter(&env, a.id, user).await,
+            Outcome::Queued { rank: i as i64 + 1 }
+        );
+    }
+    let held = tickets(&env, a.id).await;
+    assert_eq!(held.len(), users.len());
+    // Before the draw the view still hides the secret, also with the window closed.
+    close_draw_window(&env, a.id).await;
+    assert!(public_draw(&app, &a).await.get("secret").is_none());
+
+    let drawn = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    assert_eq!(
+        drawn,
+        Drawn::Now {
+            winners: 40,
+            units: 40,
+            entrants: 300
+        }
+    );
+    // The view caches for up to 250 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = public_draw(&app, &a).await;
+    assert_eq!(after["commitment"], before["commitment"], "{after}");
+    let secret = after["secret"]
+        .as_str()
+        .expect("the secret, revealed")
+        .to_string();
+    let cutoff = after["cutoff"].as_i64().expect("the cutoff");
+
+    let verified = verified_tickets(&secret, &commitment, &users);
+    assert_eq!(
+        verified, held,
+        "the verifier's tickets are the ones Redis drew with"
+    );
+    let mut by_ticket: Vec<(&i64, &String)> = verified.iter().map(|(u, t)| (t, u)).collect();
+    by_ticket.sort();
+    let lowest: HashSet<&String> = by_ticket.iter().take(40).map(|(_, u)| *u).collect();
+    let won: HashSet<&String> = draw::pool(&env.redis, a.id)
+        .await?
+        .iter()
+        .filter(|(_, e)| e.won)
+        .filter_map(|(user, _)| users.iter().find(|u| *u == user))
+        .collect();
+    assert_eq!(won, lowest, "the winners are the 40 lowest tickets");
+    for (user, t) in &verified {
+        assert_eq!(
+            *t <= cutoff,
+            won.contains(user),
+            "{user}: ticket {t}, cutoff {cutoff}"
+        );
+    }
+    // A wrong secret is caught by the commitment.
+    let wrong = "00".repeat(32);
+    let out = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/draw_verify.py"))
+        .args(["--secret", &wrong, "--commitment", &commitment, "alice"])
+        .output()?;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(())
+}
+
+/// A ticket is the user's, not the attempt's: an entry answered 503 and taken back out of the
+/// pool, then made again (a new request), gets the same ticket; so does the same user in
+/// another attempt. A retry cannot improve the odds.
+async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(5, 1).await?;
+    let first = Uuid::now_v7();
+    let mut attempt = Attempt {
+        request_id: first,
+        activity_id: a.id,
+        user_id: "alice".into(),
+        quantity: 1,
+        buckets: 1,
+    };
+    purchase::enter(&env.redis, &mut attempt, store::purchase::far_deadline()).await?;
+    let ticket = tickets(&env, a.id).await["alice"];
+    assert!(draw::leave(&env.redis, a.id, "alice", first).await?);
+    assert!(draw::pool_entry(&env.redis, a.id, "alice").await?.is_none());
+    for _ in 0..3 {
+        assert!(matches!(
+            enter(&env, a.id, "alice").await,
+            Outcome::Queued { .. } | Outcome::Refused(Refusal::AlreadyPurchased)
+        ));
+        assert_eq!(tickets(&env, a.id).await["alice"], ticket);
+    }
+    // Another sale, another secret: another ticket (2^-52 to be equal by chance).
+    let b = env.draw_sale(5, 1).await?;
+    enter(&env, b.id, "alice").await;
+    assert_ne!(tickets(&env, b.id).await["alice"], ticket);
+    Ok(())
+}
+
+/// The draw runs in steps of at most `STEP_TICKETS` tickets, each atomic, from a cursor in
+/// Redis. A purchase that finds the draw due runs it and is paused between its first two
+/// steps while others act: a direct purchase is told `draw_due` and changes nothing, an entry
+/// beyond the cursor is taken back (a 503's clean-up). Held past its budget, the purchase
+/// answers 409 `draw_running` with `Retry-After: 1` and reserves nothing; the rest of the draw
+/// runs in the background and in the test's own call at once. The winners are exactly the
+/// lowest tickets of the entries still in the pool, as many as the stock.
+async fn the_draw_runs_in_bounded_steps_that_others_run_between(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let entrants = 3 * draw::STEP_TICKETS + 17;
+    // Stock for more than one step's tickets: the draw needs several steps.
+    let stock = (2 * draw::STEP_TICKETS) as i64;
+    let a = env.draw_sale(stock, 1).await?;
+    let users: Vec<String> = (0..entrants).map(|i| format!("e{i:04}")).collect();
+    for user in &users {
+        assert!(matches!(
+            enter(&env, a.id, user).await,
+            Outcome::Queued { .. }
+        ));
+    }
+    close_draw_window(&env, a.id).await;
+    let mut order: Vec<(i64, String)> = tickets(&env, a.id)
+        .await
+        .into_iter()
+        .map(|(u, t)| (t, u))
+        .collect();
+    order.sort();
+
+    let paused = pause::arm("draw.between_steps", a.id);
+    let latecomer = {
+        let app = app.clone();
+        let path = format!("/activities/{}/orders", a.id);
+        tokio::spawn(async move {
+            call_with_headers(&app, request("POST", &path, Some(("latecomer", "")), None)).await
+        })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    let k = env.redis.keys(a.id);
+    let at: i64 = env
+        .redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawAt"))
+        .await?;
+    assert_eq!(
+        at,
+        1 + draw::STEP_TICKETS as i64,
+        "one step looked at STEP_TICKETS tickets"
+    );
+    let stock_between = view::stock(&env.redis, a.id).await?;
+    assert_eq!(stock_between, Some(stock - draw::STEP_TICKETS as i64));
+
+    assert_eq!(enter(&env, a.id, "another").await, Outcome::DrawDue);
+    let taken_back = &order[draw::STEP_TICKETS + 5].1;
+    let entry = draw::pool_entry(&env.redis, a.id, taken_back)
+        .await?
+        .unwrap();
+    assert!(draw::leave(&env.redis, a.id, taken_back, entry.request_id).await?);
+    assert_eq!(view::stock(&env.redis, a.id).await?, stock_between);
+    // Past the purchase's budget for the draw.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    paused.resume();
+
+    let (status, headers, body) = latecomer.await?;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("draw_running")),
+        "{body}"
+    );
+    assert_eq!(
+        headers.get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let rest = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    assert!(rest.is_done(), "{rest:?}");
+    let won: HashSet<String> = draw::pool(&env.redis, a.id)
+        .await?
+        .into_iter()
+        .filter(|(_, e)| e.won)
+        .map(|(u, _)| u)
+        .collect();
+    let want: HashSet<String> = order
+        .iter()
+        .map(|(_, u)| u.clone())
+        .filter(|u| u != taken_back)
+        .take(stock as usize)
+        .collect();
+    assert_eq!(won, want);
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
+    conserved(&env, &a).await;
+    Ok(())
+}
+
 on_both_redis!(
+    the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the_verifier,
+    a_re_entry_after_a_503_keeps_its_ticket,
+    the_draw_runs_in_bounded_steps_that_others_run_between,
     a_draw_between_a_503s_claim_and_its_give_back_holds_nothing,
     a_status_read_across_the_draw_answers_what_the_draw_decided,
     a_draw_entry_answered_503_leaves_the_pool,

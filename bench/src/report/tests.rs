@@ -52,6 +52,8 @@ fn sizes() -> Sizes {
         bucket_stock: 300,
         bucket_attempts: 3_000,
         bucket_counts: vec![1, 3, 8],
+        draw_entrants: vec![10_000],
+        draw_baseline_max: 100_000,
     }
 }
 
@@ -400,6 +402,29 @@ fn binaries() -> Vec<BinaryRow> {
     ]
 }
 
+/// The draw section's two rows at one size.
+fn draw_rows() -> Vec<crate::draw::DrawRow> {
+    let row = |draw: &'static str, calls: usize, longest_script_us: u64, draw_ms: f64| {
+        crate::draw::DrawRow {
+            entrants: 10_000,
+            draw,
+            stock: 1_000,
+            calls,
+            winners: 1_000,
+            longest_script_us,
+            draw_ms,
+            pings: 420,
+            ping_max_ms: 1.234,
+            entries_per_sec: 25_000.4,
+            bytes_per_entrant: 151.25,
+        }
+    };
+    vec![
+        row("whole pool", 1, 73_456, 75.5),
+        row("steps", 8, 1_234, 20.25),
+    ]
+}
+
 fn full_results() -> Results {
     Results {
         rows: rows(),
@@ -408,6 +433,7 @@ fn full_results() -> Results {
         entry: Some(entry()),
         consumer: Some(consumer()),
         polls: Some(polls()),
+        draw: draw_rows(),
         memory: vec![memory(10_000, "user-0000001"), memory(100_000, "uuid")],
         binaries: binaries(),
     }

@@ -72,8 +72,8 @@ pub(crate) async fn my_order(
     };
     let home = Bucket::home(activity_id, count, &identity.user_id);
     // Twice at most: once more after the draw is known to have run (by this call or any
-    // other), since it may have made the caller a winner. The second read is final: the
-    // draw is one step, and a pool entry it left queued stays so.
+    // other), since it may have made the caller a winner. The second read is final: a done
+    // draw never draws again, and a pool entry it left queued stays so.
     let mut drawn = false;
     for _ in 0..2 {
         let entry = ledger::entry(&s.redis, home, &identity.user_id).await?;
@@ -109,7 +109,8 @@ pub(crate) async fn my_order(
                 Trigger::StatusRead,
             );
             match run.await?.drawn {
-                Drawn::Open { .. } => "queued",
+                // Still drawing (in the background now): not decided for this entrant yet.
+                Drawn::Open { .. } | Drawn::Running { .. } => "queued",
                 Drawn::Now { .. } | Drawn::Before { .. } => {
                     drawn = true;
                     continue;

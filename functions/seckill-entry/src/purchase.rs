@@ -23,6 +23,7 @@ use seckill_shared::protocol::giveback::{self, Claim, GiveBackError};
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store::conn::StoreError;
 use seckill_shared::store::draw as pool;
+use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger::{self, Compensation};
 use seckill_shared::store::purchase::Reservation;
@@ -143,7 +144,7 @@ pub struct Accepted {
         (status = 400, description = "Bad body or id (`bad_request`), or more than the per-order limit (`quantity_exceeds_limit`)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such published activity", body = ErrorBody),
-        (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased` (also a second entry in a draw, and a draw's loser)", body = ErrorBody),
+        (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased` (also a second entry in a draw, and a draw's loser), or `draw_running` with `Retry-After: 1` (a draw sale's draw is being run and not done; nothing was reserved)", body = ErrorBody),
         (status = 429, description = "More attempts this second than the sale's per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "Redis, the queue or the database is out of reach, or the sale is being loaded: nothing was reserved, retry", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
@@ -177,7 +178,10 @@ pub(crate) async fn purchase(
         Err(unanswered) => return unanswered.answer(),
     };
     if outcome == Outcome::DrawDue {
-        run_draw(&state, activity_id).await?;
+        // This request's share of the draw ran out of time: the rest runs in the background.
+        if let Drawn::Running { .. } = run_draw(&state, activity_id).await? {
+            return Err(ApiError::DrawRunning);
+        }
         outcome = match decide(&state, &mut attempt).await {
             Ok(outcome) => outcome,
             Err(unanswered) => return unanswered.answer(),
@@ -191,13 +195,9 @@ pub(crate) async fn purchase(
             tracing::debug!(activity_id, request_id = %request_id, rank, "purchase queued for the draw");
             return Ok(answer(request_id, "queued"));
         }
-        // The draw ran (this call or another) and its flag is set: a second DrawDue means
-        // the sale was reloaded in between. Nothing was reserved.
-        Outcome::DrawDue => {
-            return Err(ApiError::Unavailable(
-                "the draw is running; retry shortly".into(),
-            ))
-        }
+        // The draw is being run in steps and is not done yet (this call's share of it ran
+        // out of time), or the sale was reloaded in between. Nothing was reserved.
+        Outcome::DrawDue => return Err(ApiError::DrawRunning),
         Outcome::Refused(refusal) => return Err(refuse(&state, activity_id, refusal).await),
     };
     span.record("outcome", "accepted");
@@ -274,13 +274,14 @@ fn answer(request_id: Uuid, status: &'static str) -> Response {
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-/// A draw sale whose window has closed: its draw, then its winners' sends (one round; the
-/// rest in the background), before this purchase asks again. A draw that cannot run is a
-/// 503, with nothing reserved.
-async fn run_draw(state: &EntryState, activity_id: i64) -> Result<(), ApiError> {
+/// A draw sale whose window has closed: its draw's steps for as long as a request may wait,
+/// then its winners' sends (one round; the rest, of the steps and the sends, in the
+/// background), before this purchase asks again. A draw that cannot run is a 503, with
+/// nothing reserved.
+async fn run_draw(state: &EntryState, activity_id: i64) -> Result<Drawn, ApiError> {
     let s = &state.inner;
-    draw::run(&s.redis, &s.pool, &s.queue, activity_id, Trigger::Purchase).await?;
-    Ok(())
+    let run = draw::run(&s.redis, &s.pool, &s.queue, activity_id, Trigger::Purchase).await?;
+    Ok(run.drawn)
 }
 
 /// Runs the purchase with the caller's deadline. A Redis error or timeout is a 503, and since

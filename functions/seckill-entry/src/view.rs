@@ -68,6 +68,27 @@ pub struct PublicActivity {
     /// ISO 4217, lowercase.
     #[schema(example = "usd")]
     pub currency: String,
+    /// A draw sale's draw, as anyone may check it; absent for a first-come sale.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draw: Option<PublicDraw>,
+}
+
+/// A draw sale's tickets are HMAC-SHA1(secret, user id), first 52 bits; the draw takes the
+/// lowest first. Before the draw only the secret's SHA-256 is public; after it the secret and
+/// the last ticket the draw looked at are, so any entrant can recompute their ticket
+/// (`scripts/draw_verify.py`) and see it against the cutoff.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicDraw {
+    /// SHA-256 of the ticket secret, hex: public from the sale's creation.
+    #[schema(example = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")]
+    pub commitment: String,
+    /// The ticket secret, hex, once the draw is done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// The last ticket the draw looked at, once it is done: every higher ticket lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cutoff: Option<i64>,
 }
 
 /// What the cache keeps for an id: the view without its state (computed from the window at
@@ -83,6 +104,7 @@ struct Fields {
     per_order_limit: i64,
     price_minor: i64,
     currency: String,
+    draw: Option<PublicDraw>,
 }
 
 impl Fields {
@@ -97,6 +119,7 @@ impl Fields {
             per_order_limit: self.per_order_limit,
             price_minor: self.price_minor,
             currency: self.currency.clone(),
+            draw: self.draw.clone(),
         }
     }
 }
@@ -163,6 +186,13 @@ async fn read(
             remaining_stock: a.remaining_stock.max(0),
             per_order_limit: a.per_order_limit,
             price_minor: a.price_minor,
+            // The database knows the secret but not whether the draw is done: only the
+            // commitment.
+            draw: (a.admission == "draw").then(|| PublicDraw {
+                commitment: a.draw_secret.commitment(),
+                secret: None,
+                cutoff: None,
+            }),
             currency: a.currency,
         })
     }))
@@ -177,6 +207,11 @@ fn from_redis(view: SaleView) -> Fields {
         per_order_limit: view.per_order_limit,
         price_minor: view.price_minor,
         currency: view.currency,
+        draw: view.draw.map(|d| PublicDraw {
+            commitment: d.commitment,
+            secret: d.secret,
+            cutoff: d.cutoff,
+        }),
     }
 }
 

@@ -16,7 +16,7 @@ macro_rules! activity_rows {
             $head + "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
                      state, config_version, last_fence_token, load_epoch, buckets, admission, \
                      draw_window_ms, per_user_rate_per_sec, price_minor, currency, created_at, \
-                     updated_at" + $tail
+                     updated_at, draw_secret as \"draw_secret: DrawSecret\"" + $tail
             $(, $arg)*
         )
     };
@@ -57,6 +57,53 @@ pub struct Activity {
     pub currency: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// A draw sale's ticket secret (see [`DrawSecret`]): never in an answer before the draw.
+    #[serde(skip)]
+    pub draw_secret: DrawSecret,
+}
+
+/// A sale's draw secret, 32 bytes as 64 lowercase hex digits, made by the database with the
+/// row: an entrant's ticket is HMAC-SHA1 of it and the user id (`lua/purchase.lua`). Its
+/// SHA-256 ([`DrawSecret::commitment`]) is public from the start; the secret itself only after
+/// the draw. `Debug` does not print it.
+#[derive(Clone, Default, PartialEq, Eq, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct DrawSecret(String);
+
+impl std::fmt::Debug for DrawSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DrawSecret(..)")
+    }
+}
+
+impl DrawSecret {
+    /// The secret's hex digits (to reveal after the draw, or to load into Redis).
+    pub fn expose_hex(&self) -> &str {
+        &self.0
+    }
+
+    /// The secret's bytes (empty when the text is not hex, which the column's check forbids).
+    pub fn bytes(&self) -> Vec<u8> {
+        hex::decode(&self.0).unwrap_or_default()
+    }
+
+    /// SHA-256 of the secret's bytes, hex: what the public view shows before the draw.
+    pub fn commitment(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(self.bytes()))
+    }
+
+    /// HMAC-SHA1's two padded keys of the secret (key XOR 0x36…, key XOR 0x5c…, 64 bytes
+    /// each), with which `lua/purchase.lua` makes a ticket in two SHA-1s.
+    pub fn hmac_pads(&self) -> ([u8; 64], [u8; 64]) {
+        let mut inner = [0x36u8; 64];
+        let mut outer = [0x5cu8; 64];
+        for (i, b) in self.bytes().iter().take(64).enumerate() {
+            inner[i] ^= b;
+            outer[i] ^= b;
+        }
+        (inner, outer)
+    }
 }
 
 /// Where an activity's window stands at a moment.

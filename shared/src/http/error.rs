@@ -50,6 +50,10 @@ pub enum ApiError {
     /// 409 `conflict`: the request contradicts the current state (e.g. paying a cancelled order).
     #[error("{0}")]
     Conflict(String),
+    /// 409 `draw_running`, with `Retry-After: 1`: a draw sale's draw is being run in steps and
+    /// is not done yet; nothing was reserved.
+    #[error("the draw is running; retry in a second")]
+    DrawRunning,
     /// 503 `unavailable`: Redis, the queue or the database is out of reach; safe to retry.
     #[error("{0}")]
     Unavailable(String),
@@ -91,6 +95,7 @@ impl ApiError {
             (StatusCode::CONFLICT, "busy"),
             (StatusCode::CONFLICT, "stale_token"),
             (StatusCode::CONFLICT, "conflict"),
+            (StatusCode::CONFLICT, "draw_running"),
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         ];
@@ -117,6 +122,7 @@ impl ApiError {
             ApiError::Busy => "busy",
             ApiError::StaleToken(_) => "stale_token",
             ApiError::Conflict(_) => "conflict",
+            ApiError::DrawRunning => "draw_running",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -139,7 +145,8 @@ impl ApiError {
             )
             | ApiError::Busy
             | ApiError::StaleToken(_)
-            | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            | ApiError::Conflict(_)
+            | ApiError::DrawRunning => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::Refused(Refusal::Expired { .. }) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -238,6 +245,14 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             tracing::error!(error = ?e, "internal error");
         }
+        if let ApiError::DrawRunning = self {
+            return (
+                status,
+                [(RETRY_AFTER, HeaderValue::from(1))],
+                Json(self.body()),
+            )
+                .into_response();
+        }
         (status, Json(self.body())).into_response()
     }
 }
@@ -286,6 +301,7 @@ mod tests {
             ApiError::Busy,
             ApiError::StaleToken("x".into()),
             ApiError::Conflict("x".into()),
+            ApiError::DrawRunning,
             ApiError::Unavailable("x".into()),
             ApiError::Internal(anyhow::anyhow!("x")),
         ];
@@ -301,6 +317,7 @@ mod tests {
                 | ApiError::Busy
                 | ApiError::StaleToken(_)
                 | ApiError::Conflict(_)
+                | ApiError::DrawRunning
                 | ApiError::Unavailable(_)
                 | ApiError::Internal(_) => {}
             }

@@ -68,14 +68,17 @@ pub async fn run(
         },
         Trigger::Reconcile => leave_unanswered(redis, db, activity_id).await?,
     };
-    let drawn = draw::draw(redis, activity_id, draw::seed()).await?;
-    if let Drawn::Now {
-        winners,
-        units,
-        entrants,
-    } = drawn
-    {
-        tracing::warn!(
+    let budget = match trigger {
+        Trigger::Reconcile => RECONCILE_BUDGET,
+        Trigger::Purchase | Trigger::StatusRead => REQUEST_BUDGET,
+    };
+    let drawn = draw::draw(redis, activity_id, budget).await?;
+    match drawn {
+        Drawn::Now {
+            winners,
+            units,
+            entrants,
+        } => tracing::warn!(
             activity_id,
             winners,
             units,
@@ -83,7 +86,13 @@ pub async fn run(
             ?trigger,
             repair = "drawn",
             "draw ran"
-        );
+        ),
+        // What this request could not finish goes on in the background (and else at the next
+        // trigger: each step is atomic and the cursor is in Redis).
+        Drawn::Running { .. } if trigger != Trigger::Reconcile => {
+            finish_later(redis, queue, activity_id)
+        }
+        _ => {}
     }
     let mut report = DrawRun {
         drawn,
@@ -123,6 +132,24 @@ pub async fn run(
     Ok(report)
 }
 
+/// The draw's steps a request left for later, then its sends, in the background.
+fn finish_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
+    let (redis, queue) = (redis.clone(), queue.clone());
+    tokio::spawn(async move {
+        match draw::draw(&redis, activity_id, Duration::MAX).await {
+            Ok(drawn) if drawn.is_done() => {
+                if let Err(e) = drain(&redis, &queue, activity_id, usize::MAX).await {
+                    tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(activity_id, error = %e, "draw not finished; the next trigger goes on")
+            }
+        }
+    });
+}
+
 /// The sends a request left for later, in the background; what is left then (a failure, a
 /// container frozen between invocations) the next drainer or reconcile sends.
 fn drain_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
@@ -144,6 +171,12 @@ pub struct Drained {
     /// Another drainer held the lease: this one sent nothing.
     pub busy: bool,
 }
+
+/// How long a request (a purchase told `draw_due`, a status read) runs the draw's steps before
+/// it answers; the rest runs in the background.
+const REQUEST_BUDGET: Duration = Duration::from_millis(250);
+/// How long one reconcile run gives one sale's draw.
+const RECONCILE_BUDGET: Duration = Duration::from_secs(10);
 
 /// Winners taken from the outbox per round.
 pub const TAKE: usize = 100;

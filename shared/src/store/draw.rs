@@ -6,31 +6,45 @@
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
+use crate::infra::pause;
 use uuid::Uuid;
 
 codes! {
     /// `lua/draw.lua`'s reply codes.
     pub enum DrawCode of "draw.lua" {
         Open = 0,
-        Now = 1,
+        Step = 1,
         Before = 2,
         NotDraw = 3,
         NotLoaded = 4,
+        Done = 5,
     }
 }
+
+/// Tickets one call of `lua/draw.lua` looks at: each costs a handful of commands (a winner's
+/// four writes at most), so one call stays within about a millisecond of server time whatever
+/// the pool's size (`make bench`, the draw section).
+pub const STEP_TICKETS: usize = 128;
 
 /// What [`draw`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drawn {
     /// The window is open for `ms_left` more; `entrants` are in the pool.
     Open { entrants: i64, ms_left: i64 },
-    /// This call drew: `winners` entrants won, taking `units`.
+    /// This call finished the draw: in its steps `winners` entrants won, taking `units`.
     Now {
         winners: i64,
         units: i64,
         entrants: i64,
     },
-    /// An earlier call drew.
+    /// This call drew a part (`winners`, `units`) and ran out of its time; the draw goes on
+    /// from where it stopped at the next call.
+    Running {
+        winners: i64,
+        units: i64,
+        entrants: i64,
+    },
+    /// An earlier call finished the draw.
     Before { entrants: i64 },
     /// A first-come sale: there is nothing to draw.
     NotDraw,
@@ -39,21 +53,19 @@ pub enum Drawn {
 }
 
 impl Drawn {
-    /// Whether the draw has run (now or before).
+    /// Whether the draw is done (now or before).
     pub fn is_done(self) -> bool {
         matches!(self, Drawn::Now { .. } | Drawn::Before { .. })
     }
 }
 
-/// A seed for the draw's shuffle, from the OS's generator. `lua/draw.lua` takes it below 2^31
-/// (Lua's `math.randomseed` takes an integer it holds exactly).
-pub fn seed() -> u32 {
-    rand::random::<u32>() >> 1
-}
-
-/// Runs the draw of sale `activity_id` if its window has closed and it has not run; with the
-/// `seed` of the shuffle (see [`seed`]; a test passes its own to repeat a draw).
-pub async fn draw(redis: &Redis, activity_id: i64, seed: u32) -> Result<Drawn, StoreError> {
+/// One step of the draw of sale `activity_id` (`lua/draw.lua`): up to `tickets` tickets.
+/// Answers the code and the step's winners, units, entrants and ms left of the window.
+async fn step(
+    redis: &Redis,
+    activity_id: i64,
+    tickets: usize,
+) -> Result<(DrawCode, i64, i64, i64, i64), StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::DRAW.prepare_invoke();
     inv.key(&k.meta)
@@ -61,20 +73,56 @@ pub async fn draw(redis: &Redis, activity_id: i64, seed: u32) -> Result<Drawn, S
         .key(&k.ledger)
         .key(&k.pool)
         .key(&k.outbox)
-        .arg(seed);
+        .key(&k.tickets)
+        .arg(tickets.max(1));
     let (code, winners, units, entrants, ms_left): (i64, i64, i64, i64, i64) =
         redis.script(&inv).await?;
-    Ok(match DrawCode::read(code)? {
-        DrawCode::Open => Drawn::Open { entrants, ms_left },
-        DrawCode::Now => Drawn::Now {
-            winners,
-            units,
-            entrants,
-        },
-        DrawCode::Before => Drawn::Before { entrants },
-        DrawCode::NotDraw => Drawn::NotDraw,
-        DrawCode::NotLoaded => Drawn::NotLoaded,
-    })
+    Ok((DrawCode::read(code)?, winners, units, entrants, ms_left))
+}
+
+/// Runs the draw of sale `activity_id` if its window has closed and it is not done, in steps
+/// of [`STEP_TICKETS`] (each one atomic, none long) until it is done or `budget` has passed.
+/// Between two steps Redis serves everyone else.
+pub async fn draw(
+    redis: &Redis,
+    activity_id: i64,
+    budget: std::time::Duration,
+) -> Result<Drawn, StoreError> {
+    let started = std::time::Instant::now();
+    let (mut winners, mut units) = (0, 0);
+    for n in 0usize.. {
+        if n > 0 {
+            // Between two steps of one caller: others purchase, read, take entries back, or
+            // run steps of the same draw.
+            pause::point("draw.between_steps", activity_id).await;
+        }
+        let (code, w, u, entrants, ms_left) = step(redis, activity_id, STEP_TICKETS).await?;
+        winners += w;
+        units += u;
+        match code {
+            DrawCode::Open => return Ok(Drawn::Open { entrants, ms_left }),
+            DrawCode::Before if winners == 0 => return Ok(Drawn::Before { entrants }),
+            // Another caller finished it between two of this call's steps.
+            DrawCode::Before | DrawCode::Done => {
+                return Ok(Drawn::Now {
+                    winners,
+                    units,
+                    entrants,
+                })
+            }
+            DrawCode::NotDraw => return Ok(Drawn::NotDraw),
+            DrawCode::NotLoaded => return Ok(Drawn::NotLoaded),
+            DrawCode::Step if started.elapsed() >= budget => {
+                return Ok(Drawn::Running {
+                    winners,
+                    units,
+                    entrants,
+                })
+            }
+            DrawCode::Step => {}
+        }
+    }
+    unreachable!("the steps end the loop")
 }
 
 codes! {

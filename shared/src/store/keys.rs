@@ -164,6 +164,10 @@ pub struct Keys {
     /// draw window in arrival order (`rank`, from 1), `state` `q` (queued; after the draw: not
     /// drawn) or `w` (won); plus [`SENTINEL`].
     pub pool: String,
+    /// A draw sale's tickets: sorted set user id -> ticket (HMAC-SHA1 of the sale's draw secret
+    /// and the user id, its first 52 bits: `lua/purchase.lua`), one per entrant; the draw takes
+    /// the lowest tickets first (`lua/draw.lua`). Plus [`SENTINEL`] at -1.
+    pub tickets: String,
     /// A draw sale's to-send list: hash request id -> `userId|qty`, the winners whose order
     /// message is not known to be on the queue yet; plus [`SENTINEL`] and [`OUTBOX_LEASE`].
     pub outbox: String,
@@ -187,6 +191,7 @@ impl Keys {
             lock: format!("{base}:lock"),
             fence: format!("{base}:fence"),
             pool: format!("{base}:pool"),
+            tickets: format!("{base}:tickets"),
             outbox: format!("{base}:outbox"),
             rate: format!("{base}:rate:"),
         }

@@ -70,6 +70,7 @@ async fn preheat_bucket(
         .key(&k.lock)
         .key(&k.pool)
         .key(&k.outbox)
+        .key(&k.tickets)
         .arg(stock)
         .arg(activity.total_stock)
         .arg(activity.start_at.timestamp_millis())
@@ -85,6 +86,11 @@ async fn preheat_bucket(
         .arg(activity.per_user_rate_per_sec)
         .arg(activity.price_minor)
         .arg(&activity.currency);
+    let (inner, outer) = activity.draw_secret.hmac_pads();
+    inv.arg(&inner[..])
+        .arg(&outer[..])
+        .arg(activity.draw_secret.commitment())
+        .arg(activity.draw_secret.expose_hex());
     PreheatOutcome::read(redis.script(&inv).await?)
 }
 
@@ -172,6 +178,7 @@ pub async fn adjust(
         .key(&k.ledger)
         .key(&k.pool)
         .key(&k.outbox)
+        .key(&k.tickets)
         .arg(owner)
         .arg(delta)
         .arg(meta.total)

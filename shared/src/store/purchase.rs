@@ -93,6 +93,7 @@ pub async fn run(
         .key(&k.ledger)
         .key(&k.pool)
         .key(k.rate(&attempt.user_id))
+        .key(&k.tickets)
         .arg(&attempt.user_id)
         .arg(attempt.quantity)
         .arg(attempt.request_id.to_string())

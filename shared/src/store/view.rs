@@ -24,20 +24,37 @@ pub struct SaleView {
     /// A unit's price in minor units, and its currency.
     pub price_minor: i64,
     pub currency: String,
+    /// A draw sale's public facts of its draw; `None` for a first-come sale.
+    pub draw: Option<DrawView>,
 }
 
-/// The meta fields the public view reads: title, startMs, endMs, stock, buckets, limit,
-/// price, currency.
-type ViewFields = (
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<u32>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-);
+/// What anyone may know of a draw sale's draw: the SHA-256 of its ticket secret from the
+/// start; once the draw is done, the secret itself and the last ticket the draw looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrawView {
+    pub commitment: String,
+    /// Revealed when the draw is done.
+    pub secret: Option<String>,
+    /// The last ticket the draw looked at (every higher ticket lost), when it is done.
+    pub cutoff: Option<i64>,
+}
+
+/// The meta fields the public view reads, in this order.
+const VIEW_FIELDS: [&str; 13] = [
+    "title",
+    "startMs",
+    "endMs",
+    "stock",
+    "buckets",
+    "limit",
+    "price",
+    "currency",
+    "drawEndMs",
+    "drawCommit",
+    "drawn",
+    "drawSecret",
+    "drawCutoff",
+];
 
 /// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it), and
 /// in a bucketed sale one HGET of each other bucket's stock. `None` when Redis does not hold
@@ -46,17 +63,10 @@ type ViewFields = (
 pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, StoreError> {
     let k = redis.keys(activity_id);
     let mut cmd = redis::cmd("HMGET");
-    cmd.arg(&k.meta)
-        .arg("title")
-        .arg("startMs")
-        .arg("endMs")
-        .arg("stock")
-        .arg("buckets")
-        .arg("limit")
-        .arg("price")
-        .arg("currency");
-    let (title, start_ms, end_ms, stock, buckets, limit, price, currency): ViewFields =
-        redis.cmd(&cmd).await?;
+    cmd.arg(&k.meta).arg(&VIEW_FIELDS[..]);
+    let fields: Vec<Option<String>> = redis.cmd(&cmd).await?;
+    let text = |i: usize| fields.get(i).cloned().flatten();
+    let number = |i: usize| text(i).and_then(|v| v.parse::<i64>().ok());
     let (
         Some(title),
         Some(start_ms),
@@ -65,11 +75,20 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
         Some(per_order_limit),
         Some(price_minor),
         Some(currency),
-    ) = (title, start_ms, end_ms, stock, limit, price, currency)
+    ) = (
+        text(0),
+        number(1),
+        number(2),
+        number(3),
+        number(5),
+        number(6),
+        text(7),
+    )
     else {
         return Ok(None);
     };
-    for other in Bucket::all(activity_id, buckets.unwrap_or(1)).skip(1) {
+    let buckets = number(4).and_then(|b| u32::try_from(b).ok()).unwrap_or(1);
+    for other in Bucket::all(activity_id, buckets).skip(1) {
         match self::stock(redis, other).await? {
             Some(s) => stock += s.max(0),
             None => return Ok(None),
@@ -79,6 +98,17 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
     let (Some(start_at), Some(end_at)) = (at(start_ms), at(end_ms)) else {
         return Ok(None);
     };
+    let draw = match (number(8), text(9)) {
+        (Some(draw_end), Some(commitment)) if draw_end > 0 => {
+            let done = text(10).as_deref() == Some("1");
+            Some(DrawView {
+                commitment,
+                secret: if done { text(11) } else { None },
+                cutoff: if done { number(12) } else { None },
+            })
+        }
+        _ => None,
+    };
     Ok(Some(SaleView {
         title,
         start_at,
@@ -87,5 +117,6 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
         per_order_limit,
         price_minor,
         currency,
+        draw,
     }))
 }

@@ -1,0 +1,374 @@
+//! The draw at real size. For each size: a draw sale loaded as preheat loads it, N entrants
+//! entered through `lua/purchase.lua` (their tickets made there), the window closed, then the
+//! draw run in its steps (`lua/draw.lua`, `store::draw::draw`) while a connection of its own
+//! PINGs the same server about every millisecond. Side by side on a copy of the same pool
+//! (`COPY`, before the draw): the whole-pool draw the steps replaced
+//! (`bench/scripts/draw_whole_pool.lua`). Each script's server time is read from the slow log
+//! (its threshold set to 0 for the draw only, then put back); memory is `MEMORY USAGE` of the
+//! pool and the tickets after the entries.
+
+use crate::util;
+use redis::aio::MultiplexedConnection;
+use seckill_shared::domain::activity;
+use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
+use seckill_shared::infra::config::Config;
+use seckill_shared::protocol::load;
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::draw::{self, Drawn};
+use seckill_shared::store::purchase;
+use seckill_shared::testing;
+use serde::Serialize;
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// The stock of every draw sale here (one unit per entrant).
+pub const STOCK: i64 = 1_000;
+
+/// The whole-pool draw this section compares against.
+const WHOLE_POOL: &str = include_str!("../scripts/draw_whole_pool.lua");
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrawRow {
+    pub entrants: usize,
+    /// `steps` (lua/draw.lua) or `whole pool` (the baseline).
+    pub draw: &'static str,
+    pub stock: i64,
+    /// Script calls the draw took.
+    pub calls: usize,
+    pub winners: i64,
+    /// The longest single call, server time (the slow log), µs.
+    pub longest_script_us: u64,
+    /// The whole draw, wall clock, ms.
+    pub draw_ms: f64,
+    /// PINGs answered while the draw ran, and the slowest of them, ms.
+    pub pings: u64,
+    pub ping_max_ms: f64,
+    /// Entering the pool: entrants per second through lua/purchase.lua (64 tasks).
+    pub entries_per_sec: f64,
+    /// MEMORY USAGE of the pool hash and the tickets sorted set, per entrant, bytes.
+    pub bytes_per_entrant: f64,
+}
+
+pub struct Sizes {
+    pub entrants: Vec<usize>,
+    /// The largest size the whole-pool baseline still runs at (it blocks the server for
+    /// seconds beyond).
+    pub baseline_max: usize,
+    pub concurrency: usize,
+}
+
+pub async fn run(
+    client: &redis::Client,
+    database_url: &str,
+    pool: &PgPool,
+    sizes: &Sizes,
+) -> anyhow::Result<Vec<DrawRow>> {
+    let mut admin = client.get_multiplexed_async_connection().await?;
+    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    config.key_prefix = util::fresh_prefix();
+    config.redis_timeout = Duration::from_secs(30);
+    let redis = Redis::connect(&config).await?;
+    let mut rows = Vec::new();
+    let result = async {
+        for &n in &sizes.entrants {
+            rows.extend(one_size(client, &mut admin, &config, &redis, pool, n, sizes).await?);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    util::delete_prefix(&mut admin, &config.key_prefix).await?;
+    result.map(|()| rows)
+}
+
+async fn one_size(
+    client: &redis::Client,
+    admin: &mut MultiplexedConnection,
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    n: usize,
+    sizes: &Sizes,
+) -> anyhow::Result<Vec<DrawRow>> {
+    let now = chrono::Utc::now();
+    let sale = activity::insert(
+        pool,
+        &NewActivity {
+            title: format!("bench draw {n}"),
+            total_stock: STOCK,
+            per_order_limit: 1,
+            start_at: now - chrono::Duration::seconds(1),
+            end_at: now + chrono::Duration::hours(1),
+            buckets: None,
+            admission: Some("draw".into()),
+            draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
+            per_user_rate_per_sec: Some(0),
+            price_minor: 1_999,
+            currency: "usd".into(),
+        }
+        .settings()?,
+    )
+    .await?;
+    load::load_under_lock(redis, pool, config, sale.id).await?;
+    eprintln!("  {n} entrants: entering through purchase.lua ...");
+    let entered = {
+        let redis = redis.clone();
+        let id = sale.id;
+        util::run_tasks(sizes.concurrency, n, move |i| {
+            let redis = redis.clone();
+            async move {
+                let attempt = Attempt {
+                    request_id: Uuid::now_v7(),
+                    activity_id: id,
+                    user_id: format!("entrant-{i:07}"),
+                    quantity: 1,
+                    buckets: 1,
+                };
+                let home = seckill_shared::store::keys::Bucket::from(id);
+                match purchase::run(&redis, home, &attempt, purchase::far_deadline(), &[]).await {
+                    Ok((purchase::Answer::Queued { .. }, _)) => util::Outcome::Sold,
+                    Ok((other, _)) => util::Outcome::Error(format!("entered as {other:?}")),
+                    Err(e) => util::Outcome::Error(e.to_string()),
+                }
+            }
+        })
+        .await
+    };
+    entered.warn_errors("draw entries");
+    let k = redis.keys(sale.id);
+    let usage = |key: &str| {
+        let mut c = redis::cmd("MEMORY");
+        c.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
+        c
+    };
+    let pool_bytes: u64 = usage(&k.pool).query_async(admin).await?;
+    let ticket_bytes: u64 = usage(&k.tickets).query_async(admin).await?;
+    let bytes_per_entrant = (pool_bytes + ticket_bytes) as f64 / n as f64;
+    let past = chrono::Utc::now().timestamp_millis() - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&k.meta)
+        .arg("drawEndMs")
+        .arg(past)
+        .query_async(admin)
+        .await?;
+
+    let mut rows = Vec::new();
+    if n <= sizes.baseline_max {
+        // The same pool under another sale's keys (one hash tag: the copies share a slot).
+        let twin = redis.keys(sale.id + 1_000_000);
+        for (from, to) in [
+            (&k.meta, &twin.meta),
+            (&k.users, &twin.users),
+            (&k.ledger, &twin.ledger),
+            (&k.pool, &twin.pool),
+            (&k.outbox, &twin.outbox),
+        ] {
+            let _: i64 = redis::cmd("COPY")
+                .arg(from)
+                .arg(to)
+                .query_async(admin)
+                .await?;
+        }
+        let script = redis::Script::new(WHOLE_POOL);
+        let sha: String = script.prepare_invoke().load_async(admin).await?;
+        let mut con = client.get_multiplexed_async_connection().await?;
+        let measured = measure(client, admin, &sha, || async {
+            let answer: Vec<i64> = script
+                .key(&twin.meta)
+                .key(&twin.users)
+                .key(&twin.ledger)
+                .key(&twin.pool)
+                .key(&twin.outbox)
+                .arg(rand::random::<u32>() >> 1)
+                .invoke_async(&mut con)
+                .await?;
+            anyhow::Ok((1, answer.get(1).copied().unwrap_or(0)))
+        })
+        .await?;
+        rows.push(row(n, "whole pool", measured, &entered, bytes_per_entrant));
+    }
+
+    let sha = seckill_shared::store::scripts::DRAW.get_hash().to_string();
+    let measured = measure(client, admin, &sha, || async {
+        let mut calls = 0;
+        let mut winners = 0;
+        loop {
+            calls += 1;
+            match draw::draw(redis, sale.id, Duration::ZERO).await? {
+                Drawn::Running { winners: w, .. } => winners += w,
+                Drawn::Now { winners: w, .. } => return anyhow::Ok((calls, winners + w)),
+                other => anyhow::bail!("the draw answered {other:?}"),
+            }
+        }
+    })
+    .await?;
+    rows.push(row(n, "steps", measured, &entered, bytes_per_entrant));
+    Ok(rows)
+}
+
+/// What one draw cost.
+struct Measured {
+    calls: usize,
+    winners: i64,
+    longest_us: u64,
+    draw_ms: f64,
+    pings: u64,
+    ping_max_ms: f64,
+}
+
+fn row(
+    n: usize,
+    draw: &'static str,
+    m: Measured,
+    entered: &util::Run,
+    bytes_per_entrant: f64,
+) -> DrawRow {
+    let r = DrawRow {
+        entrants: n,
+        draw,
+        stock: STOCK,
+        calls: m.calls,
+        winners: m.winners,
+        longest_script_us: m.longest_us,
+        draw_ms: m.draw_ms,
+        pings: m.pings,
+        ping_max_ms: m.ping_max_ms,
+        entries_per_sec: entered.per_sec(),
+        bytes_per_entrant,
+    };
+    eprintln!(
+        "  {n} entrants, {draw}: {} calls, {} winners, longest script {} µs, draw {:.1} ms, \
+         PING max {:.2} ms over {}",
+        r.calls, r.winners, r.longest_script_us, r.draw_ms, r.ping_max_ms, r.pings
+    );
+    r
+}
+
+/// Runs `draw` (answering its calls and winners) with the slow log emptied before and a PING
+/// loop beside it; the longest slow-log entry of the script `sha` is its longest call.
+async fn measure<F, Fut>(
+    client: &redis::Client,
+    admin: &mut MultiplexedConnection,
+    sha: &str,
+    draw: F,
+) -> anyhow::Result<Measured>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(usize, i64)>>,
+{
+    let slowlog = SlowLog::open(admin).await?;
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(admin)
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let stop = stop.clone();
+        let mut con = client.get_multiplexed_async_connection().await?;
+        tokio::spawn(async move {
+            let (mut count, mut worst) = (0u64, Duration::ZERO);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let _: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
+                worst = worst.max(t.elapsed());
+                count += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (count, worst)
+        })
+    };
+    // A few PINGs before the draw starts, so the loop is running when it does.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    let outcome = draw().await;
+    let draw_ms = started.elapsed().as_secs_f64() * 1e3;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (pings, worst) = pinger.await?;
+    let entries: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(admin)
+        .await;
+    slowlog.close(admin).await;
+    let (calls, winners) = outcome?;
+    let entries = entries?;
+    let longest_us = entries
+        .iter()
+        .filter_map(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return None;
+            };
+            let micros = match fields.get(2) {
+                Some(redis::Value::Int(us)) => *us as u64,
+                _ => return None,
+            };
+            let Some(redis::Value::Array(args)) = fields.get(3) else {
+                return None;
+            };
+            let text = |v: &redis::Value| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).to_lowercase(),
+                _ => String::new(),
+            };
+            let ours = args.len() > 1 && text(&args[0]) == "evalsha" && text(&args[1]) == sha;
+            ours.then_some(micros)
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(Measured {
+        calls,
+        winners,
+        longest_us,
+        draw_ms,
+        pings,
+        ping_max_ms: worst.as_secs_f64() * 1e3,
+    })
+}
+
+/// The slow log set to keep every command while a draw runs: threshold 0 and room for every
+/// call; [`SlowLog::close`] puts the server's own settings back.
+struct SlowLog {
+    threshold: String,
+    max_len: String,
+}
+
+impl SlowLog {
+    async fn open(admin: &mut MultiplexedConnection) -> anyhow::Result<Self> {
+        let get = |name: &'static str| {
+            let mut c = redis::cmd("CONFIG");
+            c.arg("GET").arg(name);
+            c
+        };
+        let (_, threshold): (String, String) =
+            get("slowlog-log-slower-than").query_async(admin).await?;
+        let (_, max_len): (String, String) = get("slowlog-max-len").query_async(admin).await?;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0)
+            .arg("slowlog-max-len")
+            .arg(100_000)
+            .query_async(admin)
+            .await?;
+        Ok(Self { threshold, max_len })
+    }
+
+    async fn close(self, admin: &mut MultiplexedConnection) {
+        let reset: redis::RedisResult<()> = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(&self.threshold)
+            .arg("slowlog-max-len")
+            .arg(&self.max_len)
+            .query_async(admin)
+            .await;
+        if let Err(e) = reset {
+            eprintln!("could not put the slow log's settings back: {e}");
+        }
+        let _: redis::RedisResult<()> = redis::cmd("SLOWLOG").arg("RESET").query_async(admin).await;
+    }
+}

@@ -1,0 +1,10 @@
+-- A draw sale's tickets come from a secret of its own: an entrant's ticket is
+-- HMAC-SHA1(secret, user id), so a retry gets the same ticket and no entry can improve its
+-- odds. The secret is made with the row (32 bytes from PostgreSQL's strong random source, as
+-- 64 hex digits), never changes, and is published only after the draw; the public view shows
+-- its SHA-256 from the start, so the secret revealed after the draw is checkably the one the
+-- tickets were made with. Every sale gets one; a first-come sale never uses it.
+alter table activities
+    add column draw_secret text not null
+        default replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
+        check (draw_secret ~ '^[0-9a-f]{64}$');
