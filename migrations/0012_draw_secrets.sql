@@ -8,3 +8,8 @@ alter table activities
     add column draw_secret text not null
         default replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
         check (draw_secret ~ '^[0-9a-f]{64}$');
+
+-- The purchases answered 503 of a sale, in id order: before a draw they leave its pool, a
+-- bounded batch per run from where the last run stopped.
+create index orders_unanswered on orders (activity_id, id)
+    where status = 'failed' and failure_reason = 'unavailable';

@@ -636,6 +636,77 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
     Ok(())
 }
 
+/// A purchase in the draw window whose answer is lost while the database is out of reach too:
+/// no claim can be made, and the 503 still takes the entry out of the pool, so no draw picks
+/// a request told nothing happened. The user's retry (the database back) is queued.
+async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(5, 1).await?;
+    let mut context = env.context();
+    context.pool = common::dead_pool();
+    let dead = seckill_entry::router(seckill_entry::EntryState::new(context, env.queue.clone()));
+    let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
+    let (status, body) = buy(&dead, &a, "alice", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(lost.hits(), 1);
+    assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
+    assert!(order_rows(&env, a.id).await.is_empty(), "no claim was made");
+    let (status, body) = buy(&entry_router(&env), &a, "alice", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
+    Ok(())
+}
+
+/// The clean-up of purchases answered 503 is incremental: each run reads the claims after the
+/// cursor in the sale's meta and moves it past the ones older than a minute, so a claim is
+/// handled once; a younger one (a row id taken before an older one committed could still
+/// appear below it) holds the cursor and is read again until it is old enough.
+async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Result<()> {
+    use seckill_shared::protocol::draw::leave_unanswered;
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(5, 1).await?;
+    let mut claims = Vec::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        let entry = common::reserve_in_pool(&env, a.id, user).await;
+        seckill_shared::protocol::giveback::claim(&env.pool, &entry, "unavailable").await?;
+        let id: i64 = sqlx::query_scalar("select id from orders where request_id = $1")
+            .bind(entry.request_id)
+            .fetch_one(&env.pool)
+            .await?;
+        claims.push(id);
+    }
+    // All but u3's claim are two minutes old.
+    sqlx::query("update orders set created_at = now() - interval '2 minutes' where id = any($1)")
+        .bind([claims[0], claims[1], claims[3]].to_vec())
+        .execute(&env.pool)
+        .await?;
+
+    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 4);
+    assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
+    // Read again from u3's claim on: nothing left to leave, the cursor held by u3.
+    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 0);
+    assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
+    sqlx::query("update orders set created_at = now() - interval '2 minutes' where id = $1")
+        .bind(claims[2])
+        .execute(&env.pool)
+        .await?;
+    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 0);
+    assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[3]);
+    for user in ["u1", "u2", "u3", "u4"] {
+        assert_eq!(
+            draw::pool_entry(&env.redis, a.id, user).await?,
+            None,
+            "{user}"
+        );
+    }
+    Ok(())
+}
+
 /// A purchase whose answer is lost in the last moment of the window is claimed for its 503,
 /// and pauses before its Redis half; the window closes and another buyer draws, picking the
 /// entry. Resumed, the give-back returns the winner's unit: the 503 holds nothing, the unit is
@@ -1011,6 +1082,8 @@ on_both_redis!(
     a_draw_between_a_503s_claim_and_its_give_back_holds_nothing,
     a_status_read_across_the_draw_answers_what_the_draw_decided,
     a_draw_entry_answered_503_leaves_the_pool,
+    a_draw_entry_answered_503_with_the_database_down_leaves_the_pool,
+    the_503_clean_up_reads_each_claim_once,
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,

@@ -23,7 +23,7 @@ use seckill_shared::protocol::giveback::{self, Claim, GiveBackError};
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store::conn::StoreError;
 use seckill_shared::store::draw as pool;
-use seckill_shared::store::draw::Drawn;
+use seckill_shared::store::draw::{Drawn, Left};
 use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger::{self, Compensation};
 use seckill_shared::store::purchase::Reservation;
@@ -368,7 +368,7 @@ async fn give_back_unanswered(state: &EntryState, reservation: Attempt) -> bool 
         }
         Err(e) => {
             tracing::warn!(error = %e, "could not claim the unanswered purchase; reconcile gives it back after its grace period");
-            return false;
+            return leave_without_claim(state, &reservation).await;
         }
     }
     // Between the claim and its Redis half: a draw may run meanwhile.
@@ -394,6 +394,45 @@ async fn give_back_unanswered(state: &EntryState, reservation: Attempt) -> bool 
                 Err(_) => {}
             }
         }
+    });
+    false
+}
+
+/// The database took no claim: a draw entry still leaves the pool, so that no draw picks a
+/// request told 503. One the draw already made a winner stays (its message is on its way, and
+/// only the database could stop it): true, the caller answers 202 `pending` to follow it. The
+/// leave is tried once now and then in the background. A first-come sale has no pool: nothing
+/// to do, and its reservation (never sent) goes back after reconcile's grace period.
+async fn leave_without_claim(state: &EntryState, r: &Attempt) -> bool {
+    if r.buckets != 1 {
+        return false;
+    }
+    let s = &state.inner;
+    let now = tokio::time::timeout(
+        s.config.redis_timeout / 2,
+        pool::leave_entry(&s.redis, r.activity_id, &r.user_id, r.request_id),
+    );
+    match now.await {
+        Ok(Ok(Left::Winner)) => {
+            tracing::warn!(request_id = %r.request_id, "unanswered draw entry is a winner; its order follows");
+            return true;
+        }
+        Ok(Ok(_)) => return false,
+        Ok(Err(_)) | Err(_) => {}
+    }
+    let (state, r) = (state.clone(), r.clone());
+    tokio::spawn(async move {
+        let s = &state.inner;
+        for _ in 0..GIVE_BACK_ATTEMPTS {
+            tokio::time::sleep(GIVE_BACK_RETRY).await;
+            if pool::leave_entry(&s.redis, r.activity_id, &r.user_id, r.request_id)
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        tracing::warn!(request_id = %r.request_id, "draw entry of a 503 not taken out of the pool");
     });
     false
 }

@@ -225,24 +225,36 @@ pub async fn insert_failed(
     Ok(inserted.rows_affected() == 1)
 }
 
-/// The requests of an activity its entry claimed as `failed` / `unavailable` (a purchase
-/// answered 503): user and request id. A draw takes such entries out of its pool first.
-pub async fn unanswered(
+/// A purchase answered 503 and claimed for it (`failed`, `unavailable`): its row id, user,
+/// request id and when the claim was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unanswered {
+    pub id: i64,
+    pub user_id: String,
+    pub request_id: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Up to `limit` of sale `activity_id`'s purchases answered 503, with a row id above
+/// `after_id`, in id order (the index `orders_unanswered`).
+pub async fn unanswered_after(
     db: impl PgExecutor<'_>,
     activity_id: i64,
-) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
-    let rows = sqlx::query!(
-        "select user_id, request_id from orders
-         where activity_id = $1 and status = 'failed' and failure_reason = $2",
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<Unanswered>, sqlx::Error> {
+    sqlx::query_as!(
+        Unanswered,
+        "select id, user_id, request_id, created_at from orders
+         where activity_id = $1 and status = 'failed' and failure_reason = $2 and id > $3
+         order by id limit $4",
         activity_id,
-        reason::UNAVAILABLE
+        reason::UNAVAILABLE,
+        after_id,
+        limit
     )
     .fetch_all(db)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.user_id, r.request_id))
-        .collect())
+    .await
 }
 
 /// Rows of the given request ids (any status).

@@ -254,18 +254,41 @@ fn messages(activity_id: i64, now_ms: i64, taken: &[Taken]) -> Vec<OrderMessage>
         .collect()
 }
 
-/// Before a draw: takes every entry whose purchase was answered 503 out of the pool (see
+/// Purchases answered 503 one [`leave_unanswered`] handles at most.
+pub const LEAVE_BATCH: i64 = 500;
+/// How old a 503's claim must be before the clean-up's cursor passes it: a row id is taken
+/// when the claim's insert starts and visible when it commits, so a younger row with a lower
+/// id than one already seen may still appear; one older than this cannot (a claim is one
+/// short statement).
+pub const LEAVE_SETTLED: Duration = Duration::from_secs(60);
+
+/// Before a draw: takes the entries whose purchase was answered 503 out of the pool (see
 /// [`draw::leave`]), from the database's claims, so that the draw never picks one whose
 /// give-back did not reach Redis (a stalled Redis, a container frozen after its answer).
-/// Answers how many left.
+/// Incremental: up to [`LEAVE_BATCH`] claims after the cursor in the sale's meta, which then
+/// moves past those older than [`LEAVE_SETTLED`] (so a claim is handled once, or again only
+/// within that minute). Answers how many left.
 pub async fn leave_unanswered(
     redis: &Redis,
     db: &PgPool,
     activity_id: i64,
 ) -> Result<usize, DrawError> {
+    let after = draw::left_after(redis, activity_id).await?;
+    let rows = order::unanswered_after(db, activity_id, after, LEAVE_BATCH).await?;
+    let settled_before =
+        chrono::Utc::now() - chrono::Duration::from_std(LEAVE_SETTLED).expect("a short duration");
     let mut left = 0;
-    for (user_id, request_id) in order::unanswered(db, activity_id).await? {
-        left += usize::from(draw::leave(redis, activity_id, &user_id, request_id).await?);
+    let mut cursor = after;
+    let mut settled = true;
+    for row in &rows {
+        left += usize::from(draw::leave(redis, activity_id, &row.user_id, row.request_id).await?);
+        settled &= row.created_at < settled_before;
+        if settled {
+            cursor = row.id;
+        }
+    }
+    if cursor > after {
+        draw::leave_up_to(redis, activity_id, cursor).await?;
     }
     Ok(left)
 }

@@ -213,22 +213,71 @@ codes! {
     pub enum LeaveCode of "pool_leave.lua" {
         Stayed = 0,
         Left = 1,
+        Winner = 2,
     }
+}
+
+/// What [`leave_entry`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Left {
+    /// No entry of this request in the pool (none was made, or it left before).
+    None,
+    /// The entry left: the draw cannot pick it.
+    Left,
+    /// The entry was drawn a winner and stays: its reservation is in the ledger.
+    Winner,
 }
 
 /// Takes back the draw entry of `request_id` whose purchase was answered 503
 /// (`lua/pool_leave.lua`): before the draw it leaves the pool; after it a loser's leaves and
-/// a winner's stays (its reservation is given back like any other). True when it left.
+/// a winner's stays (its reservation is given back like any other).
+pub async fn leave_entry(
+    redis: &Redis,
+    activity_id: i64,
+    user_id: &str,
+    request_id: Uuid,
+) -> Result<Left, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let mut inv = scripts::POOL_LEAVE.prepare_invoke();
+    inv.key(&k.pool)
+        .key(&k.meta)
+        .arg(user_id)
+        .arg(request_id.to_string());
+    Ok(match LeaveCode::read(redis.script(&inv).await?)? {
+        LeaveCode::Stayed => Left::None,
+        LeaveCode::Left => Left::Left,
+        LeaveCode::Winner => Left::Winner,
+    })
+}
+
+/// [`leave_entry`], true when the entry left.
 pub async fn leave(
     redis: &Redis,
     activity_id: i64,
     user_id: &str,
     request_id: Uuid,
 ) -> Result<bool, StoreError> {
+    Ok(leave_entry(redis, activity_id, user_id, request_id).await? == Left::Left)
+}
+
+/// Where the clean-up of the purchases answered 503 stands in sale `activity_id`: the row id
+/// up to which they are handled (0: none yet, or the sale's meta was lost since).
+pub async fn left_after(redis: &Redis, activity_id: i64) -> Result<i64, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let at: Option<i64> = redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("leftAfter"))
+        .await?;
+    Ok(at.unwrap_or(0))
+}
+
+/// Moves the clean-up's cursor of sale `activity_id` up to `row_id` (`lua/pool_leave.lua` with
+/// no entry; never down, and never into a meta that is not there).
+pub async fn leave_up_to(redis: &Redis, activity_id: i64, row_id: i64) -> Result<(), StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::POOL_LEAVE.prepare_invoke();
-    inv.key(&k.pool).arg(user_id).arg(request_id.to_string());
-    Ok(LeaveCode::read(redis.script(&inv).await?)? == LeaveCode::Left)
+    inv.key(&k.pool).key(&k.meta).arg("").arg("").arg(row_id);
+    LeaveCode::read(redis.script(&inv).await?)?;
+    Ok(())
 }
 
 /// A user's entry in a draw sale's pool.
