@@ -9,7 +9,7 @@
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id   ARGV[10] title   ARGV[11] drawEndMs (0: first
 -- come, first served)   ARGV[12] per-user rate (0: none)   ARGV[13] a unit's price in minor
--- units   ARGV[14] its currency
+-- units   ARGV[14] its currency   ARGV[15] the most entrants a draw sale's pool takes
 --
 -- Returns {code, stock}:
 local APPLIED = 0 -- stock = the new Redis stock
@@ -29,7 +29,7 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
   'title', ARGV[10], 'drawEndMs', ARGV[11], 'rate', ARGV[12], 'price', ARGV[13],
-  'currency', ARGV[14])
+  'currency', ARGV[14], 'maxEntrants', ARGV[15])
 if tonumber(ARGV[11]) > 0 then
   redis.call('HSETNX', KEYS[5], '', '-')
   redis.call('HSETNX', KEYS[6], '', '-')

@@ -14,7 +14,7 @@
 -- minor units   ARGV[15] its currency (both shown by the public view)   the sale's ticket
 -- secret: ARGV[16] and ARGV[17] HMAC-SHA1's inner and outer padded keys (64 bytes each),
 -- ARGV[18] its SHA-256 (public), ARGV[19] the secret (hex; public once the draw is done);
--- every sale has one
+-- every sale has one   ARGV[20] the most entrants a draw sale's pool takes
 --
 -- Returns:
 local ALREADY_LOADED = 0 -- unchanged but the expiry and the sentinels
@@ -47,7 +47,8 @@ if version then
   if tonumber(ARGV[6]) > tonumber(version) then
     redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
       'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
-      'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15])
+      'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15],
+      'maxEntrants', ARGV[20])
     expire_all()
     return META_REFRESHED
   end
@@ -57,7 +58,7 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
   'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
-  'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15])
+  'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15], 'maxEntrants', ARGV[20])
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 expire_all()
 return LOADED

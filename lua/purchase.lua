@@ -37,6 +37,8 @@ local QUEUED = 10 -- a draw sale's window is open and the user is in its pool; v
 local DRAW_DUE = 11 -- a draw sale's window has closed and its draw has not run; nothing changed
 local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms until the
 --   second is over; nothing changed but the user's counter
+local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
+--   of them; nothing changed
 local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
   'buckets', 'drawEndMs', 'drawn', 'rate')
 if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
@@ -110,8 +112,14 @@ if draw_end > 0 then
     -- HMAC-SHA1(the sale's secret, user id), from the two padded keys the load wrote. The same
     -- user always gets the same ticket: an entry taken back after a 503 and made again does
     -- not draw a new one.
-    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO')
+    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants')
     if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
+    -- The sentinel is one member of `tickets`; an entrant taken back after a 503 keeps a ticket
+    -- and may always come back.
+    if redis.call('ZCARD', KEYS[6]) - 1 >= tonumber(pads[3] or '1000000')
+        and not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
+      return {POOL_FULL, -1, now, epoch, credited}
+    end
     local inner = (string.gsub(redis.sha1hex(pads[1] .. ARGV[1]), '%x%x',
       function(h) return string.char(tonumber(h, 16)) end))
     local ticket = tonumber(string.sub(redis.sha1hex(pads[2] .. inner), 1, 13), 16)

@@ -13,3 +13,10 @@ alter table activities
 -- bounded batch per run from where the last run stopped.
 create index orders_unanswered on orders (activity_id, id)
     where status = 'failed' and failure_reason = 'unavailable';
+
+-- The most entrants a draw sale's pool takes; past it a purchase in the window is refused
+-- (409 `pool_full`) and nothing is written. It bounds the pool's Redis memory (about 150 B an
+-- entrant, `make bench`).
+alter table activities
+    add column max_entrants bigint not null default 1000000
+        check (max_entrants between 1 and 10000000);

@@ -12,6 +12,8 @@ channel, no other command.
     python3 scripts/redis_acl.py json               every user: name, access string, scripts
     python3 scripts/redis_acl.py apply HOST:PORT... ACL SETUSER every user, with its local
                                                     password, on each server (scripts/stack.sh)
+    python3 scripts/redis_acl.py template           rewrite template.yaml's AccessString of each
+                                                    function's ElastiCache user to match
 
 The same access strings are the template's AWS::ElastiCache::User AccessString values
 (scripts/check-template.py compares them). Locally each user's password is
@@ -141,6 +143,17 @@ def apply(servers: list[str]) -> None:
                 raise SystemExit(f"ACL SETUSER {spec['user']} on {server}: {out.stdout}{out.stderr}".strip())
 
 
+def rewrite_template(path: Path) -> None:
+    """Sets the AccessString that follows each user's `UserName:` line in the template."""
+    text = path.read_text()
+    for function, spec in USERS.items():
+        pattern = re.compile(r'(UserName: ' + re.escape(spec["user"]) + r'\n\s+AccessString: )"[^"]*"')
+        text, n = pattern.subn(lambda m: m.group(1) + '"' + access(function) + '"', text)
+        if n != 1:
+            raise SystemExit(f"{path}: no AccessString after UserName: {spec['user']}")
+    path.write_text(text)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "access" and argv[1] in USERS:
         print(access(argv[1]))
@@ -148,6 +161,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(every_user(), indent=2))
     elif len(argv) >= 2 and argv[0] == "apply":
         apply(argv[1:])
+    elif argv == ["template"]:
+        rewrite_template(LUA.parent / "template.yaml")
     else:
         print(__doc__, file=sys.stderr)
         return 2

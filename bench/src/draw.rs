@@ -69,6 +69,8 @@ pub async fn run(
     sizes: &Sizes,
 ) -> anyhow::Result<Vec<DrawRow>> {
     let mut admin = client.get_multiplexed_async_connection().await?;
+    // MEMORY USAGE and COPY of a 1M-member key take a while on a busy machine.
+    admin.set_response_timeout(Duration::from_secs(120));
     let mut config = testing::config(database_url, testing::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(30);
@@ -109,6 +111,7 @@ async fn one_size(
             per_user_rate_per_sec: Some(0),
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )
@@ -176,6 +179,8 @@ async fn one_size(
         let script = redis::Script::new(WHOLE_POOL);
         let sha: String = script.prepare_invoke().load_async(admin).await?;
         let mut con = client.get_multiplexed_async_connection().await?;
+        // The whole-pool draw of a large pool runs for seconds.
+        con.set_response_timeout(Duration::from_secs(120));
         let measured = measure(client, admin, &sha, || async {
             let answer: Vec<i64> = script
                 .key(&twin.meta)

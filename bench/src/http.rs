@@ -139,6 +139,7 @@ async fn public_view_on(
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

@@ -88,6 +88,7 @@ async fn measure(
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

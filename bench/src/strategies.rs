@@ -210,6 +210,7 @@ pub fn open_activity(id: i64, stock: i64) -> Activity {
         price_minor: 1_999,
         currency: "usd".into(),
         draw_secret: Default::default(),
+        max_entrants: 1_000_000,
     }
 }
 
@@ -334,6 +335,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
                     per_user_rate_per_sec: None,
                     price_minor: 1_999,
                     currency: "usd".into(),
+                    max_entrants: None,
                 }
                 .settings()?,
             )

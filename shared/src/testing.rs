@@ -225,6 +225,7 @@ impl TestEnv {
             per_user_rate_per_sec: Some(0),
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         })
         .await
     }
@@ -256,6 +257,7 @@ impl TestEnv {
             per_user_rate_per_sec: Some(0),
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         })
         .await
     }

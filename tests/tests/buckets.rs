@@ -691,6 +691,7 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
         rate: 0,
         price_minor: a.price_minor,
         currency: a.currency.clone(),
+        max_entrants: a.max_entrants,
     };
     let refused = meta::adjust(&env.redis, bucket, &stale.owner, -3, &meta, "stale").await?;
     assert_eq!(refused, meta::Adjust::NotOwner);

@@ -838,6 +838,7 @@ async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Resul
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         })
         .await?;
     Ok(a.id)

@@ -416,6 +416,7 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
         per_user_rate_per_sec: rate,
         price_minor: 1_999,
         currency: "usd".into(),
+        max_entrants: None,
     };
     let a = env.load_new(&new(Some(5))).await?;
 
@@ -704,6 +705,106 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
             "{user}"
         );
     }
+    Ok(())
+}
+
+/// A draw sale's pool takes `maxEntrants` entrants: the next is refused 409 `pool_full` and
+/// nothing is written (no pool entry, no ticket, no rank); an entrant already in it is still
+/// `queued` on a retry, and one whose entry left after a 503 may come back. The admin API
+/// refuses a maxEntrants out of bounds, and a raise lets the next entrant in.
+async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let now = chrono::Utc::now();
+    let new = |max_entrants: Option<i64>| NewActivity {
+        title: "small pool".into(),
+        total_stock: 2,
+        per_order_limit: 1,
+        start_at: now - chrono::Duration::seconds(1),
+        end_at: now + chrono::Duration::hours(1),
+        buckets: None,
+        admission: Some("draw".into()),
+        draw_window_ms: Some(600_000),
+        per_user_rate_per_sec: Some(0),
+        price_minor: 1_999,
+        currency: "usd".into(),
+        max_entrants,
+    };
+    for bad in [0, -1, 10_000_001] {
+        let e = new(Some(bad)).settings().unwrap_err();
+        assert!(e.0.contains("maxEntrants"), "{e}");
+    }
+    let a = env.load_new(&new(Some(3))).await?;
+    let mut first = None;
+    for user in ["u1", "u2", "u3"] {
+        let (status, body) = buy(&app, &a, user, None).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (StatusCode::ACCEPTED, Some("queued"))
+        );
+        first.get_or_insert(body["requestId"].as_str().unwrap().parse::<Uuid>()?);
+    }
+    let before = (
+        draw::pool(&env.redis, a.id).await?.len(),
+        tickets(&env, a.id).await.len(),
+    );
+    let (status, body) = buy(&app, &a, "u4", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("pool_full")),
+        "{body}"
+    );
+    assert_eq!(
+        (
+            draw::pool(&env.redis, a.id).await?.len(),
+            tickets(&env, a.id).await.len()
+        ),
+        before
+    );
+    assert!(draw::pool_entry(&env.redis, a.id, "u4").await?.is_none());
+    // An entrant in the pool is answered as before; one taken back comes back.
+    let (status, _) = buy(&app, &a, "u2", None).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a second entry is already_purchased"
+    );
+    assert!(draw::leave(&env.redis, a.id, "u1", first.unwrap()).await?);
+    let (status, body) = buy(&app, &a, "u1", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued"))
+    );
+    // Out of bounds through the admin API: 400, nothing changed. A raise reaches Redis with
+    // the admin's change.
+    let admin = admin::router(admin::AdminState::new(env.context()));
+    let ops = Some(("ops", "seckill:admin"));
+    let path = format!("/admin/activities/{}", a.id);
+    let (status, body) = call(
+        &admin,
+        request("PUT", &path, ops, Some(r#"{"maxEntrants": 0}"#)),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request")),
+        "{body}"
+    );
+    let (status, body) = call(
+        &admin,
+        request("PUT", &path, ops, Some(r#"{"maxEntrants": 4}"#)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["maxEntrants"], 4, "{body}");
+    let (status, body) = buy(&app, &a, "u4", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
     Ok(())
 }
 
@@ -1084,6 +1185,7 @@ on_both_redis!(
     a_draw_entry_answered_503_leaves_the_pool,
     a_draw_entry_answered_503_with_the_database_down_leaves_the_pool,
     the_503_clean_up_reads_each_claim_once,
+    a_full_pool_refuses_the_next_entrant_and_changes_nothing,
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,

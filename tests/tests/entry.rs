@@ -543,6 +543,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

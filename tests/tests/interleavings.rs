@@ -611,6 +611,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         },
     )
     .await?;
@@ -654,6 +655,7 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
                 per_user_rate_per_sec: None,
                 price_minor: 1_999,
                 currency: "usd".into(),
+                max_entrants: None,
             }
             .settings()?,
         )
@@ -709,6 +711,7 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

@@ -255,6 +255,7 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

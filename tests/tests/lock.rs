@@ -40,6 +40,7 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

@@ -201,6 +201,12 @@ fn the_documented_bounds_are_the_validated_ones() {
             "{schema}"
         );
         assert_eq!(p["perUserRatePerSec"]["minimum"], 0, "{schema}");
+        assert_eq!(
+            p["maxEntrants"]["maximum"],
+            seckill_shared::domain::settings::MAX_MAX_ENTRANTS,
+            "{schema}"
+        );
+        assert_eq!(p["maxEntrants"]["minimum"], 1, "{schema}");
     }
     assert_eq!(
         schemas["PurchaseBody"]["properties"]["quantity"]["maximum"],

@@ -160,6 +160,7 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
             per_user_rate_per_sec: None,
             price_minor: 1_999,
             currency: "usd".into(),
+            max_entrants: None,
         }
         .settings()?,
     )

@@ -64,7 +64,7 @@ pub async fn update_activity(
 ) -> Result<Activity, ApiError> {
     if patch.is_empty() {
         return Err(ApiError::BadRequest(
-            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt, buckets, admission, drawWindowMs, perUserRatePerSec"
+            "the body must change at least one of title, totalStock, perOrderLimit, startAt, endAt, buckets, admission, drawWindowMs, perUserRatePerSec, priceMinor, currency, maxEntrants"
                 .into(),
         ));
     }

@@ -6,6 +6,7 @@ use crate::{ActivityReport, Reconcile};
 use anyhow::Context as _;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::protocol::draw::{self, Trigger};
+use seckill_shared::store::draw::Drawn;
 
 impl Reconcile {
     /// Step 0: the draw nobody has run since the window closed, and the outbox's sends.
@@ -19,7 +20,16 @@ impl Reconcile {
             .await
             .context("failed to run the draw and its sends")?;
         r.pool_left = run.left;
-        r.drawn = matches!(run.drawn, seckill_shared::store::draw::Drawn::Now { .. });
+        r.drawn = matches!(run.drawn, Drawn::Now { .. });
+        let entrants = match run.drawn {
+            Drawn::Open { entrants, .. }
+            | Drawn::Now { entrants, .. }
+            | Drawn::Running { entrants, .. }
+            | Drawn::Before { entrants } => Some(entrants),
+            Drawn::NotDraw | Drawn::NotLoaded => None,
+        };
+        r.draw_entrants = entrants;
+        r.pool_fill_percent = entrants.map(|n| 100.0 * n as f64 / a.max_entrants.max(1) as f64);
         r.winners_sent = run.sent;
         Ok(())
     }

@@ -72,6 +72,10 @@ pub struct ActivityReport {
     pub winners_sent: usize,
     /// Entries of a draw's pool answered 503 and left there, taken out by this run.
     pub pool_left: usize,
+    /// A draw sale's entrants (holders of a ticket), and how full its pool is in percent of
+    /// its `maxEntrants`; `None` for a first-come sale or one not loaded.
+    pub draw_entrants: Option<i64>,
+    pub pool_fill_percent: Option<f64>,
     /// Stale reservations with no order, given back (stock and user).
     pub compensated: usize,
     /// Stale entries dropped because the database already holds their outcome.
@@ -134,6 +138,13 @@ pub(crate) fn publish(r: &ActivityReport) {
         ],
         &[("activityId", json!(r.activity_id))],
     );
+    if let (Some(entrants), Some(fill)) = (r.draw_entrants, r.pool_fill_percent) {
+        metrics::emit(
+            FUNCTION,
+            &[("DrawEntrants", entrants as f64), ("DrawPoolFill", fill)],
+            &[("activityId", json!(r.activity_id))],
+        );
+    }
 }
 
 impl ActivityReport {
@@ -145,6 +156,8 @@ impl ActivityReport {
             drawn: false,
             winners_sent: 0,
             pool_left: 0,
+            draw_entrants: None,
+            pool_fill_percent: None,
             compensated: 0,
             settled: 0,
             cancels_finished: 0,

@@ -16,7 +16,7 @@ macro_rules! activity_rows {
             $head + "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
                      state, config_version, last_fence_token, load_epoch, buckets, admission, \
                      draw_window_ms, per_user_rate_per_sec, price_minor, currency, created_at, \
-                     updated_at, draw_secret as \"draw_secret: DrawSecret\"" + $tail
+                     updated_at, draw_secret as \"draw_secret: DrawSecret\", max_entrants" + $tail
             $(, $arg)*
         )
     };
@@ -60,6 +60,8 @@ pub struct Activity {
     /// A draw sale's ticket secret (see [`DrawSecret`]): never in an answer before the draw.
     #[serde(skip)]
     pub draw_secret: DrawSecret,
+    /// The most entrants a draw sale's pool takes (past it: 409 `pool_full`).
+    pub max_entrants: i64,
 }
 
 /// A sale's draw secret, 32 bytes as 64 lowercase hex digits, made by the database with the
@@ -163,6 +165,7 @@ impl Activity {
             per_user_rate_per_sec: self.per_user_rate_per_sec,
             price_minor: self.price_minor,
             currency: self.currency.clone(),
+            max_entrants: self.max_entrants,
         }
     }
 
@@ -187,8 +190,8 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity,
     activity_rows!(
         "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at,
                                  end_at, buckets, admission, draw_window_ms, per_user_rate_per_sec,
-                                 price_minor, currency)
-         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                 price_minor, currency, max_entrants)
+         values ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          returning ",
         "",
         new.title,
@@ -201,7 +204,8 @@ pub async fn insert(db: impl PgExecutor<'_>, new: &Settings) -> Result<Activity,
         new.draw_window_ms,
         new.per_user_rate_per_sec,
         new.price_minor,
-        new.currency
+        new.currency,
+        new.max_entrants
     )
     .fetch_one(db)
     .await
@@ -401,7 +405,7 @@ pub async fn apply_change(
              remaining_stock = remaining_stock + $4, per_order_limit = $5,
              start_at = $6, end_at = $7, config_version = $8, buckets = $9, admission = $10,
              draw_window_ms = $11, per_user_rate_per_sec = $12, price_minor = $13,
-             currency = $14, updated_at = now()
+             currency = $14, max_entrants = $15, updated_at = now()
          where id = $1
          returning ",
         "",
@@ -418,7 +422,8 @@ pub async fn apply_change(
         settings.draw_window_ms,
         settings.per_user_rate_per_sec,
         settings.price_minor,
-        settings.currency
+        settings.currency,
+        settings.max_entrants
     )
     .fetch_one(conn)
     .await

@@ -31,11 +31,14 @@ pub enum Refusal {
     /// `retry_after_ms`: until the user's second is over.
     #[error("too many purchase attempts; retry after the time Retry-After gives")]
     RateLimited { retry_after_ms: i64 },
+    /// A draw sale's pool holds as many entrants as it takes (`maxEntrants`).
+    #[error("the draw's pool is full")]
+    PoolFull,
 }
 
 impl Refusal {
     /// One of each refusal, in [`index`](Refusal::index) order.
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::NotFound,
         Refusal::NotStarted,
         Refusal::Ended,
@@ -44,6 +47,7 @@ impl Refusal {
         Refusal::AlreadyPurchased,
         Refusal::Expired { now_ms: 0 },
         Refusal::RateLimited { retry_after_ms: 0 },
+        Refusal::PoolFull,
     ];
 
     /// The stable name of the refusal, for logs, metrics and load reports.
@@ -57,6 +61,7 @@ impl Refusal {
             Refusal::AlreadyPurchased => "already_purchased",
             Refusal::Expired { .. } => "expired",
             Refusal::RateLimited { .. } => "rate_limited",
+            Refusal::PoolFull => "pool_full",
         }
     }
 
@@ -71,6 +76,7 @@ impl Refusal {
             Refusal::AlreadyPurchased => 5,
             Refusal::Expired { .. } => 6,
             Refusal::RateLimited { .. } => 7,
+            Refusal::PoolFull => 8,
         }
     }
 }

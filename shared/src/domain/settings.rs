@@ -15,6 +15,11 @@ pub const MAX_RATE_PER_SEC: i64 = 1_000;
 /// A new sale's per-user purchase rate unless it says otherwise: far above what a person
 /// clicks, far below what a script sends. 0 turns it off, on purpose only.
 pub const DEFAULT_RATE_PER_SEC: i64 = 10;
+/// A draw sale's pool takes this many entrants unless it says otherwise (about 150 MB of
+/// Redis at about 150 B an entrant, `make bench`'s draw section).
+pub const DEFAULT_MAX_ENTRANTS: i64 = 1_000_000;
+/// Upper bound on a draw sale's pool.
+pub const MAX_MAX_ENTRANTS: i64 = 10_000_000;
 /// The most buckets one sale may have.
 pub const MAX_BUCKETS: u32 = 16;
 /// Upper bound on a unit's price in minor units (999,999.99 in a two-decimal currency): the
@@ -75,6 +80,8 @@ pub struct Settings {
     pub price_minor: i64,
     /// ISO 4217, lowercase (`usd`).
     pub currency: String,
+    /// The most entrants a draw sale's pool takes.
+    pub max_entrants: i64,
 }
 
 impl Settings {
@@ -94,6 +101,11 @@ impl Settings {
         }
         if !(self.currency.len() == 3 && self.currency.bytes().all(|b| b.is_ascii_lowercase())) {
             return invalid("currency must be three letters of ISO 4217 (usd)".into());
+        }
+        if !(1..=MAX_MAX_ENTRANTS).contains(&self.max_entrants) {
+            return invalid(format!(
+                "maxEntrants must be between 1 and {MAX_MAX_ENTRANTS}"
+            ));
         }
         if self.per_user_rate_per_sec < 0 || self.per_user_rate_per_sec > MAX_RATE_PER_SEC {
             return invalid(format!(
@@ -180,6 +192,11 @@ pub struct NewActivity {
     /// ISO 4217 code (`usd`; any case, stored lowercase).
     #[schema(example = "usd", pattern = "^[A-Za-z]{3}$")]
     pub currency: String,
+    /// The most entrants a draw sale's pool takes (default 1000000); past it a purchase in the
+    /// window is answered 409 `pool_full`.
+    #[schema(minimum = 1, maximum = 10_000_000)]
+    #[serde(default)]
+    pub max_entrants: Option<i64>,
 }
 
 impl NewActivity {
@@ -205,6 +222,7 @@ impl NewActivity {
             per_user_rate_per_sec: self.per_user_rate_per_sec.unwrap_or(DEFAULT_RATE_PER_SEC),
             price_minor: self.price_minor,
             currency: self.currency.trim().to_ascii_lowercase(),
+            max_entrants: self.max_entrants.unwrap_or(DEFAULT_MAX_ENTRANTS),
         }
         .checked()
     }
@@ -239,6 +257,8 @@ pub struct ActivityPatch {
     /// Only until 10 s before the sale starts.
     #[schema(pattern = "^[A-Za-z]{3}$")]
     pub currency: Option<String>,
+    #[schema(minimum = 1, maximum = 10_000_000)]
+    pub max_entrants: Option<i64>,
 }
 
 impl ActivityPatch {
@@ -249,6 +269,7 @@ impl ActivityPatch {
             && self.per_user_rate_per_sec.is_none()
             && self.price_minor.is_none()
             && self.currency.is_none()
+            && self.max_entrants.is_none()
             && self.title.is_none()
             && self.total_stock.is_none()
             && self.per_order_limit.is_none()
@@ -288,6 +309,7 @@ impl ActivityPatch {
                 Some(c) => c.trim().to_ascii_lowercase(),
                 None => was.currency.clone(),
             },
+            max_entrants: self.max_entrants.unwrap_or(was.max_entrants),
         }
         .checked()
     }

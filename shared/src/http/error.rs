@@ -141,7 +141,8 @@ impl ApiError {
                 Refusal::NotStarted
                 | Refusal::Ended
                 | Refusal::SoldOut { .. }
-                | Refusal::AlreadyPurchased,
+                | Refusal::AlreadyPurchased
+                | Refusal::PoolFull,
             )
             | ApiError::Busy
             | ApiError::StaleToken(_)

@@ -23,8 +23,8 @@ codes! {
 
 /// Tickets one call of `lua/draw.lua` looks at: each costs a handful of commands (a winner's
 /// four writes at most), so one call stays within about a millisecond of server time whatever
-/// the pool's size (`make bench`, the draw section).
-pub const STEP_TICKETS: usize = 128;
+/// the pool's size (`make bench`'s draw section measures the longest).
+pub const STEP_TICKETS: usize = 32;
 
 /// What [`draw`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -90,7 +90,8 @@ async fn preheat_bucket(
     inv.arg(&inner[..])
         .arg(&outer[..])
         .arg(activity.draw_secret.commitment())
-        .arg(activity.draw_secret.expose_hex());
+        .arg(activity.draw_secret.expose_hex())
+        .arg(activity.max_entrants);
     PreheatOutcome::read(redis.script(&inv).await?)
 }
 
@@ -137,6 +138,8 @@ pub struct SaleMeta {
     /// A unit's price in minor units and its currency, for the public view.
     pub price_minor: i64,
     pub currency: String,
+    /// The most entrants a draw sale's pool takes.
+    pub max_entrants: i64,
 }
 
 impl SaleMeta {
@@ -154,6 +157,7 @@ impl SaleMeta {
             expire_at: settings.end_at + buffer,
             draw_end_ms: settings.draw_end_ms(),
             rate: settings.per_user_rate_per_sec,
+            max_entrants: settings.max_entrants,
             price_minor: settings.price_minor,
             currency: settings.currency.clone(),
         }
@@ -192,7 +196,8 @@ pub async fn adjust(
         .arg(meta.draw_end_ms)
         .arg(meta.rate)
         .arg(meta.price_minor)
-        .arg(&meta.currency);
+        .arg(&meta.currency)
+        .arg(meta.max_entrants);
     let (code, stock): (i64, i64) = redis.script(&inv).await?;
     Ok(match AdjustCode::read(code)? {
         AdjustCode::Applied => Adjust::Applied,

@@ -25,6 +25,7 @@ codes! {
         Queued = 10,
         DrawDue = 11,
         RateLimited = 12,
+        PoolFull = 13,
     }
 }
 
@@ -125,6 +126,7 @@ pub async fn run(
         Code::RateLimited => Answer::Refused(Refusal::RateLimited {
             retry_after_ms: value,
         }),
+        Code::PoolFull => Answer::Refused(Refusal::PoolFull),
     };
     Ok((answer, credited == 1))
 }
@@ -203,7 +205,8 @@ mod tests {
     fn a_code_the_wrapper_does_not_know_is_an_error_not_an_outcome() {
         assert_eq!(Code::read(0).unwrap(), Code::Accepted);
         assert_eq!(Code::read(12).unwrap(), Code::RateLimited);
-        for code in [-1, 13, 99] {
+        assert_eq!(Code::read(13).unwrap(), Code::PoolFull);
+        for code in [-1, 14, 99] {
             let e = Code::read(code).unwrap_err();
             assert!(
                 e.to_string()
