@@ -15,7 +15,7 @@ create index orders_unanswered on orders (activity_id, id)
     where status = 'failed' and failure_reason = 'unavailable';
 
 -- The most entrants a draw sale's pool takes; past it a purchase in the window is refused
--- (409 `pool_full`) and nothing is written. It bounds the pool's Redis memory (about 150 B an
+-- (409 `pool_full`) and nothing is written. It bounds the pool's Redis memory (about 250 B an
 -- entrant, `make bench`).
 alter table activities
     add column max_entrants bigint not null default 1000000

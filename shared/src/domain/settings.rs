@@ -15,8 +15,8 @@ pub const MAX_RATE_PER_SEC: i64 = 1_000;
 /// A new sale's per-user purchase rate unless it says otherwise: far above what a person
 /// clicks, far below what a script sends. 0 turns it off, on purpose only.
 pub const DEFAULT_RATE_PER_SEC: i64 = 10;
-/// A draw sale's pool takes this many entrants unless it says otherwise (about 150 MB of
-/// Redis at about 150 B an entrant, `make bench`'s draw section).
+/// A draw sale's pool takes this many entrants unless it says otherwise (about 250 MB of
+/// Redis at about 250 B an entrant: the pool entry and the ticket, `make bench`'s draw section).
 pub const DEFAULT_MAX_ENTRANTS: i64 = 1_000_000;
 /// Upper bound on a draw sale's pool.
 pub const MAX_MAX_ENTRANTS: i64 = 10_000_000;
