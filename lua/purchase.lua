@@ -40,7 +40,7 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
 local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate')
+  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
 if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
 local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')
@@ -99,7 +99,10 @@ local qty = tonumber(ARGV[2])
 if qty > tonumber(meta[3]) then return {QUANTITY_EXCEEDS_LIMIT, -1, now, epoch, credited} end
 local draw_end = tonumber(meta[8] or '0')
 if draw_end > 0 then
-  if now < draw_end then
+  -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
+  -- otherwise (a failover to a replica whose clock is behind): an entry now could land below
+  -- the cursor and never be looked at.
+  if now < draw_end and not meta[11] and meta[9] ~= '1' then
     local entry = redis.call('HGET', KEYS[4], ARGV[1])
     if entry then
       if string.sub(entry, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then

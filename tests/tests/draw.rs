@@ -808,6 +808,75 @@ async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
     Ok(())
 }
 
+/// Once a draw step ran the pool is closed, even should the server's clock go back before the
+/// window's end (a failover to a replica whose clock is behind): an entry then would land
+/// below the cursor and never be looked at. The purchase is told `draw_due` and writes nothing.
+async fn no_entry_after_the_first_draw_step_whatever_the_clock(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(2 * draw::STEP_TICKETS as i64, 1).await?;
+    for i in 0..3 * draw::STEP_TICKETS {
+        enter(&env, a.id, &format!("e{i}")).await;
+    }
+    close_draw_window(&env, a.id).await;
+    let first = draw::draw(&env.redis, a.id, Duration::ZERO).await?;
+    assert!(matches!(first, Drawn::Running { .. }), "{first:?}");
+    // The clock "goes back": the window's end lies ahead again.
+    let k = env.redis.keys(a.id);
+    let ahead = chrono::Utc::now().timestamp_millis() + 600_000;
+    let _: () = env
+        .redis
+        .cmd(redis::cmd("HSET").arg(&k.meta).arg("drawEndMs").arg(ahead))
+        .await?;
+    assert_eq!(enter(&env, a.id, "late").await, Outcome::DrawDue);
+    assert!(!tickets(&env, a.id).await.contains_key("late"));
+    assert!(draw::pool_entry(&env.redis, a.id, "late").await?.is_none());
+    Ok(())
+}
+
+/// A drawn sale whose meta Redis lost is reloaded from the database with its draw's state
+/// gone too (pool, tickets, outbox): the draw cannot run a second time over the old entries,
+/// and no loser told `not_drawn` becomes a winner.
+async fn a_sale_reloaded_after_its_draw_draws_nobody_again(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(2, 1).await?;
+    for i in 0..10 {
+        enter(&env, a.id, &format!("e{i}")).await;
+    }
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let losers: Vec<String> = draw::pool(&env.redis, a.id)
+        .await?
+        .into_iter()
+        .filter(|(_, e)| !e.won)
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(losers.len(), 8);
+
+    seckill_shared::testing::lose_sale(&env.redis, a.id).await?;
+    seckill_shared::protocol::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
+        .await?;
+    assert!(draw::pool(&env.redis, a.id).await?.is_empty());
+    assert!(tickets(&env, a.id).await.is_empty());
+    close_draw_window(&env, a.id).await;
+    let again = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    assert_eq!(
+        again,
+        Drawn::Now {
+            winners: 0,
+            units: 0,
+            entrants: 0
+        }
+    );
+    for loser in &losers {
+        assert!(draw::pool_entry(&env.redis, a.id, loser).await?.is_none_or(|e| !e.won));
+    }
+    Ok(())
+}
+
 /// A purchase whose answer is lost in the last moment of the window is claimed for its 503,
 /// and pauses before its Redis half; the window closes and another buyer draws, picking the
 /// entry. Resumed, the give-back returns the winner's unit: the 503 holds nothing, the unit is
@@ -1186,6 +1255,8 @@ on_both_redis!(
     a_draw_entry_answered_503_with_the_database_down_leaves_the_pool,
     the_503_clean_up_reads_each_claim_once,
     a_full_pool_refuses_the_next_entrant_and_changes_nothing,
+    no_entry_after_the_first_draw_step_whatever_the_clock,
+    a_sale_reloaded_after_its_draw_draws_nobody_again,
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,

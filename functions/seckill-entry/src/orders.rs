@@ -93,8 +93,13 @@ pub(crate) async fn my_order(
         let Some(entry) = pool::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
             break;
         };
+        // Won between the ledger read above and this one: the reservation is there now.
         if entry.won {
-            break;
+            if drawn {
+                break;
+            }
+            drawn = true;
+            continue;
         }
         // Between the read of a queued entry and the draw: another caller may draw meanwhile.
         pause::point("entry.my_order.after_pool_read", activity_id).await;

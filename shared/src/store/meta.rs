@@ -218,15 +218,17 @@ pub async fn loaded_version(
         .await
 }
 
-/// Whether `users` and the ledger both hold their [`SENTINEL`] field, as `lua/preheat.lua`
-/// leaves them: a sale loaded without them (or whose hash was lost) is given them back by the
-/// next preheat.
+/// Whether `users` and the ledger both hold their [`SENTINEL`] field and the meta its ticket
+/// secret, as `lua/preheat.lua` leaves them: a sale loaded without them (or whose hash was
+/// lost, or loaded by a build before tickets) is given them back by the next preheat.
 pub async fn has_sentinels(redis: &Redis, at: impl Into<Bucket>) -> Result<bool, StoreError> {
     let k = redis.bucket_keys(at.into());
-    for key in [&k.users, &k.ledger] {
-        let there: bool = redis
-            .cmd(redis::cmd("HEXISTS").arg(key).arg(SENTINEL))
-            .await?;
+    for (key, field) in [
+        (&k.users, SENTINEL),
+        (&k.ledger, SENTINEL),
+        (&k.meta, "drawKeyI"),
+    ] {
+        let there: bool = redis.cmd(redis::cmd("HEXISTS").arg(key).arg(field)).await?;
         if !there {
             return Ok(false);
         }
@@ -260,6 +262,9 @@ pub async fn rebuild_users(
         .key(&k.ledger)
         .key(&k.meta)
         .key(&k.lock)
+        .key(&k.pool)
+        .key(&k.tickets)
+        .key(&k.outbox)
         .arg(owner)
         .arg(if first { "first" } else { "more" });
     for (user, request_id) in holders {
