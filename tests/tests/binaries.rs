@@ -4,6 +4,8 @@
 //!
 //! Like `lambda_invoke.rs`, the test builds what it runs (a no-op after `make test`'s build).
 
+mod common;
+
 use clap::CommandFactory;
 use seckill_migrate::MigrateConfig;
 use seckill_shared::Config;
@@ -376,17 +378,7 @@ fn the_lambdas_as_deployed_are_built_without_test_support() {
 #[test]
 fn each_functions_redis_user_lists_exactly_the_scripts_its_binary_carries() {
     let dir = build_all();
-    let out = Command::new("python3")
-        .arg(repo_root().join("scripts/redis_acl.py"))
-        .arg("json")
-        .output()
-        .expect("python3 runs scripts/redis_acl.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let users: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let users = common::redis_acl_users();
     let carried = |binary: &str| -> Vec<&str> {
         let bytes = std::fs::read(dir.join(binary)).unwrap();
         let mut names: Vec<&str> = seckill_shared::store::scripts::SOURCES

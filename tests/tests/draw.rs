@@ -838,9 +838,7 @@ async fn no_entry_after_the_first_draw_step_whatever_the_clock(
 /// A drawn sale whose meta Redis lost is reloaded from the database with its draw's state
 /// gone too (pool, tickets, outbox): the draw cannot run a second time over the old entries,
 /// and no loser told `not_drawn` becomes a winner.
-async fn a_sale_reloaded_after_its_draw_draws_nobody_again(
-    kind: RedisKind,
-) -> anyhow::Result<()> {
+async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.draw_sale(2, 1).await?;
     for i in 0..10 {
@@ -872,7 +870,9 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(
         }
     );
     for loser in &losers {
-        assert!(draw::pool_entry(&env.redis, a.id, loser).await?.is_none_or(|e| !e.won));
+        assert!(draw::pool_entry(&env.redis, a.id, loser)
+            .await?
+            .is_none_or(|e| !e.won));
     }
     Ok(())
 }

@@ -564,19 +564,8 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
 /// Each function's Redis user as scripts/redis_acl.py declares it: (binary, user, the commands
 /// it may send, lowercase).
 fn declared_redis_users() -> Vec<(String, String, BTreeSet<String>)> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = std::process::Command::new("python3")
-        .arg(root.join("scripts/redis_acl.py"))
-        .arg("json")
-        .output()
-        .expect("python3 runs scripts/redis_acl.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let users: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&out.stdout).unwrap();
+    let users = common::redis_acl_users();
+    let users = users.as_object().expect("a JSON object").clone();
     users
         .into_iter()
         .map(|(binary, spec)| {

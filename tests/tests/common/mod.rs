@@ -295,3 +295,20 @@ pub async fn reserve_in_pool(env: &TestEnv, activity_id: i64, user: &str) -> Att
     );
     attempt
 }
+
+/// Each function's Redis ACL user as scripts/redis_acl.py declares it: binary name ->
+/// `{"user", "access", "scripts"}`.
+pub fn redis_acl_users() -> serde_json::Value {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/redis_acl.py"))
+        .arg("json")
+        .output()
+        .expect("python3 runs scripts/redis_acl.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("scripts/redis_acl.py json")
+}
