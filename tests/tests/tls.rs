@@ -5,6 +5,10 @@
 //! - RDS Proxy over `sslmode=verify-full` (a PostgreSQL server of the test's own: initdb, TLS
 //!   only, SCRAM passwords): the URL `secrets` builds connects only with the right CA bundle
 //!   and host name, and a role password set by `seckill-migrate` logs that role in.
+//!
+//! The server of the test's own also starts without the functions' roles, which the shared
+//! local server has long had: there many databases migrated at once all create and configure
+//! them.
 
 use seckill_migrate::MigrateConfig;
 use seckill_shared::infra::aws_secrets::DatabaseSecret;
@@ -490,5 +494,62 @@ async fn migrate_over_verify_full_sets_a_role_password_that_logs_the_role_in() -
             .fetch_one(&mut conn)
             .await?;
     assert!(stored.starts_with("SCRAM-SHA-256$4096:") && !stored.contains(password));
+    Ok(())
+}
+
+/// A server that has never seen the functions' roles, eight databases migrated at once (as
+/// the tests and several stacks' deploys do): every migration succeeds, although each creates
+/// the cluster-wide roles and sets their bounds at the same moment, and each role ends with
+/// the bounds `migrations/0011_role_timeouts.sql` names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_databases_migrated_at_once_on_a_new_server_share_one_set_of_role_bounds(
+) -> anyhow::Result<()> {
+    let pg = TlsPostgres::start();
+    let admin = pg.url("localhost", "seckill", MASTER_PASSWORD, "postgres");
+    let mut conn = connect(&admin, &pg.ca()).await?;
+    let names: Vec<String> = (0..8).map(|i| format!("seckill_{i}")).collect();
+    for name in &names {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("create database {name}")))
+            .execute(&mut conn)
+            .await?;
+    }
+    let migrations = names.iter().map(|name| {
+        let config = MigrateConfig {
+            database_url: Some(pg.url("localhost", "seckill", MASTER_PASSWORD, name).into()),
+            secrets: SecretRefs::default(),
+            database_ca: pg.ca(),
+            db_acquire_timeout: Duration::from_secs(10),
+        };
+        async move { seckill_migrate::migrate(&config).await }
+    });
+    for (name, migrated) in names
+        .iter()
+        .zip(futures::future::join_all(migrations).await)
+    {
+        migrated.unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+    let rows: Vec<(String, i32, Vec<String>)> = sqlx::query_as(
+        "select rolname::text, rolconnlimit, coalesce(rolconfig, '{}') from pg_roles
+         where rolname like 'seckill\\_%' order by 1",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let mut want = db::ROLES.to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        want,
+        "{rows:?}"
+    );
+    for (role, limit, config) in &rows {
+        assert!(*limit > 0, "{role}: no connection limit");
+        for setting in ["statement_timeout=", "idle_in_transaction_session_timeout="] {
+            assert_eq!(
+                config.iter().filter(|c| c.starts_with(setting)).count(),
+                1,
+                "{role}: {config:?}"
+            );
+        }
+    }
     Ok(())
 }

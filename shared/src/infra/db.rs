@@ -189,8 +189,9 @@ pub fn is_foreign_key_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_foreign_key_violation())
 }
 
-/// True for errors worth retrying later (connection lost, pool exhausted, I/O), as opposed to
-/// a query the database refused.
+/// True for errors worth retrying later (connection lost, pool exhausted, I/O, the server out
+/// of connections, a statement or an idle transaction the server ended for running past the
+/// role's timeout), as opposed to a query the database refused.
 pub fn is_transient(err: &sqlx::Error) -> bool {
     matches!(
         err,
@@ -199,7 +200,18 @@ pub fn is_transient(err: &sqlx::Error) -> bool {
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
-    ) || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"))
+    ) || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| is_transient_code(&c)))
+}
+
+/// SQLSTATEs of [`is_transient`]: connection exceptions (08), insufficient resources (53, such
+/// as 53300 when a role is at its connection limit), operator intervention (57P),
+/// `query_canceled` (57014: the role's `statement_timeout`), the session ended for idling in a
+/// transaction (25P03), serialization failures and deadlocks.
+fn is_transient_code(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57P")
+        || matches!(code, "57014" | "25P03" | "40001" | "40P01")
 }
 
 #[cfg(test)]
