@@ -394,6 +394,84 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
 }
 on_both_redis!(redelivery_while_the_first_transaction_waits_creates_one_order);
 
+/// An invocation with less time left than the consumer keeps before its deadline
+/// (`STOP_BEFORE_DEADLINE`) starts nothing: every message is reported for redelivery, and the
+/// redelivery commits each one once.
+#[tokio::test]
+async fn a_batch_out_of_time_starts_nothing_and_its_redelivery_commits_it() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let a = open_sale(&env, 10, 1).await;
+    let mut messages = Vec::new();
+    for user in ["alice", "bob", "carol"] {
+        messages.push(reserve(&env, a.id, user, 1).await);
+    }
+    let c = consumer(&env);
+
+    let deadline = tokio::time::Instant::now() + order_consumer::STOP_BEFORE_DEADLINE / 2;
+    let resp = c.handle_batch_by(event_of(&messages), deadline).await;
+
+    assert_eq!(resp.batch_item_failures.len(), 3, "{resp:?}");
+    assert!(rows(&env, a.id).await.is_empty());
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 3);
+    let resp = c.handle_batch(event_of(&messages)).await;
+    assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
+    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 3);
+    assert_eq!(db_remaining(&env, a.id).await, 7);
+    Ok(())
+}
+
+/// A batch whose transaction waits on the sale's row (held by someone else) past the point
+/// where the consumer stops before its invocation's deadline: the batch answers at that point,
+/// with every message reported for redelivery, and nothing it began is committed; once the
+/// row is free the redelivery commits each order once and gives nothing back. Both on the
+/// batch fast path and message by message.
+#[tokio::test]
+async fn a_batch_stuck_at_its_stop_answers_in_time_and_its_redelivery_commits_it_once(
+) -> anyhow::Result<()> {
+    for batch_writes in [true, false] {
+        let env = TestEnv::new(RedisKind::Standalone).await?;
+        let a = open_sale(&env, 10, 1).await;
+        let mut messages = Vec::new();
+        for user in ["alice", "bob", "carol"] {
+            messages.push(reserve(&env, a.id, user, 1).await);
+        }
+        let before = snapshot(&env, a.id).await;
+        let c = consumer(&env).with_batch_writes(batch_writes);
+        let mut blocker = PgConnection::connect(env.config.database_url.expose()).await?;
+        sqlx::query("begin").execute(&mut blocker).await?;
+        sqlx::query("select id from activities where id = $1 for update")
+            .bind(a.id)
+            .execute(&mut blocker)
+            .await?;
+
+        let left = Duration::from_millis(1500);
+        let deadline = tokio::time::Instant::now() + order_consumer::STOP_BEFORE_DEADLINE + left;
+        let started = Instant::now();
+        let resp = c.handle_batch_by(event_of(&messages), deadline).await;
+        let took = started.elapsed();
+
+        assert!(
+            took >= left && took < left + Duration::from_secs(1),
+            "batch_writes={batch_writes}: answered after {took:?}, its stop was {left:?} away"
+        );
+        assert_eq!(resp.batch_item_failures.len(), 3, "{resp:?}");
+        sqlx::query("rollback").execute(&mut blocker).await?;
+        let resp = c.handle_batch(event_of(&messages)).await;
+        assert!(
+            resp.batch_item_failures.is_empty(),
+            "batch_writes={batch_writes}: {resp:?}"
+        );
+        let rows = rows(&env, a.id).await;
+        assert_eq!(count_status(&rows, "confirmed"), 3, "{rows:?}");
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        assert_eq!(db_remaining(&env, a.id).await, 7);
+        let after = snapshot(&env, a.id).await;
+        assert_eq!(after.stock, before.stock, "no compensation");
+        assert!(after.ledger.is_empty());
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Poison and transient failures
 // ---------------------------------------------------------------------------------------------

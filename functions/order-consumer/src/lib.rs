@@ -21,10 +21,21 @@ use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger::{self, Compensation};
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 /// The function name used in metrics.
 pub const FUNCTION: &str = "order-consumer";
+
+/// How long before its invocation's deadline a batch stops: what has not finished by then is
+/// reported for redelivery, so Lambda never kills an invocation mid-batch (its answer would be
+/// lost, and the whole batch, committed messages too, would come back after the visibility
+/// timeout). Stopping a message anywhere is what a crash there does, which every step
+/// tolerates (docs/invariants.md, "Consumer: an order message"). docs/capacity.md, "Time
+/// budgets", checks that the slowest message still fits after the slowest batch write.
+pub const STOP_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 
 mod batch;
 
@@ -86,6 +97,38 @@ pub enum ConsumeError {
     /// message is redelivered and every step it repeats is idempotent.
     #[error("retryable failure: {0:#}")]
     Retryable(anyhow::Error),
+}
+
+impl ConsumeError {
+    /// The batch stopped before its invocation's deadline with this message unfinished or
+    /// not started ([`STOP_BEFORE_DEADLINE`]).
+    fn stopped() -> Self {
+        ConsumeError::Retryable(anyhow::anyhow!(
+            "the batch stopped before the invocation's deadline"
+        ))
+    }
+}
+
+/// The Lambda context's deadline (milliseconds since the Unix epoch) on this process's
+/// monotonic clock, for [`Consumer::handle_batch_by`]. `None` for a deadline that is not in the
+/// future: Lambda hands an invocation its deadline ahead of it, so such a value comes from a
+/// runtime that sets none (`cargo lambda watch` sends a constant 600000, in 1970).
+pub fn deadline_of(deadline_epoch_ms: u64) -> Option<Instant> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let left = deadline_epoch_ms.checked_sub(now_ms).filter(|ms| *ms > 0)?;
+    Some(Instant::now() + Duration::from_millis(left))
+}
+
+/// `work` if it finishes before `stop` (and is started only before it); `None` otherwise,
+/// `work` dropped wherever it was.
+async fn before_stop<F: Future>(stop: Option<Instant>, work: F) -> Option<F::Output> {
+    match stop {
+        None => Some(work.await),
+        Some(stop) if Instant::now() >= stop => None,
+        Some(stop) => tokio::time::timeout_at(stop, work).await.ok(),
+    }
 }
 
 impl From<sqlx::Error> for ConsumeError {
@@ -177,7 +220,21 @@ impl Consumer {
     /// database and its own ledger entry, so the order in which they finish does not matter.
     /// Emits one metrics line for the batch.
     pub async fn handle_batch(&self, event: SqsEvent) -> SqsBatchResponse {
-        let (response, stats) = self.handle_batch_with_stats(event).await;
+        self.handle_batch_until(event, None).await
+    }
+
+    /// [`Consumer::handle_batch`] within an invocation that ends at `deadline` (the Lambda
+    /// context's): the batch stops [`STOP_BEFORE_DEADLINE`] before it, and the messages not
+    /// finished by then are reported for redelivery.
+    pub async fn handle_batch_by(&self, event: SqsEvent, deadline: Instant) -> SqsBatchResponse {
+        let stop = deadline
+            .checked_sub(STOP_BEFORE_DEADLINE)
+            .unwrap_or(deadline);
+        self.handle_batch_until(event, Some(stop)).await
+    }
+
+    async fn handle_batch_until(&self, event: SqsEvent, stop: Option<Instant>) -> SqsBatchResponse {
+        let (response, stats) = self.handle_batch_with_stats_until(event, stop).await;
         metrics::emit(
             FUNCTION,
             &[
@@ -196,6 +253,15 @@ impl Consumer {
 
     /// [`Consumer::handle_batch`] without the metrics line, returning the counters as well.
     pub async fn handle_batch_with_stats(&self, event: SqsEvent) -> (SqsBatchResponse, BatchStats) {
+        self.handle_batch_with_stats_until(event, None).await
+    }
+
+    /// The batch, with no work done past `stop` (none: no bound).
+    async fn handle_batch_with_stats_until(
+        &self,
+        event: SqsEvent,
+        stop: Option<Instant>,
+    ) -> (SqsBatchResponse, BatchStats) {
         let mut results: Vec<(Option<String>, Result<Processed, ConsumeError>)> = Vec::new();
         let mut pending = Vec::with_capacity(event.records.len());
         for record in event.records {
@@ -218,14 +284,27 @@ impl Consumer {
 
         let mut stats = BatchStats::default();
         if self.batch_writes {
-            let (committed, rest) = self.write_batches(pending).await;
-            stats.batched = committed.len() as u32;
-            for item in committed {
-                let result = Ok(Processed::new(Outcome::Committed, false));
-                log_result(&item, &result, "batch");
-                results.push((item.message_id, result));
+            let ids: Vec<Option<String>> = pending.iter().map(|i| i.message_id.clone()).collect();
+            match before_stop(stop, self.write_batches(pending)).await {
+                Some((committed, rest)) => {
+                    stats.batched = committed.len() as u32;
+                    for item in committed {
+                        let result = Ok(Processed::new(Outcome::Committed, false));
+                        log_result(&item, &result, "batch");
+                        results.push((item.message_id, result));
+                    }
+                    pending = rest;
+                }
+                // What the batch transactions committed comes back as duplicates.
+                None => {
+                    tracing::warn!(
+                        messages = ids.len(),
+                        "batch stopped before its deadline during the batch write"
+                    );
+                    results.extend(ids.into_iter().map(|id| (id, Err(ConsumeError::stopped()))));
+                    pending = Vec::new();
+                }
             }
-            pending = rest;
         }
 
         // What the batch path did not commit goes one by one: every case is decided there.
@@ -233,7 +312,9 @@ impl Consumer {
         let one_by_one: Vec<(Option<String>, Result<Processed, ConsumeError>)> =
             futures::stream::iter(pending)
                 .map(|item| async move {
-                    let result = self.handle_message(&item.message).await;
+                    let result = before_stop(stop, self.handle_message(&item.message))
+                        .await
+                        .unwrap_or_else(|| Err(ConsumeError::stopped()));
                     log_result(&item, &result, "single");
                     (item.message_id, result)
                 })
@@ -489,6 +570,35 @@ pub fn parse(body: Option<&str>) -> Result<OrderMessage, ConsumeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lambda_deadline_is_read_on_the_monotonic_clock_and_none_when_not_ahead() {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let left = deadline_of(now_ms + 5_000).unwrap() - Instant::now();
+        assert!(
+            left > Duration::from_millis(4_500) && left <= Duration::from_secs(5),
+            "{left:?}"
+        );
+        for unset in [0, 600_000, now_ms - 5_000] {
+            assert!(deadline_of(unset).is_none(), "{unset}");
+        }
+    }
+
+    #[tokio::test]
+    async fn work_past_its_stop_is_not_started_and_work_at_it_is_dropped() {
+        assert_eq!(before_stop(None, async { 1 }).await, Some(1));
+        let past = Instant::now();
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let work = async { started.store(true, std::sync::atomic::Ordering::SeqCst) };
+        assert_eq!(before_stop(Some(past), work).await, None);
+        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
+        let soon = Instant::now() + Duration::from_millis(50);
+        let forever = std::future::pending::<()>();
+        assert_eq!(before_stop(Some(soon), forever).await, None);
+    }
 
     #[test]
     fn parse_accepts_the_entry_functions_message() {

@@ -1,5 +1,6 @@
 //! Lambda entry point of `order-consumer`: tracing, config and clients once per cold start,
-//! then the SQS batch handler (partial batch failures). All logic lives in `lib.rs`.
+//! then the SQS batch handler (partial batch failures), which stops short of the invocation's
+//! deadline. All logic lives in `lib.rs`.
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
@@ -18,7 +19,13 @@ async fn main() -> Result<(), Error> {
     let consumer = Consumer::connect(config).await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let consumer = consumer.clone();
-        async move { Ok::<_, Error>(consumer.handle_batch(event.payload).await) }
+        let deadline = order_consumer::deadline_of(event.context.deadline);
+        async move {
+            Ok::<_, Error>(match deadline {
+                Some(deadline) => consumer.handle_batch_by(event.payload, deadline).await,
+                None => consumer.handle_batch(event.payload).await,
+            })
+        }
     }))
     .await
 }

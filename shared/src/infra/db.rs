@@ -23,29 +23,62 @@ use std::path::PathBuf;
 /// The schema, compiled into the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Every pool's options. A connection handed back while the server still has a transaction
-/// open on it is closed, never pooled again: a future cancelled during `Pool::begin`'s BEGIN
-/// round trip leaves the session inside a transaction that sqlx does not know about (sqlx
-/// 0.8 and 0.9 do), and the next borrower's statements would run inside it,
-/// holding their locks with nobody to commit them. Outside a transaction block every statement
-/// is its own transaction, so `now()` (the transaction's start) equals the statement's start;
-/// inside one it does not. Closing the session is what releases the locks.
+/// Every pool's options: each connection handed back goes through [`release_check`] before
+/// it is lent again.
 pub fn pool_options() -> PgPoolOptions {
-    PgPoolOptions::new().after_release(|conn, _meta| {
-        Box::pin(async move {
-            // One simple-protocol message, so outside a transaction block the statement is the
-            // whole implicit transaction (with Parse/Bind/Execute the statement's start comes
-            // after the transaction's). Reads no table: nothing for `query!` to check.
-            let row = sqlx::raw_sql("select now() <> statement_timestamp()")
-                .fetch_one(&mut *conn)
-                .await?;
-            let in_transaction: bool = row.try_get(0)?;
-            if in_transaction {
-                tracing::warn!("a connection came back inside a transaction; closed");
+    PgPoolOptions::new()
+        .after_release(|conn, _meta| Box::pin(async move { Ok(release_check(conn).await) }))
+}
+
+/// How many times [`release_check`] asks: the first answers may still be those of
+/// statements the borrower abandoned (its own statement, then a transaction's ROLLBACK).
+const RELEASE_CHECK_ASKS: usize = 3;
+
+/// Whether a connection handed back to the pool may be lent again; `false` closes it.
+///
+/// A connection handed back while the server still has a transaction open on it is closed,
+/// never pooled again: a future cancelled during `Pool::begin`'s BEGIN round trip leaves the
+/// session inside a transaction that sqlx does not know about (sqlx 0.8 and 0.9 do), and the
+/// next borrower's statements would run inside it, holding their locks with nobody to commit
+/// them. Outside a transaction block every statement is its own transaction, so `now()` (the
+/// transaction's start) equals the statement's start; inside one it does not. Closing the
+/// session is what releases the locks.
+///
+/// A borrower cancelled mid-statement (a timeout around its call, a Lambda killed) hands back
+/// a connection whose statement still runs: sqlx reads that statement's answer before it
+/// sends the check, so the check waits until the statement ends, which the role's
+/// `statement_timeout` bounds (migrations/0011_role_timeouts.sql). An error answer of the
+/// abandoned statement (57014 when the server cancelled it) arrives here as the check's error
+/// and leaves the connection healthy: the check asks again. Any other failure closes the
+/// connection, and never by returning `Err`: sqlx would close it *hard* then, which over
+/// rustls first waits for the server to send a byte, and an idle server sends none, so the
+/// pool slot would be lost. Closed gracefully, the connection sends Terminate and the server
+/// hangs up.
+async fn release_check(conn: &mut sqlx::PgConnection) -> bool {
+    for _ in 0..RELEASE_CHECK_ASKS {
+        // One simple-protocol message, so outside a transaction block the statement is the
+        // whole implicit transaction (with Parse/Bind/Execute the statement's start comes
+        // after the transaction's). Reads no table: nothing for `query!` to check.
+        let asked = sqlx::raw_sql("select now() <> statement_timestamp()")
+            .fetch_one(&mut *conn)
+            .await;
+        let row = match asked {
+            Ok(row) => row,
+            // The server's answer to an abandoned statement: read, ask again.
+            Err(sqlx::Error::Database(_)) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "a connection handed back failed its check; closed");
+                return false;
             }
-            Ok(!in_transaction)
-        })
-    })
+        };
+        let in_transaction = row.try_get::<bool, _>(0).unwrap_or(true);
+        if in_transaction {
+            tracing::warn!("a connection came back inside a transaction; closed");
+        }
+        return !in_transaction;
+    }
+    tracing::warn!("a connection handed back kept answering with errors; closed");
+    false
 }
 
 /// The CA certificates compiled into every binary: what a verifying connection trusts unless
@@ -189,8 +222,9 @@ pub fn is_foreign_key_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_foreign_key_violation())
 }
 
-/// True for errors worth retrying later (connection lost, pool exhausted, I/O), as opposed to
-/// a query the database refused.
+/// True for errors worth retrying later (connection lost, pool exhausted, I/O, the server out
+/// of connections, a statement or an idle transaction the server ended for running past the
+/// role's timeout), as opposed to a query the database refused.
 pub fn is_transient(err: &sqlx::Error) -> bool {
     matches!(
         err,
@@ -199,7 +233,18 @@ pub fn is_transient(err: &sqlx::Error) -> bool {
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
-    ) || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"))
+    ) || matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| is_transient_code(&c)))
+}
+
+/// SQLSTATEs of [`is_transient`]: connection exceptions (08), insufficient resources (53, such
+/// as 53300 when a role is at its connection limit), operator intervention (57P),
+/// `query_canceled` (57014: the role's `statement_timeout`), the session ended for idling in a
+/// transaction (25P03), serialization failures and deadlocks.
+fn is_transient_code(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57P")
+        || matches!(code, "57014" | "25P03" | "40001" | "40P01")
 }
 
 #[cfg(test)]
