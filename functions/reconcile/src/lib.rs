@@ -35,9 +35,6 @@ pub use report::{
 /// The function name used in metrics.
 pub const FUNCTION: &str = "reconcile";
 
-/// Unpaid orders released per run at most; the rest wait for the next run.
-pub const RELEASE_BATCH: i64 = release::RELEASE_BATCH;
-
 /// The job's clients and settings, built once per cold start.
 pub struct Reconcile {
     config: Config,

@@ -1,5 +1,6 @@
 //! Unpaid orders past the payment timeout go back on sale: each is cancelled as its owner
-//! would cancel it ([`cancel::cancel_order`]), a bounded batch per run, oldest first.
+//! would cancel it ([`cancel::cancel_order`]), a bounded batch per run (`RELEASE_BATCH`),
+//! oldest first.
 
 use crate::{Reconcile, ReconcileFailure, ReconcileReport};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
@@ -8,14 +9,11 @@ use seckill_shared::domain::order;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
 use std::collections::HashMap;
 
-/// Unpaid orders released per run at most; the rest wait for the next run.
-pub const RELEASE_BATCH: i64 = 500;
-
 /// Cancellations of unpaid orders in flight at once.
 const RELEASE_CONCURRENCY: usize = 8;
 
 impl Reconcile {
-    /// Cancels up to [`RELEASE_BATCH`] orders left unpaid past the payment timeout, oldest
+    /// Cancels up to `release_batch` orders left unpaid past the payment timeout, oldest
     /// first. Returns how many were released per activity.
     pub async fn release_unpaid(
         &self,
@@ -25,7 +23,8 @@ impl Reconcile {
         let mut released = HashMap::new();
         let timeout = ChronoDuration::from_std(self.config.payment_timeout)
             .unwrap_or(ChronoDuration::minutes(15));
-        let unpaid = order::unpaid_before(&self.pool, now - timeout, RELEASE_BATCH).await;
+        let unpaid =
+            order::unpaid_before(&self.pool, now - timeout, self.config.release_batch).await;
         let unpaid = match unpaid {
             Ok(rows) => rows,
             Err(e) => {
