@@ -19,6 +19,7 @@ use seckill_shared::testing;
 
 use seckill_shared::domain::order;
 use seckill_shared::on_both_redis;
+use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::cancel::CancelAttempt;
 use seckill_shared::store::cancel::CancelBegin;
 use seckill_shared::store::purchase::Reservation;
@@ -32,7 +33,7 @@ use uuid::Uuid;
 
 use common::{
     after_grace, commit_order, consume, db_remaining, is_participant, preheat, reconcile,
-    redis_stock, reserve, set_db_stock,
+    redis_stock, reserve, set_db_stock, snapshot,
 };
 
 on_both_redis!(
@@ -45,6 +46,7 @@ on_both_redis!(
     redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
     stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
     unpaid_order_past_the_payment_timeout_is_released,
+    a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile,
     reconcile_during_a_load_of_purchases_breaks_no_invariant,
     activity_stats_row_holds_the_numbers,
 );
@@ -481,6 +483,66 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.sold, r.pending_qty, r.drift), (1, 0, 0));
     // The user may buy again.
+    reserve(&env, a.id, "alice", 1).await;
+    Ok(())
+}
+
+/// Redis lost the buyer's field after her order was confirmed (a failover that dropped the
+/// last writes) while the sale stayed loaded; a paid buyer's field too. Reconcile puts both
+/// back from the live orders, so neither can buy a second time; her cancel then completes and
+/// the units are back once.
+async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
+    let order_id = consume(&env, a.id, "alice", rid, 2).await?;
+    let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
+    let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
+    testing::pay(&env.pool, paid, env.config.payment_timeout)
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    for user in ["alice", "bob"] {
+        assert!(testing::lose_field(&env.redis, a.id, user).await?);
+    }
+
+    let report = reconcile(&env).run(Utc::now()).await?;
+
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(
+        testing::field(&env.redis, a.id, "alice").await?,
+        Some(rid.to_string())
+    );
+    assert_eq!(
+        testing::field(&env.redis, a.id, "bob").await?,
+        Some(paid_rid.to_string())
+    );
+    assert!(
+        snapshot(&env, a.id).await.ledger.is_empty(),
+        "the restore's marks are gone"
+    );
+    for user in ["alice", "bob"] {
+        let again = testing::purchase(
+            &env.redis,
+            a.id,
+            user,
+            1,
+            Uuid::new_v4(),
+            purchase::far_deadline(),
+        )
+        .await?;
+        assert!(
+            matches!(again, Err(Refusal::AlreadyPurchased)),
+            "{user}: {again:?}"
+        );
+    }
+    let order = order::get(&env.pool, order_id).await?.unwrap();
+    let outcome = protocol::cancel::cancel_order(&env.pool, &env.redis, &order, Utc::now()).await?;
+    assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 2 });
+    assert_eq!(db_remaining(&env, a.id).await, 9);
+    assert_eq!(redis_stock(&env, a.id).await, Some(9));
+    assert!(!is_participant(&env, a.id, "alice").await);
     reserve(&env, a.id, "alice", 1).await;
     Ok(())
 }

@@ -278,21 +278,51 @@ pub async fn live_holders(
         .collect())
 }
 
-/// Which of `users` hold a live order of the activity: reconcile's check of the users it
-/// marked as possible orphans.
+/// Which of `users` hold a live order of the activity, each with the order's request id:
+/// reconcile's check of the users it marked as possible orphans, and a restore's read of the
+/// users whose field it marked as lost.
 pub async fn live_holders_among(
     db: impl PgExecutor<'_>,
     activity_id: i64,
     users: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        "select user_id from orders
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
          where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
         activity_id,
         users
     )
     .fetch_all(db)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
+}
+
+/// Up to `limit` holders of a live order of the activity whose user id sorts after `after`,
+/// in user id order, each with the order's request id: one page of reconcile's walk of the
+/// live orders (the buyer index keeps a page's cost to its rows, whatever the sale's size).
+pub async fn live_holders_after(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and user_id > $2 and status in ('confirmed', 'paid')
+         order by user_id limit $3",
+        activity_id,
+        after,
+        limit
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
 }
 
 /// Marks a `confirmed` order paid, at `now`; `None` when it is not (any more) confirmed.
