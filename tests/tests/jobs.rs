@@ -46,6 +46,7 @@ on_both_redis!(
     redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
     stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
     unpaid_order_past_the_payment_timeout_is_released,
+    the_payment_timeout_releases_every_sale_while_one_cannot_release_its_orders,
     a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile,
     reconcile_during_a_load_of_purchases_breaks_no_invariant,
     activity_stats_row_holds_the_numbers,
@@ -484,6 +485,58 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     assert_eq!((r.sold, r.pending_qty, r.drift), (1, 0, 0));
     // The user may buy again.
     reserve(&env, a.id, "alice", 1).await;
+    Ok(())
+}
+
+/// Sale A runs but Redis lost it, so none of its unpaid orders can be released until it is
+/// loaded again (a cancel answers `busy`); there are more of them than one run releases, and
+/// they are older than sale B's. The payment timeout still releases B's order within a lap,
+/// and leaves A's as they are.
+async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_orders(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let mut env = env(kind).await?;
+    env.config.release_batch = 3;
+    // Well before the sales' end (in an hour): a cancel of an ended sale changes the database
+    // alone, and sale A must stay one that runs.
+    env.config.payment_timeout = Duration::from_secs(60);
+    let a = env.open_sale(10, 5).await?;
+    let b = env.open_sale(10, 5).await?;
+    let mut stuck = Vec::new();
+    for i in 0..4 {
+        let user = format!("a{i}");
+        let rid = reserve(&env, a.id, &user, 1).await.attempt.request_id;
+        stuck.push(consume(&env, a.id, &user, rid, 1).await?);
+    }
+    let rid = reserve(&env, b.id, "bob", 1).await.attempt.request_id;
+    let bobs = consume(&env, b.id, "bob", rid, 1).await?;
+    testing::lose_sale(&env.redis, a.id).await?;
+    let job = reconcile(&env);
+    let past_timeout = Utc::now() + ChronoDuration::seconds(61);
+
+    let status = |id: i64| {
+        let pool = env.pool.clone();
+        async move { order::get(&pool, id).await.map(|o| o.unwrap().status) }
+    };
+    let mut runs = 0;
+    while status(bobs).await? == "confirmed" && runs < 4 {
+        let mut report = reconcile::ReconcileReport::default();
+        job.release_unpaid(past_timeout, &mut report).await;
+        assert!(report.errors.is_empty(), "{report:?}");
+        runs += 1;
+    }
+
+    assert_eq!(
+        status(bobs).await?,
+        "cancelled",
+        "sale B's unpaid order is still confirmed after {runs} runs"
+    );
+    assert_eq!(db_remaining(&env, b.id).await, 10);
+    assert_eq!(redis_stock(&env, b.id).await, Some(10));
+    for id in stuck {
+        assert_eq!(status(id).await?, "confirmed", "sale A is not loaded");
+    }
+    assert_eq!(db_remaining(&env, a.id).await, 6);
     Ok(())
 }
 

@@ -119,7 +119,8 @@ pub struct Config {
     #[arg(long = "payment-timeout-secs", env = "PAYMENT_TIMEOUT_SECS",
           value_name = "PAYMENT_TIMEOUT_SECS", value_parser = secs, default_value = "900")]
     pub payment_timeout: Duration,
-    /// Unpaid orders the payment timeout releases per reconcile run at most.
+    /// Unpaid orders the payment timeout releases per reconcile run at most; the next run goes
+    /// on where this one stopped.
     #[arg(long = "release-batch", env = "RELEASE_BATCH", value_name = "RELEASE_BATCH",
           value_parser = at_least_one, default_value = "500")]
     pub release_batch: i64,
