@@ -1,8 +1,9 @@
 -- cancel_begin.lua: announce one cancel attempt in the ledger, `c|<cancelId>|qty|ms|<orderId>`,
 -- before the database commits it (docs/invariants.md, "Cancel", step 1). Only while the
 -- user's field in `users` names the order's request id: otherwise the order holds nothing in
--- Redis any more and nothing is written. An orphan check's mark and the order's own
--- reservation give way; any other entry of the user is another attempt in flight.
+-- Redis any more (or Redis lost the field, which the caller restores first) and nothing is
+-- written. A check's mark and the order's own reservation give way; any other entry of the
+-- user is another attempt in flight.
 --
 -- KEYS[1] meta   KEYS[2] ledger   KEYS[3] users
 -- ARGV[1] user id   ARGV[2] cancel id   ARGV[3] quantity   ARGV[4] now (ms)   ARGV[5] order id

@@ -47,7 +47,8 @@ USERS: dict[str, dict] = {
         "user": "seckill-entry",
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
-            "cancel_begin.lua", "draw.lua", "outbox_take.lua", "outbox_done.lua", "pool_leave.lua",
+            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
+            "outbox_done.lua", "pool_leave.lua",
         ],
         # The public view, a user's ledger entry and pool entry, the buckets' stock.
         "commands": ["HGET", "HMGET", "HGETALL"],
@@ -69,8 +70,8 @@ USERS: dict[str, dict] = {
     "reconcile": {
         "user": "seckill-reconcile",
         "scripts": [
-            "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "give_back.lua",
-            "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
+            "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "mark_lost.lua",
+            "restore_user.lua", "give_back.lua", "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
             "outbox_done.lua", "pool_leave.lua", "preheat.lua", "rebuild_users.lua", "unload.lua",
             "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],

@@ -583,6 +583,38 @@ pub async fn lose_sale(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Redis loses one buyer's field in `users` while the sale stays loaded, as a failover that
+/// dropped the last writes can leave it: only a field with no ledger entry of the user (every
+/// script writes an entry together with the field, so a lost suffix of writes never leaves
+/// an entry without its field). Returns whether a field went.
+pub async fn lose_field(
+    redis: &Redis,
+    at: impl Into<crate::store::keys::Bucket>,
+    user: &str,
+) -> anyhow::Result<bool> {
+    let k = redis.bucket_keys(at.into());
+    let script = redis::Script::new(
+        "if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 \
+         then return redis.call('HDEL', KEYS[2], ARGV[1]) end return 0",
+    );
+    let mut inv = script.prepare_invoke();
+    inv.key(&k.meta).key(&k.users).key(&k.ledger).arg(user);
+    let lost: i64 = redis.script(&inv).await?;
+    Ok(lost == 1)
+}
+
+/// What `user`'s field in `users` holds (the request id that holds her quota), if any.
+pub async fn field(
+    redis: &Redis,
+    at: impl Into<crate::store::keys::Bucket>,
+    user: &str,
+) -> anyhow::Result<Option<String>> {
+    let k = redis.bucket_keys(at.into());
+    Ok(redis
+        .cmd(redis::cmd("HGET").arg(&k.users).arg(user))
+        .await?)
+}
+
 /// Buys `quantity` units of sale `activity_id` for `user` as the entry function does, with the
 /// sale's bucket count learnt from Redis: the reservation, or the refusal. A draw sale's
 /// answers (queued, draw due) are an error here: tests of a draw read [`purchase::enter`].

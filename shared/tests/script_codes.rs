@@ -22,6 +22,7 @@ fn coded() -> Vec<(&'static str, &'static [(&'static str, i64)])> {
         (buckets::UnloadCode::SCRIPT, buckets::UnloadCode::ALL),
         (repair::FixStockCode::SCRIPT, repair::FixStockCode::ALL),
         (repair::DropUserCode::SCRIPT, repair::DropUserCode::ALL),
+        (repair::RestoreCode::SCRIPT, repair::RestoreCode::ALL),
         (draw::DrawCode::SCRIPT, draw::DrawCode::ALL),
         (draw::TakeCode::SCRIPT, draw::TakeCode::ALL),
         (draw::LeaveCode::SCRIPT, draw::LeaveCode::ALL),
@@ -33,7 +34,12 @@ fn coded() -> Vec<(&'static str, &'static [(&'static str, i64)])> {
 }
 
 /// The scripts that answer data only (a snapshot, a list, a count).
-const DATA: &[&str] = &["snapshot.lua", "mark_users.lua", "outbox_done.lua"];
+const DATA: &[&str] = &[
+    "snapshot.lua",
+    "mark_users.lua",
+    "mark_lost.lua",
+    "outbox_done.lua",
+];
 
 /// `NotFound` → `NOT_FOUND`.
 fn upper_snake(camel: &str) -> String {

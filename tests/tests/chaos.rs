@@ -14,7 +14,9 @@
 //! - preheat runs;
 //! - on the test's private standalone Redis: SIGSTOP for 0.3-1.5 s, then SIGCONT (the shared
 //!   cluster is never stopped);
-//! - with reconcile on: reconcile runs with a short grace, and the sale's keys are lost once;
+//! - with reconcile on: reconcile runs with a short grace, the sale's keys are lost once, and
+//!   now and then one buyer's field in `users` is lost while the sale stays loaded (a
+//!   failover that dropped the last writes; only a field whose user has no entry in flight);
 //! - in a draw sale (some one-bucket sales admit by draw, with a window of a quarter to
 //!   three fifths of the phase), buyers queue in the pool, and whoever comes after the window
 //!   (a buyer, reconcile) runs the draw and sends its winners;
@@ -474,6 +476,7 @@ struct Report {
     reconcile_repairs: u64,
     reconcile_errors: u64,
     keys_lost: u64,
+    fields_lost: u64,
     draw_entrants: u64,
     draw_winners: u64,
     watcher_samples: u64,
@@ -520,8 +523,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "  jobs: {} preheats ({} loaded, {} errors), {} reconciles ({} repairs, {} errors), \
-             {} key losses, {} pauses ({} ms), watcher {} samples ({} errors), draws {} \
-             entrants {} winners",
+             {} key losses, {} fields lost, {} pauses ({} ms), watcher {} samples ({} errors), \
+             draws {} entrants {} winners",
             self.preheats,
             self.preheat_loaded,
             self.preheat_errors,
@@ -529,6 +532,7 @@ impl fmt::Display for Report {
             self.reconcile_repairs,
             self.reconcile_errors,
             self.keys_lost,
+            self.fields_lost,
             self.pauses,
             self.paused_ms,
             self.watcher_samples,
@@ -760,6 +764,7 @@ impl Chaos {
         if self.variant.reconcile {
             actors.push(("reconcile", tokio::spawn(reconciles(self.clone()))));
             actors.push(("key loss", tokio::spawn(key_loss(self.clone(), phase))));
+            actors.push(("lost fields", tokio::spawn(lost_fields(self.clone()))));
         }
         Actors(actors)
     }
@@ -1355,6 +1360,36 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
         }
     }
     c.count(|r| r.keys_lost += 1);
+    Ok(())
+}
+
+/// Loses a buyer's field in `users` every 0.3-1.2 s while the sale stays loaded, as a
+/// failover that dropped the last writes leaves it: a random user of a random bucket's
+/// `users`, when no entry of hers is in flight. Reconcile restores it from her live order,
+/// and her cancel restores it itself; a field with no live order behind it stays gone.
+async fn lost_fields(c: Arc<Chaos>) -> anyhow::Result<()> {
+    let mut rng = c.rng(1100);
+    while c.nap(rng.random_range(300..1200)).await {
+        let id = c.pick_sale(&mut rng);
+        let all: Vec<Bucket> = c.buckets_of(id).collect();
+        let bucket = all[rng.random_range(0..all.len())];
+        let k = c.patient.bucket_keys(bucket);
+        // A paused Redis may time the read out: the next round tries again.
+        let Ok(users) = c
+            .patient
+            .cmd::<Vec<String>>(redis::cmd("HKEYS").arg(&k.users))
+            .await
+        else {
+            continue;
+        };
+        let users: Vec<&String> = users.iter().filter(|u| *u != SENTINEL).collect();
+        let Some(user) = users.choose(&mut rng) else {
+            continue;
+        };
+        if let Ok(true) = testing::lose_field(&c.patient, bucket, user).await {
+            c.count(|r| r.fields_lost += 1);
+        }
+    }
     Ok(())
 }
 

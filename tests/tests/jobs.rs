@@ -19,6 +19,7 @@ use seckill_shared::testing;
 
 use seckill_shared::domain::order;
 use seckill_shared::on_both_redis;
+use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::cancel::CancelAttempt;
 use seckill_shared::store::cancel::CancelBegin;
 use seckill_shared::store::purchase::Reservation;
@@ -32,7 +33,7 @@ use uuid::Uuid;
 
 use common::{
     after_grace, commit_order, consume, db_remaining, is_participant, preheat, reconcile,
-    redis_stock, reserve, set_db_stock,
+    redis_stock, reserve, set_db_stock, snapshot,
 };
 
 on_both_redis!(
@@ -45,6 +46,8 @@ on_both_redis!(
     redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
     stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
     unpaid_order_past_the_payment_timeout_is_released,
+    the_payment_timeout_releases_every_sale_while_one_cannot_release_its_orders,
+    a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile,
     reconcile_during_a_load_of_purchases_breaks_no_invariant,
     activity_stats_row_holds_the_numbers,
 );
@@ -482,6 +485,118 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.sold, r.pending_qty, r.drift), (1, 0, 0));
     // The user may buy again.
+    reserve(&env, a.id, "alice", 1).await;
+    Ok(())
+}
+
+/// Sale A runs but Redis lost it, so none of its unpaid orders can be released until it is
+/// loaded again (a cancel answers `busy`); there are more of them than one run releases, and
+/// they are older than sale B's. The payment timeout still releases B's order within a lap,
+/// and leaves A's as they are.
+async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_orders(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let mut env = env(kind).await?;
+    env.config.release_batch = 3;
+    // Well before the sales' end (in an hour): a cancel of an ended sale changes the database
+    // alone, and sale A must stay one that runs.
+    env.config.payment_timeout = Duration::from_secs(60);
+    let a = env.open_sale(10, 5).await?;
+    let b = env.open_sale(10, 5).await?;
+    let mut stuck = Vec::new();
+    for i in 0..4 {
+        let user = format!("a{i}");
+        let rid = reserve(&env, a.id, &user, 1).await.attempt.request_id;
+        stuck.push(consume(&env, a.id, &user, rid, 1).await?);
+    }
+    let rid = reserve(&env, b.id, "bob", 1).await.attempt.request_id;
+    let bobs = consume(&env, b.id, "bob", rid, 1).await?;
+    testing::lose_sale(&env.redis, a.id).await?;
+    let job = reconcile(&env);
+    let past_timeout = Utc::now() + ChronoDuration::seconds(61);
+
+    let status = |id: i64| {
+        let pool = env.pool.clone();
+        async move { order::get(&pool, id).await.map(|o| o.unwrap().status) }
+    };
+    let mut runs = 0;
+    while status(bobs).await? == "confirmed" && runs < 4 {
+        let mut report = reconcile::ReconcileReport::default();
+        job.release_unpaid(past_timeout, &mut report).await;
+        assert!(report.errors.is_empty(), "{report:?}");
+        runs += 1;
+    }
+
+    assert_eq!(
+        status(bobs).await?,
+        "cancelled",
+        "sale B's unpaid order is still confirmed after {runs} runs"
+    );
+    assert_eq!(db_remaining(&env, b.id).await, 10);
+    assert_eq!(redis_stock(&env, b.id).await, Some(10));
+    for id in stuck {
+        assert_eq!(status(id).await?, "confirmed", "sale A is not loaded");
+    }
+    assert_eq!(db_remaining(&env, a.id).await, 6);
+    Ok(())
+}
+
+/// Redis lost the buyer's field after her order was confirmed (a failover that dropped the
+/// last writes) while the sale stayed loaded; a paid buyer's field too. Reconcile puts both
+/// back from the live orders, so neither can buy a second time; her cancel then completes and
+/// the units are back once.
+async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
+    let order_id = consume(&env, a.id, "alice", rid, 2).await?;
+    let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
+    let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
+    testing::pay(&env.pool, paid, env.config.payment_timeout)
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    for user in ["alice", "bob"] {
+        assert!(testing::lose_field(&env.redis, a.id, user).await?);
+    }
+
+    let report = reconcile(&env).run(Utc::now()).await?;
+
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(
+        testing::field(&env.redis, a.id, "alice").await?,
+        Some(rid.to_string())
+    );
+    assert_eq!(
+        testing::field(&env.redis, a.id, "bob").await?,
+        Some(paid_rid.to_string())
+    );
+    assert!(
+        snapshot(&env, a.id).await.ledger.is_empty(),
+        "the restore's marks are gone"
+    );
+    for user in ["alice", "bob"] {
+        let again = testing::purchase(
+            &env.redis,
+            a.id,
+            user,
+            1,
+            Uuid::new_v4(),
+            purchase::far_deadline(),
+        )
+        .await?;
+        assert!(
+            matches!(again, Err(Refusal::AlreadyPurchased)),
+            "{user}: {again:?}"
+        );
+    }
+    let order = order::get(&env.pool, order_id).await?.unwrap();
+    let outcome = protocol::cancel::cancel_order(&env.pool, &env.redis, &order, Utc::now()).await?;
+    assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 2 });
+    assert_eq!(db_remaining(&env, a.id).await, 9);
+    assert_eq!(redis_stock(&env, a.id).await, Some(9));
+    assert!(!is_participant(&env, a.id, "alice").await);
     reserve(&env, a.id, "alice", 1).await;
     Ok(())
 }

@@ -580,3 +580,35 @@ async fn a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing(
     Ok(())
 }
 on_both_redis!(a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing);
+
+/// Redis lost the buyer's field in `users` after her order was confirmed (a failover that
+/// dropped the last writes) while the sale stayed loaded. Her cancel completes: the order is
+/// cancelled, the units go back to the database and to Redis once, and she may buy again.
+async fn a_cancel_of_an_order_whose_field_redis_lost_completes(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await;
+    let id = w.confirmed("alice", 2).await;
+    assert!(testing::lose_field(&w.env.redis, w.sale.id, "alice").await?);
+
+    let (status, body) = w.cancel(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["releasedQuantity"], 2);
+    assert_eq!(w.status(id).await, "cancelled");
+    let snap = w.redis().await;
+    assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
+    assert!(snap.ledger.is_empty(), "{:?}", snap.ledger);
+    assert_eq!(snap.participants, 0);
+    let (status, again) = w.cancel(id, "alice").await;
+    assert_eq!(
+        (status, again["releasedQuantity"].as_i64()),
+        (StatusCode::OK, Some(0)),
+        "{again}"
+    );
+    assert_eq!((w.db_stock().await, w.redis().await.stock), (10, Some(10)));
+    let (status, body) = w.buy("alice").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    Ok(())
+}
+on_both_redis!(a_cancel_of_an_order_whose_field_redis_lost_completes);

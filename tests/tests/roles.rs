@@ -196,11 +196,11 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
         }
     };
 
-    for user in ["alice", "bob"] {
+    for user in ["alice", "bob", "dave"] {
         let (status, body) = buy(user).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     }
-    assert_eq!(consume_queue_as_consumer(&env).await.0, 2);
+    assert_eq!(consume_queue_as_consumer(&env).await.0, 3);
     let me = format!("/activities/{}/orders/me", a.id);
     let mine = |user: &'static str| call(&entry, request("GET", &me, Some((user, "")), None));
     let (status, alice) = mine("alice").await;
@@ -223,7 +223,16 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
     let (status, cancelled) = call(&entry, request("POST", &cancel, Some(("bob", "")), None)).await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     assert_eq!(cancelled["releasedQuantity"], 1);
-    assert_eq!(db_remaining(&env, a.id).await, 9, "bob's unit is back");
+    assert_eq!(db_remaining(&env, a.id).await, 8, "bob's unit is back");
+    // A cancel whose buyer's field Redis lost restores it first.
+    let (_, dave) = mine("dave").await;
+    assert!(testing::lose_field(&env.redis, a.id, "dave").await?);
+    let cancel = format!("/orders/{}/cancel", dave["orderId"]);
+    let (status, cancelled) =
+        call(&entry, request("POST", &cancel, Some(("dave", "")), None)).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["releasedQuantity"], 1);
+    assert_eq!(db_remaining(&env, a.id).await, 9, "dave's unit is back");
     let (status, view) = call(
         &entry,
         request("GET", &format!("/activities/{}", a.id), None, None),
@@ -436,9 +445,9 @@ async fn insert(env: &TestEnv, start_at: DateTime<Utc>, end_at: DateTime<Utc>) -
         .unwrap()
 }
 
-/// Reconcile as `seckill_reconcile`: a stale reservation claimed `failed` and given back, the
-/// database's stock repaired under the row lock, an unpaid order cancelled by the payment
-/// timeout, its stats row written.
+/// Reconcile as `seckill_reconcile`: a stale reservation claimed `failed` and given back, a
+/// buyer's lost field restored from her live order, the database's stock repaired under the
+/// row lock, an unpaid order cancelled by the payment timeout, its stats row written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()> {
     let mut env = new_env().await;
@@ -448,11 +457,17 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     let unpaid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
     let stale = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
+    assert!(testing::lose_field(&env.redis, a.id, "alice").await?);
     let job = reconcile::Reconcile::new(deps_as(&env, "seckill_reconcile").await);
 
     let report = job.run(after_grace(env.config.reconcile_grace)).await?;
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!(report.activity(a.id).unwrap().compensated, 1, "{report:?}");
+    assert_eq!(
+        report.activity(a.id).unwrap().fields_restored,
+        1,
+        "{report:?}"
+    );
     let bob = order::by_request(&env.pool, stale).await?.unwrap();
     assert_eq!(bob.status, "failed");
 

@@ -2,10 +2,11 @@
 //! (docs/invariants.md, "Reconcile"). [`Reconcile::run`] first releases unpaid orders past the
 //! payment timeout ([`release`]), then for every sale running or ended within the key expiry
 //! buffer: a draw sale's due draw and sends ([`draw`]), the snapshot (a running sale Redis lost
-//! is loaded again), the ledger's repairs ([`ledger`]), orphan users ([`orphans`]), the
-//! database against itself and Redis's stock against the database ([`stock`]), and the numbers
-//! ([`report`]). Every Redis change is one guarded script and every give-back is claimed in the
-//! database first, so it is safe while purchases run and against a second reconcile.
+//! is loaded again), the ledger's repairs ([`ledger`]), orphan users ([`orphans`]) and the
+//! lost fields of live orders' holders ([`fields`]), the database against itself and Redis's
+//! stock against the database ([`stock`]), and the numbers ([`report`]). Every Redis change is
+//! one guarded script and every give-back is claimed in the database first, so it is safe
+//! while purchases run and against a second reconcile.
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ use seckill_shared::{Config, Context};
 use sqlx::PgPool;
 
 mod draw;
+mod fields;
 mod ledger;
 mod orphans;
 mod release;
@@ -34,9 +36,6 @@ pub use report::{
 
 /// The function name used in metrics.
 pub const FUNCTION: &str = "reconcile";
-
-/// Unpaid orders released per run at most; the rest wait for the next run.
-pub const RELEASE_BATCH: i64 = release::RELEASE_BATCH;
 
 /// The job's clients and settings, built once per cold start.
 pub struct Reconcile {
@@ -153,6 +152,8 @@ impl Reconcile {
                 // 3. Users with nothing behind them.
                 r.users_dropped += self.drop_orphan_users(*bucket, now).await?;
             }
+            // 3. The other way: holders of a live order whose field Redis lost.
+            r.fields_restored = self.restore_lost_fields(a, now).await?;
         }
 
         // 4. The database against itself.

@@ -59,6 +59,7 @@ impl Reconcile {
                 .await
                 .context("failed to look up the orders of users in `users`")?
                 .into_iter()
+                .map(|(user, _)| user)
                 .collect();
             pause::point("reconcile.orphans.before_drop", id).await;
             for user in &marked {

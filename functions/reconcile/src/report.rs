@@ -86,6 +86,8 @@ pub struct ActivityReport {
     pub transfers_finished: usize,
     /// Users in `users` with nothing behind them, removed.
     pub users_dropped: usize,
+    /// Holders of a live order whose field in `users` was lost, restored.
+    pub fields_restored: usize,
     /// The database's remaining stock before this run fixed it, when it was wrong.
     pub db_stock_fixed_from: Option<i64>,
     pub stock_check: StockCheck,
@@ -163,6 +165,7 @@ impl ActivityReport {
             cancels_finished: 0,
             transfers_finished: 0,
             users_dropped: 0,
+            fields_restored: 0,
             db_stock_fixed_from: None,
             stock_check: StockCheck::NotLoaded,
             released_unpaid: 0,
@@ -204,6 +207,7 @@ impl ActivityReport {
             + self.cancels_finished
             + self.transfers_finished
             + self.users_dropped
+            + self.fields_restored
             + usize::from(self.db_stock_fixed_from.is_some())
             + usize::from(matches!(self.stock_check, StockCheck::Corrected { .. }));
     }

@@ -290,21 +290,51 @@ pub async fn live_holders(
         .collect())
 }
 
-/// Which of `users` hold a live order of the activity: reconcile's check of the users it
-/// marked as possible orphans.
+/// Which of `users` hold a live order of the activity, each with the order's request id:
+/// reconcile's check of the users it marked as possible orphans, and a restore's read of the
+/// users whose field it marked as lost.
 pub async fn live_holders_among(
     db: impl PgExecutor<'_>,
     activity_id: i64,
     users: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        "select user_id from orders
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
          where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
         activity_id,
         users
     )
     .fetch_all(db)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
+}
+
+/// Up to `limit` holders of a live order of the activity whose user id sorts after `after`,
+/// in user id order, each with the order's request id: one page of reconcile's walk of the
+/// live orders (the buyer index keeps a page's cost to its rows, whatever the sale's size).
+pub async fn live_holders_after(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select user_id, request_id from orders
+         where activity_id = $1 and user_id > $2 and status in ('confirmed', 'paid')
+         order by user_id limit $3",
+        activity_id,
+        after,
+        limit
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.user_id, r.request_id))
+        .collect())
 }
 
 /// Marks a `confirmed` order paid, at `now`; `None` when it is not (any more) confirmed.
@@ -336,22 +366,62 @@ pub async fn get_for_update(
         .await
 }
 
-/// Up to `limit` orders still `confirmed` (unpaid) that were created before `before`, oldest
-/// first: what the payment timeout releases.
-pub async fn unpaid_before(
+/// An unpaid order's place in the payment timeout's walk: its `(created_at, id)`.
+pub type UnpaidKey = (DateTime<Utc>, i64);
+
+impl Order {
+    /// This order's place in the payment timeout's walk.
+    pub fn unpaid_key(&self) -> UnpaidKey {
+        (self.created_at, self.id)
+    }
+}
+
+/// Up to `limit` orders still `confirmed` (unpaid) that were created before `before` and come
+/// after `after` in `(created_at, id)` order, in that order: one batch of the payment
+/// timeout's walk.
+pub async fn unpaid_after(
     db: impl PgExecutor<'_>,
     before: DateTime<Utc>,
+    after: UnpaidKey,
     limit: i64,
 ) -> Result<Vec<Order>, sqlx::Error> {
     order_rows!(
         "select ",
         " from orders where status = 'confirmed' and created_at < $1
-         order by created_at limit $2",
+         and (created_at, id) > ($2, $3)
+         order by created_at, id limit $4",
         before,
+        after.0,
+        after.1,
         limit
     )
     .fetch_all(db)
     .await
+}
+
+/// Where the payment timeout's walk stopped (`None`: it has not started).
+pub async fn release_cursor(db: impl PgExecutor<'_>) -> Result<Option<UnpaidKey>, sqlx::Error> {
+    let row = sqlx::query!("select created_at, order_id from release_cursor")
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|r| (r.created_at, r.order_id)))
+}
+
+/// Records where the payment timeout's walk goes on.
+pub async fn save_release_cursor(
+    db: impl PgExecutor<'_>,
+    at: UnpaidKey,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into release_cursor (only_row, created_at, order_id) values (true, $1, $2)
+         on conflict (only_row)
+         do update set created_at = excluded.created_at, order_id = excluded.order_id",
+        at.0,
+        at.1
+    )
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// The cancel ids that committed the cancellation of any of `order_ids`.

@@ -119,6 +119,11 @@ pub struct Config {
     #[arg(long = "payment-timeout-secs", env = "PAYMENT_TIMEOUT_SECS",
           value_name = "PAYMENT_TIMEOUT_SECS", value_parser = secs, default_value = "900")]
     pub payment_timeout: Duration,
+    /// Unpaid orders the payment timeout releases per reconcile run at most; the next run goes
+    /// on where this one stopped.
+    #[arg(long = "release-batch", env = "RELEASE_BATCH", value_name = "RELEASE_BATCH",
+          value_parser = at_least_one, default_value = "500")]
+    pub release_batch: i64,
     /// Lease of the admin lock; the watchdog renews it every third of it.
     #[arg(long = "lock-ttl-ms", env = "LOCK_TTL_MS", value_name = "LOCK_TTL_MS",
           value_parser = millis, default_value = "5000")]
@@ -316,6 +321,14 @@ fn whole<T: std::str::FromStr>(value: &str) -> Result<T, String> {
         .trim()
         .parse()
         .map_err(|_| "must be a non-negative whole number".into())
+}
+
+/// A whole number, 1 or more.
+fn at_least_one(value: &str) -> Result<i64, String> {
+    match whole::<u32>(value)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(i64::from(n)),
+    }
 }
 
 /// A whole number of milliseconds.

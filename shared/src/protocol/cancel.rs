@@ -3,11 +3,14 @@
 //! committed in one transaction that records that id on the row, then finished in Redis for
 //! that id only (`lua/give_back.lua`). The announcement keeps reconcile's stock fix away while
 //! the database is ahead of Redis; the cancel id makes a second or late canceller harmless.
+//! An order whose buyer's field Redis lost gets it back first ([`restore`]), so its cancel
+//! completes instead of answering `busy` until reconcile puts the field back.
 //! docs/invariants.md, "Cancel", has the steps and what a crash at each leaves.
 
 use crate::domain::activity::{self, Phase};
 use crate::domain::order::{self, Order, OrderStatus};
 use crate::infra::pause;
+use crate::protocol::restore::{self, RestoreError, Restorer};
 use crate::store::cancel::{self, CancelAttempt, CancelBegin};
 use crate::store::conn::{Redis, StoreError};
 use crate::store::keys::Home;
@@ -24,6 +27,15 @@ pub enum CancelError {
     Db(#[from] sqlx::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<RestoreError> for CancelError {
+    fn from(e: RestoreError) -> Self {
+        match e {
+            RestoreError::Db(e) => CancelError::Db(e),
+            RestoreError::Store(e) => CancelError::Store(e),
+        }
+    }
 }
 
 /// What [`cancel_order`] did.
@@ -46,7 +58,8 @@ pub enum CancelOutcome {
 ///
 /// Steps (see the module docs for why in this order), under a fresh cancel id:
 /// 1. `cancel::begin` announces the attempt in the ledger (`Busy` ->
-///    [`CancelOutcome::Busy`]; not loaded in Redis -> only the database changes);
+///    [`CancelOutcome::Busy`]; not loaded in Redis -> only the database changes; the user's
+///    field lost while the row is still confirmed -> restored first, then announced);
 /// 2. one DB transaction: the order `confirmed` -> `cancelled` with this cancel id, its
 ///    quantity back to `activities.remaining_stock`;
 /// 3. `ledger::cancel_finish` for this cancel id gives the units and the quota back in Redis.
@@ -134,8 +147,13 @@ async fn announce(
     now: DateTime<Utc>,
 ) -> Result<Result<Option<i64>, CancelOutcome>, CancelError> {
     let activity_id = attempt.activity_id;
+    let now_ms = now.timestamp_millis();
     pause::point("cancel.before_begin", activity_id).await;
-    let (begin, epoch) = cancel::begin(redis, attempt, now.timestamp_millis()).await?;
+    let mut announced = cancel::begin(redis, attempt, now_ms).await?;
+    if announced.0 == CancelBegin::NotHeld && regain_field(pool, redis, attempt, now_ms).await? {
+        announced = cancel::begin(redis, attempt, now_ms).await?;
+    }
+    let (begin, epoch) = announced;
     pause::point("cancel.after_begin", activity_id).await;
     match begin {
         CancelBegin::Busy => Ok(Err(other_attempt(pool, redis, order).await?)),
@@ -154,19 +172,43 @@ async fn announce(
     }
 }
 
-/// Redis holds nothing for the order any more: the row, read again, says why. A cancelled or
-/// otherwise final order answers as a repeated cancel would. A row still `confirmed` means
-/// Redis lost the user's quota without losing the sale (which no protocol step does): the
-/// attempt changes nothing and answers `Busy`, loudly.
+/// The user's field does not name the order. An attempt that cancelled and finished the order
+/// committed the row before it removed the field, so a row still `confirmed` when read now
+/// means Redis lost the field (a failover that dropped the last writes; or it names a purchase
+/// the database refused after the loss): the field is restored from the database
+/// ([`restore::restore_fields`]) and the attempt announces itself once more. Returns whether
+/// to.
+async fn regain_field(
+    pool: &PgPool,
+    redis: &Redis,
+    attempt: &CancelAttempt<'_>,
+    now_ms: i64,
+) -> Result<bool, CancelError> {
+    let confirmed = order::get(pool, attempt.order_id)
+        .await?
+        .is_some_and(|o| o.status == OrderStatus::Confirmed.as_str());
+    if !confirmed {
+        return Ok(false);
+    }
+    let holder = [(attempt.user_id.to_string(), attempt.request_id)];
+    let bucket = attempt.home();
+    restore::restore_fields(pool, redis, bucket, &holder, Restorer::Cancel, now_ms).await?;
+    Ok(true)
+}
+
+/// Redis holds nothing for the order: the row, read again, says why. A cancelled or otherwise
+/// final order answers as a repeated cancel would. A row still `confirmed` means its lost field
+/// could not be restored yet (another entry of the user is in flight, or another canceller's
+/// restore took it over): the attempt changes nothing and answers `Busy`.
 async fn not_held(pool: &PgPool, order: &Order) -> Result<CancelOutcome, CancelError> {
     let row = order::get(pool, order.id).await?;
     let status = row.map(|o| o.status).unwrap_or_default();
     Ok(match OrderStatus::parse(&status) {
         Some(OrderStatus::Cancelled) => CancelOutcome::AlreadyCancelled,
         Some(OrderStatus::Confirmed) => {
-            tracing::error!(
+            tracing::warn!(
                 order_id = order.id,
-                "a confirmed order whose user holds no quota in redis"
+                "a confirmed order whose field in users could not be restored yet"
             );
             CancelOutcome::Busy
         }

@@ -6,6 +6,7 @@
 //! - [`giveback`]: the database as the one arbiter of a reservation's fate.
 //! - [`cancel`]: a confirmed order cancelled exactly once (ledger, database, Redis).
 //! - [`pay`]: a confirmed order paid.
+//! - [`restore`]: a buyer's field in `users` that Redis lost, restored from her live order.
 //! - [`draw`]: a draw sale's draw and its winners' sends.
 //! - [`load`]: a sale loaded into Redis under its fenced lock.
 //! - [`lock`]: the per-sale lock with its watchdog and a fencing token the database checks.
@@ -17,3 +18,4 @@ pub mod load;
 pub mod lock;
 pub mod pay;
 pub mod purchase;
+pub mod restore;

@@ -17,8 +17,8 @@ codes! {
         /// The activity is not in Redis (sale long over): only the database changes.
         NotLoaded = 2,
         /// The user's field in `users` does not name the order's request: the order holds
-        /// nothing in Redis any more (another attempt cancelled it and finished). Nothing was
-        /// written.
+        /// nothing in Redis any more (another attempt cancelled it and finished), or Redis
+        /// lost the field (the row, read now, tells). Nothing was written.
         NotHeld = 3,
     }
 }

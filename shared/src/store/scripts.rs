@@ -39,6 +39,8 @@ scripts! {
     FIX_STOCK => "fix_stock.lua",
     DROP_USER => "drop_user.lua",
     MARK_USERS => "mark_users.lua",
+    MARK_LOST => "mark_lost.lua",
+    RESTORE_USER => "restore_user.lua",
     REBUILD_USERS => "rebuild_users.lua",
     BORROW => "borrow.lua",
     CREDIT => "credit.lua",
