@@ -57,6 +57,16 @@ pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
         .connect(&url)
         .await?;
     crate::infra::db::migrate(&pool).await?;
+    // Pause points are scoped by activity id in one process: two tests running side by side
+    // (a sale's standalone and cluster variant) must not both have sale 1. Each database's ids
+    // start at their own random place, above the few-digit ids tests use for an unknown sale
+    // and below the ones they use as unknown past every sale.
+    let start: i64 = rand::random_range(10_000_000..900_000_000);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "alter table activities alter column id restart with {start}"
+    )))
+    .execute(&pool)
+    .await?;
     Ok((url, pool))
 }
 
