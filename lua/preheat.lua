@@ -1,6 +1,6 @@
 -- preheat.lua: load one bucket of a sale into Redis, idempotently, for the holder of its lock
 -- (docs/invariants.md, "Load", step 4, and "Key lifetimes"). Never touches the stock of a
--- loaded bucket: a newer meta version replaces the older, missing sentinels (`""`, never a
+-- loaded bucket: the database's meta version replaces any other, missing sentinels (`""`, never a
 -- user id) go back, every key is re-expired. A bucket not loaded gets its stock, epoch and
 -- meta from the database row; its `users` was rebuilt first (rebuild_users.lua).
 --
@@ -19,7 +19,7 @@
 -- Returns:
 local ALREADY_LOADED = 0 -- unchanged but the expiry and the sentinels
 local LOADED = 1
-local META_REFRESHED = 2 -- already loaded, the meta replaced by a newer version
+local META_REFRESHED = 2 -- already loaded, the meta replaced by the database's version
 local NOT_OWNER = 3 -- nothing changed
 if redis.call('HEXISTS', KEYS[4], ARGV[8]) == 0 then return NOT_OWNER end
 -- Every sale's meta holds its ticket secret, written by every run (a first-come sale an admin
@@ -44,7 +44,9 @@ local function expire_all()
 end
 local version = redis.call('HGET', KEYS[1], 'version')
 if version then
-  if tonumber(ARGV[6]) > tonumber(version) then
+  -- Any other version is replaced, a newer one too: the database's row read under this lock
+  -- is the truth, and a change whose commit never happened can have left its meta here.
+  if tonumber(ARGV[6]) ~= tonumber(version) then
     redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
       'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
       'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15],

@@ -60,6 +60,8 @@ on_both_redis!(
     preheat_racing_an_admin_lower_loads_what_the_database_holds,
     stock_correction_skips_a_stock_that_moved_and_came_back,
     an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis,
+    a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat,
+    a_preheat_during_a_lower_never_undoes_its_meta,
     orphan_cleanup_never_drops_a_user_who_bought_again_meanwhile,
     reloading_a_lost_running_sale_rebuilds_its_buyers,
     a_purchase_reply_lost_to_a_timeout_is_given_back_at_once,
@@ -806,6 +808,90 @@ async fn an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis(
         Some(row.remaining_stock),
         "answered {answer:?}"
     );
+    w.assert_conserved().await
+}
+
+/// A lower writes its meta and version to Redis, then the connection drops with COMMIT unsent
+/// and the read-back fails too: the admin cannot tell whether the change is in, so Redis keeps
+/// the lowered stock and the new meta of a version the database never got. Preheat puts the
+/// row's meta back (a version ahead of the row is not current), reconcile the stock.
+async fn a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
+    let patch = ActivityPatch {
+        total_stock: Some(6),
+        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
+        ..ActivityPatch::default()
+    };
+    let answer = admin::update_activity(&w.admin(), w.id(), &patch).await;
+    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
+    let row = w.db_row().await?;
+    assert_eq!(
+        (row.total_stock, row.config_version, row.end_at),
+        (10, before.config_version, before.end_at),
+        "nothing committed"
+    );
+    let version = || meta::loaded_version(&w.env.redis, w.id());
+    assert_eq!(version().await?, Some(before.config_version + 1));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
+
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.refreshed_ids, vec![w.id()]);
+    assert_eq!(version().await?, Some(before.config_version));
+    assert_eq!(
+        view::view(&w.env.redis, w.id())
+            .await?
+            .map(|v| v.end_at.timestamp_millis()),
+        Some(before.end_at.timestamp_millis()),
+        "the row's window is back"
+    );
+    w.reconcile().run(Utc::now()).await?;
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
+    w.assert_conserved().await
+}
+
+/// A lower stops after writing its meta and version to Redis, before its commit; preheat runs
+/// and finds Redis a version ahead of the row. It must not put the row's meta back under the
+/// lower's feet: the lock is held, so preheat reports the sale busy, and after the commit
+/// Redis and the row agree.
+async fn a_preheat_during_a_lower_never_undoes_its_meta(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let end_at = before.end_at + chrono::Duration::minutes(30);
+    let paused = pause::arm("admin.lower.before_commit", w.id());
+    let lower = {
+        let (admin, id) = (w.admin(), w.id());
+        let patch = ActivityPatch {
+            total_stock: Some(6),
+            end_at: Some(end_at),
+            ..ActivityPatch::default()
+        };
+        tokio::spawn(async move { admin::update_activity(&admin, id, &patch).await })
+    };
+    assert!(
+        paused
+            .reached_within(std::time::Duration::from_secs(10))
+            .await
+    );
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.busy_ids, vec![w.id()], "{report:?}");
+    let version = || meta::loaded_version(&w.env.redis, w.id());
+    assert_eq!(version().await?, Some(before.config_version + 1));
+    paused.resume();
+    let updated = lower.await?.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    assert_eq!(updated.config_version, before.config_version + 1);
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.already_loaded_ids, vec![w.id()], "{report:?}");
+    assert_eq!(
+        view::view(&w.env.redis, w.id())
+            .await?
+            .map(|v| v.end_at.timestamp_millis()),
+        Some(end_at.timestamp_millis())
+    );
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
     w.assert_conserved().await
 }
 

@@ -390,9 +390,18 @@ async fn lower(
             return Err(below_sold(change.after.total_stock));
         }
     }
+    // Redis holds the new meta and version, the database not yet: a preheat now finds a
+    // version the row does not hold, and must wait for this lock rather than undo it.
+    pause::point("admin.lower.before_commit", id).await;
     let committed = async {
         let updated =
             activity::apply_change(&mut tx, id, &change.after, delta, change.version).await?;
+        if pause::fail("admin.commit.unknown", id) {
+            // The connection dropped with COMMIT unsent: the change rolls back, and the
+            // read-back below cannot tell.
+            drop(tx);
+            return Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+        }
         tx.commit().await?;
         if pause::fail("admin.commit.lost_reply", id) {
             // Committed, but the connection dropped before COMMIT's answer arrived.
@@ -428,13 +437,19 @@ async fn after_failed_lower(
     e: sqlx::Error,
 ) -> Result<Activity, ApiError> {
     let (id, delta) = (guard.activity_id, change.delta);
-    match committed_under(state, guard).await {
+    let read_back = if pause::fail("admin.commit.unknown", id) {
+        Err(ApiError::from(sqlx::Error::PoolTimedOut))
+    } else {
+        committed_under(state, guard).await
+    };
+    match read_back {
         // COMMIT's answer was lost, not the commit: the change is in.
         Ok(Some(updated)) => return loaded_if_due(state, guard, adjusted, updated).await,
         Ok(None) => {}
         Err(read) => {
             // Unknown whether it committed: Redis stays lower than the database may
-            // allow (never oversells); reconcile corrects it once the ledger is quiet.
+            // allow (never oversells); reconcile corrects the stock once the ledger is
+            // quiet, and preheat puts back the meta of the version the database holds.
             tracing::error!(activity_id = id, delta, error = %e, read_error = %read,
                 "commit outcome unknown; redis left lowered for reconcile");
             return Err(e.into());

@@ -1,7 +1,8 @@
 //! Preheat: loads every published sale that starts within the lead time (or runs and is
 //! missing from Redis) into Redis, idempotently: each load is fenced under the sale's lock
 //! ([`seckill_shared::protocol::load`]) and `lua/preheat.lua` never touches the stock of a
-//! loaded sale, only replaces an older meta version, puts missing sentinels back and re-expires
+//! loaded sale, only replaces a meta version the database does not hold (older, or newer from a
+//! change whose commit never happened), puts missing sentinels back and re-expires
 //! every key. A sale Redis already holds at its current version is left alone without the
 //! lock. The keys must never be evicted: docs/invariants.md, "Key lifetimes".
 
@@ -34,7 +35,7 @@ pub struct PreheatReport {
     pub loaded: usize,
     /// Activities already in Redis, left exactly as they were.
     pub already_loaded: usize,
-    /// Activities already in Redis whose meta was replaced by a newer config version.
+    /// Activities already in Redis whose meta was replaced by the database's config version.
     pub refreshed: usize,
     pub loaded_ids: Vec<i64>,
     pub already_loaded_ids: Vec<i64>,
@@ -75,7 +76,7 @@ impl Preheat {
         }
         for bucket in Bucket::all(a.id, count) {
             let version = meta::loaded_version(&self.redis, bucket).await?;
-            if version.is_none_or(|v| v < a.config_version)
+            if version != Some(a.config_version)
                 || !meta::has_sentinels(&self.redis, bucket).await?
             {
                 return Ok(false);
