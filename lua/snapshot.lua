@@ -1,21 +1,26 @@
 -- snapshot.lua: an activity's Redis state in one atomic step (reconcile, admin stats).
 --
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] outbox (a draw sale's)
+-- ARGV[1] the most ledger entries returned here: a larger ledger is not read by this script
+-- (its cost would grow with the crowd) but by the caller, in chunks.
 --
 -- Returns {loaded (1: the meta exists), stock (-1: none), participants (the users' fields),
--- ledger (flat: user, entry, ...), seq (the stock sequence), unsent (the request ids in the
--- outbox: drawn reservations waiting for their message, never stale)}; the sentinel "" never
--- counted.
+-- ledger (flat: user, entry, ...; empty when the ledger holds more than ARGV[1] entries), seq
+-- (the stock sequence), unsent (the request ids in the outbox: drawn reservations waiting for
+-- their message, never stale), size (the ledger's entries)}; the sentinel "" never counted.
 local loaded = redis.call('EXISTS', KEYS[1])
 local stock = tonumber(redis.call('HGET', KEYS[1], 'stock') or '-1')
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local participants = redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], '')
-local flat = redis.call('HGETALL', KEYS[3])
+local size = redis.call('HLEN', KEYS[3]) - redis.call('HEXISTS', KEYS[3], '')
 local ledger = {}
-for i = 1, #flat, 2 do
-  if flat[i] ~= '' then
-    ledger[#ledger + 1] = flat[i]
-    ledger[#ledger + 1] = flat[i + 1]
+if size <= tonumber(ARGV[1]) then
+  local flat = redis.call('HGETALL', KEYS[3])
+  for i = 1, #flat, 2 do
+    if flat[i] ~= '' then
+      ledger[#ledger + 1] = flat[i]
+      ledger[#ledger + 1] = flat[i + 1]
+    end
   end
 end
 local unsent = {}
@@ -24,4 +29,4 @@ if KEYS[4] then
     if id ~= '' and id ~= ' lease' then unsent[#unsent + 1] = id end
   end
 end
-return {loaded, stock, participants, ledger, seq, unsent}
+return {loaded, stock, participants, ledger, seq, unsent, size}

@@ -43,6 +43,8 @@ on_both_redis!(
     stale_reservation_is_given_back_after_the_grace_period_only,
     reservation_whose_order_exists_is_dropped_without_stock_change,
     user_in_the_set_with_nothing_behind_it_is_removed,
+    a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
+    the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,
     redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
     stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
     unpaid_order_past_the_payment_timeout_is_released,
@@ -309,6 +311,107 @@ async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> a
         "holds a reservation"
     );
     assert_eq!(report.activity(a.id).unwrap().participants, 2);
+    Ok(())
+}
+
+/// Reconcile with a run budget of 1 ms: each walk of the first sale does its one chunk, and
+/// the sales after it wait for the next run.
+fn reconcile_in_a_hurry(env: &TestEnv) -> reconcile::Reconcile {
+    let mut context = env.context();
+    context.config.reconcile_budget = Duration::from_millis(1);
+    reconcile::Reconcile::new(context)
+}
+
+/// A sale whose ledger holds 2,500 stale reservations (more than one snapshot step reads, so
+/// the ledger is read in chunks) and, after it, a sale with one. With a run budget of 1 ms,
+/// the first sale's repairs stop after a chunk and the second waits; the next run checks the
+/// second first (it was never checked), and later runs finish the first. Every unit comes
+/// back once.
+async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const STALE: usize = 2_500;
+    let env = env(kind).await?;
+    let big = env.open_sale(STALE as i64, 1).await?;
+    let small = env.open_sale(5, 1).await?;
+    for i in 0..STALE {
+        reserve(&env, big.id, &format!("u{i:05}"), 1).await;
+    }
+    reserve(&env, small.id, "alone", 1).await;
+    let snap = snapshot(&env, big.id).await;
+    assert_eq!(
+        (snap.ledger_size, snap.ledger.len()),
+        (STALE as i64, STALE),
+        "read in chunks, each entry once"
+    );
+
+    let job = reconcile_in_a_hurry(&env);
+    let at = after_grace(env.config.reconcile_grace);
+    let first = job.run(at).await?;
+    let b = first.activity(big.id).expect("the big sale came first");
+    assert!(b.out_of_time, "{b:?}");
+    assert_eq!(b.compensated, ledger::LEDGER_INLINE, "one chunk");
+    assert_eq!(first.deferred_ids, vec![small.id]);
+
+    let second = job.run(at).await?;
+    assert_eq!(
+        second.activities.first().map(|r| r.activity_id),
+        Some(small.id),
+        "the sale left out goes first"
+    );
+    assert_eq!(second.activity(small.id).unwrap().compensated, 1);
+
+    let mut compensated = b.compensated + second.activity(big.id).map_or(0, |r| r.compensated);
+    for _ in 0..20 {
+        if compensated == STALE {
+            break;
+        }
+        let run = job.run(at).await?;
+        compensated += run.activity(big.id).map_or(0, |r| r.compensated);
+    }
+    assert_eq!(compensated, STALE);
+    assert_eq!(snapshot(&env, big.id).await.ledger_size, 0);
+    assert_eq!(
+        store::view::stock(&env.redis, big.id).await?,
+        Some(STALE as i64)
+    );
+    assert_eq!(store::view::stock(&env.redis, small.id).await?, Some(5));
+    Ok(())
+}
+
+/// 2,500 users in `users` with nothing behind them. With a run budget of 1 ms the orphan check
+/// walks `users` a chunk per run and goes on from its cursor the next run: no run drops
+/// them all, and together the runs drop each once, keeping the buyer with an order.
+async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const GHOSTS: usize = 2_500;
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = reserve(&env, a.id, "buyer", 1).await.attempt.request_id;
+    consume(&env, a.id, "buyer", rid, 1).await?;
+    let k = env.redis.keys(a.id);
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&k.users);
+    for i in 0..GHOSTS {
+        hset.arg(format!("ghost{i:05}"))
+            .arg(Uuid::new_v4().to_string());
+    }
+    let _: i64 = env.redis.cmd(&hset).await?;
+
+    let job = reconcile_in_a_hurry(&env);
+    let mut dropped = Vec::new();
+    for _ in 0..20 {
+        let run = job.run(Utc::now()).await?;
+        let r = run.activity(a.id).expect("checked");
+        dropped.push(r.users_dropped);
+        if r.participants == 1 {
+            break;
+        }
+    }
+    assert!(dropped.len() > 1, "one run did all: {dropped:?}");
+    assert_eq!(dropped.iter().sum::<usize>(), GHOSTS, "{dropped:?}");
+    assert!(is_participant(&env, a.id, "buyer").await, "holds an order");
     Ok(())
 }
 

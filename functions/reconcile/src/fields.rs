@@ -5,37 +5,56 @@
 //! again, and the field written only while the mark stands ([`restore::restore_fields`]).
 //! docs/invariants.md, "Lost fields".
 
-use crate::Reconcile;
+use crate::{out_of_time, ActivityReport, Reconcile};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::domain::order;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::restore::{self, Restorer};
 use seckill_shared::store::keys::Bucket;
+use std::time::Instant;
 use uuid::Uuid;
 
 /// Live orders read (and their holders checked in Redis) per page.
 const HOLDER_PAGE: i64 = 1000;
 
+/// The walk's name in `reconcile_cursors`: the last holder checked (kept in bucket 0's row).
+const WALK: &str = "holders";
+
 impl Reconcile {
     /// Step 3, lost fields: restores the field of every holder of a live order of `a` whose
     /// field in her home bucket's `users` is missing or names another request. Returns how
     /// many fields it wrote. Every bucket must be loaded (the caller checked).
+    ///
+    /// The walk goes on from where the last run stopped (`reconcile_cursors`) until
+    /// `deadline`, a page at least, and starts over once it reached the last holder.
     pub(crate) async fn restore_lost_fields(
         &self,
         a: &Activity,
         now: DateTime<Utc>,
+        deadline: Instant,
+        r: &mut ActivityReport,
     ) -> anyhow::Result<usize> {
         let count = a.bucket_count();
         // No user id is empty (the sentinel is), so "" sorts before every one.
-        let mut after = String::new();
+        let mut after = activity::reconcile_cursor(&self.pool, a.id, WALK, 0)
+            .await
+            .context("failed to read where the lost fields' walk stopped")?
+            .unwrap_or_default();
         let mut restored = 0;
+        let mut first = true;
         loop {
+            if out_of_time(deadline, first) {
+                r.out_of_time = true;
+                break;
+            }
+            first = false;
             let page = order::live_holders_after(&self.pool, a.id, &after, HOLDER_PAGE)
                 .await
                 .context("failed to read the live orders")?;
             let Some((last, _)) = page.last() else {
+                after.clear();
                 break;
             };
             after = last.clone();
@@ -57,9 +76,13 @@ impl Reconcile {
                         .context("failed to restore lost fields")?;
             }
             if (page.len() as i64) < HOLDER_PAGE {
+                after.clear();
                 break;
             }
         }
+        activity::save_reconcile_cursor(&self.pool, a.id, WALK, 0, &after)
+            .await
+            .context("failed to record where the lost fields' walk stopped")?;
         Ok(restored)
     }
 }

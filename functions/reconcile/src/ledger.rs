@@ -4,7 +4,7 @@
 //! mark dropped, a transfer between buckets finished in its home bucket.
 //! docs/invariants.md, "Reconcile", step 2.
 
-use crate::{is_stale, stale_entries, ActivityReport, Reconcile};
+use crate::{is_stale, out_of_time, stale_entries, ActivityReport, Reconcile};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::order::{self, reason, Order, OrderStatus};
@@ -13,9 +13,10 @@ use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::giveback::{self, GiveBack};
 use seckill_shared::protocol::purchase;
 use seckill_shared::store::keys::Bucket;
-use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot};
+use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot, LEDGER_INLINE};
 use seckill_shared::store::purchase::Credited;
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 use uuid::Uuid;
 
 impl Reconcile {
@@ -30,28 +31,46 @@ impl Reconcile {
     /// - A cancel older than the grace period: finished when the order row names its cancel
     ///   id, dropped otherwise (that attempt never committed).
     /// - An orphan check's mark older than the grace period: its check crashed; dropped.
+    /// - A transfer between buckets older than the grace period: finished in its home bucket
+    ///   ([`Reconcile::repair_transfers`]).
+    ///
+    /// The ledger is worked [`LEDGER_INLINE`] entries at a time (one database query each) until
+    /// `deadline`; what is left waits for the next run. Every repair removes its entry, so
+    /// the next run's chunks hold what this one did not reach.
     pub(crate) async fn repair_ledger(
         &self,
         bucket: Bucket,
         snap: &Snapshot,
         now: DateTime<Utc>,
+        deadline: Instant,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        self.repair_reservations(bucket, snap, now, r).await?;
-        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
-        self.repair_cancels(bucket, &stale, now, r).await?;
-        self.drop_stale_checks(bucket, &stale, r).await
+        for (i, chunk) in snap.ledger.chunks(LEDGER_INLINE).enumerate() {
+            if out_of_time(deadline, i == 0) {
+                r.out_of_time = true;
+                break;
+            }
+            self.repair_reservations(bucket, snap, chunk, now, r)
+                .await?;
+            let stale = stale_entries(chunk, now, self.config.reconcile_grace);
+            self.repair_cancels(bucket, &stale, now, r).await?;
+            self.drop_stale_checks(bucket, &stale, r).await?;
+            self.repair_transfers(bucket, &stale, r).await?;
+        }
+        Ok(())
     }
 
-    /// The reservations of step 2: applied when the database decided, given back when stale.
+    /// The reservations of step 2 among `entries` (of `snap`): applied when the database
+    /// decided, given back when stale.
     async fn repair_reservations(
         &self,
         bucket: Bucket,
         snap: &Snapshot,
+        entries: &[LedgerEntry],
         now: DateTime<Utc>,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        let request_ids: Vec<Uuid> = snap.ledger.iter().filter_map(|e| e.request_id()).collect();
+        let request_ids: Vec<Uuid> = entries.iter().filter_map(|e| e.request_id()).collect();
         if request_ids.is_empty() {
             return Ok(());
         }
@@ -61,11 +80,7 @@ impl Reconcile {
             .into_iter()
             .map(|o| (o.request_id, o))
             .collect();
-        for e in snap
-            .ledger
-            .iter()
-            .filter(|e| e.kind == EntryKind::Reservation)
-        {
+        for e in entries.iter().filter(|e| e.kind == EntryKind::Reservation) {
             let Some(request_id) = e.request_id() else {
                 tracing::error!(user = %e.user_id, entry_id = %e.id, "unreadable reservation entry left alone");
                 continue;
@@ -88,14 +103,12 @@ impl Reconcile {
     /// answer lost). The home bucket is credited (it takes a transfer id once, so a buyer who
     /// did credit them, or does so later, adds nothing) and the entry dropped. Never given
     /// back to the donor: the buyer may still credit them, and the units would count twice.
-    pub(crate) async fn repair_transfers(
+    async fn repair_transfers(
         &self,
         donor: Bucket,
-        snap: &Snapshot,
-        now: DateTime<Utc>,
+        stale: &[&LedgerEntry],
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        let stale = stale_entries(&snap.ledger, now, self.config.reconcile_grace);
         for e in stale.iter().filter(|e| e.kind == EntryKind::Transfer) {
             let (Some(id), Some((home, _))) = (e.transfer_id(), e.transfer) else {
                 tracing::error!(field = %e.user_id, entry_id = %e.id, "unreadable transfer entry left alone");

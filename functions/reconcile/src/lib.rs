@@ -21,6 +21,7 @@ use seckill_shared::store::ledger::Snapshot;
 use seckill_shared::store::meta::PreheatOutcome;
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;
+use std::time::{Duration, Instant};
 
 mod draw;
 mod fields;
@@ -91,11 +92,27 @@ impl Reconcile {
         )
         .await
         .context("failed to list activities due for reconcile")?;
-        for a in &due {
+        // Each sale's share of what is left of the run's budget, evenly over the sales still
+        // to check, never less than MIN_SHARE (or the whole budget when it is shorter: then
+        // each walk does its one chunk); a sale past the budget waits for the next run,
+        // which checks it first (the list comes least recently checked first).
+        let started = Instant::now();
+        for (i, a) in due.iter().enumerate() {
+            let left = self
+                .config
+                .reconcile_budget
+                .saturating_sub(started.elapsed());
+            if left.is_zero() {
+                report.deferred_ids.push(a.id);
+                continue;
+            }
+            let floor = MIN_SHARE.min(self.config.reconcile_budget);
+            let share = (left / (due.len() - i) as u32).max(floor);
+            let deadline = Instant::now() + share;
             // Boxed: each activity's future is deep (many awaited Redis and SQL steps), and
             // inlined into the run's future its layout needs more than the compiler's default
             // query depth.
-            match self.reconcile_activity(a, now).boxed().await {
+            match self.reconcile_activity(a, now, deadline).boxed().await {
                 Ok(mut r) => {
                     r.released_unpaid = released.get(&a.id).copied().unwrap_or(0);
                     report::publish(&r);
@@ -119,18 +136,21 @@ impl Reconcile {
             activities = report.activities.len(),
             released_unpaid = report.released_unpaid,
             release_deferred = report.release_deferred,
+            deferred = report.deferred_ids.len(),
             errors = report.errors.len(),
             "reconcile finished"
         );
         Ok(report)
     }
 
-    /// Steps 1-6 for one activity; steps 2, 3 and the transfers per bucket.
+    /// Steps 1-6 for one activity; steps 2, 3 and the transfers per bucket. The walks of
+    /// steps 2 and 3 stop at `deadline` (each after one chunk at least) and go on next run.
     #[tracing::instrument(skip_all, fields(activity_id = a.id))]
     async fn reconcile_activity(
         &self,
         a: &Activity,
         now: DateTime<Utc>,
+        deadline: Instant,
     ) -> anyhow::Result<ActivityReport> {
         let id = a.id;
         let mut r = ActivityReport::new(id);
@@ -147,13 +167,15 @@ impl Reconcile {
         if all_loaded(&snaps) {
             for (bucket, snap) in &snaps {
                 // 2. Stale ledger entries, and transfers between buckets left half done.
-                self.repair_ledger(*bucket, snap, now, &mut r).await?;
-                self.repair_transfers(*bucket, snap, now, &mut r).await?;
+                self.repair_ledger(*bucket, snap, now, deadline, &mut r)
+                    .await?;
                 // 3. Users with nothing behind them.
-                r.users_dropped += self.drop_orphan_users(*bucket, now).await?;
+                r.users_dropped += self
+                    .drop_orphan_users(*bucket, now, deadline, &mut r)
+                    .await?;
             }
             // 3. The other way: holders of a live order whose field Redis lost.
-            r.fields_restored = self.restore_lost_fields(a, now).await?;
+            r.fields_restored = self.restore_lost_fields(a, now, deadline, &mut r).await?;
         }
 
         // 4. The database against itself.
@@ -217,6 +239,16 @@ impl Reconcile {
             .context("failed to persist activity stats")?;
         Ok(())
     }
+}
+
+/// The least time a due sale gets of a run, however many sales share it: enough for one
+/// chunk of each walk.
+const MIN_SHARE: Duration = Duration::from_secs(1);
+
+/// Whether a walk stops before its next chunk: its first chunk always runs, so every walk
+/// makes progress in every run, and then the sale's `deadline` ends it.
+pub(crate) fn out_of_time(deadline: Instant, first: bool) -> bool {
+    !first && Instant::now() >= deadline
 }
 
 /// Whether every bucket is loaded.

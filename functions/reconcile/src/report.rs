@@ -19,6 +19,8 @@ pub struct ReconcileReport {
     pub released_unpaid: usize,
     /// Unpaid orders left for the next run (the user had another entry in flight).
     pub release_deferred: usize,
+    /// Due sales this run had no time left for: the next run checks them first.
+    pub deferred_ids: Vec<i64>,
     /// Activities or orders that failed this run (the next run retries them).
     pub errors: Vec<ReconcileFailure>,
 }
@@ -88,6 +90,9 @@ pub struct ActivityReport {
     pub users_dropped: usize,
     /// Holders of a live order whose field in `users` was lost, restored.
     pub fields_restored: usize,
+    /// The sale's share of the run ran out before its walks (the ledger's repairs, the orphan
+    /// check, the lost fields) reached their end: the next run goes on.
+    pub out_of_time: bool,
     /// The database's remaining stock before this run fixed it, when it was wrong.
     pub db_stock_fixed_from: Option<i64>,
     pub stock_check: StockCheck,
@@ -166,6 +171,7 @@ impl ActivityReport {
             transfers_finished: 0,
             users_dropped: 0,
             fields_restored: 0,
+            out_of_time: false,
             db_stock_fixed_from: None,
             stock_check: StockCheck::NotLoaded,
             released_unpaid: 0,
@@ -236,7 +242,7 @@ pub fn stale_entries(
 
 /// Whether nothing is in flight in any bucket (no ledger entry but the sentinel).
 pub(crate) fn quiet(snaps: &[(Bucket, Snapshot)]) -> bool {
-    snaps.iter().all(|(_, s)| s.ledger.is_empty())
+    snaps.iter().all(|(_, s)| s.quiet())
 }
 
 /// The stock of all buckets together.

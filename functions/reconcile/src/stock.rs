@@ -129,7 +129,7 @@ impl Reconcile {
             let unmoved = before
                 .iter()
                 .zip(&after)
-                .all(|((_, b), (_, a))| a.loaded && a.ledger.is_empty() && a.seq == b.seq);
+                .all(|((_, b), (_, a))| a.loaded && a.quiet() && a.seq == b.seq);
             if !unmoved {
                 return Ok(StockCheck::Moved);
             }

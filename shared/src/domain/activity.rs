@@ -259,7 +259,8 @@ pub async fn due_for_preheat(
     .await
 }
 
-/// Activities running, or ended within `buffer`: what reconcile checks.
+/// Activities running, or ended within `buffer`: what reconcile checks, the one reconcile
+/// checked longest ago (or never) first.
 pub async fn due_for_reconcile(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
@@ -271,7 +272,9 @@ pub async fn due_for_reconcile(
     activity_rows!(
         "select ",
         " from activities
-         where state = 'published' and start_at <= $1 and end_at > $2 order by id",
+         where state = 'published' and start_at <= $1 and end_at > $2
+         order by (select checked_at from activity_stats s where s.activity_id = activities.id)
+             nulls first, id",
         horizon,
         since
     )
@@ -461,6 +464,46 @@ pub async fn record_stats(db: impl PgExecutor<'_>, id: i64, s: &Stats) -> Result
         s.pending_qty,
         s.drift,
         s.repairs
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Where reconcile's `walk` over one bucket of a sale stopped (`None`: at its beginning).
+pub async fn reconcile_cursor(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    walk: &str,
+    bucket: i32,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "select position from reconcile_cursors
+         where activity_id = $1 and walk = $2 and bucket = $3",
+        id,
+        walk,
+        bucket
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Records where reconcile's `walk` over one bucket of a sale goes on next run.
+pub async fn save_reconcile_cursor(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    walk: &str,
+    bucket: i32,
+    position: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into reconcile_cursors (activity_id, walk, bucket, position)
+         values ($1, $2, $3, $4)
+         on conflict (activity_id, walk, bucket) do update set position = excluded.position",
+        id,
+        walk,
+        bucket,
+        position
     )
     .execute(db)
     .await?;

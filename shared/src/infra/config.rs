@@ -115,6 +115,13 @@ pub struct Config {
     #[arg(long = "reconcile-grace-secs", env = "RECONCILE_GRACE_SECS",
           value_name = "RECONCILE_GRACE_SECS", value_parser = secs, default_value = "300")]
     pub reconcile_grace: Duration,
+    /// How long one reconcile run spends on the due sales: each gets an even share of what is
+    /// left (at least 1 s, or the whole budget when it is shorter), and the sales past it are
+    /// checked first by the next run. Below the function's Timeout (60 s), with room for the
+    /// payment timeout's batch before it.
+    #[arg(long = "reconcile-budget-ms", env = "RECONCILE_BUDGET_MS",
+          value_name = "RECONCILE_BUDGET_MS", value_parser = positive_millis, default_value = "40000")]
+    pub reconcile_budget: Duration,
     /// Confirmed orders not paid within this are cancelled by reconcile.
     #[arg(long = "payment-timeout-secs", env = "PAYMENT_TIMEOUT_SECS",
           value_name = "PAYMENT_TIMEOUT_SECS", value_parser = secs, default_value = "900")]
@@ -353,6 +360,11 @@ fn view_cache_millis(value: &str) -> Result<Duration, String> {
 
 fn secs(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_secs)
+}
+
+/// A whole number of milliseconds, at least 1.
+fn positive_millis(value: &str) -> Result<Duration, String> {
+    at_least_one(value).map(|n| Duration::from_millis(n.unsigned_abs()))
 }
 
 impl Config {

@@ -212,7 +212,12 @@ pub struct Snapshot {
     pub stock: Option<i64>,
     /// Users holding a reservation, an order or a cancel in flight (the sentinel not counted).
     pub participants: i64,
+    /// The entries: read with the rest in one step up to [`LEDGER_INLINE`] of them, in chunks
+    /// after it beyond that (then a script that ran between the chunks may show in them or
+    /// not; `ledger_size` and everything else are of the one step).
     pub ledger: Vec<LedgerEntry>,
+    /// How many entries the ledger held at the step (the sentinel not counted).
+    pub ledger_size: i64,
     /// The stock sequence: bumped by every script that moves the stock.
     pub seq: i64,
     /// Request ids in a draw sale's outbox: reservations whose order message is still to be
@@ -221,6 +226,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Whether the ledger held no entry at the step: nothing in flight in this bucket.
+    pub fn quiet(&self) -> bool {
+        self.ledger_size == 0
+    }
+
     /// Whether the reservation `request_id` waits in the outbox for its order message.
     pub fn is_unsent(&self, request_id: &str) -> bool {
         self.unsent.contains(request_id)
@@ -251,17 +261,32 @@ impl Snapshot {
     }
 }
 
-/// `lua/snapshot.lua`: one bucket's state in one step.
+/// The most ledger entries `lua/snapshot.lua` reads in its one step; a larger ledger is read
+/// in chunks of this size, each one bounded call.
+pub const LEDGER_INLINE: usize = 1000;
+
+/// `lua/snapshot.lua`: one bucket's state in one step, and a ledger larger than
+/// [`LEDGER_INLINE`] entries read after it in chunks.
 pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, StoreError> {
     let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
-    inv.key(&k.meta).key(&k.users).key(&k.ledger).key(&k.outbox);
-    type Reply = (i64, i64, i64, Vec<String>, i64, HashSet<String>);
-    let (loaded, stock, participants, flat, seq, unsent): Reply = redis.script(&inv).await?;
+    inv.key(&k.meta)
+        .key(&k.users)
+        .key(&k.ledger)
+        .key(&k.outbox)
+        .arg(LEDGER_INLINE);
+    type Reply = (i64, i64, i64, Vec<String>, i64, HashSet<String>, i64);
+    let (loaded, stock, participants, flat, seq, unsent, ledger_size): Reply =
+        redis.script(&inv).await?;
+    let flat = if ledger_size as usize > LEDGER_INLINE {
+        scan_ledger(redis, &k.ledger).await?
+    } else {
+        flat
+    };
     let ledger = flat
         .chunks(2)
         .filter_map(|pair| match pair {
-            [user, value] => LedgerEntry::parse(user, value),
+            [user, value] if !user.is_empty() => LedgerEntry::parse(user, value),
             _ => None,
         })
         .collect();
@@ -270,9 +295,41 @@ pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, 
         stock: (stock >= 0).then_some(stock),
         participants,
         ledger,
+        ledger_size,
         seq,
         unsent,
     })
+}
+
+/// A whole ledger by `HSCAN`, [`LEDGER_INLINE`] fields a call, flat (field, value, ...), each
+/// field once.
+async fn scan_ledger(redis: &Redis, ledger: &str) -> Result<Vec<String>, StoreError> {
+    let mut cursor = "0".to_string();
+    let mut seen = HashSet::new();
+    let mut flat = Vec::new();
+    loop {
+        let (next, batch): (String, Vec<String>) = redis
+            .cmd(
+                redis::cmd("HSCAN")
+                    .arg(ledger)
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(LEDGER_INLINE),
+            )
+            .await?;
+        let mut pairs = batch.into_iter();
+        while let (Some(field), Some(value)) = (pairs.next(), pairs.next()) {
+            // HSCAN may return a field more than once.
+            if seen.insert(field.clone()) {
+                flat.push(field);
+                flat.push(value);
+            }
+        }
+        if next == "0" {
+            return Ok(flat);
+        }
+        cursor = next;
+    }
 }
 
 #[cfg(test)]
