@@ -336,13 +336,21 @@ where
 
 /// The slow log set to keep every command while a draw runs: threshold 0 and room for every
 /// call; [`SlowLog::close`] puts the server's own settings back.
-struct SlowLog {
+pub(crate) struct SlowLog {
     threshold: String,
     max_len: String,
 }
 
 impl SlowLog {
     async fn open(admin: &mut MultiplexedConnection) -> anyhow::Result<Self> {
+        Self::open_at(admin, 0).await
+    }
+
+    /// The slow log emptied, keeping every call slower than `threshold_us`.
+    pub(crate) async fn open_at(
+        admin: &mut MultiplexedConnection,
+        threshold_us: u64,
+    ) -> anyhow::Result<Self> {
         let get = |name: &'static str| {
             let mut c = redis::cmd("CONFIG");
             c.arg("GET").arg(name);
@@ -354,15 +362,50 @@ impl SlowLog {
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("slowlog-log-slower-than")
-            .arg(0)
+            .arg(threshold_us)
             .arg("slowlog-max-len")
             .arg(100_000)
+            .query_async(admin)
+            .await?;
+        let _: () = redis::cmd("SLOWLOG")
+            .arg("RESET")
             .query_async(admin)
             .await?;
         Ok(Self { threshold, max_len })
     }
 
-    async fn close(self, admin: &mut MultiplexedConnection) {
+    /// Every call the log kept: its server µs and its command (a script's is `evalsha`).
+    pub(crate) async fn slowest(
+        &self,
+        admin: &mut MultiplexedConnection,
+    ) -> anyhow::Result<Vec<(u64, String)>> {
+        let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(-1)
+            .query_async(admin)
+            .await?;
+        Ok(entries
+            .iter()
+            .filter_map(|entry| {
+                let redis::Value::Array(fields) = entry else {
+                    return None;
+                };
+                let Some(redis::Value::Int(us)) = fields.get(2) else {
+                    return None;
+                };
+                let Some(redis::Value::Array(args)) = fields.get(3) else {
+                    return None;
+                };
+                let command = match args.first() {
+                    Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_lowercase(),
+                    _ => String::new(),
+                };
+                Some((*us as u64, command))
+            })
+            .collect())
+    }
+
+    pub(crate) async fn close(self, admin: &mut MultiplexedConnection) {
         let reset: redis::RedisResult<()> = redis::cmd("CONFIG")
             .arg("SET")
             .arg("slowlog-log-slower-than")

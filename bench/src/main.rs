@@ -36,6 +36,7 @@ mod entry;
 mod http;
 mod memory;
 mod polls;
+mod reconcile;
 mod report;
 mod scripts;
 mod strategies;
@@ -65,11 +66,11 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
     /// Sections to run (comma-separated):
-    /// strategies,scripts,buckets,entry,consumer,polls,draw,memory,binaries.
+    /// strategies,scripts,buckets,entry,consumer,polls,draw,reconcile,memory,binaries.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "strategies,scripts,buckets,entry,consumer,polls,draw,memory,binaries"
+        default_value = "strategies,scripts,buckets,entry,consumer,polls,draw,reconcile,memory,binaries"
     )]
     pub sections: Vec<String>,
     /// Where RESULTS.md and results.json go.
@@ -136,6 +137,8 @@ pub struct Sizes {
     /// Entrants of the draw section's sales, and the largest the whole-pool draw runs at.
     pub draw_entrants: Vec<usize>,
     pub draw_baseline_max: usize,
+    /// Reservations in the reconcile section's ledger (half of them stale).
+    pub reconcile_ledger: usize,
 }
 
 impl Sizes {
@@ -172,6 +175,7 @@ impl Sizes {
                 vec![10_000, 100_000, 1_000_000]
             },
             draw_baseline_max: 100_000,
+            reconcile_ledger: if q { 10_000 } else { 100_000 },
         }
     }
 }
@@ -216,6 +220,7 @@ pub struct Results {
     pub consumer: Option<consumer::ConsumerResults>,
     pub polls: Option<polls::PollResults>,
     pub draw: Vec<draw::DrawRow>,
+    pub reconcile: Vec<reconcile::ReconcileRow>,
     pub memory: Vec<memory::MemoryRow>,
     pub binaries: Vec<binaries::BinaryRow>,
 }
@@ -351,6 +356,20 @@ async fn measure(args: &Args, sizes: &Sizes, stores: &mut Stores) -> anyhow::Res
             &draw::Sizes {
                 entrants: sizes.draw_entrants.clone(),
                 baseline_max: sizes.draw_baseline_max,
+                concurrency: sizes.concurrency,
+            },
+        )
+        .await?;
+    }
+    if want("reconcile") {
+        eprintln!(
+            "== reconcile over a ledger of {} reservations, half of them stale",
+            sizes.reconcile_ledger
+        );
+        results.reconcile = reconcile::run(
+            &stores.client,
+            &reconcile::Sizes {
+                ledger: sizes.reconcile_ledger,
                 concurrency: sizes.concurrency,
             },
         )

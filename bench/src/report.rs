@@ -4,7 +4,7 @@
 //! - [`machine`]: where and when the run happened (RESULTS.md's header).
 //! - One module per section of the table, in the order it prints them: [`strategies`],
 //!   [`scripts`], [`buckets`], [`ratios`] (also computed here for results.json), [`entry`],
-//!   [`consumer`], [`polls`], [`draw`], [`memory`], [`binaries`].
+//!   [`consumer`], [`polls`], [`draw`], [`reconcile`], [`memory`], [`binaries`].
 //! - `method.md`: "How it was measured", the end of RESULTS.md.
 
 mod binaries;
@@ -16,6 +16,7 @@ mod machine;
 mod memory;
 mod polls;
 mod ratios;
+mod reconcile;
 mod scripts;
 mod strategies;
 
@@ -66,6 +67,7 @@ impl Document {
             "consumer": self.results.consumer,
             "polls": self.results.polls,
             "draw": self.results.draw,
+            "reconcile": self.results.reconcile,
             "memory": self.results.memory,
             "binaries": self.results.binaries,
         })
@@ -96,6 +98,9 @@ impl Document {
         }
         if !r.draw.is_empty() {
             draw::table(&mut s, &r.draw);
+        }
+        if !r.reconcile.is_empty() {
+            reconcile::table(&mut s, &r.reconcile);
         }
         if !r.memory.is_empty() {
             memory::table(&mut s, &r.memory);

@@ -53,7 +53,7 @@ static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
 /// caller chose the bucket with the sale's bucket count, and the credits block (skipped: a
 /// refusal brings no credits).
 const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate')
+  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
 if not meta[1] then return 1 end
 local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')

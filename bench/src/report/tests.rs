@@ -54,6 +54,7 @@ fn sizes() -> Sizes {
         bucket_counts: vec![1, 3, 8],
         draw_entrants: vec![10_000],
         draw_baseline_max: 100_000,
+        reconcile_ledger: 10_000,
     }
 }
 
@@ -425,6 +426,28 @@ fn draw_rows() -> Vec<crate::draw::DrawRow> {
     ]
 }
 
+/// The reconcile section's two rows.
+fn reconcile_rows() -> Vec<crate::reconcile::ReconcileRow> {
+    let row = |what: &'static str, ms: f64, given_back: usize, longest: (u64, &str)| {
+        crate::reconcile::ReconcileRow {
+            ledger: 10_000,
+            stale: 5_000,
+            what,
+            ms,
+            given_back,
+            out_of_time: false,
+            longest_call_us: longest.0,
+            longest_call: longest.1.into(),
+            pings: 900,
+            ping_max_ms: 2.5,
+        }
+    };
+    vec![
+        row("whole-ledger snapshot", 12.5, 0, (11_234, "evalsha")),
+        row("one run", 5_432.1, 5_000, (1_234, "evalsha")),
+    ]
+}
+
 fn full_results() -> Results {
     Results {
         rows: rows(),
@@ -434,6 +457,7 @@ fn full_results() -> Results {
         consumer: Some(consumer()),
         polls: Some(polls()),
         draw: draw_rows(),
+        reconcile: reconcile_rows(),
         memory: vec![memory(10_000, "user-0000001"), memory(100_000, "uuid")],
         binaries: binaries(),
     }
