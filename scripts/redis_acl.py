@@ -48,7 +48,7 @@ USERS: dict[str, dict] = {
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
             "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
-            "outbox_done.lua", "pool_leave.lua",
+            "outbox_done.lua", "pool_leave.lua", "user_rate.lua",
         ],
         # The public view, a user's ledger entry and pool entry, the buckets' stock.
         "commands": ["HGET", "HMGET", "HGETALL"],

@@ -3,7 +3,9 @@
 //! `return` of a script answers a named code (or data), never a bare integer.
 
 use seckill_shared::protocol::lock;
-use seckill_shared::store::{buckets, cancel, draw, ledger, meta, purchase, repair, scripts};
+use seckill_shared::store::{
+    buckets, cancel, draw, ledger, meta, purchase, repair, scripts, user_rate,
+};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -30,6 +32,7 @@ fn coded() -> Vec<(&'static str, &'static [(&'static str, i64)])> {
         (lock::RenewCode::SCRIPT, lock::RenewCode::ALL),
         (lock::ReleaseCode::SCRIPT, lock::ReleaseCode::ALL),
         (lock::StampCode::SCRIPT, lock::StampCode::ALL),
+        (user_rate::RateCode::SCRIPT, user_rate::RateCode::ALL),
     ]
 }
 

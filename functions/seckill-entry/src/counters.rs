@@ -1,4 +1,4 @@
-//! The entry's purchase counters: aggregated in memory and written as one EMF line at most
+//! The entry's purchase counters (and its per-user database rate's refusals): aggregated in memory and written as one EMF line at most
 //! every [`Counters::FLUSH_EVERY`], so a flood of refusals costs an atomic increment each.
 
 use crate::FUNCTION;
@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     sold_out_cached: AtomicU64,
     unavailable: AtomicU64,
     breaker_opens: AtomicU64,
+    user_db_rate_limited: AtomicU64,
     last_flush_ms: AtomicU64,
     base: std::sync::OnceLock<Instant>,
 }
@@ -66,6 +67,12 @@ impl Counters {
         self.maybe_flush();
     }
 
+    /// A 429 of the per-user rate of requests that reach the database (not a purchase's).
+    pub(crate) fn user_db_rate_limited(&self) {
+        self.user_db_rate_limited.fetch_add(1, Ordering::Relaxed);
+        self.maybe_flush();
+    }
+
     fn maybe_flush(&self) {
         let now = self.base.get_or_init(Instant::now).elapsed().as_millis() as u64;
         let last = self.last_flush_ms.load(Ordering::Relaxed);
@@ -91,6 +98,10 @@ impl Counters {
             ),
             ("RejectedUnavailable".to_string(), taken(&self.unavailable)),
             ("BreakerOpens".to_string(), taken(&self.breaker_opens)),
+            (
+                "RejectedUserDbRate".to_string(),
+                taken(&self.user_db_rate_limited),
+            ),
         ];
         for (refusal, n) in Refusal::ALL.iter().zip(&self.refused) {
             counters.push((refusal_metric(refusal.code()), taken(n)));

@@ -8,6 +8,8 @@
 //! - [`health`]: liveness with no I/O, and a deep check of every dependency.
 //! - [`guards`]: what each container keeps in front of Redis (the sold-out memory, bucket
 //!   counts, the clock offset, the circuit breaker); [`counters`]: its EMF counters.
+//! - [`db_guards`]: what it keeps in front of the database per user (the per-user rate of
+//!   requests that reach it, the memory of "no order" answers).
 //!
 //! The same [`router`] runs in Lambda (`lambda_http::run`) and in the local dev server; [`api`]
 //! is its routes with their OpenAPI description, from each handler's `#[utoipa::path]`.
@@ -25,6 +27,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub mod counters;
+pub mod db_guards;
 pub mod guards;
 pub mod health;
 pub mod orders;
@@ -47,7 +50,7 @@ pub struct EntryState {
 }
 
 /// The clients and what only the entry keeps per container: the queue, the guards, the view
-/// cache and the counters.
+/// cache, the counters, and the per-user guards of the database.
 struct Inner {
     config: Config,
     pool: PgPool,
@@ -62,6 +65,8 @@ struct Inner {
     skew: guards::ClockSkew,
     view: view::ViewCache,
     counters: counters::Counters,
+    user_rate: db_guards::UserRate,
+    no_order: db_guards::NoOrderCache,
     /// The payment provider (`None`: paying answers 503).
     payments: Option<Arc<dyn Provider>>,
 }
@@ -84,6 +89,8 @@ impl EntryState {
                 skew: guards::ClockSkew::default(),
                 view: view::ViewCache::new(config.public_view_cache_ttl),
                 counters: counters::Counters::default(),
+                user_rate: db_guards::UserRate::new(config.user_db_rate_per_sec),
+                no_order: db_guards::NoOrderCache::new(),
                 payments: config.payments.provider(),
                 config,
                 pool,

@@ -2,7 +2,7 @@
 //! for a draw's entrant the draw's outcome), and cancel a confirmed order: its units and the
 //! user's quota come back exactly once, whichever cancel or payment commits first.
 
-use crate::EntryState;
+use crate::{db_guards, EntryState};
 use axum::extract::State;
 use axum::Json;
 use seckill_shared::domain::order::{self, Order, OrderStatus};
@@ -19,6 +19,7 @@ use seckill_shared::store::ledger::{self, EntryKind};
 use seckill_shared::ApiError;
 use serde::Serialize;
 use sqlx::PgPool;
+use std::time::Instant;
 use uuid::Uuid;
 
 /// `GET /activities/{id}/orders/me`: where the caller's purchase is.
@@ -40,6 +41,16 @@ pub struct MyOrder {
     pub reason: Option<String>,
 }
 
+impl MyOrder {
+    /// Nothing of the caller's in this sale.
+    fn none() -> Self {
+        Self {
+            status: "none".into(),
+            ..Self::default()
+        }
+    }
+}
+
 #[utoipa::path(
     get,
     path = "/activities/{activityId}/orders/me",
@@ -49,9 +60,10 @@ pub struct MyOrder {
     params(ActivityId),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The caller's reservation or latest order, or `none`", body = MyOrder),
+        (status = 200, description = "The caller's reservation or latest order, or `none` (a `none` may be this container's answer of up to a second ago: an order another container accepted can show up to a second after it is committed; one accepted by the same container shows at once)", body = MyOrder),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 429, description = "More requests that reach the database than the per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -62,6 +74,9 @@ pub(crate) async fn my_order(
     ActivityId(activity_id): ActivityId,
 ) -> Result<Json<MyOrder>, ApiError> {
     let s = &state.inner;
+    // Before any read: a "no order" the database gives is kept only if no purchase of this
+    // container ran for the pair since.
+    let read_from = Instant::now();
     // The ledger first: the consumer commits the order before it drops the entry, so a
     // reservation missing here is either in the database already or was given back.
     let count = match s.bucket_counts.get(activity_id) {
@@ -131,11 +146,18 @@ pub(crate) async fn my_order(
             ..MyOrder::default()
         }));
     }
-    let Some(o) = order::latest_for_user(&s.pool, activity_id, &identity.user_id).await? else {
-        return Ok(Json(MyOrder {
-            status: "none".into(),
-            ..MyOrder::default()
-        }));
+    let user_id = &identity.user_id;
+    if s.no_order.knows_none(user_id, activity_id).await {
+        return Ok(Json(MyOrder::none()));
+    }
+    db_guards::admit(&state, user_id).await?;
+    let Some(o) = order::latest_for_user(&s.pool, activity_id, user_id).await? else {
+        // Between the database's "none" and keeping it: a purchase may run meanwhile.
+        pause::point("entry.my_order.before_remember_none", activity_id).await;
+        s.no_order
+            .remember_none(user_id, activity_id, read_from)
+            .await;
+        return Ok(Json(MyOrder::none()));
     };
     Ok(Json(MyOrder {
         reason: (o.status == OrderStatus::Failed.as_str())
@@ -172,6 +194,7 @@ pub struct Cancelled {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such order, or someone else's", body = ErrorBody),
         (status = 409, description = "Paid or failed (`conflict`), or another cancel of it is running (`busy`)", body = ErrorBody),
+        (status = 429, description = "More requests that reach the database than the per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "Redis or the database is out of reach", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -182,6 +205,7 @@ pub(crate) async fn cancel(
     OrderId(order_id): OrderId,
 ) -> Result<Json<Cancelled>, ApiError> {
     let s = &state.inner;
+    db_guards::admit(&state, &identity.user_id).await?;
     let order = owned_order(&s.pool, order_id, &identity.user_id).await?;
     let outcome = cancel::cancel_order(&s.pool, &s.redis, &order, chrono::Utc::now()).await?;
     let released_quantity = match outcome {

@@ -3,7 +3,7 @@
 //! takes the provider's signed events, and only a verified `payment_intent.succeeded` event
 //! for the payment's exact amount marks the order paid (`protocol::pay::settle`).
 
-use crate::EntryState;
+use crate::{db_guards, EntryState};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -80,6 +80,7 @@ impl PaymentStarted {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such order, or someone else's", body = ErrorBody),
         (status = 409, description = "Cancelled, failed, past its payment timeout, or a sale with no price (`conflict`)", body = ErrorBody),
+        (status = 429, description = "More requests that reach the database than the per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "The database or the payment provider is out of reach, or no provider is configured", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -90,6 +91,7 @@ pub(crate) async fn pay(
     OrderId(order_id): OrderId,
 ) -> Result<Json<PaymentStarted>, ApiError> {
     let s = &state.inner;
+    db_guards::admit(&state, &identity.user_id).await?;
     let order = match order::get(&s.pool, order_id).await? {
         Some(o) if o.user_id == identity.user_id => o,
         _ => return Err(ApiError::NotFound(format!("order {order_id} not found"))),

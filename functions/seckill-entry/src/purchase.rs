@@ -4,7 +4,7 @@
 //! answer came too late, is given back through the database's arbiter before the 503, so a
 //! 503 means nothing happened. docs/invariants.md, "Entry: a purchase" and "What a 503 means".
 
-use crate::EntryState;
+use crate::{db_guards, EntryState};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -145,7 +145,7 @@ pub struct Accepted {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such published activity", body = ErrorBody),
         (status = 409, description = "Outside the window (`not_started`, `ended`), `sold_out`, or `already_purchased` (also a second entry in a draw, and a draw's loser), or `draw_running` with `Retry-After: 1` (a draw sale's draw is being run and not done; nothing was reserved)", body = ErrorBody),
-        (status = 429, description = "More attempts this second than the sale's per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
+        (status = 429, description = "More attempts this second than the sale's per-user rate, or (a sale Redis does not hold, answered from the database) more requests that reach the database than the per-user rate (`rate_limited`); `Retry-After` says when to retry", body = ErrorBody),
         (status = 503, description = "Redis, the queue or the database is out of reach, or the sale is being loaded: nothing was reserved, retry", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -198,7 +198,7 @@ pub(crate) async fn purchase(
         // The draw is being run in steps and is not done yet (this call's share of it ran
         // out of time), or the sale was reloaded in between. Nothing was reserved.
         Outcome::DrawDue => return Err(ApiError::DrawRunning),
-        Outcome::Refused(refusal) => return Err(refuse(&state, activity_id, refusal).await),
+        Outcome::Refused(refusal) => return Err(refuse(&state, &attempt, refusal).await),
     };
     span.record("outcome", "accepted");
     if reservation.stock_left == 0 && reservation.buckets == 1 {
@@ -293,6 +293,12 @@ async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, Un
     let deadline = s.skew.deadline(sent_ms, s.config.redis_timeout);
     let known = attempt.buckets;
     let decided = purchase::enter(&s.redis, attempt, deadline).await;
+    // Ran, or may have run: this container's status reads of the pair ask the database again.
+    if !matches!(decided, Ok(Outcome::Refused(_))) {
+        s.no_order
+            .bought(&attempt.user_id, attempt.activity_id)
+            .await;
+    }
     if attempt.buckets != known {
         s.bucket_counts.put(attempt.activity_id, attempt.buckets);
     }
@@ -458,8 +464,9 @@ const GIVE_BACK_ATTEMPTS: u32 = 10;
 const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
 /// The answer to a refused purchase: counted, cached when sold out, logged only at debug.
-async fn refuse(state: &EntryState, activity_id: i64, refusal: Refusal) -> ApiError {
+async fn refuse(state: &EntryState, attempt: &Attempt, refusal: Refusal) -> ApiError {
     let s = &state.inner;
+    let activity_id = attempt.activity_id;
     Span::current().record("outcome", refusal.code());
     if let Refusal::SoldOut { stock_left } = refusal {
         s.sold_out.remember(activity_id, stock_left);
@@ -469,7 +476,7 @@ async fn refuse(state: &EntryState, activity_id: i64, refusal: Refusal) -> ApiEr
     // logged one by one only at debug, so a flood does not pay for a log line each.
     tracing::debug!("purchase refused");
     match refusal {
-        Refusal::NotFound => not_loaded(state, activity_id).await,
+        Refusal::NotFound => not_loaded(state, activity_id, &attempt.user_id).await,
         other => other.into(),
     }
 }
@@ -522,13 +529,20 @@ async fn after_send_error(
 /// A sale Redis does not hold answers as the database says its window stands: not started,
 /// ended, or (running, about to be loaded by preheat or reconcile) unavailable. Only unknown
 /// or draft ids are 404. The answer is cached per container, so a flood for an unloaded or
-/// unknown id costs the database one read per id and cache period.
-async fn not_loaded(state: &EntryState, activity_id: i64) -> ApiError {
+/// unknown id costs the database one read per id and cache period, and a user's purchases of
+/// ids not cached count against their rate of requests that reach the database.
+async fn not_loaded(state: &EntryState, activity_id: i64, user_id: &str) -> ApiError {
     let s = &state.inner;
-    if !s.known_max.may_exist(&s.pool, activity_id).await {
-        return Refusal::NotFound.into();
+    let cached = s.unloaded.get(activity_id);
+    if cached.is_none() {
+        if let Err(limited) = db_guards::admit(state, user_id).await {
+            return limited;
+        }
+        if !s.known_max.may_exist(&s.pool, activity_id).await {
+            return Refusal::NotFound.into();
+        }
     }
-    let window = match s.unloaded.get(activity_id) {
+    let window = match cached {
         Some(window) => window,
         None => match activity::get(&s.pool, activity_id).await {
             Ok(row) => {

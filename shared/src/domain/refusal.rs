@@ -27,9 +27,10 @@ pub enum Refusal {
     /// given up on the answer (a stalled or slow Redis). `now_ms` is when it ran.
     #[error("redis answered too late; nothing was done, retry")]
     Expired { now_ms: i64 },
-    /// More purchase attempts this second than the sale's per-user rate: nothing was done.
-    /// `retry_after_ms`: until the user's second is over.
-    #[error("too many purchase attempts; retry after the time Retry-After gives")]
+    /// More purchase attempts this second than the sale's per-user rate, or more requests
+    /// that reach the database than the user's rate of those (the entry's other routes answer
+    /// it too): nothing was done. `retry_after_ms`: until the user's window is over.
+    #[error("too many attempts; retry after the time Retry-After gives")]
     RateLimited { retry_after_ms: i64 },
     /// A draw sale's pool holds as many entrants as it takes (`maxEntrants`).
     #[error("the draw's pool is full")]

@@ -95,6 +95,13 @@ pub struct Config {
           value_name = "PUBLIC_VIEW_CACHE_MS", value_parser = view_cache_millis,
           default_value = "250")]
     pub public_view_cache_ttl: Duration,
+    /// Requests per second one user may send the entry's routes that reach the database (the
+    /// order status when Redis holds nothing of theirs, pay, cancel, a purchase of a sale Redis
+    /// does not hold), counted in Redis over windows of [`USER_DB_RATE_WINDOW`], so a burst of
+    /// twice this passes; past it 429 `rate_limited`. At most 1000; 0 turns the limit off.
+    #[arg(long = "user-db-rate-per-sec", env = "USER_DB_RATE_PER_SEC",
+          value_name = "USER_DB_RATE_PER_SEC", value_parser = user_db_rate, default_value = "5")]
+    pub user_db_rate_per_sec: u32,
     /// Connections per container; `MaximumConcurrency × this` is what the database sees.
     #[arg(long = "db-max-connections", env = "DB_MAX_CONNECTIONS", value_name = "DB_MAX_CONNECTIONS",
           value_parser = whole::<u32>, default_value = "4")]
@@ -356,6 +363,24 @@ fn view_cache_millis(value: &str) -> Result<Duration, String> {
         ));
     }
     Ok(ttl)
+}
+
+/// The window [`Config::user_db_rate_per_sec`] is counted over: two seconds, so a page that
+/// asks for its order, pays and asks again at once is not refused, while one user's loop is
+/// held to the rate on average.
+pub const USER_DB_RATE_WINDOW: Duration = Duration::from_secs(2);
+
+/// The most [`Config::user_db_rate_per_sec`] takes: above it the limit would bound nothing a
+/// container's connections could serve.
+const MAX_USER_DB_RATE: u32 = 1000;
+
+/// A whole number up to [`MAX_USER_DB_RATE`]; a larger one is refused, not clamped.
+fn user_db_rate(value: &str) -> Result<u32, String> {
+    let rate = whole::<u32>(value)?;
+    if rate > MAX_USER_DB_RATE {
+        return Err(format!("must be at most {MAX_USER_DB_RATE}"));
+    }
+    Ok(rate)
 }
 
 fn secs(value: &str) -> Result<Duration, String> {
@@ -620,6 +645,26 @@ mod tests {
         vars.push(("PUBLIC_VIEW_CACHE_MS", "251"));
         let err = parse(&vars).unwrap_err();
         assert!(err.contains("PUBLIC_VIEW_CACHE_MS"), "{err}");
+    }
+
+    #[test]
+    fn the_user_db_rate_defaults_to_5_is_off_at_0_and_stops_at_1000() {
+        assert_eq!(parse(&local()).unwrap().user_db_rate_per_sec, 5);
+        for (value, want) in [
+            ("0", Some(0)),
+            ("1000", Some(1000)),
+            ("1001", None),
+            ("-1", None),
+            ("", None),
+        ] {
+            let mut vars = local();
+            vars.push(("USER_DB_RATE_PER_SEC", value));
+            match (parse(&vars), want) {
+                (Ok(config), Some(want)) => assert_eq!(config.user_db_rate_per_sec, want),
+                (Err(err), None) => assert!(err.contains("USER_DB_RATE_PER_SEC"), "{err}"),
+                (got, want) => panic!("{value:?}: {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

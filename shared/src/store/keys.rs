@@ -31,6 +31,12 @@ pub const TRANSFER_FIELD_PREFIX: &str = " transfer:";
 /// it `' lease'`.
 pub const OUTBOX_LEASE: &str = " lease";
 
+/// The key counting `user_id`'s requests that reach the database in the current window
+/// (`lua/user_rate.lua`). One key per user, so one slot on a cluster whatever the id holds.
+pub fn user_db_rate(prefix: &str, user_id: &str) -> String {
+    format!("{prefix}:dbrate:{user_id}")
+}
+
 /// Redis Cluster's number of hash slots.
 const SLOTS: u32 = 16384;
 

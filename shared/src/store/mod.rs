@@ -13,6 +13,7 @@
 //! - [`draw`]: a draw sale's draw, outbox and pool.
 //! - [`buckets`]: the reads that add a bucketed sale's buckets up; a bucket's unload.
 //! - [`view`]: the stock and the public view of a loaded sale.
+//! - [`user_rate`]: a user's rate of requests that reach the database.
 
 pub mod buckets;
 pub mod cancel;
@@ -24,4 +25,5 @@ pub mod meta;
 pub mod purchase;
 pub mod repair;
 pub mod scripts;
+pub mod user_rate;
 pub mod view;

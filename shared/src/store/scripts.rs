@@ -50,6 +50,7 @@ scripts! {
     OUTBOX_TAKE => "outbox_take.lua",
     OUTBOX_DONE => "outbox_done.lua",
     POOL_LEAVE => "pool_leave.lua",
+    USER_RATE => "user_rate.lua",
 }
 
 /// Declares the reply codes of one script: an enum whose variants name them (a variant

@@ -30,6 +30,9 @@ use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::ledger::Snapshot;
 use seckill_shared::store::purchase::Reservation;
 use seckill_shared::testing::TestEnv;
+use seckill_shared::Config;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -216,6 +219,33 @@ pub async fn call_with_headers(
             .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()))
     };
     (parts.status, parts.headers, json)
+}
+
+/// A pool on the test's database that counts every connection it hands out (a new one or an
+/// idle one): each database step of a request takes one, so an unchanged count is a request
+/// that did no database work.
+pub fn counting_pool(env: &TestEnv) -> (sqlx::PgPool, Arc<AtomicUsize>) {
+    let taken = Arc::new(AtomicUsize::new(0));
+    let (on_connect, on_acquire) = (taken.clone(), taken.clone());
+    let pool = seckill_shared::infra::db::pool_options()
+        .max_connections(4)
+        .after_connect(move |_, _| {
+            on_connect.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        })
+        .before_acquire(move |_, _| {
+            on_acquire.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(true) })
+        })
+        .connect_lazy(env.config.database_url.expose())
+        .expect("a well-formed URL");
+    (pool, taken)
+}
+
+/// The entry function's router on the test's queue and the given pool, with `config`.
+pub fn entry_router_on(env: &TestEnv, config: Config, pool: sqlx::PgPool) -> Router {
+    let context = seckill_shared::Context::new(config, pool, env.redis.clone());
+    router(EntryState::new(context, env.queue.clone()))
 }
 
 /// A pool whose database is a port nobody listens on: every query fails, fast.
