@@ -148,6 +148,7 @@ mod tests {
                 "RejectedAlreadyPurchased",
                 "RejectedExpired",
                 "RejectedRateLimited",
+                "RejectedPoolFull",
             ]
         );
     }
