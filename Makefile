@@ -14,6 +14,8 @@
 #                     its queue on fauxqs (127.0.0.1:4567); make serve SQS=moto serves on moto
 #   make wrk-check    load test: dev server on fauxqs, wrk 10 s x 256 connections on the accepted
 #                     purchase path; fails on any timeout, socket error, 5xx or lost order
+#   make draw-check   a draw at real size: 120,000 entrants through wrk on the dev server, the draw
+#                     triggered by a status read; fails if a PING waited > 25 ms or a winner has no order
 #   make demo         a live flash sale on the local stack (PROFILE=dev: the debug build); options: DEMO_ARGS="--buckets 3 --cluster"
 #                     (stock in 3 buckets, on the 3-node Redis Cluster), DEMO_ARGS="--admission draw"
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
@@ -59,7 +61,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help readme-check test-browser wrk-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help readme-check test-browser wrk-check draw-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -153,6 +155,10 @@ serve:
 # scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
 wrk-check:
 	bash scripts/wrk-check.sh
+
+# scripts/draw-check.sh starts what it needs as wrk-check does.
+draw-check:
+	bash scripts/draw-check.sh
 
 # scripts/browser-tests.sh installs chromium (apt) and playwright (venv) itself; PYTEST_ARGS
 # narrows the run (PYTEST_ARGS="-k draw").

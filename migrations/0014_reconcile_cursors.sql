@@ -3,7 +3,9 @@
 -- again from the beginning once it reached the end:
 --   'users'   the HSCAN cursor of a bucket's `users` (the orphan check), per bucket;
 --   'holders' the last user id of the live orders whose fields were checked (bucket 0).
--- A cursor is only a place to resume: a lost or stale one makes a walk start over, never skip.
+-- A cursor is only a place to resume. A lost one makes the walk start over; one from before a
+-- failover (the new primary hashes differently) may skip part of `users` for one lap, which the
+-- next lap, from the beginning, covers: an orphan is dropped a lap later, nothing else.
 create table reconcile_cursors (
     activity_id bigint  not null references activities (id),
     walk        text    not null check (walk in ('users', 'holders')),

@@ -1572,6 +1572,7 @@ fn whole(snaps: &[(Bucket, ledger::Snapshot)]) -> ledger::Snapshot {
         stock: snaps.iter().map(|(_, s)| s.stock).sum(),
         participants: snaps.iter().map(|(_, s)| s.participants).sum(),
         ledger: snaps.iter().flat_map(|(_, s)| s.ledger.clone()).collect(),
+        complete: snaps.iter().all(|(_, s)| s.complete),
         ledger_size: snaps.iter().map(|(_, s)| s.ledger_size).sum(),
         seq: 0,
         unsent: snaps.iter().flat_map(|(_, s)| s.unsent.clone()).collect(),

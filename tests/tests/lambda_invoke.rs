@@ -239,8 +239,12 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     let sqs = seckill_shared::infra::sqs::sqs_client().await;
     let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
     let now = chrono::Utc::now();
-    // The events name activity 1: the first row of a fresh database. Open now, so the
-    // purchase event meets an open window.
+    // The events name activity 1: the first row of a fresh database once its ids start at 1
+    // (a test database's start at a random place). Open now, so the purchase event meets an
+    // open window.
+    sqlx::query("alter table activities alter column id restart with 1")
+        .execute(&pool)
+        .await?;
     let sale = activity::insert(
         &pool,
         &NewActivity {

@@ -5,7 +5,7 @@
 //! again, and the field written only while the mark stands ([`restore::restore_fields`]).
 //! docs/invariants.md, "Lost fields".
 
-use crate::{out_of_time, ActivityReport, Reconcile};
+use crate::{ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::activity::{self, Activity};
@@ -13,7 +13,6 @@ use seckill_shared::domain::order;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::restore::{self, Restorer};
 use seckill_shared::store::keys::Bucket;
-use std::time::Instant;
 use uuid::Uuid;
 
 /// Live orders read (and their holders checked in Redis) per page.
@@ -28,12 +27,12 @@ impl Reconcile {
     /// many fields it wrote. Every bucket must be loaded (the caller checked).
     ///
     /// The walk goes on from where the last run stopped (`reconcile_cursors`) until
-    /// `deadline`, a page at least, and starts over once it reached the last holder.
+    /// the sale's share is spent, a page at least, and starts over once it reached the last holder.
     pub(crate) async fn restore_lost_fields(
         &self,
         a: &Activity,
         now: DateTime<Utc>,
-        deadline: Instant,
+        walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<usize> {
         let count = a.bucket_count();
@@ -45,7 +44,7 @@ impl Reconcile {
         let mut restored = 0;
         let mut first = true;
         loop {
-            if out_of_time(deadline, first) {
+            if walk.out_of_time(first) {
                 r.out_of_time = true;
                 break;
             }

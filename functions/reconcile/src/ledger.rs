@@ -4,7 +4,7 @@
 //! mark dropped, a transfer between buckets finished in its home bucket.
 //! docs/invariants.md, "Reconcile", step 2.
 
-use crate::{is_stale, out_of_time, stale_entries, ActivityReport, Reconcile};
+use crate::{is_stale, stale_entries, ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::order::{self, reason, Order, OrderStatus};
@@ -16,7 +16,6 @@ use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot, LEDGER_INLINE};
 use seckill_shared::store::purchase::Credited;
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
 use uuid::Uuid;
 
 impl Reconcile {
@@ -34,30 +33,61 @@ impl Reconcile {
     /// - A transfer between buckets older than the grace period: finished in its home bucket
     ///   ([`Reconcile::repair_transfers`]).
     ///
-    /// The ledger is worked [`LEDGER_INLINE`] entries at a time (one database query each) until
-    /// `deadline`; what is left waits for the next run. Every repair removes its entry, so
-    /// the next run's chunks hold what this one did not reach.
+    /// A ledger of more than [`LEDGER_INLINE`] entries is walked by `HSCAN`, a chunk at a time
+    /// (one database query each), until the sale's share is spent; what is left waits for the next run. Every
+    /// repair removes its entry, so the next run's walk holds what this one did not reach.
     pub(crate) async fn repair_ledger(
         &self,
         bucket: Bucket,
         snap: &Snapshot,
         now: DateTime<Utc>,
-        deadline: Instant,
+        walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        for (i, chunk) in snap.ledger.chunks(LEDGER_INLINE).enumerate() {
-            if out_of_time(deadline, i == 0) {
+        if snap.complete {
+            if walk.out_of_time(true) {
                 r.out_of_time = true;
-                break;
+                return Ok(());
             }
-            self.repair_reservations(bucket, snap, chunk, now, r)
-                .await?;
-            let stale = stale_entries(chunk, now, self.config.reconcile_grace);
-            self.repair_cancels(bucket, &stale, now, r).await?;
-            self.drop_stale_checks(bucket, &stale, r).await?;
-            self.repair_transfers(bucket, &stale, r).await?;
+            return self
+                .repair_entries(bucket, snap, &snap.ledger, now, r)
+                .await;
         }
-        Ok(())
+        // A ledger too large for the snapshot's one step, walked a chunk at a time.
+        let mut cursor = "0".to_string();
+        let mut first = true;
+        loop {
+            if walk.out_of_time(first) {
+                r.out_of_time = true;
+                return Ok(());
+            }
+            first = false;
+            let (next, entries) = ledger::scan_entries(&self.redis, bucket, &cursor)
+                .await
+                .context("failed to read the ledger")?;
+            self.repair_entries(bucket, snap, &entries, now, r).await?;
+            if next == "0" {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// Step 2 for `entries` (at most [`LEDGER_INLINE`], one database query for their rows).
+    async fn repair_entries(
+        &self,
+        bucket: Bucket,
+        snap: &Snapshot,
+        entries: &[LedgerEntry],
+        now: DateTime<Utc>,
+        r: &mut ActivityReport,
+    ) -> anyhow::Result<()> {
+        self.repair_reservations(bucket, snap, entries, now, r)
+            .await?;
+        let stale = stale_entries(entries, now, self.config.reconcile_grace);
+        self.repair_cancels(bucket, &stale, now, r).await?;
+        self.drop_stale_checks(bucket, &stale, r).await?;
+        self.repair_transfers(bucket, &stale, r).await
     }
 
     /// The reservations of step 2 among `entries` (of `snap`): applied when the database

@@ -144,7 +144,7 @@ impl Reconcile {
     }
 
     /// Steps 1-6 for one activity; steps 2, 3 and the transfers per bucket. The walks of
-    /// steps 2 and 3 stop at `deadline` (each after one chunk at least) and go on next run.
+    /// steps 2 and 3 stop at `deadline` (one bucket's after a chunk at least) and go on next run.
     #[tracing::instrument(skip_all, fields(activity_id = a.id))]
     async fn reconcile_activity(
         &self,
@@ -165,17 +165,27 @@ impl Reconcile {
         let snaps = self.snapshot_loading(a, now, &mut r).await?;
 
         if all_loaded(&snaps) {
+            // One bucket a run, in turn, starts its walks even past the deadline: every walk
+            // of the sale progresses each run, by one chunk at least, not one per bucket.
+            let count = i64::from(a.bucket_count());
+            let favoured = now.timestamp().div_euclid(60).rem_euclid(count);
             for (bucket, snap) in &snaps {
+                let start = Walk {
+                    deadline,
+                    first_anyway: i64::from(bucket.index) == favoured,
+                };
                 // 2. Stale ledger entries, and transfers between buckets left half done.
-                self.repair_ledger(*bucket, snap, now, deadline, &mut r)
+                self.repair_ledger(*bucket, snap, now, start, &mut r)
                     .await?;
                 // 3. Users with nothing behind them.
-                r.users_dropped += self
-                    .drop_orphan_users(*bucket, now, deadline, &mut r)
-                    .await?;
+                r.users_dropped += self.drop_orphan_users(*bucket, now, start, &mut r).await?;
             }
             // 3. The other way: holders of a live order whose field Redis lost.
-            r.fields_restored = self.restore_lost_fields(a, now, deadline, &mut r).await?;
+            let start = Walk {
+                deadline,
+                first_anyway: true,
+            };
+            r.fields_restored = self.restore_lost_fields(a, now, start, &mut r).await?;
         }
 
         // 4. The database against itself.
@@ -192,9 +202,10 @@ impl Reconcile {
         Ok(r)
     }
 
-    /// Every bucket's snapshot, bucket 0 first.
+    /// Every bucket's snapshot, bucket 0 first: each one bounded call, a ledger of more than
+    /// `LEDGER_INLINE` entries not read (step 2 walks it).
     async fn snapshots(&self, a: &Activity) -> anyhow::Result<Vec<(Bucket, Snapshot)>> {
-        buckets::snapshots(&self.redis, a.id, a.bucket_count())
+        buckets::heads(&self.redis, a.id, a.bucket_count())
             .await
             .context("failed to snapshot redis")
     }
@@ -245,10 +256,20 @@ impl Reconcile {
 /// chunk of each walk.
 const MIN_SHARE: Duration = Duration::from_secs(1);
 
-/// Whether a walk stops before its next chunk: its first chunk always runs, so every walk
-/// makes progress in every run, and then the sale's `deadline` ends it.
-pub(crate) fn out_of_time(deadline: Instant, first: bool) -> bool {
-    !first && Instant::now() >= deadline
+/// When one of a sale's walks (over a bucket's ledger or `users`, or the live orders) stops.
+#[derive(Clone, Copy)]
+pub(crate) struct Walk {
+    /// The end of the sale's share of the run.
+    pub deadline: Instant,
+    /// Whether the first chunk runs even past the deadline.
+    pub first_anyway: bool,
+}
+
+impl Walk {
+    /// Whether the walk stops before its next chunk (`first`: it has run none yet).
+    pub fn out_of_time(self, first: bool) -> bool {
+        !(first && self.first_anyway) && Instant::now() >= self.deadline
+    }
 }
 
 /// Whether every bucket is loaded.

@@ -3,7 +3,7 @@
 //! mark is still there (`lua/mark_users.lua`, `lua/drop_user.lua`). docs/invariants.md,
 //! "Reconcile", step 3.
 
-use crate::{out_of_time, ActivityReport, Reconcile};
+use crate::{ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::{activity, order};
@@ -12,7 +12,6 @@ use seckill_shared::store::conn::{Redis, StoreError};
 use seckill_shared::store::keys::{Bucket, SENTINEL};
 use seckill_shared::store::repair;
 use std::collections::HashSet;
-use std::time::Instant;
 use uuid::Uuid;
 
 /// Users checked against the database per query.
@@ -26,7 +25,7 @@ impl Reconcile {
     /// order.
     ///
     /// `users` is walked by `HSCAN`, a chunk at a time, from where the last run stopped
-    /// (`reconcile_cursors`) until `deadline`. Each chunk's users without a ledger entry get a
+    /// (`reconcile_cursors`) until the sale's share is spent. Each chunk's users without a ledger entry get a
     /// mark in the ledger (`lua/mark_users.lua`) *before* the database is read, and are removed
     /// only if the mark is still there (`lua/drop_user.lua`). Anything the user does meanwhile
     /// (a cancel, which begins by overwriting the mark, and so any re-purchase after it)
@@ -35,7 +34,7 @@ impl Reconcile {
         &self,
         bucket: Bucket,
         now: DateTime<Utc>,
-        deadline: Instant,
+        walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<usize> {
         let id = bucket.activity_id;
@@ -47,7 +46,7 @@ impl Reconcile {
         let mut dropped = 0;
         let mut first = true;
         loop {
-            if out_of_time(deadline, first) {
+            if walk.out_of_time(first) {
                 r.out_of_time = true;
                 break;
             }

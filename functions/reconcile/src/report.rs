@@ -106,8 +106,13 @@ pub struct ActivityReport {
     pub pending_qty: i64,
     /// Units on their way between two buckets of a bucketed sale.
     pub transfer_qty: i64,
+    /// Whether every bucket's ledger was counted in the snapshot's one step (at most
+    /// `LEDGER_INLINE` entries): only then do `pending_qty`, `transfer_qty` and the stock
+    /// describe one moment, and `drift` compare Redis with the database.
+    pub ledger_counted: bool,
     /// `redis_stock + pending_qty + transfer_qty + sold - total` (0 when conserved); with the
-    /// activity not in Redis, the database's own `db_remaining + sold - total`.
+    /// activity not in Redis, or a ledger too large to count in one step, the database's own
+    /// `db_remaining + sold - total`.
     pub drift: i64,
     /// Everything this run changed for the activity (the release of unpaid orders excluded).
     pub repairs: usize,
@@ -181,6 +186,7 @@ impl ActivityReport {
             redis_stock: None,
             pending_qty: 0,
             transfer_qty: 0,
+            ledger_counted: true,
             drift: 0,
             repairs: 0,
         }
@@ -200,10 +206,13 @@ impl ActivityReport {
         self.pending_qty = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
         self.transfer_qty = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
         self.redis_stock = crate::all_loaded(snaps).then(|| stock_sum(snaps));
+        self.ledger_counted = snaps.iter().all(|(_, s)| s.complete);
         let total = total_stock;
         self.drift = match self.redis_stock {
-            Some(stock) => drift(stock, self.pending_qty + self.transfer_qty, sold, total),
-            None => db_remaining + sold - total,
+            Some(stock) if self.ledger_counted => {
+                drift(stock, self.pending_qty + self.transfer_qty, sold, total)
+            }
+            _ => db_remaining + sold - total,
         };
         self.repairs = self.compensated
             + usize::from(self.drawn)

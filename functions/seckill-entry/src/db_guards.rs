@@ -31,15 +31,11 @@ pub(crate) async fn admit(state: &EntryState, user_id: &str) -> Result<(), ApiEr
     let counted = if s.breaker.is_open() {
         s.user_rate.count_here(user_id).await
     } else {
+        // The breaker is only read here, never moved: a user's counter lives on another
+        // shard than the sale's keys, so its answers say nothing of the purchase path's Redis.
         match user_rate::count(&s.redis, user_id, limit, USER_DB_RATE_WINDOW).await {
-            Ok(counted) => {
-                s.breaker.success();
-                counted
-            }
+            Ok(counted) => counted,
             Err(e) => {
-                if s.breaker.failure() {
-                    s.counters.breaker_opened();
-                }
                 tracing::debug!(error = %e, "user rate not counted in redis; counted here");
                 s.user_rate.count_here(user_id).await
             }

@@ -32,7 +32,20 @@ async fn count_in(redis: &Redis, bucket: Bucket) -> Result<Option<u32>, StoreErr
     Ok(version.map(|_| count.unwrap_or(1)))
 }
 
-/// Each bucket's snapshot, bucket 0 first.
+/// Each bucket's [`ledger::head`] (one bounded call each), bucket 0 first.
+pub async fn heads(
+    redis: &Redis,
+    activity_id: i64,
+    count: u32,
+) -> Result<Vec<(Bucket, Snapshot)>, StoreError> {
+    let mut all = Vec::new();
+    for b in Bucket::all(activity_id, count) {
+        all.push((b, ledger::head(redis, b).await?));
+    }
+    Ok(all)
+}
+
+/// Each bucket's snapshot, every ledger entry read, bucket 0 first.
 pub async fn snapshots(
     redis: &Redis,
     activity_id: i64,

@@ -212,10 +212,13 @@ pub struct Snapshot {
     pub stock: Option<i64>,
     /// Users holding a reservation, an order or a cancel in flight (the sentinel not counted).
     pub participants: i64,
-    /// The entries: read with the rest in one step up to [`LEDGER_INLINE`] of them, in chunks
-    /// after it beyond that (then a script that ran between the chunks may show in them or
-    /// not; `ledger_size` and everything else are of the one step).
+    /// The entries: read with the rest in one step up to [`LEDGER_INLINE`] of them. Beyond
+    /// that, [`snapshot`] reads them after it in chunks (then a script that ran between the
+    /// chunks may show in them or not; `ledger_size` and everything else are of the one step)
+    /// and [`head`] not at all (`complete` false).
     pub ledger: Vec<LedgerEntry>,
+    /// Whether `ledger` holds every entry.
+    pub complete: bool,
     /// How many entries the ledger held at the step (the sentinel not counted).
     pub ledger_size: i64,
     /// The stock sequence: bumped by every script that moves the stock.
@@ -266,8 +269,23 @@ impl Snapshot {
 pub const LEDGER_INLINE: usize = 1000;
 
 /// `lua/snapshot.lua`: one bucket's state in one step, and a ledger larger than
-/// [`LEDGER_INLINE`] entries read after it in chunks.
+/// [`LEDGER_INLINE`] entries read after it in chunks: for a look at the whole (the admin's
+/// stats, tests), never on a path that runs for every sale on a schedule.
 pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, StoreError> {
+    let at = at.into();
+    let mut snap = head(redis, at).await?;
+    if !snap.complete {
+        let k = redis.bucket_keys(at);
+        snap.ledger = parse_flat(&scan_ledger(redis, &k.ledger).await?);
+        snap.complete = true;
+    }
+    Ok(snap)
+}
+
+/// `lua/snapshot.lua` alone: one bucket's state in one step, its ledger's entries only when
+/// there are at most [`LEDGER_INLINE`] of them (else `complete` is false and `ledger` empty;
+/// [`scan_entries`] reads them a chunk at a time). One bounded call whatever the ledger holds.
+pub async fn head(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, StoreError> {
     let k = redis.bucket_keys(at.into());
     let mut inv = scripts::SNAPSHOT.prepare_invoke();
     inv.key(&k.meta)
@@ -278,27 +296,46 @@ pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, 
     type Reply = (i64, i64, i64, Vec<String>, i64, HashSet<String>, i64);
     let (loaded, stock, participants, flat, seq, unsent, ledger_size): Reply =
         redis.script(&inv).await?;
-    let flat = if ledger_size as usize > LEDGER_INLINE {
-        scan_ledger(redis, &k.ledger).await?
-    } else {
-        flat
-    };
-    let ledger = flat
-        .chunks(2)
-        .filter_map(|pair| match pair {
-            [user, value] if !user.is_empty() => LedgerEntry::parse(user, value),
-            _ => None,
-        })
-        .collect();
     Ok(Snapshot {
         loaded: loaded == 1,
         stock: (stock >= 0).then_some(stock),
         participants,
-        ledger,
+        ledger: parse_flat(&flat),
+        complete: ledger_size as usize <= LEDGER_INLINE,
         ledger_size,
         seq,
         unsent,
     })
+}
+
+/// Field, value, field, value... as entries, the sentinel and anything unreadable skipped.
+fn parse_flat(flat: &[String]) -> Vec<LedgerEntry> {
+    flat.chunks(2)
+        .filter_map(|pair| match pair {
+            [user, value] if !user.is_empty() => LedgerEntry::parse(user, value),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One `HSCAN` step of a bucket's ledger from `cursor` (about [`LEDGER_INLINE`] entries): the
+/// next cursor ("0" at the end) and the entries. A walk may meet an entry twice.
+pub async fn scan_entries(
+    redis: &Redis,
+    at: impl Into<Bucket>,
+    cursor: &str,
+) -> Result<(String, Vec<LedgerEntry>), StoreError> {
+    let k = redis.bucket_keys(at.into());
+    let (next, flat): (String, Vec<String>) = redis
+        .cmd(
+            redis::cmd("HSCAN")
+                .arg(&k.ledger)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(LEDGER_INLINE),
+        )
+        .await?;
+    Ok((next, parse_flat(&flat)))
 }
 
 /// A whole ledger by `HSCAN`, [`LEDGER_INLINE`] fields a call, flat (field, value, ...), each
