@@ -13,7 +13,7 @@ use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::giveback::{self, GiveBack};
 use seckill_shared::protocol::purchase;
 use seckill_shared::store::keys::Bucket;
-use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot, LEDGER_INLINE};
+use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot};
 use seckill_shared::store::purchase::Credited;
 use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
@@ -33,7 +33,7 @@ impl Reconcile {
     /// - A transfer between buckets older than the grace period: finished in its home bucket
     ///   ([`Reconcile::repair_transfers`]).
     ///
-    /// A ledger of more than [`LEDGER_INLINE`] entries is walked by `HSCAN`, a chunk at a time
+    /// A ledger of more than [`ledger::LEDGER_INLINE`] entries is walked by `HSCAN`, a chunk at a time
     /// (one database query each), until the sale's share is spent; what is left waits for the next run. Every
     /// repair removes its entry, so the next run's walk holds what this one did not reach.
     pub(crate) async fn repair_ledger(
@@ -73,7 +73,7 @@ impl Reconcile {
         }
     }
 
-    /// Step 2 for `entries` (at most [`LEDGER_INLINE`], one database query for their rows).
+    /// Step 2 for `entries` (at most [`ledger::LEDGER_INLINE`], one database query for their rows).
     async fn repair_entries(
         &self,
         bucket: Bucket,
