@@ -20,8 +20,6 @@ use seckill_shared::store::purchase;
 use seckill_shared::testing;
 use serde::Serialize;
 use sqlx::PgPool;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -270,30 +268,11 @@ where
         .arg("RESET")
         .query_async(admin)
         .await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let pinger = {
-        let stop = stop.clone();
-        let mut con = client.get_multiplexed_async_connection().await?;
-        tokio::spawn(async move {
-            let (mut count, mut worst) = (0u64, Duration::ZERO);
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let _: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
-                worst = worst.max(t.elapsed());
-                count += 1;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            (count, worst)
-        })
-    };
-    // A few PINGs before the draw starts, so the loop is running when it does.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pinger = util::Pinger::start(client).await?;
     let started = Instant::now();
     let outcome = draw().await;
     let draw_ms = started.elapsed().as_secs_f64() * 1e3;
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (pings, worst) = pinger.await?;
+    let (pings, ping_max_ms) = pinger.stop().await?;
     let entries: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(-1)
@@ -330,7 +309,7 @@ where
         longest_us,
         draw_ms,
         pings,
-        ping_max_ms: worst.as_secs_f64() * 1e3,
+        ping_max_ms,
     })
 }
 

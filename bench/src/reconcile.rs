@@ -21,8 +21,6 @@ use seckill_shared::store::purchase;
 use seckill_shared::testing;
 use seckill_shared::Context;
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -220,29 +218,11 @@ where
     Fut: std::future::Future<Output = anyhow::Result<(usize, bool)>>,
 {
     let slowlog = SlowLog::open_at(admin, threshold_us).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let pinger = {
-        let stop = stop.clone();
-        let mut con = client.get_multiplexed_async_connection().await?;
-        tokio::spawn(async move {
-            let (mut count, mut worst) = (0u64, Duration::ZERO);
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let _: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
-                worst = worst.max(t.elapsed());
-                count += 1;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            (count, worst)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pinger = util::Pinger::start(client).await?;
     let started = Instant::now();
     let outcome = step().await;
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (pings, worst) = pinger.await?;
+    let (pings, ping_max_ms) = pinger.stop().await?;
     let slowest = slowlog.slowest(admin).await;
     slowlog.close(admin).await;
     let (given_back, out_of_time) = outcome?;
@@ -258,6 +238,6 @@ where
         longest_us,
         longest,
         pings,
-        ping_max_ms: worst.as_secs_f64() * 1e3,
+        ping_max_ms,
     })
 }

@@ -367,6 +367,47 @@ pub async fn manager(client: &redis::Client) -> anyhow::Result<ConnectionManager
     Ok(client.get_connection_manager().await?)
 }
 
+/// PINGs on a connection of their own, about one a millisecond, while a step runs: how long the
+/// server kept a client waiting meanwhile.
+pub struct Pinger {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, std::time::Duration)>,
+}
+
+impl Pinger {
+    /// Starts the loop and lets a few PINGs go first, so it is running when the step starts.
+    pub async fn start(client: &redis::Client) -> anyhow::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut con = client.get_multiplexed_async_connection().await?;
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut count, mut worst) = (0u64, std::time::Duration::ZERO);
+                while !stop.load(Ordering::Relaxed) {
+                    let t = std::time::Instant::now();
+                    let _: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
+                    worst = worst.max(t.elapsed());
+                    count += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                (count, worst)
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        Ok(Self { stop, task })
+    }
+
+    /// Lets a few more PINGs run, stops, and answers how many were answered and the slowest,
+    /// in ms.
+    pub async fn stop(self) -> anyhow::Result<(u64, f64)> {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (count, worst) = self.task.await?;
+        Ok((count, worst.as_secs_f64() * 1e3))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

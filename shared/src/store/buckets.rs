@@ -51,9 +51,9 @@ pub async fn snapshots(
     activity_id: i64,
     count: u32,
 ) -> Result<Vec<(Bucket, Snapshot)>, StoreError> {
-    let mut all = Vec::new();
-    for b in Bucket::all(activity_id, count) {
-        all.push((b, ledger::snapshot(redis, b).await?));
+    let mut all = heads(redis, activity_id, count).await?;
+    for (b, snap) in &mut all {
+        ledger::fill(redis, *b, snap).await?;
     }
     Ok(all)
 }

@@ -274,12 +274,18 @@ pub const LEDGER_INLINE: usize = 1000;
 pub async fn snapshot(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, StoreError> {
     let at = at.into();
     let mut snap = head(redis, at).await?;
+    fill(redis, at, &mut snap).await?;
+    Ok(snap)
+}
+
+/// Makes a [`head`] of bucket `at` whole: a ledger too large for its one step read in chunks.
+pub async fn fill(redis: &Redis, at: Bucket, snap: &mut Snapshot) -> Result<(), StoreError> {
     if !snap.complete {
         let k = redis.bucket_keys(at);
         snap.ledger = parse_flat(&scan_ledger(redis, &k.ledger).await?);
         snap.complete = true;
     }
-    Ok(snap)
+    Ok(())
 }
 
 /// `lua/snapshot.lua` alone: one bucket's state in one step, its ledger's entries only when
