@@ -1,4 +1,4 @@
-//! Step 3, the other way round from [`crate::orphans`]: live orders whose holder's field in
+//! The orphan check the other way round ([`crate::orphans`]): live orders whose holder's field in
 //! `users` Redis lost (a failover that dropped the last writes while the sale stayed loaded),
 //! restored from the database. The live orders are walked a page at a time in user order;
 //! each page's holders whose field does not name their order are marked, the database read
@@ -22,7 +22,7 @@ const HOLDER_PAGE: i64 = 1000;
 const WALK: &str = "holders";
 
 impl Reconcile {
-    /// Step 3, lost fields: restores the field of every holder of a live order of `a` whose
+    /// Lost fields: restores the field of every holder of a live order of `a` whose
     /// field in her home bucket's `users` is missing or names another request. Returns how
     /// many fields it wrote. Every bucket must be loaded (the caller checked).
     ///
@@ -32,7 +32,7 @@ impl Reconcile {
         &self,
         a: &Activity,
         now: DateTime<Utc>,
-        walk: Walk,
+        mut walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<usize> {
         let count = a.bucket_count();
@@ -42,13 +42,10 @@ impl Reconcile {
             .context("failed to read where the lost fields' walk stopped")?
             .unwrap_or_default();
         let mut restored = 0;
-        let mut first = true;
         loop {
-            if walk.out_of_time(first) {
-                r.out_of_time = true;
+            if walk.stop(r) {
                 break;
             }
-            first = false;
             let page = order::live_holders_after(&self.pool, a.id, &after, HOLDER_PAGE)
                 .await
                 .context("failed to read the live orders")?;

@@ -41,12 +41,11 @@ impl Reconcile {
         bucket: Bucket,
         snap: &Snapshot,
         now: DateTime<Utc>,
-        walk: Walk,
+        mut walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         if snap.complete {
-            if walk.out_of_time(true) {
-                r.out_of_time = true;
+            if walk.stop(r) {
                 return Ok(());
             }
             return self
@@ -55,13 +54,10 @@ impl Reconcile {
         }
         // A ledger too large for the snapshot's one step, walked a chunk at a time.
         let mut cursor = "0".to_string();
-        let mut first = true;
         loop {
-            if walk.out_of_time(first) {
-                r.out_of_time = true;
+            if walk.stop(r) {
                 return Ok(());
             }
-            first = false;
             let (next, entries) = ledger::scan_entries(&self.redis, bucket, &cursor)
                 .await
                 .context("failed to read the ledger")?;
@@ -73,7 +69,7 @@ impl Reconcile {
         }
     }
 
-    /// Step 2 for `entries` (at most [`ledger::LEDGER_INLINE`], one database query for their rows).
+    /// The ledger's repairs for `entries` (at most [`ledger::LEDGER_INLINE`], one database query for their rows).
     async fn repair_entries(
         &self,
         bucket: Bucket,
@@ -90,7 +86,7 @@ impl Reconcile {
         self.repair_transfers(bucket, &stale, r).await
     }
 
-    /// The reservations of step 2 among `entries` (of `snap`): applied when the database
+    /// The reservations among `entries` (of `snap`): applied when the database
     /// decided, given back when stale.
     async fn repair_reservations(
         &self,

@@ -143,8 +143,9 @@ impl Reconcile {
         Ok(report)
     }
 
-    /// Steps 1-6 for one activity; steps 2, 3 and the transfers per bucket. The walks of
-    /// steps 2 and 3 stop at `deadline` (one bucket's after a chunk at least) and go on next run.
+    /// Every check of one activity; the ledger's repairs and the orphan check per bucket. Their
+    /// walks and the lost fields' stop at `deadline` (one bucket's after a chunk at least) and go
+    /// on next run.
     #[tracing::instrument(skip_all, fields(activity_id = a.id))]
     async fn reconcile_activity(
         &self,
@@ -170,10 +171,7 @@ impl Reconcile {
             let count = i64::from(a.bucket_count());
             let favoured = now.timestamp().div_euclid(60).rem_euclid(count);
             for (bucket, snap) in &snaps {
-                let start = Walk {
-                    deadline,
-                    first_anyway: i64::from(bucket.index) == favoured,
-                };
+                let start = Walk::new(deadline, i64::from(bucket.index) == favoured);
                 // 2. Stale ledger entries, and transfers between buckets left half done.
                 self.repair_ledger(*bucket, snap, now, start, &mut r)
                     .await?;
@@ -181,10 +179,7 @@ impl Reconcile {
                 r.users_dropped += self.drop_orphan_users(*bucket, now, start, &mut r).await?;
             }
             // 3. The other way: holders of a live order whose field Redis lost.
-            let start = Walk {
-                deadline,
-                first_anyway: true,
-            };
+            let start = Walk::new(deadline, true);
             r.fields_restored = self.restore_lost_fields(a, now, start, &mut r).await?;
         }
 
@@ -203,7 +198,7 @@ impl Reconcile {
     }
 
     /// Every bucket's snapshot, bucket 0 first: each one bounded call, a ledger of more than
-    /// `LEDGER_INLINE` entries not read (step 2 walks it).
+    /// `LEDGER_INLINE` entries not read (the ledger's repairs walk it).
     async fn snapshots(&self, a: &Activity) -> anyhow::Result<Vec<(Bucket, Snapshot)>> {
         buckets::heads(&self.redis, a.id, a.bucket_count())
             .await
@@ -263,12 +258,25 @@ pub(crate) struct Walk {
     pub deadline: Instant,
     /// Whether the first chunk runs even past the deadline.
     pub first_anyway: bool,
+    /// Whether a chunk ran already.
+    pub started: bool,
 }
 
 impl Walk {
-    /// Whether the walk stops before its next chunk (`first`: it has run none yet).
-    pub fn out_of_time(self, first: bool) -> bool {
-        !(first && self.first_anyway) && Instant::now() >= self.deadline
+    pub fn new(deadline: Instant, first_anyway: bool) -> Self {
+        Self {
+            deadline,
+            first_anyway,
+            started: false,
+        }
+    }
+
+    /// Whether the walk stops before its next chunk; a stop is recorded in the sale's report.
+    pub fn stop(&mut self, r: &mut ActivityReport) -> bool {
+        let stop = (self.started || !self.first_anyway) && Instant::now() >= self.deadline;
+        self.started = true;
+        r.out_of_time |= stop;
+        stop
     }
 }
 

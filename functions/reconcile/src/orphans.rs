@@ -34,7 +34,7 @@ impl Reconcile {
         &self,
         bucket: Bucket,
         now: DateTime<Utc>,
-        walk: Walk,
+        mut walk: Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<usize> {
         let id = bucket.activity_id;
@@ -44,13 +44,10 @@ impl Reconcile {
             .context("failed to read where the orphan check stopped")?
             .unwrap_or_else(|| "0".into());
         let mut dropped = 0;
-        let mut first = true;
         loop {
-            if walk.out_of_time(first) {
-                r.out_of_time = true;
+            if walk.stop(r) {
                 break;
             }
-            first = false;
             let (next, users) = scan_users(&self.redis, bucket, &cursor)
                 .await
                 .context("failed to scan the users")?;
