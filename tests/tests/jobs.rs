@@ -45,6 +45,7 @@ on_both_redis!(
     user_in_the_set_with_nothing_behind_it_is_removed,
     a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
     the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,
+    a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back,
     redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet,
     stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says,
     unpaid_order_past_the_payment_timeout_is_released,
@@ -382,6 +383,42 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
         Some(STALE as i64)
     );
     assert_eq!(store::view::stock(&env.redis, small.id).await?, Some(5));
+    Ok(())
+}
+
+/// A ledger too large for the snapshot's one step (1,200 reservations, past the grace period
+/// with no order yet): reconcile reads a chunk of it and stops before repairing it; meanwhile
+/// the consumer commits every order and settles its entry. Resumed, the chunk's entries are
+/// decided by their rows: nothing is given back, and Redis and the database agree.
+async fn a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const BUYERS: usize = 1_200;
+    let env = env(kind).await?;
+    let a = env.open_sale(1_500, 1).await?;
+    let mut reserved = Vec::new();
+    for i in 0..BUYERS {
+        let user = format!("u{i:05}");
+        let rid = reserve(&env, a.id, &user, 1).await.attempt.request_id;
+        reserved.push((user, rid));
+    }
+    let paused = seckill_shared::infra::pause::arm("reconcile.ledger.after_chunk", a.id);
+    let run = {
+        let job = reconcile(&env);
+        let at = after_grace(env.config.reconcile_grace);
+        tokio::spawn(async move { job.run(at).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(20)).await);
+    for (user, rid) in &reserved {
+        consume(&env, a.id, user, *rid, 1).await?;
+    }
+    paused.resume();
+    let report = run.await??;
+    let r = report.activity(a.id).expect("checked");
+    assert_eq!(r.compensated, 0, "{r:?}");
+    assert_eq!(redis_stock(&env, a.id).await, Some(300));
+    assert_eq!(db_remaining(&env, a.id).await, 300);
+    assert_eq!(snapshot(&env, a.id).await.ledger_size, 0);
     Ok(())
 }
 

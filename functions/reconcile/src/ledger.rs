@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::order::{self, reason, Order, OrderStatus};
 use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::giveback::{self, GiveBack};
 use seckill_shared::protocol::purchase;
@@ -61,6 +62,8 @@ impl Reconcile {
             let (next, entries) = ledger::scan_entries(&self.redis, bucket, &cursor)
                 .await
                 .context("failed to read the ledger")?;
+            // Between a chunk's read and its repairs: the consumer may settle its entries.
+            pause::point("reconcile.ledger.after_chunk", bucket.activity_id).await;
             self.repair_entries(bucket, snap, &entries, now, r).await?;
             if next == "0" {
                 return Ok(());
