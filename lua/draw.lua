@@ -23,7 +23,10 @@ local BEFORE = 2 -- the draw was done before this call
 local NOT_DRAW = 3 -- not a draw sale
 local NOT_LOADED = 4
 local DONE = 5 -- this call drew `winners` taking `units`, and finished the draw
-local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch', 'drawAt')
+local RESTORING = 6 -- the sale was loaded from scratch and its pool is being rebuilt from the
+                    -- database's entries: no step runs until it is whole
+local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch', 'drawAt',
+  'restoreAt')
 if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
 if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
@@ -32,8 +35,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function entrants()
   return math.max(redis.call('ZCARD', KEYS[6]) - redis.call('ZCOUNT', KEYS[6], -1, -1), 0)
 end
-if now < draw_end then return {OPEN, 0, 0, entrants(), draw_end - now} end
+-- Done is final, whatever this server's clock says (a sale loaded drawn from the recorded
+-- outcome, a failover to a replica whose clock is behind).
 if meta[2] == '1' then return {BEFORE, 0, 0, entrants(), 0} end
+if now < draw_end then return {OPEN, 0, 0, entrants(), draw_end - now} end
+if meta[7] then return {RESTORING, 0, 0, entrants(), 0} end
 -- The sentinel '' has the lowest score, -1: index 0 (back if it went, before the cursor moved).
 redis.call('ZADD', KEYS[6], 'NX', -1, '')
 local size = redis.call('ZCARD', KEYS[6]) - 1

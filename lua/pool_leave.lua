@@ -1,6 +1,9 @@
 -- pool_leave.lua: take back a draw entry whose purchase was answered 503 (docs/invariants.md,
 -- "Draw admission", step 1). Before the draw it leaves the pool; after it a loser's leaves
--- too, a winner's stays (its reservation is given back like any other).
+-- too, a winner's stays (its reservation is given back like any other). The entry becomes a
+-- tombstone (`requestId|0|0|x`), written also when the entry is not (yet) there: the
+-- consumer's restore of the same request, which may come after, finds the user's field taken
+-- and adds nothing, while a new purchase of the user may enter again.
 --
 -- KEYS[1] pool   KEYS[2] meta
 -- ARGV[1] user id (empty: no entry, only the cursor)   ARGV[2] request id
@@ -18,7 +21,14 @@ if ARGV[3] and redis.call('EXISTS', KEYS[2]) == 1 then
 end
 if ARGV[1] == '' then return STAYED end
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
-if not entry or string.sub(entry, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then return STAYED end
+local tombstone = ARGV[2] .. '|0|0|x'
+if not entry then
+  -- Only into a pool that is there: a pool is never made here.
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], tombstone) end
+  return STAYED
+end
+if string.sub(entry, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then return STAYED end
 if string.sub(entry, -2) == '|w' then return WINNER end
-redis.call('HDEL', KEYS[1], ARGV[1])
+if string.sub(entry, -2) == '|x' then return STAYED end
+redis.call('HSET', KEYS[1], ARGV[1], tombstone)
 return LEFT

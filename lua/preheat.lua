@@ -62,5 +62,8 @@ redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[
   'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
   'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15], 'maxEntrants', ARGV[20])
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
+-- A draw sale's pool is rebuilt from the database's entries (pool_restore.lua, from the
+-- cursor `restoreAt`); its draw waits until the rebuild is whole and drops the cursor.
+if tonumber(ARGV[12] or '0') > 0 then redis.call('HSET', KEYS[1], 'restoreAt', '0') end
 expire_all()
 return LOADED

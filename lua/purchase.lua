@@ -104,6 +104,8 @@ if draw_end > 0 then
   -- the cursor and never be looked at.
   if now < draw_end and not meta[11] and meta[9] ~= '1' then
     local entry = redis.call('HGET', KEYS[4], ARGV[1])
+    -- A tombstone (an entry taken back after a 503) is no entry: the user may enter again.
+    if entry and string.sub(entry, -2) == '|x' then entry = nil end
     if entry then
       if string.sub(entry, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
         return {QUEUED, tonumber(string.match(entry, '^[^|]*|[^|]*|([^|]*)')), now, epoch, credited}

@@ -50,19 +50,20 @@ USERS: dict[str, dict] = {
             "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
             "outbox_done.lua", "pool_leave.lua", "user_rate.lua",
         ],
-        # The public view, a user's ledger entry and pool entry, the buckets' stock.
-        "commands": ["HGET", "HMGET", "HGETALL"],
+        # The public view, a user's ledger entry and pool entry, the buckets' stock, a draw's
+        # outbox read whole for its record.
+        "commands": ["HGET", "HMGET", "HGETALL", "HSCAN"],
     },
     "order-consumer": {
         "user": "seckill-consumer",
-        "scripts": ["give_back.lua", "settle.lua"],
+        "scripts": ["give_back.lua", "settle.lua", "pool_restore.lua"],
         # The home buckets' stock of a batch's sales.
         "commands": ["HMGET"],
     },
     "preheat": {
         "user": "seckill-preheat",
         "scripts": [
-            "preheat.lua", "rebuild_users.lua", "unload.lua",
+            "preheat.lua", "rebuild_users.lua", "unload.lua", "pool_restore.lua",
             "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],
         "commands": ["HGET", "HMGET", "HEXISTS"],
@@ -73,6 +74,7 @@ USERS: dict[str, dict] = {
             "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "mark_lost.lua",
             "restore_user.lua", "give_back.lua", "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
             "outbox_done.lua", "pool_leave.lua", "preheat.lua", "rebuild_users.lua", "unload.lua",
+            "pool_restore.lua",
             "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],
         # The orphan check's walk of a ledger, the stock of the buckets, pool entries.
@@ -82,7 +84,7 @@ USERS: dict[str, dict] = {
         "user": "seckill-admin",
         "scripts": [
             "adjust.lua", "preheat.lua", "rebuild_users.lua", "unload.lua", "snapshot.lua",
-            "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
+            "pool_restore.lua", "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],
         "commands": ["HGET", "HMGET", "HEXISTS"],
     },

@@ -4,7 +4,7 @@
 use crate::entry::{Bench, Measure, Sizes, BODY};
 use crate::strategies::open_activity;
 use crate::util::{self, Outcome};
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::testing;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +62,7 @@ pub(crate) async fn accepted(
         },
         reserved_at_ms: chrono::Utc::now().timestamp_millis(),
         load_epoch: Some(1),
+        kind: MessageKind::Order,
     })?);
     let (client, url) = (sqs.clone(), Arc::new(bare_url.clone()));
     let run = util::run_tasks(c, n, move |_| {

@@ -12,7 +12,7 @@ use crate::util;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::Consumer;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::domain::{activity, order};
 use seckill_shared::store::conn::Redis;
@@ -203,6 +203,7 @@ async fn reservations(
                         },
                         reserved_at_ms: now_ms,
                         load_epoch: Some(epoch),
+                        kind: MessageKind::Order,
                     }),
                     other => Err(anyhow::anyhow!("reservation refused: {other:?}")),
                 }

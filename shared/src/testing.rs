@@ -583,12 +583,21 @@ pub async fn lock_hold(redis: &Redis, activity_id: i64) -> anyhow::Result<Option
     }))
 }
 
-/// Redis loses a sale, as after a restart with no data: its meta (with the stock), users and
-/// ledger go (the lock and the fencing counter stay).
+/// Redis loses a sale, as after a restart with no data: its meta (with the stock), users,
+/// ledger and a draw sale's pool, tickets and outbox go (the lock and the fencing counter
+/// stay).
 pub async fn lose_sale(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
     let k = redis.keys(activity_id);
     let _: i64 = redis
-        .cmd(redis::cmd("DEL").arg(&k.meta).arg(&k.users).arg(&k.ledger))
+        .cmd(
+            redis::cmd("DEL")
+                .arg(&k.meta)
+                .arg(&k.users)
+                .arg(&k.ledger)
+                .arg(&k.pool)
+                .arg(&k.outbox)
+                .arg(&k.tickets),
+        )
         .await?;
     Ok(())
 }

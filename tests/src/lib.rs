@@ -11,7 +11,8 @@
 //! - `payments`: a payment started at the provider, its signed webhook, each event decided
 //!   once, and a payment racing a cancel;
 //! - `edge`: the origin secret's check in front of the entry's and the admin's routers;
-//! - `buckets`, `draw`: bucketed sales on the cluster, draw admission;
+//! - `buckets`, `draw`, `draw_loss`: bucketed sales on the cluster, draw admission, and a draw
+//!   sale whose Redis keys are lost at each step;
 //! - `interleavings`, `chaos`: pause points between protocol steps, and the seeded chaos run;
 //! - `db`, `roles`, `tls`: the pool, the least-privilege roles, TLS to the managed services;
 //! - `binaries`, `lambda_invoke`, `openapi`: the built binaries, every function under the

@@ -14,7 +14,7 @@ use order_consumer::Outcome;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol;
@@ -67,6 +67,7 @@ async fn attempt(
                 },
                 reserved_at_ms: r.now_ms,
                 load_epoch: Some(r.epoch),
+                kind: MessageKind::Order,
             }),
             Decided::Refused(refusal) => Err(refusal),
             other => anyhow::bail!("a first-come sale answered {other:?}"),

@@ -1509,8 +1509,14 @@ impl Chaos {
                     if matches!(drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
-                    let _ =
-                        protocol::draw::drain(&self.patient, &self.env.queue, id, usize::MAX).await;
+                    let _ = protocol::draw::drain(
+                        &self.patient,
+                        &self.env.pool,
+                        &self.env.queue,
+                        id,
+                        usize::MAX,
+                    )
+                    .await;
                     Ok(store::draw::unsent(&self.patient, id).await? == 0)
                 };
                 match done.await {

@@ -14,7 +14,7 @@ use order_consumer::{Consumer, Outcome, Processed};
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::reason;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol::giveback;
@@ -800,6 +800,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
                     },
                     reserved_at_ms: now_ms,
                     load_epoch: Some(epoch),
+                    kind: MessageKind::Order,
                 };
                 queue.send(&m, m.attempt.activity_id).await.unwrap();
                 true

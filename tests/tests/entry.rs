@@ -36,20 +36,12 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use common::{
-    call_with_headers, consume, counting_pool, db_remaining, entry_router, entry_router_on,
+    buy, call_with_headers, consume, counting_pool, db_remaining, entry_router, entry_router_on,
     entry_router_with_queue, orders_in_db, snapshot,
 };
 
 fn orders_path(a: &Activity) -> String {
     format!("/activities/{}/orders", a.id)
-}
-
-async fn buy(app: &Router, a: &Activity, user: &str, body: Option<&str>) -> (StatusCode, Value) {
-    call(
-        app,
-        request("POST", &orders_path(a), Some((user, "")), body),
-    )
-    .await
 }
 
 fn messages(raw: &[aws_sdk_sqs::types::Message]) -> Vec<OrderMessage> {

@@ -9,7 +9,7 @@ use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::reason;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
@@ -484,6 +484,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
         },
         reserved_at_ms: 0,
         load_epoch: None,
+        kind: MessageKind::Order,
     };
     assert!(order::insert_failed(&w.env.pool, &refused.attempt, reason::SOLD_OUT).await?);
     let me = w.me("bob").await;

@@ -12,11 +12,13 @@
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures::StreamExt;
 use seckill_shared::domain::activity;
+use seckill_shared::domain::draw::{self as kept, Entry};
 use seckill_shared::domain::order::{self, reason, Order};
-use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::domain::purchase::{MessageKind, OrderMessage};
 use seckill_shared::infra::{db, metrics, pause};
 use seckill_shared::protocol::giveback::{self, GiveBack};
 use seckill_shared::store::conn::{Redis, StoreError};
+use seckill_shared::store::draw::{self as pool, Restore, RestoreCursor};
 use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger::{self, Compensation};
 use seckill_shared::{Config, Context};
@@ -56,6 +58,9 @@ pub enum Outcome {
     AlreadyPurchased,
     /// The activity does not exist in the database; the reservation was given back.
     UnknownActivity,
+    /// A draw sale's entry, kept in the database (or found kept, or claimed after a 503), and
+    /// its pool entry made sure of.
+    Entered,
 }
 
 impl Outcome {
@@ -67,6 +72,7 @@ impl Outcome {
             Outcome::SoldOut => "sold_out",
             Outcome::AlreadyPurchased => "already_purchased",
             Outcome::UnknownActivity => "unknown_activity",
+            Outcome::Entered => "entered",
         }
     }
 }
@@ -180,6 +186,8 @@ pub struct BatchStats {
     pub malformed: u32,
     /// Of `committed`, how many went through the batch fast path.
     pub batched: u32,
+    /// Draw entries kept in the database.
+    pub entered: u32,
 }
 
 impl Consumer {
@@ -245,6 +253,7 @@ impl Consumer {
                 ("Retried", stats.retried as f64),
                 ("Malformed", stats.malformed as f64),
                 ("Batched", stats.batched as f64),
+                ("Entered", stats.entered as f64),
             ],
             &[],
         );
@@ -283,6 +292,35 @@ impl Consumer {
         }
 
         let mut stats = BatchStats::default();
+        // A draw's entries: one transaction per sale, then their pool entries made sure of.
+        let (entries, rest): (Vec<Item>, Vec<Item>) = pending
+            .into_iter()
+            .partition(|i| i.message.kind == MessageKind::Entry);
+        pending = rest;
+        let mut by_sale: std::collections::BTreeMap<i64, Vec<Item>> = Default::default();
+        for item in entries {
+            by_sale
+                .entry(item.message.attempt.activity_id)
+                .or_default()
+                .push(item);
+        }
+        for (activity_id, items) in by_sale {
+            let messages: Vec<&OrderMessage> = items.iter().map(|i| &i.message).collect();
+            let kept = before_stop(stop, self.keep_entries(activity_id, &messages))
+                .await
+                .unwrap_or_else(|| Err(ConsumeError::stopped()));
+            for item in items {
+                let result = match &kept {
+                    Ok(()) => Ok(Processed::new(Outcome::Entered, false)),
+                    Err(ConsumeError::Malformed(e)) => Err(ConsumeError::Malformed(e.clone())),
+                    Err(ConsumeError::Retryable(e)) => {
+                        Err(ConsumeError::Retryable(anyhow::anyhow!("{e:#}")))
+                    }
+                };
+                log_result(&item, &result, "entries");
+                results.push((item.message_id, result));
+            }
+        }
         if self.batch_writes {
             let ids: Vec<Option<String>> = pending.iter().map(|i| i.message_id.clone()).collect();
             match before_stop(stop, self.write_batches(pending)).await {
@@ -330,6 +368,7 @@ impl Consumer {
                     stats.compensations += u32::from(p.compensated);
                     match p.outcome {
                         Outcome::Committed => stats.committed += 1,
+                        Outcome::Entered => stats.entered += 1,
                         Outcome::Duplicate => stats.duplicates += 1,
                         _ => stats.failed += 1,
                     }
@@ -355,6 +394,10 @@ impl Consumer {
     /// units back to Redis. Safe to call any number of times for the same message, also
     /// concurrently.
     pub async fn handle_message(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
+        if m.kind == MessageKind::Entry {
+            self.keep_entries(m.attempt.activity_id, &[m]).await?;
+            return Ok(Processed::new(Outcome::Entered, false));
+        }
         // 1. An earlier delivery or a give-back decided: apply that decision, nothing else.
         if let Some(row) = order::by_request(&self.pool, m.attempt.request_id).await? {
             return self.decided(m, &row).await;
@@ -366,9 +409,13 @@ impl Consumer {
         //    shortcut, not a guard: what holds is the claim (the order insert below) against
         //    every give-back, and the load epoch in the stock update against a Redis that lost
         //    the entry after this read.
-        let entry = ledger::entry(&self.redis, m.home(), &m.attempt.user_id).await?;
-        if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
-            return self.expired(m).await;
+        //    A draw's winner is held by the recorded outcome instead: a Redis that lost the
+        //    sale loads it with the winner's units left out and its reservation put back.
+        if m.kind != MessageKind::Winner {
+            let entry = ledger::entry(&self.redis, m.home(), &m.attempt.user_id).await?;
+            if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
+                return self.expired(m).await;
+            }
         }
 
         // 3. The order transaction; its insert is the claim.
@@ -395,6 +442,52 @@ impl Consumer {
                 Ok(Processed::new(Outcome::UnknownActivity, given_back))
             }
         }
+    }
+
+    /// Keeps the draw entries `messages` of sale `activity_id` in the database, in one
+    /// transaction (an entry claimed after a 503 is not kept), then makes sure each live one
+    /// is in the pool (`lua/pool_restore.lua`, which adds only to a user with no field there:
+    /// a sale Redis lost and loaded again before the row was written gets the entry back). A
+    /// sale Redis does not hold gets nothing: its load rebuilds the pool from the rows.
+    async fn keep_entries(
+        &self,
+        activity_id: i64,
+        messages: &[&OrderMessage],
+    ) -> Result<(), ConsumeError> {
+        let entries: Vec<Entry> = messages
+            .iter()
+            .map(|m| Entry {
+                request_id: m.attempt.request_id,
+                user_id: m.attempt.user_id.clone(),
+                quantity: m.attempt.quantity,
+            })
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        let live = match kept::insert_entries(&mut tx, activity_id, &entries).await {
+            Ok(live) => live,
+            // An entry of a sale the database does not hold: nothing to keep.
+            Err(e) if db::is_foreign_key_violation(&e) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        tx.commit().await?;
+        // Kept, its pool entry not yet made sure of: a load from scratch now reads the row.
+        pause::point("consumer.entry.after_commit", activity_id).await;
+        let live: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| live.contains(&e.request_id))
+            .collect();
+        if !live.is_empty() {
+            pool::restore(
+                &self.redis,
+                activity_id,
+                None,
+                Restore::Entries,
+                RestoreCursor::None,
+                &live,
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// No reservation in the ledger: claim the request as `reservation_expired`.

@@ -25,7 +25,8 @@ impl Reconcile {
             Drawn::Open { entrants, .. }
             | Drawn::Now { entrants, .. }
             | Drawn::Running { entrants, .. }
-            | Drawn::Before { entrants } => Some(entrants),
+            | Drawn::Before { entrants }
+            | Drawn::Restoring { entrants } => Some(entrants),
             Drawn::NotDraw | Drawn::NotLoaded => None,
         };
         r.draw_entrants = entrants;

@@ -130,7 +130,7 @@ pub(crate) async fn my_order(
             );
             match run.await?.drawn {
                 // Still drawing (in the background now): not decided for this entrant yet.
-                Drawn::Open { .. } | Drawn::Running { .. } => "queued",
+                Drawn::Open { .. } | Drawn::Running { .. } | Drawn::Restoring { .. } => "queued",
                 Drawn::Now { .. } | Drawn::Before { .. } => {
                     drawn = true;
                     continue;

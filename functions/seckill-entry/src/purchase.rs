@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::order::{reason, OrderStatus};
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::MAX_PER_ORDER_LIMIT;
 use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
@@ -179,7 +179,9 @@ pub(crate) async fn purchase(
     };
     if outcome == Outcome::DrawDue {
         // This request's share of the draw ran out of time: the rest runs in the background.
-        if let Drawn::Running { .. } = run_draw(&state, activity_id).await? {
+        if let Drawn::Running { .. } | Drawn::Restoring { .. } =
+            run_draw(&state, activity_id).await?
+        {
             return Err(ApiError::DrawRunning);
         }
         outcome = match decide(&state, &mut attempt).await {
@@ -189,12 +191,7 @@ pub(crate) async fn purchase(
     }
     let reservation = match outcome {
         Outcome::Reserved(reservation) => reservation,
-        Outcome::Queued { rank } => {
-            span.record("outcome", "queued");
-            state.inner.counters.queue();
-            tracing::debug!(activity_id, request_id = %request_id, rank, "purchase queued for the draw");
-            return Ok(answer(request_id, "queued"));
-        }
+        Outcome::Queued { rank } => return enter(&state, attempt, rank).await,
         // The draw is being run in steps and is not done yet (this call's share of it ran
         // out of time), or the sale was reloaded in between. Nothing was reserved.
         Outcome::DrawDue => return Err(ApiError::DrawRunning),
@@ -211,8 +208,53 @@ pub(crate) async fn purchase(
         attempt,
         reserved_at_ms: reservation.now_ms,
         load_epoch: Some(reservation.epoch),
+        kind: MessageKind::Order,
     };
     send(&state, &message, reservation.stock_left).await
+}
+
+/// Sends a draw entry Redis put in the pool to the order queue, so that the database keeps it
+/// (a pool Redis loses is rebuilt from what it keeps): 202 `queued` once it is on the queue.
+/// A failed send claims the request (`failed`, `send_failed`) and takes the entry out of the
+/// pool before its 503; with the database out of reach too the entry stays, in Redis only,
+/// and answers 202 `queued` (it takes part in the draw unless Redis loses the sale).
+async fn enter(state: &EntryState, attempt: Attempt, rank: i64) -> Result<Response, ApiError> {
+    let s = &state.inner;
+    let (activity_id, request_id) = (attempt.activity_id, attempt.request_id);
+    let message = OrderMessage {
+        attempt,
+        reserved_at_ms: chrono::Utc::now().timestamp_millis(),
+        load_epoch: None,
+        kind: MessageKind::Entry,
+    };
+    let sent = if pause::fail("entry.enter.send", activity_id) {
+        Err(QueueError::Timeout(s.queue.timeout))
+    } else {
+        s.queue.send(&message, activity_id).await
+    };
+    if let Err(send_error) = sent {
+        let a = &message.attempt;
+        match giveback::claim(&s.pool, a, reason::SEND_FAILED).await {
+            Ok(_) => {
+                if let Err(e) = pool::leave(&s.redis, activity_id, &a.user_id, request_id).await {
+                    // The claim stands: the draw's callers take the entry out before the draw.
+                    tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
+                }
+                Span::current().record("outcome", "compensated");
+                s.counters.compensation();
+                tracing::warn!(activity_id, %request_id, error = %send_error, "draw entry not sent; taken back");
+                return Err(ApiError::unavailable("order queue", send_error));
+            }
+            Err(e) => {
+                tracing::error!(activity_id, %request_id, error = %send_error, claim_error = %e,
+                    "draw entry not sent and the database is out of reach; it stays in the pool");
+            }
+        }
+    }
+    Span::current().record("outcome", "queued");
+    s.counters.queue();
+    tracing::debug!(activity_id, request_id = %request_id, rank, "purchase queued for the draw");
+    Ok(answer(request_id, "queued"))
 }
 
 /// The quantity of a purchase body, within the range any activity's limit can take.

@@ -31,6 +31,24 @@ pub struct OrderMessage {
     /// database's is the same (a reload since means Redis lost this reservation). Absent in
     /// messages from before epochs existed: no check.
     pub load_epoch: Option<i64>,
+    pub kind: MessageKind,
+}
+
+/// What a message on the order queue carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MessageKind {
+    /// A first-come reservation (or a draw sale's purchase after its draw): the consumer
+    /// writes its order.
+    #[default]
+    Order,
+    /// An entry of a draw sale's pool, answered 202 `queued`: the consumer keeps it in the
+    /// database, so that a pool Redis loses is rebuilt with it.
+    Entry,
+    /// A draw's winner, sent after the outcome was recorded: the consumer writes its order,
+    /// whose units the record holds (no ledger or load epoch check: a Redis that lost the
+    /// sale since loads it with those units left out of its stock).
+    Winner,
 }
 
 /// The message as JSON: one flat object, camelCase, unknown fields refused; `buckets` absent
@@ -47,6 +65,13 @@ struct Wire {
     load_epoch: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     buckets: Option<u32>,
+    /// Absent for an order.
+    #[serde(default, skip_serializing_if = "is_order")]
+    kind: MessageKind,
+}
+
+fn is_order(kind: &MessageKind) -> bool {
+    *kind == MessageKind::Order
 }
 
 impl From<Wire> for OrderMessage {
@@ -61,6 +86,7 @@ impl From<Wire> for OrderMessage {
             },
             reserved_at_ms: w.reserved_at_ms,
             load_epoch: w.load_epoch,
+            kind: w.kind,
         }
     }
 }
@@ -76,6 +102,7 @@ impl From<OrderMessage> for Wire {
             reserved_at_ms: m.reserved_at_ms,
             load_epoch: m.load_epoch,
             buckets: (a.buckets > 1).then_some(a.buckets),
+            kind: m.kind,
         }
     }
 }
@@ -97,6 +124,7 @@ mod tests {
             },
             reserved_at_ms: 1_000,
             load_epoch: Some(3),
+            kind: MessageKind::Order,
         };
         let json = serde_json::to_value(&m).unwrap();
         assert_eq!(
@@ -118,5 +146,16 @@ mod tests {
         let unknown = r#"{"requestId":"00000000-0000-0000-0000-000000000000","activityId":7,
             "userId":"a","quantity":1,"reservedAtMs":1,"extra":1}"#;
         assert!(serde_json::from_str::<OrderMessage>(unknown).is_err());
+        let entry = r#"{"requestId":"00000000-0000-0000-0000-000000000000","activityId":7,
+            "userId":"a","quantity":1,"reservedAtMs":1,"kind":"entry"}"#;
+        let entry = serde_json::from_str::<OrderMessage>(entry).unwrap();
+        assert_eq!(entry.kind, MessageKind::Entry);
+        assert_eq!(
+            serde_json::to_value(&entry).unwrap()["kind"],
+            serde_json::json!("entry")
+        );
+        let bad = r#"{"requestId":"00000000-0000-0000-0000-000000000000","activityId":7,
+            "userId":"a","quantity":1,"reservedAtMs":1,"kind":"gift"}"#;
+        assert!(serde_json::from_str::<OrderMessage>(bad).is_err());
     }
 }

@@ -222,6 +222,7 @@ impl From<DrawError> for ApiError {
             DrawError::Store(c) => c.into(),
             DrawError::Db(d) => d.into(),
             DrawError::Queue(q) => ApiError::unavailable("order queue", q),
+            e @ DrawError::Diverged { .. } => ApiError::Internal(e.into()),
         }
     }
 }

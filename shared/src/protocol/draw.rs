@@ -1,15 +1,18 @@
 //! A draw sale's draw and its sends, as one sequence every trigger runs ([`run`]): the
-//! entries answered 503 leave the pool, the draw runs if it is due, and the outbox's winners
-//! are sent at least once ([`drain`]: take, send, done). Nothing waits on a schedule: the
-//! first purchase after the window, a pool entrant asking for their status, and reconcile
-//! each trigger it. docs/invariants.md, "Draw admission".
+//! entries answered 503 leave the pool, the draw runs if it is due, its outcome is recorded in
+//! the database, and the outbox's winners are sent at least once ([`drain`]: record, take,
+//! send, done). Nothing waits on a schedule: the first purchase after the window, a pool
+//! entrant asking for their status, and reconcile each trigger it. A load from scratch
+//! rebuilds the pool from the database first ([`rebuild`]). docs/invariants.md, "Draw
+//! admission".
 
+use crate::domain::draw::{self as kept, Recorded};
 use crate::domain::order;
-use crate::domain::purchase::{Attempt, OrderMessage};
+use crate::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use crate::infra::pause;
 use crate::infra::sqs::{OrderQueue, QueueError};
 use crate::store::conn::{Redis, StoreError};
-use crate::store::draw::{self, Drawn, Taken};
+use crate::store::draw::{self, Drawn, Restore, RestoreCursor, Take, Taken};
 use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
@@ -22,6 +25,9 @@ pub enum DrawError {
     Queue(#[from] QueueError),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+    /// Redis holds a draw whose winners are not the recorded outcome's: nothing is sent.
+    #[error("the draw in Redis is not the recorded one ({unrecorded} winners not in the record)")]
+    Diverged { unrecorded: usize },
 }
 
 /// Who runs the sequence, which sets what it can afford.
@@ -90,7 +96,7 @@ pub async fn run(
         // What this request could not finish goes on in the background (and else at the next
         // trigger: each step is atomic and the cursor is in Redis).
         Drawn::Running { .. } if trigger != Trigger::Reconcile => {
-            finish_later(redis, queue, activity_id)
+            finish_later(redis, db, queue, activity_id)
         }
         _ => {}
     }
@@ -110,7 +116,7 @@ pub async fn run(
         Trigger::Reconcile => usize::MAX,
         Trigger::Purchase | Trigger::StatusRead => 1,
     };
-    match drain(redis, queue, activity_id, rounds).await {
+    match drain(redis, db, queue, activity_id, rounds).await {
         Ok(d) => {
             report.sent = d.sent;
             if d.sent > 0 {
@@ -122,7 +128,7 @@ pub async fn run(
                 );
             }
             if d.left > 0 && !d.busy && rounds == 1 {
-                drain_later(redis, queue, activity_id);
+                drain_later(redis, db, queue, activity_id);
             }
         }
         Err(e) => {
@@ -133,12 +139,12 @@ pub async fn run(
 }
 
 /// The draw's steps a request left for later, then its sends, in the background.
-fn finish_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
-    let (redis, queue) = (redis.clone(), queue.clone());
+fn finish_later(redis: &Redis, db: &PgPool, queue: &OrderQueue, activity_id: i64) {
+    let (redis, db, queue) = (redis.clone(), db.clone(), queue.clone());
     tokio::spawn(async move {
         match draw::draw(&redis, activity_id, Duration::MAX).await {
             Ok(drawn) if drawn.is_done() => {
-                if let Err(e) = drain(&redis, &queue, activity_id, usize::MAX).await {
+                if let Err(e) = drain(&redis, &db, &queue, activity_id, usize::MAX).await {
                     tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
                 }
             }
@@ -152,10 +158,10 @@ fn finish_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
 
 /// The sends a request left for later, in the background; what is left then (a failure, a
 /// container frozen between invocations) the next drainer or reconcile sends.
-fn drain_later(redis: &Redis, queue: &OrderQueue, activity_id: i64) {
-    let (redis, queue) = (redis.clone(), queue.clone());
+fn drain_later(redis: &Redis, db: &PgPool, queue: &OrderQueue, activity_id: i64) {
+    let (redis, db, queue) = (redis.clone(), db.clone(), queue.clone());
     tokio::spawn(async move {
-        if let Err(e) = drain(&redis, &queue, activity_id, usize::MAX).await {
+        if let Err(e) = drain(&redis, &db, &queue, activity_id, usize::MAX).await {
             tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
         }
     });
@@ -185,23 +191,38 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
 /// up to `rounds` rounds of [`TAKE`] (the caller answering a request bounds it; a background
-/// task or reconcile does not), and drops those the queue confirmed. A send that fails leaves
-/// its winners in the outbox for the next drainer (the error says so); no unit is given back
-/// for it.
+/// task or reconcile does not), and drops those the queue confirmed. Before the first send of
+/// a draw its outcome goes into the database ([`record`]). A send that fails leaves its
+/// winners in the outbox for the next drainer (the error says so); no unit is given back for
+/// it.
 pub async fn drain(
     redis: &Redis,
+    db: &PgPool,
     queue: &OrderQueue,
     activity_id: i64,
     rounds: usize,
 ) -> Result<Drained, DrawError> {
     let token = Uuid::new_v4().to_string();
     let mut report = Drained::default();
-    for round in 1..=rounds.max(1) {
-        let Some((now_ms, taken)) = draw::take(redis, activity_id, &token, LEASE, TAKE).await?
-        else {
-            report.busy = true;
-            return Ok(report);
-        };
+    let mut recorded = false;
+    let mut round = 1;
+    while round <= rounds.max(1) {
+        let (now_ms, taken) =
+            match draw::take(redis, activity_id, &token, LEASE, TAKE, recorded).await? {
+                Take::Busy => {
+                    report.busy = true;
+                    return Ok(report);
+                }
+                Take::Unrecorded if recorded => return Ok(report),
+                Take::Unrecorded => {
+                    if !record(redis, db, activity_id).await? {
+                        return Ok(report);
+                    }
+                    recorded = true;
+                    continue;
+                }
+                Take::Leased { now_ms, taken } => (now_ms, taken),
+            };
         let messages = messages(activity_id, now_ms, &taken);
         // Between the restamp and the sends: reconcile must not give these back.
         pause::point("draw.drain.after_take", activity_id).await;
@@ -232,8 +253,126 @@ pub async fn drain(
         if last {
             break;
         }
+        round += 1;
     }
     Ok(report)
+}
+
+/// Records the outcome of sale `activity_id`'s draw in the database (its cutoff and every
+/// winner, read from Redis), so that no other draw can ever replace it: a load from scratch
+/// marks the sale drawn and puts back the winners without an order. False: the draw is not
+/// done in Redis (or the sale is not loaded), nothing to record. A record that finds another
+/// outcome is an error: nothing of this draw may be sent.
+pub async fn record(redis: &Redis, db: &PgPool, activity_id: i64) -> Result<bool, DrawError> {
+    let Some(result) = draw::result(redis, activity_id).await? else {
+        return Ok(false);
+    };
+    match kept::record(db, activity_id, &result.cutoff, &result.winners).await? {
+        Recorded::New => tracing::warn!(
+            activity_id,
+            winners = result.winners.len(),
+            cutoff = %result.cutoff,
+            "draw outcome recorded"
+        ),
+        Recorded::Same => {}
+        Recorded::Diverged { unrecorded } => {
+            tracing::error!(
+                activity_id,
+                unrecorded,
+                "the draw in Redis is not the recorded one; nothing is sent"
+            );
+            return Err(DrawError::Diverged { unrecorded });
+        }
+    }
+    // Committed, not yet marked in Redis: a loss here loads the sale drawn, from the record.
+    pause::point("draw.record.after_commit", activity_id).await;
+    Ok(true)
+}
+
+/// Entries a chunk of the rebuild puts back (each costs two SHA-1s of its ticket and three
+/// writes: a chunk stays well within a millisecond of server time).
+pub const REBUILD_CHUNK: usize = 200;
+
+/// What one [`rebuild`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Recorded winners without an order put back with their reservations.
+    pub winners: i64,
+    /// Entries put back into the pool.
+    pub entries: i64,
+    /// The rebuild is whole (else it goes on at the next load's run).
+    pub done: bool,
+}
+
+/// After a load from scratch of a draw sale (the meta's cursor `restoreAt`, set by
+/// `lua/preheat.lua`): puts back what the database keeps of its pool, in chunks of
+/// [`REBUILD_CHUNK`] from the cursor, under the epoch of that load: first the recorded
+/// winners without an order (their units were left out of the loaded stock), then every live
+/// entry; the last chunk drops the cursor and, with a recorded outcome, marks the draw done.
+/// The draw waits for it. Stops at `deadline` (the next run goes on from the cursor); a sale
+/// with no rebuild due costs one read.
+pub async fn rebuild(
+    redis: &Redis,
+    db: &PgPool,
+    activity_id: i64,
+    deadline: std::time::Instant,
+) -> Result<Rebuilt, DrawError> {
+    let mut report = Rebuilt::default();
+    let Some((mut at, epoch)) = draw::restore_at(redis, activity_id).await? else {
+        report.done = true;
+        return Ok(report);
+    };
+    let cutoff = kept::outcome(db, activity_id).await?;
+    if at == 0 && cutoff.is_some() {
+        let winners = kept::winners_without_order(db, activity_id).await?;
+        for chunk in winners.chunks(REBUILD_CHUNK) {
+            let put = draw::restore(
+                redis,
+                activity_id,
+                Some(epoch),
+                Restore::Winners,
+                RestoreCursor::None,
+                chunk,
+            )
+            .await?;
+            let Some(put) = put else { return Ok(report) };
+            report.winners += put;
+        }
+    }
+    loop {
+        if std::time::Instant::now() >= deadline {
+            return Ok(report);
+        }
+        let rows = kept::entries_after(db, activity_id, at, REBUILD_CHUNK as i64).await?;
+        let last = rows.len() < REBUILD_CHUNK;
+        let entries: Vec<_> = rows.iter().map(|r| r.entry.clone()).collect();
+        at = rows.last().map_or(at, |r| r.id);
+        let cursor = if last {
+            RestoreCursor::Done {
+                cutoff: cutoff.as_deref(),
+            }
+        } else {
+            RestoreCursor::At(at)
+        };
+        let put = draw::restore(
+            redis,
+            activity_id,
+            Some(epoch),
+            Restore::Entries,
+            cursor,
+            &entries,
+        )
+        .await?;
+        let Some(put) = put else { return Ok(report) };
+        report.entries += put;
+        if last {
+            report.done = true;
+            return Ok(report);
+        }
+        // Between two chunks: entries arrive, the consumer restores its own, Redis may lose
+        // the sale again.
+        pause::point("draw.rebuild.between_chunks", activity_id).await;
+    }
 }
 
 /// The order messages of a take's winners, reserved at `now_ms` (the restamp).
@@ -249,7 +388,10 @@ fn messages(activity_id: i64, now_ms: i64, taken: &[Taken]) -> Vec<OrderMessage>
                 buckets: 1,
             },
             reserved_at_ms: now_ms,
-            load_epoch: Some(t.epoch),
+            // A recorded winner's units are held by the record, whatever Redis lost since:
+            // its order commits under any load epoch.
+            load_epoch: None,
+            kind: MessageKind::Winner,
         })
         .collect()
 }
@@ -298,7 +440,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_taken_batch_becomes_messages_with_the_restamp_and_the_epoch() {
+    fn a_taken_batch_becomes_winner_messages_with_the_restamp_and_no_epoch() {
         let id = Uuid::now_v7();
         let taken = [Taken {
             request_id: id,
@@ -318,7 +460,8 @@ mod tests {
         );
         assert_eq!(
             (m[0].reserved_at_ms, m[0].load_epoch, m[0].attempt.buckets),
-            (1_000, Some(7), 1)
+            (1_000, None, 1)
         );
+        assert_eq!(m[0].kind, MessageKind::Winner);
     }
 }

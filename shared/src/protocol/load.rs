@@ -6,9 +6,11 @@
 //! "Load".
 
 use crate::domain::activity::{self, Activity};
+use crate::domain::draw as kept;
 use crate::domain::order;
 use crate::infra::config::Config;
 use crate::infra::pause;
+use crate::protocol::draw::{self, DrawError};
 use crate::protocol::lock::{self, LockError, LockGuard};
 use crate::store::buckets::{self, all_loaded};
 use crate::store::conn::{Redis, StoreError};
@@ -140,8 +142,51 @@ pub async fn load_fenced(
                 "users rebuilt from the live orders"
             );
         }
+        if row.draw_end_ms() > 0 {
+            // A draw sale's recorded winners without an order hold their units: the stock
+            // loaded leaves them out, and the rebuild below puts their reservations back.
+            let stock = kept::stock_to_load(pool, row.id)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            let row = Activity {
+                remaining_stock: stock,
+                ..row.clone()
+            };
+            let outcome = meta::preheat(redis, &row, buffer, owner).await?;
+            rebuild_pool(redis, pool, row.id).await?;
+            return Ok(outcome);
+        }
     }
-    Ok(meta::preheat(redis, row, buffer, owner).await?)
+    let outcome = meta::preheat(redis, row, buffer, owner).await?;
+    if row.draw_end_ms() > 0 {
+        // A rebuild an earlier load did not finish goes on (one read when none is due).
+        rebuild_pool(redis, pool, row.id).await?;
+    }
+    Ok(outcome)
+}
+
+/// How long one load gives a draw sale's pool rebuild; what is left goes on at the next run.
+const REBUILD_BUDGET: Duration = Duration::from_secs(10);
+
+/// The rebuild of a draw sale's pool from the database ([`draw::rebuild`]), within
+/// [`REBUILD_BUDGET`].
+async fn rebuild_pool(redis: &Redis, pool: &PgPool, activity_id: i64) -> Result<(), LoadError> {
+    let deadline = std::time::Instant::now() + REBUILD_BUDGET;
+    match draw::rebuild(redis, pool, activity_id, deadline).await {
+        Ok(r) if r.winners > 0 || r.entries > 0 || !r.done => tracing::warn!(
+            activity_id,
+            winners = r.winners,
+            entries = r.entries,
+            done = r.done,
+            repair = "pool_rebuilt",
+            "draw pool rebuilt from the database"
+        ),
+        Ok(_) => {}
+        Err(DrawError::Store(e)) => return Err(e.into()),
+        Err(DrawError::Db(e)) => return Err(e.into()),
+        Err(e) => tracing::warn!(activity_id, error = %e, "draw pool rebuild stopped"),
+    }
+    Ok(())
 }
 
 /// Rebuilds one bucket's `users` from `holders` (its users' live orders), in chunks.

@@ -1,11 +1,13 @@
 //! A draw sale's scripts and reads: the draw (`lua/draw.lua`), the outbox's take and done
 //! (`lua/outbox_take.lua`, `lua/outbox_done.lua`), an entry taken back out of the pool
-//! (`lua/pool_leave.lua`), and the pool's entries. The sequence they run in is
+//! (`lua/pool_leave.lua`), entries and winners put back from the database
+//! (`lua/pool_restore.lua`), and the pool's entries. The sequence they run in is
 //! [`crate::protocol::draw`]; docs/invariants.md, "Draw admission".
 
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
+use crate::domain::draw::Entry;
 use crate::infra::pause;
 use uuid::Uuid;
 
@@ -18,6 +20,7 @@ codes! {
         NotDraw = 3,
         NotLoaded = 4,
         Done = 5,
+        Restoring = 6,
     }
 }
 
@@ -50,6 +53,9 @@ pub enum Drawn {
     NotDraw,
     /// The sale is not in Redis.
     NotLoaded,
+    /// The sale was loaded from scratch and its pool is being rebuilt from the database: the
+    /// draw waits for it (the loader finishes it, or its next run).
+    Restoring { entrants: i64 },
 }
 
 impl Drawn {
@@ -112,6 +118,7 @@ pub async fn draw(
             }
             DrawCode::NotDraw => return Ok(Drawn::NotDraw),
             DrawCode::NotLoaded => return Ok(Drawn::NotLoaded),
+            DrawCode::Restoring => return Ok(Drawn::Restoring { entrants }),
             DrawCode::Step if started.elapsed() >= budget => {
                 return Ok(Drawn::Running {
                     winners,
@@ -131,7 +138,21 @@ codes! {
         /// Another drainer holds the lease.
         Busy = 0,
         Leased = 1,
+        /// The draw's outcome is not known to be in the database: nothing was taken.
+        Unrecorded = 2,
     }
+}
+
+/// What [`take`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// The lease is this drainer's: the batch (maybe empty), reserved at the Redis clock's
+    /// `now_ms`.
+    Leased { now_ms: i64, taken: Vec<Taken> },
+    /// Another drainer holds the lease.
+    Busy,
+    /// The draw's outcome must be recorded in the database first.
+    Unrecorded,
 }
 
 /// One winner `lua/outbox_take.lua` took to send: its reservation restamped to the take.
@@ -145,26 +166,187 @@ pub struct Taken {
 
 /// `lua/outbox_take.lua` for the drainer `token`: leases the outbox for `lease` and takes up to
 /// `want` winners, restamping each reservation to the Redis clock's now (answered with them).
-/// `None`: another drainer holds the lease.
+/// Nothing is taken while the draw's outcome is not marked recorded; `recorded` (the caller
+/// committed it to the database) marks it first, in a draw that is done.
 pub async fn take(
     redis: &Redis,
     activity_id: i64,
     token: &str,
     lease: std::time::Duration,
     want: usize,
-) -> Result<Option<(i64, Vec<Taken>)>, StoreError> {
+    recorded: bool,
+) -> Result<Take, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::OUTBOX_TAKE.prepare_invoke();
     inv.key(&k.ledger)
         .key(&k.outbox)
+        .key(&k.meta)
         .arg(token)
         .arg(lease.as_millis() as u64)
-        .arg(want);
+        .arg(want)
+        .arg(u8::from(recorded));
     let (code, now_ms, flat): (i64, i64, Vec<String>) = redis.script(&inv).await?;
-    if TakeCode::read(code)? == TakeCode::Busy {
+    Ok(match TakeCode::read(code)? {
+        TakeCode::Busy => Take::Busy,
+        TakeCode::Unrecorded => Take::Unrecorded,
+        TakeCode::Leased => Take::Leased {
+            now_ms,
+            taken: taken(&flat),
+        },
+    })
+}
+
+/// The draw's result as Redis holds it, for the database's record before the first send:
+/// the last ticket the draw looked at and every winner in the outbox (before the first send,
+/// every winner the draw made). `None`: the sale is not loaded or its draw is not done.
+pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult>, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let (drawn, cutoff): (Option<String>, Option<String>) = redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("drawn")
+                .arg("drawCutoff"),
+        )
+        .await?;
+    if drawn.as_deref() != Some("1") {
         return Ok(None);
     }
-    Ok(Some((now_ms, taken(&flat))))
+    let mut winners = Vec::new();
+    let mut cursor = 0u64;
+    // The outbox holds at most one entry per unit of stock: the walk is bounded by the sale.
+    loop {
+        let (next, flat): (u64, Vec<String>) = redis
+            .cmd(
+                redis::cmd("HSCAN")
+                    .arg(&k.outbox)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(1000),
+            )
+            .await?;
+        for pair in flat.chunks(2) {
+            if let [request_id, value] = pair {
+                if let Some(w) = outbox_winner(request_id, value) {
+                    winners.push(w);
+                }
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(Some(DrawResult {
+        cutoff: cutoff.unwrap_or_default(),
+        winners,
+    }))
+}
+
+/// What a draw decided, as [`result`] reads it from Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrawResult {
+    /// The last ticket the draw looked at (empty: it looked at none).
+    pub cutoff: String,
+    pub winners: Vec<Entry>,
+}
+
+/// A winner from its outbox entry `requestId` → `userId|qty|epoch` (the lease and the
+/// sentinel are not one).
+fn outbox_winner(request_id: &str, value: &str) -> Option<Entry> {
+    let request_id = request_id.parse().ok()?;
+    let mut parts = value.rsplitn(3, '|');
+    let (_epoch, quantity, user_id) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(Entry {
+        request_id,
+        user_id: user_id.to_string(),
+        quantity: quantity.parse().ok()?,
+    })
+}
+
+codes! {
+    /// `lua/pool_restore.lua`'s reply codes.
+    pub enum RestoreCode of "pool_restore.lua" {
+        NotLoaded = 0,
+        Restored = 1,
+        Stale = 2,
+    }
+}
+
+/// What goes back into a pool: entries that wait for the draw (or read `not_drawn` after it),
+/// or the recorded winners, with their reservations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restore {
+    Entries,
+    Winners,
+}
+
+/// Where a loader's rebuild stands after a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreCursor<'a> {
+    /// Not the loader's (the consumer's restore of one batch).
+    None,
+    /// Entries up to this row id are back.
+    At(i64),
+    /// The rebuild is whole; with the recorded outcome's cutoff the draw is marked done.
+    Done { cutoff: Option<&'a str> },
+}
+
+/// `lua/pool_restore.lua`: puts `entries` (user, request id, quantity) back into the pool of
+/// sale `activity_id` as `what`, under load `epoch` (`None`: any), and moves the loader's
+/// `cursor`. `None`: not loaded, or loaded under another epoch; else how many went in.
+pub async fn restore(
+    redis: &Redis,
+    activity_id: i64,
+    epoch: Option<i64>,
+    what: Restore,
+    cursor: RestoreCursor<'_>,
+    entries: &[Entry],
+) -> Result<Option<i64>, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let mut inv = scripts::POOL_RESTORE.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.users)
+        .key(&k.ledger)
+        .key(&k.pool)
+        .key(&k.outbox)
+        .key(&k.tickets)
+        .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
+        .arg(match what {
+            Restore::Entries => "q",
+            Restore::Winners => "w",
+        });
+    match cursor {
+        RestoreCursor::None => inv.arg("").arg(""),
+        RestoreCursor::At(id) => inv.arg(id).arg(""),
+        RestoreCursor::Done { cutoff } => inv.arg("done").arg(cutoff.unwrap_or("")),
+    };
+    for e in entries {
+        inv.arg(&e.user_id)
+            .arg(e.request_id.to_string())
+            .arg(e.quantity);
+    }
+    let (code, restored): (i64, i64) = redis.script(&inv).await?;
+    Ok(match RestoreCode::read(code)? {
+        RestoreCode::Restored => Some(restored),
+        RestoreCode::NotLoaded | RestoreCode::Stale => None,
+    })
+}
+
+/// Where the rebuild of sale `activity_id`'s pool stands: `None` when none is due (not a sale
+/// loaded from scratch, or its rebuild is whole), else the last entry row id put back, and the
+/// load epoch.
+pub async fn restore_at(redis: &Redis, activity_id: i64) -> Result<Option<(i64, i64)>, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let (at, epoch): (Option<i64>, Option<i64>) = redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("restoreAt")
+                .arg("epoch"),
+        )
+        .await?;
+    Ok(at.zip(epoch))
 }
 
 /// The winners of a take's flat answer: request id, user, quantity, load epoch, four fields
@@ -298,6 +480,7 @@ impl PoolEntry {
         let request_id = parts.next()?.parse().ok()?;
         let quantity = parts.next()?.parse().ok()?;
         let rank = parts.next()?.parse().ok()?;
+        // `x`, an entry taken back after a 503, is no entry.
         let won = match parts.next()? {
             "w" => true,
             "q" => false,

@@ -50,6 +50,7 @@ scripts! {
     OUTBOX_TAKE => "outbox_take.lua",
     OUTBOX_DONE => "outbox_done.lua",
     POOL_LEAVE => "pool_leave.lua",
+    POOL_RESTORE => "pool_restore.lua",
     USER_RATE => "user_rate.lua",
 }
 

@@ -25,7 +25,7 @@ use seckill_shared::testing;
 
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
-use seckill_shared::domain::purchase::{Attempt, OrderMessage};
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::ledger::Snapshot;
 use seckill_shared::store::purchase::Reservation;
@@ -95,6 +95,7 @@ pub async fn reserve(env: &TestEnv, activity_id: i64, user: &str, quantity: i64)
         },
         reserved_at_ms: now_ms,
         load_epoch: Some(epoch),
+        kind: MessageKind::Order,
     }
 }
 
@@ -170,6 +171,17 @@ pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i64) {
 /// Every orders row of the sale, oldest first.
 pub async fn order_rows(env: &TestEnv, activity_id: i64) -> Vec<Order> {
     order::of_activity(&env.pool, activity_id).await.unwrap()
+}
+
+/// The draw entries the database keeps of the sale.
+pub async fn draw_entry_rows(env: &TestEnv, activity_id: i64) -> i64 {
+    sqlx::query_scalar!(
+        r#"select count(*) as "count!" from draw_entries where activity_id = $1"#,
+        activity_id
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
 }
 
 /// Orders rows in the test's database, of every sale.
@@ -268,14 +280,36 @@ pub async fn close_draw_window(env: &TestEnv, activity_id: i64) {
         .expect("redis answers");
 }
 
-/// Every order message on the test's queue, read through the consumer as SQS delivers them.
+/// A purchase of `a` by `user` through the entry's router (`body` `None`: one unit).
+pub async fn buy(
+    app: &Router,
+    a: &activity::Activity,
+    user: &str,
+    body: Option<&str>,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    let path = format!("/activities/{}/orders", a.id);
+    testing::call(app, testing::request("POST", &path, Some((user, "")), body)).await
+}
+
+/// `user`'s status in `a` (`GET …/orders/me`), which answered 200.
+pub async fn my_status(app: &Router, a: &activity::Activity, user: &str) -> String {
+    let path = format!("/activities/{}/orders/me", a.id);
+    let (status, body) =
+        testing::call(app, testing::request("GET", &path, Some((user, "")), None)).await;
+    assert_eq!(status, axum::http::StatusCode::OK, "{body}");
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// Every message on the test's queue, read through the consumer as SQS delivers them.
+/// Answers how many were order messages (a first-come reservation or a draw's winner): a draw
+/// sale's entries are kept in the database and not counted.
 pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
     let consumer = consumer(env);
     let mut n = 0;
     for m in env.drain_messages(10_000).await? {
         let message = order_consumer::parse(m.body())?;
         consumer.handle_message(&message).await?;
-        n += 1;
+        n += usize::from(message.kind != MessageKind::Entry);
     }
     Ok(n)
 }

@@ -1,0 +1,71 @@
+-- pool_restore.lua: put a draw sale's entries back into its pool from the database, after a
+-- load from scratch (the loader's chunks, from the meta's cursor `restoreAt`) or after the
+-- consumer wrote an entry whose Redis half may have been lost (docs/invariants.md, "Draw
+-- admission", "What the database keeps"). Only into a sale that is loaded, under the load
+-- epoch the caller read (the loader's), or any (the consumer's).
+--
+-- An entry (`q`) goes in only when the user has no field in the pool: a live entry, a winner
+-- and a tombstone (an entry taken back after a 503) all stay as they are. It gets the next
+-- arrival rank and, while no draw step has run, its ticket (HMAC-SHA1 of the sale's secret
+-- and the user id, as purchase.lua makes it); once a step ran, a ticket below the cursor
+-- would shift every index after it, so the entry only waits in the pool for the draw's end
+-- (then `not_drawn`). A winner (`w`, restored from the recorded outcome) gets back what the
+-- draw gave it: the field in `users`, its reservation in the ledger (stamped now) and its
+-- outbox entry; the load took its units from the stock already.
+--
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox   KEYS[6] tickets
+-- ARGV[1] the load epoch the caller read ('' = any)   ARGV[2] 'q' entries, 'w' winners
+-- ARGV[3] the loader's cursor after this chunk ('' = none; 'done' = the rebuild is whole: the
+--         cursor goes, and with ARGV[4] the draw is marked done and recorded)
+-- ARGV[4] the recorded outcome's cutoff ('' = none)
+-- ARGV[5..] user, requestId, qty, for each entry
+--
+-- Returns {code, restored}:
+local NOT_LOADED = 0
+local RESTORED = 1
+local STALE = 2 -- another load's epoch: nothing written
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'drawKeyI', 'drawKeyO', 'drawAt', 'drawn',
+  'restoreAt')
+if not meta[1] then return {NOT_LOADED, 0} end
+if ARGV[1] ~= '' and ARGV[1] ~= meta[1] then return {STALE, 0} end
+-- The pool and tickets are made with the meta (and their sentinels): never made here.
+if redis.call('EXISTS', KEYS[4]) == 0 then return {NOT_LOADED, 0} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local open = not meta[4] and meta[5] ~= '1'
+local function ticket(user)
+  if not meta[2] or not meta[3] then return end
+  local inner = (string.gsub(redis.sha1hex(meta[2] .. user), '%x%x',
+    function(h) return string.char(tonumber(h, 16)) end))
+  redis.call('ZADD', KEYS[6], 'NX', tonumber(string.sub(redis.sha1hex(meta[3] .. inner), 1, 13), 16),
+    user)
+end
+local restored = 0
+for i = 5, #ARGV - 2, 3 do
+  local user, request_id, qty = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local rank = nil
+  if ARGV[2] == 'w' then
+    rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
+    redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|w')
+    redis.call('HSET', KEYS[2], user, request_id)
+    redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
+    redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. meta[1])
+    -- Its draw is recorded and never runs again: the ticket shifts no cursor.
+    ticket(user)
+    restored = restored + 1
+  elseif redis.call('HEXISTS', KEYS[4], user) == 0 then
+    rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
+    redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|q')
+    if open then ticket(user) end
+    restored = restored + 1
+  end
+end
+if ARGV[3] == 'done' then
+  redis.call('HDEL', KEYS[1], 'restoreAt')
+  if ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[1], 'drawn', '1', 'recorded', '1', 'drawCutoff', ARGV[4])
+  end
+elseif ARGV[3] ~= '' and meta[6] and tonumber(ARGV[3]) > tonumber(meta[6]) then
+  redis.call('HSET', KEYS[1], 'restoreAt', ARGV[3])
+end
+return {RESTORED, restored}

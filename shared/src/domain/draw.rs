@@ -1,0 +1,221 @@
+//! What the database keeps of a draw sale's draw: its entries (written by the consumer from
+//! the entry messages), and its outcome (the cutoff and the winners, written before the first
+//! winner is sent). A load from scratch rebuilds the pool from them. docs/invariants.md, "Draw
+//! admission", "What the database keeps".
+
+use sqlx::{PgConnection, PgExecutor, PgPool};
+use uuid::Uuid;
+
+/// One entry of a draw, or one of its winners.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub request_id: Uuid,
+    pub user_id: String,
+    pub quantity: i64,
+}
+
+/// A sale's entry as the load's rebuild reads it: with its row id, the rebuild's cursor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryRow {
+    pub id: i64,
+    pub entry: Entry,
+}
+
+/// Writes the entries of sale `activity_id` (once per request id; one whose request was
+/// claimed, i.e. answered 503, is not written), in the caller's transaction, and answers
+/// those of them the database holds as live entries (written now or before, not claimed):
+/// the ones whose pool entry the caller makes sure of.
+pub async fn insert_entries(
+    conn: &mut PgConnection,
+    activity_id: i64,
+    entries: &[Entry],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let ids: Vec<Uuid> = entries.iter().map(|e| e.request_id).collect();
+    let users: Vec<String> = entries.iter().map(|e| e.user_id.clone()).collect();
+    let quantities: Vec<i64> = entries.iter().map(|e| e.quantity).collect();
+    sqlx::query!(
+        "insert into draw_entries (activity_id, user_id, request_id, quantity)
+         select $1, e.user_id, e.request_id, e.quantity
+         from unnest($2::uuid[], $3::text[], $4::bigint[]) as e(request_id, user_id, quantity)
+         where not exists (select 1 from orders o where o.request_id = e.request_id)
+         on conflict (request_id) do nothing",
+        activity_id,
+        &ids,
+        &users,
+        &quantities
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query_scalar!(
+        r#"select d.request_id as "request_id!" from draw_entries d
+           where d.request_id = any($1::uuid[]) and d.activity_id = $2
+             and not exists (select 1 from orders o where o.request_id = d.request_id)"#,
+        &ids,
+        activity_id
+    )
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Up to `limit` live entries of sale `activity_id` after row `after`, in row order: an entry
+/// whose request has an order row (a claim after a 503, or a winner's order) is not one.
+pub async fn entries_after(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<EntryRow>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select d.id, d.user_id, d.request_id, d.quantity from draw_entries d
+         where d.activity_id = $1 and d.id > $2
+           and not exists (select 1 from orders o where o.request_id = d.request_id)
+         order by d.id
+         limit $3",
+        activity_id,
+        after,
+        limit
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| EntryRow {
+            id: r.id,
+            entry: Entry {
+                request_id: r.request_id,
+                user_id: r.user_id,
+                quantity: r.quantity,
+            },
+        })
+        .collect())
+}
+
+/// The recorded outcome's cutoff of sale `activity_id` (`None`: its draw is not recorded).
+pub async fn outcome(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "select cutoff from draw_outcomes where activity_id = $1",
+        activity_id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// The recorded winners of sale `activity_id` whose request has no order row yet: their units
+/// are the draw's, not the stock's, until their order commits (or a claim fails it).
+pub async fn winners_without_order(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Vec<Entry>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select w.request_id, w.user_id, w.quantity from draw_winners w
+         where w.activity_id = $1
+           and not exists (select 1 from orders o where o.request_id = w.request_id)
+         order by w.request_id",
+        activity_id
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Entry {
+            request_id: r.request_id,
+            user_id: r.user_id,
+            quantity: r.quantity,
+        })
+        .collect())
+}
+
+/// The units a load from scratch of sale `activity_id` may sell: the database's remaining
+/// stock less the units of the recorded winners whose order is not written yet, in one
+/// statement (one snapshot: a winner's order commits with its stock update, so it is counted
+/// on exactly one side).
+pub async fn stock_to_load(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select a.remaining_stock - coalesce((
+             select sum(w.quantity) from draw_winners w
+             where w.activity_id = a.id
+               and not exists (select 1 from orders o where o.request_id = w.request_id)
+           ), 0)::bigint as "stock!"
+           from activities a where a.id = $1"#,
+        activity_id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// What [`record`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The outcome is in the database now, as Redis holds it.
+    New,
+    /// It was there already, with these winners among its own (a drainer before this one, or
+    /// a draw run again on the same pool after Redis lost its mark: the same tickets pick the
+    /// same winners).
+    Same,
+    /// It was there already and these winners are not all in it: Redis holds a draw that is
+    /// not the recorded one. Nothing was written; nothing may be sent.
+    Diverged { unrecorded: usize },
+}
+
+/// Records the outcome of sale `activity_id`'s draw (its `cutoff` and `winners`) in one
+/// transaction, before any winner is sent. A sale's outcome is written once: a second record
+/// only checks that its winners are the first's.
+pub async fn record(
+    db: &PgPool,
+    activity_id: i64,
+    cutoff: &str,
+    winners: &[Entry],
+) -> Result<Recorded, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let units: i64 = winners.iter().map(|w| w.quantity).sum();
+    let inserted = sqlx::query!(
+        "insert into draw_outcomes (activity_id, cutoff, winners, units)
+         values ($1, $2, $3, $4)
+         on conflict (activity_id) do nothing",
+        activity_id,
+        cutoff,
+        winners.len() as i64,
+        units
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let ids: Vec<Uuid> = winners.iter().map(|w| w.request_id).collect();
+    if inserted == 0 {
+        let known = sqlx::query_scalar!(
+            r#"select count(*) as "n!" from draw_winners
+               where activity_id = $1 and request_id = any($2::uuid[])"#,
+            activity_id,
+            &ids
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let unrecorded = ids.len().saturating_sub(known as usize);
+        return Ok(if unrecorded == 0 {
+            Recorded::Same
+        } else {
+            Recorded::Diverged { unrecorded }
+        });
+    }
+    let users: Vec<String> = winners.iter().map(|w| w.user_id.clone()).collect();
+    let quantities: Vec<i64> = winners.iter().map(|w| w.quantity).collect();
+    sqlx::query!(
+        "insert into draw_winners (request_id, activity_id, user_id, quantity)
+         select w.request_id, $1, w.user_id, w.quantity
+         from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)",
+        activity_id,
+        &ids,
+        &users,
+        &quantities
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Recorded::New)
+}

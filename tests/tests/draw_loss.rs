@@ -1,0 +1,474 @@
+//! A draw sale whose Redis keys are lost, against real Redis (standalone and cluster),
+//! PostgreSQL and the SQS emulator: every entry answered 202 `queued` is kept by the database
+//! and put back by the load, the draw's outcome is recorded before its first send and a load
+//! after it marks the sale drawn with the recorded winners, and a Redis that lost the draw's
+//! writes draws the same winners again. Each ends with exactly the stock in orders and
+//! `not_drawn` for every other entrant; none reads `none`.
+
+mod common;
+
+use axum::http::StatusCode;
+use axum::Router;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use seckill_shared::infra::pause;
+use seckill_shared::on_both_redis;
+use seckill_shared::protocol::draw as drawing;
+use seckill_shared::protocol::load;
+use seckill_shared::store::draw::{self, Drawn};
+use seckill_shared::store::view;
+use seckill_shared::testing::{lose_sale, RedisKind, TestEnv};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    buy, close_draw_window, consume_queue, consumer, draw_entry_rows, entry_router, my_status,
+    order_rows,
+};
+
+/// `n` entrants `prefix0..` through the entry's router, each answered 202 `queued`.
+async fn entrants(app: &Router, a: &Activity, prefix: &str, n: usize) -> Vec<String> {
+    let mut users = Vec::new();
+    for i in 0..n {
+        let user = format!("{prefix}{i}");
+        let (status, body) = buy(app, a, &user, None).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (StatusCode::ACCEPTED, Some("queued")),
+            "{body}"
+        );
+        users.push(user);
+    }
+    users
+}
+
+/// Redis loses the sale and the next load (preheat's, reconcile's) loads it from scratch.
+async fn lose_and_reload(env: &TestEnv, a: &Activity) {
+    lose_sale(&env.redis, a.id).await.unwrap();
+    load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
+        .await
+        .unwrap();
+}
+
+/// The ends every entrant reads once the winners' messages are consumed: each is `confirmed`
+/// or `not_drawn`, exactly `stock` confirmed, and the orders in the database are those.
+async fn every_entrant_ends_drawn_or_not(
+    env: &TestEnv,
+    app: &Router,
+    a: &Activity,
+    users: &[String],
+) -> BTreeSet<String> {
+    let mut ends = BTreeMap::new();
+    for u in users {
+        ends.insert(u.clone(), my_status(app, a, u).await);
+    }
+    consume_queue(env).await.unwrap();
+    let mut winners = BTreeSet::new();
+    for u in users {
+        let end = my_status(app, a, u).await;
+        assert!(
+            end == "confirmed" || end == "not_drawn",
+            "{u} reads {end} (before the sends: {:?})",
+            ends[u]
+        );
+        if end == "confirmed" {
+            winners.insert(u.clone());
+        }
+    }
+    assert_eq!(winners.len() as i64, a.total_stock, "{ends:?}");
+    let rows = order_rows(env, a.id).await;
+    assert!(
+        rows.iter().all(|o| o.status == "confirmed"),
+        "no order failed: {rows:?}"
+    );
+    let ordered: BTreeSet<String> = rows.iter().map(|o| o.user_id.clone()).collect();
+    assert_eq!(ordered, winners);
+    assert_eq!(view::stock(&env.redis, a.id).await.unwrap(), Some(0));
+    winners
+}
+
+/// The `n` entrants with the lowest tickets: who a draw over all of `users` picks (one unit
+/// each, nobody holding an order before).
+async fn lowest_tickets(
+    env: &TestEnv,
+    a: &Activity,
+    users: &[String],
+    n: usize,
+) -> BTreeSet<String> {
+    let k = env.redis.keys(a.id);
+    let mut scored = Vec::new();
+    for u in users {
+        let score: Option<f64> = env
+            .redis
+            .cmd(redis::cmd("ZSCORE").arg(&k.tickets).arg(u))
+            .await
+            .unwrap();
+        scored.push((score.expect("every entrant has a ticket") as i64, u.clone()));
+    }
+    scored.sort();
+    scored.into_iter().take(n).map(|(_, u)| u).collect()
+}
+
+/// Redis loses the sale inside the window twice over: entries kept before the loss come back
+/// with the load, an entry whose message the consumer reads only after the reload is put
+/// back by the consumer, and entries after the reload join them. The draw runs over all of
+/// them: exactly the stock wins (the lowest tickets), every other entrant reads `not_drawn`.
+async fn entries_survive_a_loss_inside_the_window(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let mut users = entrants(&app, &a, "kept", 6).await;
+    assert_eq!(consume_queue(&env).await?, 0);
+    assert_eq!(draw_entry_rows(&env, a.id).await, 6);
+    // Its message is still on the queue when Redis loses the sale.
+    users.extend(entrants(&app, &a, "inflight", 1).await);
+
+    lose_and_reload(&env, &a).await;
+    let pool = draw::pool(&env.redis, a.id).await?;
+    assert_eq!(pool.len(), 6, "the kept entries are back: {pool:?}");
+    assert_eq!(
+        my_status(&app, &a, "kept0").await,
+        "queued",
+        "an entrant from before the loss"
+    );
+    assert_eq!(consume_queue(&env).await?, 0);
+    assert_eq!(
+        draw::pool(&env.redis, a.id).await?.len(),
+        7,
+        "the consumer put its entry back"
+    );
+    users.extend(entrants(&app, &a, "after", 2).await);
+    lose_and_reload(&env, &a).await;
+    assert_eq!(consume_queue(&env).await?, 0);
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), 9);
+    assert_eq!(draw_entry_rows(&env, a.id).await, 9);
+
+    close_draw_window(&env, a.id).await;
+    let expected = lowest_tickets(&env, &a, &users, 3).await;
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, expected, "the lowest tickets of every entrant won");
+    Ok(())
+}
+
+/// The draw's outcome is committed, and Redis loses the sale before the drainer marks it or
+/// sends anything (paused there). The load finds the outcome: the sale is drawn, the winners
+/// are put back with their reservations and their units left out of the stock, the other
+/// entrants read `not_drawn`, and no second draw runs. The drainer resumed sends the winners
+/// the load put back; each gets its order.
+async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let users = entrants(&app, &a, "e", 8).await;
+    consume_queue(&env).await?;
+    close_draw_window(&env, a.id).await;
+    let drawn = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    assert!(drawn.is_done(), "{drawn:?}");
+    let first: BTreeSet<String> = winners_in_pool(&env, &a).await;
+
+    let paused = pause::arm("draw.record.after_commit", a.id);
+    let drainer = {
+        let (redis, db, queue) = (env.redis.clone(), env.pool.clone(), env.queue.clone());
+        let id = a.id;
+        tokio::spawn(async move { drawing::drain(&redis, &db, &queue, id, usize::MAX).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    lose_and_reload(&env, &a).await;
+    assert_eq!(
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
+        Drawn::Before { entrants: 8 },
+        "the sale is loaded drawn: no second draw"
+    );
+    assert_eq!(winners_in_pool(&env, &a).await, first);
+    assert_eq!(
+        view::stock(&env.redis, a.id).await?,
+        Some(0),
+        "the winners' units are theirs"
+    );
+    paused.resume();
+    let drained = drainer.await??;
+    assert_eq!(drained.sent, 3, "{drained:?}");
+
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, first);
+    Ok(())
+}
+
+/// The winners are sent, and Redis loses the sale before the consumer reads them: the load
+/// puts the winners back (none has an order yet) and sends them again. The first messages and
+/// the second are one order each, none fails: a winner's order commits under any load epoch,
+/// and the stock loaded left its units out.
+async fn a_loss_after_the_sends_orders_each_winner_once(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let users = entrants(&app, &a, "e", 8).await;
+    consume_queue(&env).await?;
+    close_draw_window(&env, a.id).await;
+    // A status read runs the draw, records it and sends the winners.
+    assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
+    let first = winners_in_pool(&env, &a).await;
+    assert_eq!(first.len(), 3);
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 0, "all sent");
+
+    lose_and_reload(&env, &a).await;
+    assert_eq!(winners_in_pool(&env, &a).await, first);
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 3, "sent again");
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, first);
+    Ok(())
+}
+
+/// A failover to a replica that lost the draw's writes: the sale's keys go back to what they
+/// held before the draw (a dump taken then), after the draw was recorded and its winners sent.
+/// The draw runs again over the same pool and, the tickets being the same, picks the same
+/// winners; the record finds them its own, and the second sends are the same orders. No
+/// second, different draw.
+async fn a_failover_that_lost_the_draw_draws_the_same_winners(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let users = entrants(&app, &a, "e", 8).await;
+    consume_queue(&env).await?;
+    close_draw_window(&env, a.id).await;
+    let before = dump_sale(&env, &a).await;
+
+    assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
+    let first = winners_in_pool(&env, &a).await;
+    assert_eq!(consume_queue(&env).await?, 3);
+
+    restore_sale(&env, &before).await;
+    assert!(
+        winners_in_pool(&env, &a).await.is_empty(),
+        "the draw's writes are lost"
+    );
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, first, "the same winners");
+    let recorded: i64 =
+        sqlx::query_scalar("select count(*) from draw_winners where activity_id = $1")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(recorded, 3);
+    Ok(())
+}
+
+/// Redis holds a draw whose winners are not the recorded ones (a pool changed under a draw run
+/// again): the record refuses it and nothing of it is sent.
+async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(2, 1).await?;
+    entrants(&app, &a, "e", 5).await;
+    consume_queue(&env).await?;
+    close_draw_window(&env, a.id).await;
+    let before = dump_sale(&env, &a).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    assert!(drawing::record(&env.redis, &env.pool, a.id).await?);
+    let first = winners_in_pool(&env, &a).await;
+
+    restore_sale(&env, &before).await;
+    // One of the recorded winners is out of the pool this time.
+    let gone = first.iter().next().unwrap().clone();
+    let k = env.redis.keys(a.id);
+    let _: i64 = env
+        .redis
+        .cmd(redis::cmd("HDEL").arg(&k.pool).arg(&gone))
+        .await?;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let err = drawing::drain(&env.redis, &env.pool, &env.queue, a.id, usize::MAX)
+        .await
+        .expect_err("a draw that is not the recorded one");
+    assert!(
+        matches!(err, drawing::DrawError::Diverged { unrecorded: 1 }),
+        "{err}"
+    );
+    assert_eq!(consume_queue(&env).await?, 0, "nothing sent");
+    Ok(())
+}
+
+/// An entry whose send fails is claimed and taken out of the pool before its 503; its message,
+/// stored after all (a send that timed out), is read by the consumer and kept nowhere, and the
+/// pool's tombstone keeps the consumer from putting it back. The user enters again and is
+/// queued, with the same ticket.
+async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let failed = pause::arm_failure("entry.enter.send", a.id, 1);
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(failed.hits(), 1);
+    assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
+    let claimed = order_rows(&env, a.id).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        (
+            claimed[0].status.as_str(),
+            claimed[0].failure_reason.as_deref()
+        ),
+        ("failed", Some("send_failed"))
+    );
+
+    // The message the failed send stored after all.
+    let stored = OrderMessage {
+        attempt: Attempt {
+            request_id: claimed[0].request_id,
+            activity_id: a.id,
+            user_id: "alice".into(),
+            quantity: 1,
+            buckets: 1,
+        },
+        reserved_at_ms: 0,
+        load_epoch: None,
+        kind: MessageKind::Entry,
+    };
+    consumer(&env).handle_message(&stored).await?;
+    assert_eq!(
+        draw_entry_rows(&env, a.id).await,
+        0,
+        "a claimed entry is not kept"
+    );
+    assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
+
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
+    assert_eq!(consume_queue(&env).await?, 0);
+    assert_eq!(draw_entry_rows(&env, a.id).await, 1);
+    Ok(())
+}
+
+/// The consumer keeps an entry and pauses before it makes sure of its pool entry; meanwhile
+/// Redis loses the sale and the load puts the kept entry back. Resumed, the consumer adds
+/// nothing twice: one pool entry, one ticket.
+async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> anyhow::Result<()> {
+    let env = Arc::new(TestEnv::new(kind).await?);
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    entrants(&app, &a, "e", 1).await;
+    let paused = pause::arm("consumer.entry.after_commit", a.id);
+    let consuming = {
+        let env = env.clone();
+        tokio::spawn(async move { consume_queue(&env).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    lose_and_reload(&env, &a).await;
+    let pool = draw::pool(&env.redis, a.id).await?;
+    assert_eq!(pool.len(), 1, "{pool:?}");
+    let rank = pool[0].1.rank;
+    paused.resume();
+    consuming.await??;
+    let pool = draw::pool(&env.redis, a.id).await?;
+    assert_eq!(pool.len(), 1, "{pool:?}");
+    assert_eq!(pool[0].1.rank, rank, "not made again");
+    Ok(())
+}
+
+/// A rebuild of many entries paused between two chunks: the draw waits for it (a purchase
+/// after the window answers `draw_running`, an entrant from before the loss reads `queued`);
+/// resumed, the rebuild finishes and the draw runs over every entry.
+async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> anyhow::Result<()> {
+    let env = Arc::new(TestEnv::new(kind).await?);
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    let n = drawing::REBUILD_CHUNK + 50;
+    let users: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+    // Kept entries as the consumer writes them, without the crowd's HTTP.
+    sqlx::query(
+        "insert into draw_entries (activity_id, user_id, request_id, quantity)
+         select $1, u, gen_random_uuid(), 1 from unnest($2::text[]) as u",
+    )
+    .bind(a.id)
+    .bind(&users)
+    .execute(&env.pool)
+    .await?;
+
+    let paused = pause::arm("draw.rebuild.between_chunks", a.id);
+    let loading = {
+        let env = env.clone();
+        let a = a.clone();
+        tokio::spawn(async move { lose_and_reload(&env, &a).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    close_draw_window(&env, a.id).await;
+    let (status, body) = buy(&app, &a, "late", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("draw_running")),
+        "{body}"
+    );
+    assert_eq!(my_status(&app, &a, "u0").await, "queued");
+    assert!(matches!(
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
+        Drawn::Restoring { .. }
+    ));
+    paused.resume();
+    loading.await?;
+    close_draw_window(&env, a.id).await;
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), n);
+    let expected = lowest_tickets(&env, &a, &users, 5).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    assert_eq!(winners_in_pool(&env, &a).await, expected);
+    Ok(())
+}
+
+/// The users the pool holds as winners.
+async fn winners_in_pool(env: &TestEnv, a: &Activity) -> BTreeSet<String> {
+    draw::pool(&env.redis, a.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(_, e)| e.won)
+        .map(|(u, _)| u)
+        .collect()
+}
+
+/// The sale's keys as they are now (`DUMP`), to go back to.
+async fn dump_sale(env: &TestEnv, a: &Activity) -> Vec<(String, Option<Vec<u8>>)> {
+    let k = env.redis.keys(a.id);
+    let mut out = Vec::new();
+    for key in [&k.meta, &k.users, &k.ledger, &k.pool, &k.outbox, &k.tickets] {
+        let dump: Option<Vec<u8>> = env.redis.cmd(redis::cmd("DUMP").arg(key)).await.unwrap();
+        out.push((key.to_string(), dump));
+    }
+    out
+}
+
+/// Puts the sale's keys back to a [`dump_sale`], as a replica promoted without the writes
+/// since would hold them.
+async fn restore_sale(env: &TestEnv, dump: &[(String, Option<Vec<u8>>)]) {
+    for (key, value) in dump {
+        match value {
+            Some(v) => {
+                let _: () = env
+                    .redis
+                    .cmd(redis::cmd("RESTORE").arg(key).arg(0).arg(v).arg("REPLACE"))
+                    .await
+                    .unwrap();
+            }
+            None => {
+                let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(key)).await.unwrap();
+            }
+        }
+    }
+}
+
+on_both_redis!(
+    entries_survive_a_loss_inside_the_window,
+    a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners,
+    a_loss_after_the_sends_orders_each_winner_once,
+    a_failover_that_lost_the_draw_draws_the_same_winners,
+    a_draw_that_is_not_the_recorded_one_sends_nothing,
+    an_entry_answered_503_is_never_put_back,
+    an_entry_kept_during_a_reload_is_in_the_pool_once,
+    the_draw_waits_for_a_rebuild_between_its_chunks,
+);
