@@ -5,12 +5,15 @@
 -- reservation is gone is dropped.
 --
 -- Nothing is taken before the database holds the draw's outcome (`recorded` in the meta): a
--- drainer that finds it missing records the outcome, then calls again with ARGV[4] = 1, which
--- sets `recorded` (only in a meta that is there and whose draw is done) before it takes.
+-- drainer that finds it missing records the outcome, then calls again with ARGV[4] = the load
+-- epoch of the draw it recorded, which sets `recorded` (only in a meta that is there, whose
+-- draw is done, under that epoch: a sale loaded from scratch since holds another draw) before
+-- it takes.
 --
 -- KEYS[1] ledger   KEYS[2] outbox   KEYS[3] meta
 -- ARGV[1] drainer token   ARGV[2] lease ms   ARGV[3] batch size
--- ARGV[4] 1 = the caller committed the draw's outcome to the database (else 0)
+-- ARGV[4] the load epoch of the draw whose outcome the caller committed to the database
+--         ('' = none)
 --
 -- Returns {code, nowMs, {requestId, userId, qty, epoch, ...}}:
 local BUSY = 0 -- another drainer holds the lease
@@ -21,9 +24,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- No outbox (not a draw sale, or the sale is not loaded): nothing to take, and no lease
 -- written into a key that would have no expiry.
 if redis.call('EXISTS', KEYS[2]) == 0 then return {LEASED, now, {}} end
-local state = redis.call('HMGET', KEYS[3], 'drawn', 'recorded')
+local state = redis.call('HMGET', KEYS[3], 'drawn', 'recorded', 'epoch')
 if state[2] ~= '1' then
-  if ARGV[4] ~= '1' or state[1] ~= '1' then return {UNRECORDED, now, {}} end
+  if ARGV[4] == '' or state[1] ~= '1' or state[3] ~= ARGV[4] then return {UNRECORDED, now, {}} end
   redis.call('HSET', KEYS[3], 'recorded', '1')
 end
 local lease = redis.call('HGET', KEYS[2], ' lease')

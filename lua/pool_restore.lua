@@ -5,7 +5,8 @@
 -- epoch the caller read (the loader's), or any (the consumer's).
 --
 -- An entry (`q`) goes in only when the user has no field in the pool: a live entry, a winner
--- and a tombstone (an entry taken back after a 503) all stay as they are. It gets the next
+-- and the entry's own tombstone (it was taken back after a 503) all stay as they are; the
+-- tombstone of another request of the user is no entry. It gets the next
 -- arrival rank and, while no draw step has run, its ticket (HMAC-SHA1 of the sale's secret
 -- and the user id, as purchase.lua makes it); once a step ran, a ticket below the cursor
 -- would shift every index after it, so the entry only waits in the pool for the draw's end
@@ -53,11 +54,18 @@ for i = 5, #ARGV - 2, 3 do
     -- Its draw is recorded and never runs again: the ticket shifts no cursor.
     ticket(user)
     restored = restored + 1
-  elseif redis.call('HEXISTS', KEYS[4], user) == 0 then
-    rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-    redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|q')
-    if open then ticket(user) end
-    restored = restored + 1
+  else
+    local held = redis.call('HGET', KEYS[4], user)
+    -- A tombstone of another request (a 503 the user entered again after) is no entry.
+    if held and string.sub(held, -2) == '|x' and string.sub(held, 1, #request_id + 1) ~= request_id .. '|' then
+      held = nil
+    end
+    if not held then
+      rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
+      redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|q')
+      if open then ticket(user) end
+      restored = restored + 1
+    end
   end
 end
 if ARGV[3] == 'done' then

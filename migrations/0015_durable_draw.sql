@@ -13,6 +13,9 @@ create table draw_entries (
     created_at timestamptz not null default now()
 );
 create index draw_entries_by_sale on draw_entries (activity_id, id);
+-- A user's entries in a sale: one who entered again after a 503 (or after Redis lost the
+-- sale, before her entry was put back) has several; only her newest live one goes back.
+create index draw_entries_by_user on draw_entries (activity_id, user_id);
 
 -- The draw's outcome, written before the first winner's order message is sent: the last
 -- ticket it looked at, and each winner. A sale that has one is never drawn again; a load

@@ -14,8 +14,9 @@
 //! - preheat runs;
 //! - on the test's private standalone Redis: SIGSTOP for 0.3-1.5 s, then SIGCONT (the shared
 //!   cluster is never stopped);
-//! - with reconcile on: reconcile runs with a short grace, the sale's keys are lost once, and
-//!   now and then one buyer's field in `users` is lost while the sale stays loaded (a
+//! - with reconcile on: reconcile runs with a short grace, the sale's keys are lost once, a
+//!   draw sale's keys again just after its draw is done (before, during or after its sends),
+//!   and now and then one buyer's field in `users` is lost while the sale stays loaded (a
 //!   failover that dropped the last writes; only a field whose user has no entry in flight);
 //! - in a draw sale (some one-bucket sales admit by draw, with a window of a quarter to
 //!   three fifths of the phase), buyers queue in the pool, and whoever comes after the window
@@ -27,8 +28,9 @@
 //! conservation (`redis_stock + pending + confirmed = total`), the database's remaining stock,
 //! an empty ledger, the Redis user set against the live orders, one live order per user, every
 //! 202 resolved to an order or an allowed failure (a 202 `queued` also to a pool entry the
-//! draw passed over, or to one lost with the keys), every drawn winner's request to an order
-//! and no loser's, and no order behind any other answer. A draw sale's queued users ask for
+//! draw passed over, whatever keys were lost: the database keeps the entries and the draw's
+//! outcome), every drawn winner's request to an order and no loser's, and no order behind any
+//! other answer. A draw sale's queued users ask for
 //! their status once the actors stop, as they would: that runs a draw not run yet and sends
 //! what its outbox holds.
 //!
@@ -476,6 +478,7 @@ struct Report {
     reconcile_repairs: u64,
     reconcile_errors: u64,
     keys_lost: u64,
+    draw_keys_lost: u64,
     fields_lost: u64,
     draw_entrants: u64,
     draw_winners: u64,
@@ -523,8 +526,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "  jobs: {} preheats ({} loaded, {} errors), {} reconciles ({} repairs, {} errors), \
-             {} key losses, {} fields lost, {} pauses ({} ms), watcher {} samples ({} errors), \
-             draws {} entrants {} winners",
+             {} key losses ({} after a draw), {} fields lost, {} pauses ({} ms), watcher {} \
+             samples ({} errors), draws {} entrants {} winners",
             self.preheats,
             self.preheat_loaded,
             self.preheat_errors,
@@ -532,6 +535,7 @@ impl fmt::Display for Report {
             self.reconcile_repairs,
             self.reconcile_errors,
             self.keys_lost,
+            self.draw_keys_lost,
             self.fields_lost,
             self.pauses,
             self.paused_ms,
@@ -765,6 +769,7 @@ impl Chaos {
             actors.push(("reconcile", tokio::spawn(reconciles(self.clone()))));
             actors.push(("key loss", tokio::spawn(key_loss(self.clone(), phase))));
             actors.push(("lost fields", tokio::spawn(lost_fields(self.clone()))));
+            actors.push(("draw key loss", tokio::spawn(draw_key_loss(self.clone()))));
         }
         Actors(actors)
     }
@@ -1352,7 +1357,8 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
                                 .arg(&k.lock)
                                 .arg(&k.fence)
                                 .arg(&k.pool)
-                                .arg(&k.outbox),
+                                .arg(&k.outbox)
+                                .arg(&k.tickets),
                         )
                         .await?;
                 }
@@ -1360,6 +1366,42 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
         }
     }
     c.count(|r| r.keys_lost += 1);
+    Ok(())
+}
+
+/// Loses each draw sale's keys once more, 0-300 ms after its draw is done (before its
+/// record, between the record and the sends, or during them): the load that follows finds the
+/// recorded outcome (or none, and the draw runs again over the kept entries).
+async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
+    let mut rng = c.rng(1200);
+    let mut left: Vec<i64> = c.draws.keys().copied().collect();
+    while !left.is_empty() && c.nap(50).await {
+        let mut i = 0;
+        while i < left.len() {
+            let id = left[i];
+            let k = c.patient.keys(id);
+            let drawn: Option<String> = c
+                .patient
+                .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawn"))
+                .await
+                .unwrap_or(None);
+            if drawn.as_deref() != Some("1") {
+                i += 1;
+                continue;
+            }
+            left.swap_remove(i);
+            if !c.nap(rng.random_range(0..300)).await {
+                return Ok(());
+            }
+            // A paused server times the call out: this loss is skipped then.
+            if testing::lose_sale(&c.patient, id).await.is_ok() {
+                c.count(|r| {
+                    r.keys_lost += 1;
+                    r.draw_keys_lost += 1;
+                });
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1856,7 +1898,6 @@ impl Chaos {
         id: i64,
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<HashMap<Uuid, store::draw::PoolEntry>> {
-        let keys_lost = lock(&self.report).keys_lost > 0;
         let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
         if !drawn.is_done() {
             self.violate(
@@ -1874,7 +1915,7 @@ impl Chaos {
         let (mut winners_without, mut losers_with) = (Vec::new(), Vec::new());
         for (user, e) in &pool {
             let row = rows.get(&e.request_id);
-            if e.won && row.is_none() && !keys_lost {
+            if e.won && row.is_none() {
                 winners_without.push(format!("{user} ({})", e.request_id));
             }
             if !e.won && (row.is_some() || live_users.contains(user.as_str())) {
@@ -1916,7 +1957,6 @@ impl Chaos {
         rows: &HashMap<Uuid, Row>,
         pool: &HashMap<Uuid, store::draw::PoolEntry>,
     ) -> HashSet<Uuid> {
-        let keys_lost = lock(&self.report).keys_lost > 0;
         let mut accepted = HashSet::new();
         let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());
         for a in attempts.iter().filter(|a| a.status == 202) {
@@ -1926,11 +1966,9 @@ impl Chaos {
             };
             accepted.insert(request_id);
             let Some(row) = rows.get(&request_id) else {
-                // A queued entry the draw passed over holds nothing; one lost with the keys
-                // (before the draw, or a winner before its send) left no trace to resolve.
+                // A queued entry the draw passed over holds nothing: it reads `not_drawn`.
                 let passed_over = pool.get(&request_id).is_some_and(|e| !e.won);
-                let lost = keys_lost && !pool.contains_key(&request_id);
-                if !(a.queued && (passed_over || lost)) {
+                if !(a.queued && passed_over) {
                     unresolved.push(request_id);
                 }
                 continue;

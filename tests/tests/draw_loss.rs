@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use common::{
     buy, close_draw_window, consume_queue, consumer, draw_entry_rows, entry_router, my_status,
-    order_rows,
+    order_rows, reconcile,
 };
 
 /// `n` entrants `prefix0..` through the entry's router, each answered 202 `queued`.
@@ -259,7 +259,9 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
 }
 
 /// Redis holds a draw whose winners are not the recorded ones (a pool changed under a draw run
-/// again): the record refuses it and nothing of it is sent.
+/// again): the record refuses it and nothing of it is sent. Reconcile then loads the sale from
+/// scratch, which puts the recorded outcome back, and sends the recorded winners: they, and
+/// only they, get the orders.
 async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = entry_router(&env);
@@ -269,7 +271,9 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
     close_draw_window(&env, a.id).await;
     let before = dump_sale(&env, &a).await;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
-    assert!(drawing::record(&env.redis, &env.pool, a.id).await?);
+    assert!(drawing::record(&env.redis, &env.pool, a.id)
+        .await?
+        .is_some());
     let first = winners_in_pool(&env, &a).await;
 
     restore_sale(&env, &before).await;
@@ -289,7 +293,153 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
         "{err}"
     );
     assert_eq!(consume_queue(&env).await?, 0, "nothing sent");
+
+    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(r.draw_reloaded, "{r:?}");
+    assert_eq!(winners_in_pool(&env, &a).await, first);
+    // The reloaded sale's winners go out with the next drainer (reconcile's next run).
+    reconcile(&env).run(chrono::Utc::now()).await?;
+    assert_eq!(consume_queue(&env).await?, 2);
+    let ordered: BTreeSet<String> = order_rows(&env, a.id)
+        .await
+        .into_iter()
+        .filter(|o| o.status == "confirmed")
+        .map(|o| o.user_id)
+        .collect();
+    assert_eq!(ordered, first);
     Ok(())
+}
+
+/// A drainer reads the draw and pauses before it records it; meanwhile Redis loses the sale
+/// and the load (a new load epoch) finds no outcome. Resumed, the record of the draw that is
+/// gone writes nothing and sends nothing; the draw runs again over the kept entries and its
+/// outcome, the same winners, is the one recorded and sent.
+async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let a = env.draw_sale(3, 1).await?;
+    let users = entrants(&app, &a, "e", 8).await;
+    consume_queue(&env).await?;
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let first = winners_in_pool(&env, &a).await;
+
+    let paused = pause::arm("draw.record.before_commit", a.id);
+    let drainer = {
+        let (redis, db, queue) = (env.redis.clone(), env.pool.clone(), env.queue.clone());
+        let id = a.id;
+        tokio::spawn(async move { drawing::drain(&redis, &db, &queue, id, usize::MAX).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    lose_and_reload(&env, &a).await;
+    paused.resume();
+    let drained = drainer.await??;
+    assert_eq!(drained.sent, 0, "{drained:?}");
+    let outcomes: i64 =
+        sqlx::query_scalar("select count(*) from draw_outcomes where activity_id = $1")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(outcomes, 0, "the draw that is gone is not recorded");
+
+    close_draw_window(&env, a.id).await;
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, first, "the same tickets, the same winners");
+    Ok(())
+}
+
+/// A load's rebuild stops between two chunks (out of its time, or the loader died): the draw
+/// waits, and reconcile's next run finishes the rebuild before it runs the draw.
+async fn reconcile_finishes_a_rebuild_a_load_left(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(5, 1).await?;
+    let n = drawing::REBUILD_CHUNK + 50;
+    let users = keep_entries(&env, &a, n).await;
+    let cut = pause::arm_failure("draw.rebuild.between_chunks", a.id, 1);
+    lose_and_reload(&env, &a).await;
+    assert_eq!(cut.hits(), 1);
+    assert_eq!(
+        draw::pool(&env.redis, a.id).await?.len(),
+        drawing::REBUILD_CHUNK
+    );
+    close_draw_window(&env, a.id).await;
+    assert!(matches!(
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
+        Drawn::Restoring { .. }
+    ));
+
+    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!(r.pool_rebuilt, 50, "{r:?}");
+    assert!(r.drawn, "the draw ran after the rebuild: {r:?}");
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), n);
+    assert_eq!(
+        winners_in_pool(&env, &a).await,
+        lowest_tickets(&env, &a, &users, 5).await
+    );
+    Ok(())
+}
+
+/// A user whose kept entry is not put back yet (the rebuild paused before her chunk) enters
+/// again and is queued with a new request. Both are kept; only the newer goes back at the next
+/// load from scratch, and it is the one in the pool.
+async fn a_user_who_entered_again_during_a_rebuild_goes_back_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = Arc::new(TestEnv::new(kind).await?);
+    let app = entry_router(&env);
+    let a = env.draw_sale(5, 1).await?;
+    let users = keep_entries(&env, &a, drawing::REBUILD_CHUNK + 50).await;
+    let late = users.last().unwrap().clone();
+    let paused = pause::arm("draw.rebuild.between_chunks", a.id);
+    let loading = {
+        let (env, a) = (env.clone(), a.clone());
+        tokio::spawn(async move { lose_and_reload(&env, &a).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    let (status, body) = buy(&app, &a, &late, None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
+    let again: uuid::Uuid = body["requestId"].as_str().unwrap().parse()?;
+    consume_queue(&env).await?;
+    paused.resume();
+    loading.await?;
+    let entry = draw::pool_entry(&env.redis, a.id, &late).await?.unwrap();
+    assert_eq!(entry.request_id, again);
+
+    lose_and_reload(&env, &a).await;
+    let entry = draw::pool_entry(&env.redis, a.id, &late).await?.unwrap();
+    assert_eq!(
+        entry.request_id, again,
+        "her newer entry is the one put back"
+    );
+    let kept = seckill_shared::domain::draw::entries_after(&env.pool, a.id, 0, 10_000).await?;
+    assert_eq!(
+        kept.iter().filter(|e| e.entry.user_id == late).count(),
+        1,
+        "one live entry per user goes back"
+    );
+    Ok(())
+}
+
+/// `n` entries kept in the database as the consumer writes them, without the crowd's HTTP:
+/// users `u0..`.
+async fn keep_entries(env: &TestEnv, a: &Activity, n: usize) -> Vec<String> {
+    let users: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+    sqlx::query(
+        "insert into draw_entries (activity_id, user_id, request_id, quantity)
+         select $1, u, gen_random_uuid(), 1 from unnest($2::text[]) as u",
+    )
+    .bind(a.id)
+    .bind(&users)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    users
 }
 
 /// An entry whose send fails is claimed and taken out of the pool before its 503; its message,
@@ -312,7 +462,7 @@ async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Res
             claimed[0].status.as_str(),
             claimed[0].failure_reason.as_deref()
         ),
-        ("failed", Some("send_failed"))
+        ("failed", Some("unavailable"))
     );
 
     // The message the failed send stored after all.
@@ -375,20 +525,22 @@ async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> a
 
 /// A rebuild of many entries paused between two chunks: the draw waits for it (a purchase
 /// after the window answers `draw_running`, an entrant from before the loss reads `queued`);
-/// resumed, the rebuild finishes and the draw runs over every entry.
+/// resumed, the rebuild finishes and the draw runs over every entry. The purchase's 503
+/// clean-up meanwhile takes an old request of a user of the second chunk out of the pool (she
+/// was answered 503 once, then entered again): its tombstone does not keep her entry out.
 async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
     let app = entry_router(&env);
     let a = env.draw_sale(5, 1).await?;
     let n = drawing::REBUILD_CHUNK + 50;
-    let users: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
-    // Kept entries as the consumer writes them, without the crowd's HTTP.
+    let users = keep_entries(&env, &a, n).await;
+    let answered_503 = users.last().unwrap().clone();
     sqlx::query(
-        "insert into draw_entries (activity_id, user_id, request_id, quantity)
-         select $1, u, gen_random_uuid(), 1 from unnest($2::text[]) as u",
+        "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+         values (gen_random_uuid(), $1, $2, 1, 'failed', 'unavailable')",
     )
     .bind(a.id)
-    .bind(&users)
+    .bind(&answered_503)
     .execute(&env.pool)
     .await?;
 
@@ -407,6 +559,15 @@ async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> any
         "{body}"
     );
     assert_eq!(my_status(&app, &a, "u0").await, "queued");
+    let k = env.redis.keys(a.id);
+    let held: Option<String> = env
+        .redis
+        .cmd(redis::cmd("HGET").arg(&k.pool).arg(&answered_503))
+        .await?;
+    assert!(
+        held.as_deref().is_some_and(|v| v.ends_with("|x")),
+        "not yet put back, her old request's tombstone in its place: {held:?}"
+    );
     assert!(matches!(
         draw::draw(&env.redis, a.id, Duration::MAX).await?,
         Drawn::Restoring { .. }
@@ -415,6 +576,9 @@ async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> any
     loading.await?;
     close_draw_window(&env, a.id).await;
     assert_eq!(draw::pool(&env.redis, a.id).await?.len(), n);
+    assert!(draw::pool_entry(&env.redis, a.id, &answered_503)
+        .await?
+        .is_some());
     let expected = lowest_tickets(&env, &a, &users, 5).await;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
     assert_eq!(winners_in_pool(&env, &a).await, expected);
@@ -471,4 +635,7 @@ on_both_redis!(
     an_entry_answered_503_is_never_put_back,
     an_entry_kept_during_a_reload_is_in_the_pool_once,
     the_draw_waits_for_a_rebuild_between_its_chunks,
+    a_record_of_a_draw_lost_meanwhile_writes_nothing,
+    reconcile_finishes_a_rebuild_a_load_left,
+    a_user_who_entered_again_during_a_rebuild_goes_back_once,
 );

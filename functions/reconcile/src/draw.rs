@@ -6,6 +6,7 @@ use crate::{ActivityReport, Reconcile};
 use anyhow::Context as _;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::protocol::draw::{self, Trigger};
+use seckill_shared::protocol::load;
 use seckill_shared::store::draw::Drawn;
 
 impl Reconcile {
@@ -19,6 +20,21 @@ impl Reconcile {
         let run = draw::run(&self.redis, &self.pool, queue, a.id, Trigger::Reconcile)
             .await
             .context("failed to run the draw and its sends")?;
+        if run.diverged {
+            // Redis holds a draw that is not the recorded one: loaded from scratch, the sale
+            // gets the recorded outcome back, and its winners are sent from there.
+            let (outcome, _) = load::reload_under_lock(&self.redis, &self.pool, &self.config, a.id)
+                .await
+                .context("failed to load the sale whose draw is not the recorded one")?;
+            tracing::warn!(
+                activity_id = a.id,
+                ?outcome,
+                repair = "draw_reloaded",
+                "sale loaded from scratch: its draw was not the recorded one"
+            );
+            r.draw_reloaded = true;
+        }
+        r.pool_rebuilt = run.rebuilt.winners as usize + run.rebuilt.entries as usize;
         r.pool_left = run.left;
         r.drawn = matches!(run.drawn, Drawn::Now { .. });
         let entrants = match run.drawn {

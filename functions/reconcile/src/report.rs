@@ -74,6 +74,12 @@ pub struct ActivityReport {
     pub winners_sent: usize,
     /// Entries of a draw's pool answered 503 and left there, taken out by this run.
     pub pool_left: usize,
+    /// Entries and winners of a draw's pool put back from the database by this run (a
+    /// rebuild an earlier load did not finish).
+    pub pool_rebuilt: usize,
+    /// This run loaded a draw sale from scratch: Redis held a draw that is not the recorded
+    /// one.
+    pub draw_reloaded: bool,
     /// A draw sale's entrants (holders of a ticket), and how full its pool is in percent of
     /// its `maxEntrants`; `None` for a first-come sale or one not loaded.
     pub draw_entrants: Option<i64>,
@@ -168,6 +174,8 @@ impl ActivityReport {
             drawn: false,
             winners_sent: 0,
             pool_left: 0,
+            pool_rebuilt: 0,
+            draw_reloaded: false,
             draw_entrants: None,
             pool_fill_percent: None,
             compensated: 0,
@@ -218,6 +226,8 @@ impl ActivityReport {
             + usize::from(self.drawn)
             + self.winners_sent
             + self.pool_left
+            + self.pool_rebuilt
+            + usize::from(self.draw_reloaded)
             + self.settled
             + self.cancels_finished
             + self.transfers_finished

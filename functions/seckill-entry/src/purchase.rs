@@ -215,9 +215,11 @@ pub(crate) async fn purchase(
 
 /// Sends a draw entry Redis put in the pool to the order queue, so that the database keeps it
 /// (a pool Redis loses is rebuilt from what it keeps): 202 `queued` once it is on the queue.
-/// A failed send claims the request (`failed`, `send_failed`) and takes the entry out of the
-/// pool before its 503; with the database out of reach too the entry stays, in Redis only,
-/// and answers 202 `queued` (it takes part in the draw unless Redis loses the sale).
+/// A failed send claims the request as a 503 (`failed`, `unavailable`: the draw's callers
+/// take such entries out of the pool, should this call's leave not get through) and takes the
+/// entry out of the pool before its 503; with the database out of reach too the entry stays,
+/// in Redis only, and answers 202 `queued` (it takes part in the draw unless Redis loses the
+/// sale).
 async fn enter(state: &EntryState, attempt: Attempt, rank: i64) -> Result<Response, ApiError> {
     let s = &state.inner;
     let (activity_id, request_id) = (attempt.activity_id, attempt.request_id);
@@ -234,7 +236,7 @@ async fn enter(state: &EntryState, attempt: Attempt, rank: i64) -> Result<Respon
     };
     if let Err(send_error) = sent {
         let a = &message.attempt;
-        match giveback::claim(&s.pool, a, reason::SEND_FAILED).await {
+        match giveback::claim(&s.pool, a, reason::UNAVAILABLE).await {
             Ok(_) => {
                 if let Err(e) = pool::leave(&s.redis, activity_id, &a.user_id, request_id).await {
                     // The claim stands: the draw's callers take the entry out before the draw.

@@ -57,8 +57,10 @@ pub async fn insert_entries(
     .await
 }
 
-/// Up to `limit` live entries of sale `activity_id` after row `after`, in row order: an entry
-/// whose request has an order row (a claim after a 503, or a winner's order) is not one.
+/// Up to `limit` live entries of sale `activity_id` after row `after`, in row order. An entry
+/// whose request has an order row (a claim after a 503, or a winner's order) is not one, nor
+/// is one whose user holds a live order in the sale or has a newer live entry (she entered
+/// again, after a 503 or while Redis had lost the sale): one entry per user goes back.
 pub async fn entries_after(
     db: impl PgExecutor<'_>,
     activity_id: i64,
@@ -69,6 +71,14 @@ pub async fn entries_after(
         "select d.id, d.user_id, d.request_id, d.quantity from draw_entries d
          where d.activity_id = $1 and d.id > $2
            and not exists (select 1 from orders o where o.request_id = d.request_id)
+           and not exists (
+             select 1 from orders o
+             where o.activity_id = d.activity_id and o.user_id = d.user_id
+               and o.status in ('confirmed', 'paid'))
+           and not exists (
+             select 1 from draw_entries n
+             where n.activity_id = d.activity_id and n.user_id = d.user_id and n.id > d.id
+               and not exists (select 1 from orders o where o.request_id = n.request_id))
          order by d.id
          limit $3",
         activity_id,
@@ -161,18 +171,34 @@ pub enum Recorded {
     /// It was there already and these winners are not all in it: Redis holds a draw that is
     /// not the recorded one. Nothing was written; nothing may be sent.
     Diverged { unrecorded: usize },
+    /// The sale was loaded from scratch since the draw ran (the load epoch moved): that draw is
+    /// gone with the Redis that held it. Nothing was written.
+    Stale,
 }
 
-/// Records the outcome of sale `activity_id`'s draw (its `cutoff` and `winners`) in one
-/// transaction, before any winner is sent. A sale's outcome is written once: a second record
-/// only checks that its winners are the first's.
+/// Records the outcome of sale `activity_id`'s draw (its `cutoff` and `winners`), run under
+/// load `epoch`, in one transaction, before any winner is sent. Only while the sale's load
+/// epoch is still `epoch`, read under a share lock: a load from scratch bumps it before it
+/// reads what is recorded, so it either waits for this commit and loads the outcome, or came
+/// first and this draw is not recorded. A sale's outcome is written once: a second record only
+/// checks that its winners are the first's.
 pub async fn record(
     db: &PgPool,
     activity_id: i64,
+    epoch: i64,
     cutoff: &str,
     winners: &[Entry],
 ) -> Result<Recorded, sqlx::Error> {
     let mut tx = db.begin().await?;
+    let current = sqlx::query_scalar!(
+        "select load_epoch from activities where id = $1 for share",
+        activity_id
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if current != Some(epoch) {
+        return Ok(Recorded::Stale);
+    }
     let units: i64 = winners.iter().map(|w| w.quantity).sum();
     let inserted = sqlx::query!(
         "insert into draw_outcomes (activity_id, cutoff, winners, units)

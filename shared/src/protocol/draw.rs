@@ -51,6 +51,11 @@ pub struct DrawRun {
     pub left: usize,
     /// Winners' order messages the queue confirmed.
     pub sent: usize,
+    /// What reconcile's run put back of a pool whose rebuild an earlier load did not finish.
+    pub rebuilt: Rebuilt,
+    /// Redis holds a draw whose winners are not the recorded outcome's: nothing was sent, and
+    /// the sale must be loaded from scratch (which puts the recorded outcome back).
+    pub diverged: bool,
 }
 
 /// The draw of sale `activity_id` if it is due, between its neighbours (see the module docs).
@@ -63,6 +68,15 @@ pub async fn run(
     activity_id: i64,
     trigger: Trigger,
 ) -> Result<DrawRun, DrawError> {
+    // A rebuild a load did not finish (out of its time, or an error) goes on from its cursor:
+    // the draw waits for it.
+    let rebuilt = match trigger {
+        Trigger::Reconcile => {
+            let deadline = std::time::Instant::now() + RECONCILE_BUDGET;
+            rebuild(redis, db, activity_id, deadline).await?
+        }
+        Trigger::Purchase | Trigger::StatusRead => Rebuilt::default(),
+    };
     let left = match trigger {
         Trigger::StatusRead => 0,
         Trigger::Purchase => match leave_unanswered(redis, db, activity_id).await {
@@ -104,6 +118,8 @@ pub async fn run(
         drawn,
         left,
         sent: 0,
+        rebuilt,
+        diverged: false,
     };
     // A crash between the draw and the sends: the outbox keeps the winners.
     if trigger == Trigger::Purchase && pause::fail("entry.draw.before_send", activity_id) {
@@ -131,6 +147,7 @@ pub async fn run(
                 drain_later(redis, db, queue, activity_id);
             }
         }
+        Err(DrawError::Diverged { .. }) => report.diverged = true,
         Err(e) => {
             tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
         }
@@ -204,7 +221,7 @@ pub async fn drain(
 ) -> Result<Drained, DrawError> {
     let token = Uuid::new_v4().to_string();
     let mut report = Drained::default();
-    let mut recorded = false;
+    let mut recorded = None;
     let mut round = 1;
     while round <= rounds.max(1) {
         let (now_ms, taken) =
@@ -213,12 +230,14 @@ pub async fn drain(
                     report.busy = true;
                     return Ok(report);
                 }
-                Take::Unrecorded if recorded => return Ok(report),
+                // Recorded under an epoch Redis no longer holds: a load from scratch since
+                // put the recorded outcome back itself, or holds another draw.
+                Take::Unrecorded if recorded.is_some() => return Ok(report),
                 Take::Unrecorded => {
-                    if !record(redis, db, activity_id).await? {
+                    let Some(epoch) = record(redis, db, activity_id).await? else {
                         return Ok(report);
-                    }
-                    recorded = true;
+                    };
+                    recorded = Some(epoch);
                     continue;
                 }
                 Take::Leased { now_ms, taken } => (now_ms, taken),
@@ -260,14 +279,29 @@ pub async fn drain(
 
 /// Records the outcome of sale `activity_id`'s draw in the database (its cutoff and every
 /// winner, read from Redis), so that no other draw can ever replace it: a load from scratch
-/// marks the sale drawn and puts back the winners without an order. False: the draw is not
-/// done in Redis (or the sale is not loaded), nothing to record. A record that finds another
-/// outcome is an error: nothing of this draw may be sent.
-pub async fn record(redis: &Redis, db: &PgPool, activity_id: i64) -> Result<bool, DrawError> {
+/// marks the sale drawn and puts back the winners without an order. Answers the load epoch
+/// the recorded draw ran under; `None`: the draw is not done in Redis (or the sale is not
+/// loaded), or the sale was loaded from scratch since it was read: nothing recorded. A record
+/// that finds another outcome is an error: nothing of this draw may be sent.
+pub async fn record(
+    redis: &Redis,
+    db: &PgPool,
+    activity_id: i64,
+) -> Result<Option<i64>, DrawError> {
     let Some(result) = draw::result(redis, activity_id).await? else {
-        return Ok(false);
+        return Ok(None);
     };
-    match kept::record(db, activity_id, &result.cutoff, &result.winners).await? {
+    // Between the read of the draw and its record: Redis may lose the sale, a load may run.
+    pause::point("draw.record.before_commit", activity_id).await;
+    let recorded = kept::record(
+        db,
+        activity_id,
+        result.epoch,
+        &result.cutoff,
+        &result.winners,
+    )
+    .await?;
+    match recorded {
         Recorded::New => tracing::warn!(
             activity_id,
             winners = result.winners.len(),
@@ -275,6 +309,14 @@ pub async fn record(redis: &Redis, db: &PgPool, activity_id: i64) -> Result<bool
             "draw outcome recorded"
         ),
         Recorded::Same => {}
+        Recorded::Stale => {
+            tracing::warn!(
+                activity_id,
+                epoch = result.epoch,
+                "the draw read is gone with a load from scratch; not recorded"
+            );
+            return Ok(None);
+        }
         Recorded::Diverged { unrecorded } => {
             tracing::error!(
                 activity_id,
@@ -286,7 +328,7 @@ pub async fn record(redis: &Redis, db: &PgPool, activity_id: i64) -> Result<bool
     }
     // Committed, not yet marked in Redis: a loss here loads the sale drawn, from the record.
     pause::point("draw.record.after_commit", activity_id).await;
-    Ok(true)
+    Ok(Some(result.epoch))
 }
 
 /// Entries a chunk of the rebuild puts back (each costs two SHA-1s of its ticket and three
@@ -370,8 +412,11 @@ pub async fn rebuild(
             return Ok(report);
         }
         // Between two chunks: entries arrive, the consumer restores its own, Redis may lose
-        // the sale again.
+        // the sale again; or the loader stops here (out of its time, or it died).
         pause::point("draw.rebuild.between_chunks", activity_id).await;
+        if pause::fail("draw.rebuild.between_chunks", activity_id) {
+            return Ok(report);
+        }
     }
 }
 

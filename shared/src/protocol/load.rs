@@ -45,12 +45,34 @@ pub async fn load_under_lock(
     config: &Config,
     activity_id: i64,
 ) -> Result<(PreheatOutcome, Activity), LoadError> {
+    load_locked(redis, pool, config, activity_id, false).await
+}
+
+/// [`load_under_lock`] from scratch even when Redis holds the sale: every bucket unloaded and
+/// loaded again, as after a loss. For a draw sale whose Redis draw is not the recorded one:
+/// the load puts the recorded outcome back.
+pub async fn reload_under_lock(
+    redis: &Redis,
+    pool: &PgPool,
+    config: &Config,
+    activity_id: i64,
+) -> Result<(PreheatOutcome, Activity), LoadError> {
+    load_locked(redis, pool, config, activity_id, true).await
+}
+
+async fn load_locked(
+    redis: &Redis,
+    pool: &PgPool,
+    config: &Config,
+    activity_id: i64,
+    from_scratch: bool,
+) -> Result<(PreheatOutcome, Activity), LoadError> {
     let wait = LOCK_WAIT.min(config.lock_wait);
     let guard = lock::acquire(redis, pool, activity_id, config.lock_ttl, wait).await?;
     let loaded = async {
         // Under the lock nobody else loads: whether Redis holds the sale cannot change.
         let count = activity::bucket_count(pool, activity_id).await?;
-        let fresh = !all_loaded(redis, activity_id, count).await?;
+        let fresh = from_scratch || !all_loaded(redis, activity_id, count).await?;
         if fresh && !unload_all(redis, activity_id, count, &guard.owner).await? {
             let row = activity::get(pool, activity_id).await?;
             return Ok((
@@ -165,7 +187,8 @@ pub async fn load_fenced(
     Ok(outcome)
 }
 
-/// How long one load gives a draw sale's pool rebuild; what is left goes on at the next run.
+/// How long one load gives a draw sale's pool rebuild; what is left reconcile's next run
+/// finishes (before it runs the draw).
 const REBUILD_BUDGET: Duration = Duration::from_secs(10);
 
 /// The rebuild of a draw sale's pool from the database ([`draw::rebuild`]), within

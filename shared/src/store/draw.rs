@@ -166,15 +166,16 @@ pub struct Taken {
 
 /// `lua/outbox_take.lua` for the drainer `token`: leases the outbox for `lease` and takes up to
 /// `want` winners, restamping each reservation to the Redis clock's now (answered with them).
-/// Nothing is taken while the draw's outcome is not marked recorded; `recorded` (the caller
-/// committed it to the database) marks it first, in a draw that is done.
+/// Nothing is taken while the draw's outcome is not marked recorded; `recorded` (the load
+/// epoch of the draw the caller committed to the database) marks it first, in a draw that is
+/// done under that same epoch.
 pub async fn take(
     redis: &Redis,
     activity_id: i64,
     token: &str,
     lease: std::time::Duration,
     want: usize,
-    recorded: bool,
+    recorded: Option<i64>,
 ) -> Result<Take, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::OUTBOX_TAKE.prepare_invoke();
@@ -184,7 +185,7 @@ pub async fn take(
         .arg(token)
         .arg(lease.as_millis() as u64)
         .arg(want)
-        .arg(u8::from(recorded));
+        .arg(recorded.map(|e| e.to_string()).unwrap_or_default());
     let (code, now_ms, flat): (i64, i64, Vec<String>) = redis.script(&inv).await?;
     Ok(match TakeCode::read(code)? {
         TakeCode::Busy => Take::Busy,
@@ -201,17 +202,18 @@ pub async fn take(
 /// every winner the draw made). `None`: the sale is not loaded or its draw is not done.
 pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult>, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
-    let (drawn, cutoff): (Option<String>, Option<String>) = redis
+    let (drawn, cutoff, epoch): (Option<String>, Option<String>, Option<i64>) = redis
         .cmd(
             redis::cmd("HMGET")
                 .arg(&k.meta)
                 .arg("drawn")
-                .arg("drawCutoff"),
+                .arg("drawCutoff")
+                .arg("epoch"),
         )
         .await?;
-    if drawn.as_deref() != Some("1") {
+    let (Some("1"), Some(epoch)) = (drawn.as_deref(), epoch) else {
         return Ok(None);
-    }
+    };
     let mut winners = Vec::new();
     let mut cursor = 0u64;
     // The outbox holds at most one entry per unit of stock: the walk is bounded by the sale.
@@ -238,6 +240,7 @@ pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult
         cursor = next;
     }
     Ok(Some(DrawResult {
+        epoch,
         cutoff: cutoff.unwrap_or_default(),
         winners,
     }))
@@ -246,6 +249,8 @@ pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult
 /// What a draw decided, as [`result`] reads it from Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrawResult {
+    /// The load epoch the draw ran under: a load from scratch since means another draw.
+    pub epoch: i64,
     /// The last ticket the draw looked at (empty: it looked at none).
     pub cutoff: String,
     pub winners: Vec<Entry>,
