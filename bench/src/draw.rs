@@ -5,7 +5,11 @@
 //! (`COPY`, before the draw): the whole-pool draw the steps replaced
 //! (`bench/scripts/draw_whole_pool.lua`). Each script's server time is read from the slow log
 //! (its threshold set to 0 for the draw only, then put back); memory is `MEMORY USAGE` of the
-//! pool and the tickets after the entries.
+//! pool and the tickets after the entries. Then the same pool lost with the sale's keys and
+//! put back from the database (`rebuild`): N entries kept in `draw_entries` as the consumer
+//! keeps them, the sale loaded from scratch (the load's share of the rebuild) and the rest
+//! rebuilt as reconcile goes on, in chunks of `protocol::draw::REBUILD_CHUNK`, each one
+//! database read and one `lua/pool_restore.lua` call, with the PING loop beside it.
 
 use crate::util;
 use redis::aio::MultiplexedConnection;
@@ -13,6 +17,7 @@ use seckill_shared::domain::activity;
 use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
 use seckill_shared::infra::config::Config;
+use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::draw::{self, Drawn};
@@ -210,6 +215,38 @@ async fn one_size(
     })
     .await?;
     rows.push(row(n, "steps", measured, &entered, bytes_per_entrant));
+
+    let kept = Instant::now();
+    sqlx::query(
+        "insert into draw_entries (activity_id, user_id, request_id, quantity)
+         select $1, 'entrant-' || lpad(i::text, 7, '0'), gen_random_uuid(), 1
+         from generate_series(0, $2 - 1) as i",
+    )
+    .bind(sale.id)
+    .bind(n as i64)
+    .execute(pool)
+    .await?;
+    eprintln!(
+        "  {n} entries kept in {:.1} s",
+        kept.elapsed().as_secs_f64()
+    );
+    testing::lose_sale(redis, sale.id).await?;
+    let sha = seckill_shared::store::scripts::POOL_RESTORE
+        .get_hash()
+        .to_string();
+    let measured = measure(client, admin, &sha, || async {
+        load::load_under_lock(redis, pool, config, sale.id).await?;
+        loop {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            if drawing::rebuild(redis, pool, sale.id, deadline).await?.done {
+                break;
+            }
+        }
+        let put_back: i64 = redis.cmd(redis::cmd("HLEN").arg(&k.pool)).await?;
+        anyhow::Ok((n / drawing::REBUILD_CHUNK + 1, put_back - 1))
+    })
+    .await?;
+    rows.push(row(n, "rebuild", measured, &entered, bytes_per_entrant));
     Ok(rows)
 }
 

@@ -28,6 +28,7 @@ fn coded() -> Vec<(&'static str, &'static [(&'static str, i64)])> {
         (draw::DrawCode::SCRIPT, draw::DrawCode::ALL),
         (draw::TakeCode::SCRIPT, draw::TakeCode::ALL),
         (draw::LeaveCode::SCRIPT, draw::LeaveCode::ALL),
+        (draw::RestoreCode::SCRIPT, draw::RestoreCode::ALL),
         (lock::AcquireCode::SCRIPT, lock::AcquireCode::ALL),
         (lock::RenewCode::SCRIPT, lock::RenewCode::ALL),
         (lock::ReleaseCode::SCRIPT, lock::ReleaseCode::ALL),

@@ -625,8 +625,8 @@ async fn every_redis_user_is_refused_what_its_function_does_not_run() -> anyhow:
     let data_commands: [(&str, &[&str]); 14] = [
         ("del", &[]),
         ("set", &["1"]),
-        ("hset", &["f", "1"]),
-        ("hdel", &["f"]),
+        ("zrange", &["0", "-1"]),
+        ("zscore", &["u"]),
         ("hsetnx", &["f", "1"]),
         ("hlen", &[]),
         ("pttl", &[]),

@@ -6,7 +6,11 @@ use std::fmt::Write;
 pub fn table(s: &mut String, rows: &[DrawRow]) {
     s.push_str(
         "The draw at real size (a draw sale, one unit per entrant; entrants entered through lua/purchase.lua; \
-         a PING about every ms on its own connection while the draw runs; script time from the slow log)\n\n",
+         a PING about every ms on its own connection while the draw runs; script time from the slow log). \
+         `rebuild`: the same pool lost with the sale's keys and put back from the database's kept entries \
+         (the load from scratch, then the rest of the rebuild as reconcile goes on; its script calls are \
+         the chunks of lua/pool_restore.lua, its winners the entries put back, its time the load's and the \
+         rebuild's)\n\n",
     );
     s.push_str("| entrants | draw | units | script calls | winners | longest script µs | whole draw ms | PING max ms (PINGs) | entries/s | pool + tickets B/entrant |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {

@@ -1,5 +1,5 @@
-//! Step 0 for a draw sale: the draw nobody has run since its window closed, and the
-//! outbox's sends ([`seckill_shared::protocol::draw`]), before the snapshot, so that the
+//! Step 0 for a draw sale: the rebuild of its pool a load left unfinished, the draw nobody
+//! has run since its window closed, and the outbox's sends ([`seckill_shared::protocol::draw`]), before the snapshot, so that the
 //! ledger it reads shows every sent reservation restamped.
 
 use crate::{ActivityReport, Reconcile};
@@ -16,6 +16,13 @@ impl Reconcile {
         a: &Activity,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
+        // A rebuild a load did not finish (out of its time, or an error) goes on from its
+        // cursor first: the draw waits for it.
+        let deadline = std::time::Instant::now() + draw::RECONCILE_BUDGET;
+        let rebuilt = draw::rebuild(&self.redis, &self.pool, a.id, deadline)
+            .await
+            .context("failed to rebuild the draw's pool")?;
+        r.pool_rebuilt = rebuilt.winners as usize + rebuilt.entries as usize;
         let queue = self.queue().await;
         let run = draw::run(&self.redis, &self.pool, queue, a.id, Trigger::Reconcile)
             .await
@@ -34,7 +41,6 @@ impl Reconcile {
             );
             r.draw_reloaded = true;
         }
-        r.pool_rebuilt = run.rebuilt.winners as usize + run.rebuilt.entries as usize;
         r.pool_left = run.left;
         r.drawn = matches!(run.drawn, Drawn::Now { .. });
         let entrants = match run.drawn {

@@ -51,8 +51,6 @@ pub struct DrawRun {
     pub left: usize,
     /// Winners' order messages the queue confirmed.
     pub sent: usize,
-    /// What reconcile's run put back of a pool whose rebuild an earlier load did not finish.
-    pub rebuilt: Rebuilt,
     /// Redis holds a draw whose winners are not the recorded outcome's: nothing was sent, and
     /// the sale must be loaded from scratch (which puts the recorded outcome back).
     pub diverged: bool,
@@ -68,15 +66,6 @@ pub async fn run(
     activity_id: i64,
     trigger: Trigger,
 ) -> Result<DrawRun, DrawError> {
-    // A rebuild a load did not finish (out of its time, or an error) goes on from its cursor:
-    // the draw waits for it.
-    let rebuilt = match trigger {
-        Trigger::Reconcile => {
-            let deadline = std::time::Instant::now() + RECONCILE_BUDGET;
-            rebuild(redis, db, activity_id, deadline).await?
-        }
-        Trigger::Purchase | Trigger::StatusRead => Rebuilt::default(),
-    };
     let left = match trigger {
         Trigger::StatusRead => 0,
         Trigger::Purchase => match leave_unanswered(redis, db, activity_id).await {
@@ -118,7 +107,6 @@ pub async fn run(
         drawn,
         left,
         sent: 0,
-        rebuilt,
         diverged: false,
     };
     // A crash between the draw and the sends: the outbox keeps the winners.
@@ -198,8 +186,8 @@ pub struct Drained {
 /// How long a request (a purchase told `draw_due`, a status read) runs the draw's steps before
 /// it answers; the rest runs in the background.
 const REQUEST_BUDGET: Duration = Duration::from_millis(250);
-/// How long one reconcile run gives one sale's draw.
-const RECONCILE_BUDGET: Duration = Duration::from_secs(10);
+/// How long one reconcile run gives one sale's draw, and one sale's rebuild of its pool.
+pub const RECONCILE_BUDGET: Duration = Duration::from_secs(10);
 
 /// Winners taken from the outbox per round.
 pub const TAKE: usize = 100;
