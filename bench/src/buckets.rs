@@ -181,6 +181,8 @@ async fn measure_all(
 /// What one row's attempts need.
 struct Ctx {
     redis: Redis,
+    /// One container's hints, as the entry keeps them: the bench's tasks are its requests.
+    hints: purchase::Hints,
     activity_id: i64,
     count: u32,
     users: Arc<Vec<String>>,
@@ -204,6 +206,7 @@ async fn measure(
     // The clock starts with the crowd (`run_tasks` starts its own a moment later).
     let ctx = Arc::new(Ctx {
         redis: redis.clone(),
+        hints: purchase::Hints::new(),
         activity_id: sale.id,
         count,
         users: users.clone(),
@@ -324,7 +327,7 @@ async fn attempt(c: &Ctx, i: usize) -> Outcome {
         quantity: 1,
         buckets: c.count,
     };
-    match purchase::enter(&c.redis, &mut buy, far_deadline()).await {
+    match purchase::enter(&c.redis, &c.hints, &mut buy, far_deadline()).await {
         Ok(Decided::Reserved(_)) => {
             let at = c.started.elapsed().as_micros() as u64;
             c.last_sale_us.fetch_max(at, Ordering::Relaxed);

@@ -50,6 +50,26 @@ async fn attempt(
     quantity: i64,
     known: u32,
 ) -> anyhow::Result<Result<OrderMessage, Refusal>> {
+    attempt_with(
+        env,
+        &protocol::purchase::Hints::none(),
+        a,
+        user,
+        quantity,
+        known,
+    )
+    .await
+}
+
+/// [`attempt`] with a container's hints.
+async fn attempt_with(
+    env: &TestEnv,
+    hints: &protocol::purchase::Hints,
+    a: &Activity,
+    user: &str,
+    quantity: i64,
+    known: u32,
+) -> anyhow::Result<Result<OrderMessage, Refusal>> {
     let mut buy = Attempt {
         request_id: Uuid::now_v7(),
         activity_id: a.id,
@@ -59,7 +79,7 @@ async fn attempt(
     };
     let deadline = store::purchase::far_deadline();
     Ok(
-        match protocol::purchase::enter(&env.redis, &mut buy, deadline).await? {
+        match protocol::purchase::enter(&env.redis, hints, &mut buy, deadline).await? {
             Decided::Reserved(r) => Ok(OrderMessage {
                 attempt: Attempt {
                     buckets: r.buckets,
@@ -782,6 +802,124 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
     assert_eq!(public["remainingStock"], 0, "{public}");
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+/// A sold-out sale of three buckets, then 300 refusals by one container (its hints): each
+/// costs about one script call, the home bucket's purchase. The first short buyers ask the
+/// donors and one sale-wide check finds every bucket empty; the buyers after them are told
+/// `sold_out` on that check for its quarter second, and the donors a borrow found empty are
+/// skipped for a second. Without hints every refusal asks both donors: three calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_of_a_sold_out_bucketed_sale_costs_about_one_script_call() -> anyhow::Result<()> {
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    for i in 0..3 {
+        let user = &users_at_home(a.id, 3, i, 1, "first")[0];
+        assert!(attempt(&env, &a, user, 1, 3).await?.is_ok());
+    }
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+
+    let hints = protocol::purchase::Hints::new();
+    let home = pause::count("purchase.home", a.id);
+    let borrows = pause::count("purchase.borrow", a.id);
+    let users: Vec<String> = (0..300).map(|i| format!("late-{i}")).collect();
+    let refused: Vec<Refusal> = futures::stream::iter(&users)
+        .map(|u| {
+            let (env, a, hints) = (&env, &a, &hints);
+            async move {
+                attempt_with(env, hints, a, u, 1, 3)
+                    .await
+                    .unwrap()
+                    .unwrap_err()
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(refused.iter().all(|r| matches!(r, Refusal::SoldOut { .. })));
+    let calls = f64::from(home.hits() + borrows.hits()) / users.len() as f64;
+    assert!(
+        calls <= 1.2,
+        "{calls:.2} script calls per refusal ({} home, {} borrows)",
+        home.hits(),
+        borrows.hits()
+    );
+    assert_conserved(&env, &a).await;
+    Ok(())
+}
+
+/// A short buyer asks both donors, finds nothing, and pauses before its sale-wide check; a
+/// reservation in a donor is given back meanwhile. The check finds the unit and the buyer
+/// borrows it: no `sold_out` while a unit is in stock somewhere (asking the donors one after
+/// another alone told this buyer `sold_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_given_back_to_a_donor_already_asked_is_found_by_the_sale_wide_check(
+) -> anyhow::Result<()> {
+    let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
+    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let user = &users_at_home(a.id, 3, i, 1, "first")[0];
+        held.push(attempt(&env, &a, user, 1, 3).await?.unwrap());
+    }
+    let buyer = users_at_home(a.id, 3, 0, 1, "short")[0].clone();
+    let paused = pause::arm("purchase.before_check", a.id);
+    let short = {
+        let (env, a) = (env.clone(), a.clone());
+        tokio::spawn(async move { attempt(&env, &a, &buyer, 1, 3).await.unwrap() })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    // The buyer at home in bucket 1 gives her unit back (a 503's give-back, say).
+    let m = &held[1];
+    let units = store::ledger::compensate(
+        &env.redis,
+        m.home(),
+        &m.attempt.user_id,
+        m.attempt.request_id,
+        store::ledger::Compensation::Full,
+    )
+    .await?;
+    assert_eq!(units, Some(1));
+    paused.resume();
+    let bought = short.await?;
+    assert!(bought.is_ok(), "the unit given back was found: {bought:?}");
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    Ok(())
+}
+
+/// A crowd through the entry's router on the cluster, 128 at a time: 1,500 buyers trying
+/// twice for 300 units in three buckets. No 503, every unit sold, the stock left 0 in every
+/// bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crowd_over_http_buys_every_unit_of_a_bucketed_sale_without_a_503() -> anyhow::Result<()>
+{
+    use axum::http::StatusCode;
+    let env = TestEnv::new(CLUSTER).await?;
+    let a = env.open_sale_in_buckets(300, 1, 3).await?;
+    let app = common::entry_router(&env);
+    let requests: Vec<String> = (0..2)
+        .flat_map(|_| (0..1500).map(|i| format!("crowd-{i}")))
+        .collect();
+    let answers: Vec<(StatusCode, serde_json::Value)> = futures::stream::iter(&requests)
+        .map(|user| {
+            let (app, a) = (&app, &a);
+            async move { common::buy(app, a, user, None).await }
+        })
+        .buffer_unordered(128)
+        .collect()
+        .await;
+    let count = |s: StatusCode| answers.iter().filter(|(status, _)| *status == s).count();
+    let unavailable: Vec<&serde_json::Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|(_, b)| b)
+        .take(3)
+        .collect();
+    assert_eq!(count(StatusCode::SERVICE_UNAVAILABLE), 0, "{unavailable:?}");
+    assert_eq!(count(StatusCode::ACCEPTED), 300);
+    assert_eq!(count(StatusCode::CONFLICT), requests.len() - 300);
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     Ok(())
 }
 

@@ -43,9 +43,14 @@ async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
         quantity: 1,
         buckets: 1,
     };
-    purchase::enter(&env.redis, &mut buy, store::purchase::far_deadline())
-        .await
-        .expect("redis answers")
+    purchase::enter(
+        &env.redis,
+        &purchase::Hints::none(),
+        &mut buy,
+        store::purchase::far_deadline(),
+    )
+    .await
+    .expect("redis answers")
 }
 
 /// Conservation at a quiet moment: Redis stock + pending + confirmed = total.
@@ -1127,7 +1132,13 @@ async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Res
         quantity: 1,
         buckets: 1,
     };
-    purchase::enter(&env.redis, &mut attempt, store::purchase::far_deadline()).await?;
+    purchase::enter(
+        &env.redis,
+        &purchase::Hints::none(),
+        &mut attempt,
+        store::purchase::far_deadline(),
+    )
+    .await?;
     let ticket = tickets(&env, a.id).await["alice"];
     assert!(draw::leave(&env.redis, a.id, "alice", first).await?);
     assert!(draw::pool_entry(&env.redis, a.id, "alice").await?.is_none());

@@ -19,6 +19,7 @@ use seckill_shared::http::extract::with_fallbacks;
 use seckill_shared::http::origin;
 use seckill_shared::infra::payments::Provider;
 use seckill_shared::infra::sqs::{self, OrderQueue};
+use seckill_shared::protocol::purchase::Hints;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;
@@ -57,6 +58,9 @@ struct Inner {
     redis: Redis,
     queue: OrderQueue,
     sold_out: guards::SoldOutCache,
+    /// Donors of bucketed sales seen empty a moment ago, and sales a sale-wide check found
+    /// sold out (off with the sold-out memory, `SOLD_OUT_CACHE_MS=0`).
+    bucket_hints: Hints,
     bucket_counts: guards::BucketCounts,
     unloaded: guards::UnloadedCache,
     known_max: guards::KnownMax,
@@ -81,6 +85,11 @@ impl EntryState {
         Self {
             inner: Arc::new(Inner {
                 sold_out: guards::SoldOutCache::new(config.sold_out_cache_ttl),
+                bucket_hints: if config.sold_out_cache_ttl.is_zero() {
+                    Hints::none()
+                } else {
+                    Hints::new()
+                },
                 bucket_counts: guards::BucketCounts::default(),
                 unloaded: guards::UnloadedCache::default(),
                 known_max: guards::KnownMax::default(),

@@ -336,7 +336,7 @@ async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, Un
     let sent_ms = chrono::Utc::now().timestamp_millis();
     let deadline = s.skew.deadline(sent_ms, s.config.redis_timeout);
     let known = attempt.buckets;
-    let decided = purchase::enter(&s.redis, attempt, deadline).await;
+    let decided = purchase::enter(&s.redis, &s.bucket_hints, attempt, deadline).await;
     // Ran, or may have run: this container's status reads of the pair ask the database again.
     if !matches!(decided, Ok(Outcome::Refused(_))) {
         s.no_order

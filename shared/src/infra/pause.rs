@@ -24,7 +24,7 @@
 use std::fmt::Display;
 
 #[cfg(feature = "failpoints")]
-pub use armed::{arm, arm_after, arm_failure, Paused};
+pub use armed::{arm, arm_after, arm_failure, count, Paused};
 
 /// A named step of the protocol. Pauses here while a test holds this point armed for `scope`.
 #[inline(always)]
@@ -59,6 +59,8 @@ mod armed {
         Pause { skip: AtomicU32 },
         /// Fail the next `times` hits.
         Fail { times: AtomicU32 },
+        /// Stop nothing: count every hit.
+        Count,
     }
 
     struct Point {
@@ -78,8 +80,10 @@ mod armed {
 
     pub(super) async fn hit(name: &'static str, scope: &str) {
         let Some(p) = lookup(name, scope) else { return };
-        let Action::Pause { skip } = &p.action else {
-            return;
+        let skip = match &p.action {
+            Action::Pause { skip } => skip,
+            Action::Count => return p.reached.send_modify(|n| *n += 1),
+            Action::Fail { .. } => return,
         };
         // The first hit past the skipped ones stops; every later hit passes.
         let mut stop = false;
@@ -144,6 +148,12 @@ mod armed {
     pub fn arm_failure(name: &'static str, scope: impl std::fmt::Display, times: u32) -> Paused {
         let times = AtomicU32::new(times);
         register(name, scope.to_string(), Action::Fail { times })
+    }
+
+    /// Counts the hits of `name` for `scope` ([`Paused::hits`]) and stops none: how many times
+    /// an actor took a step.
+    pub fn count(name: &'static str, scope: impl std::fmt::Display) -> Paused {
+        register(name, scope.to_string(), Action::Count)
     }
 
     /// A test's hold on an armed point. Dropping it disarms the point and lets a stopped

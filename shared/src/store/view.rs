@@ -12,6 +12,16 @@ pub async fn stock(redis: &Redis, at: impl Into<Bucket>) -> Result<Option<i64>, 
         .await
 }
 
+/// A bucket's stock and stock sequence (`seq`, bumped by every script that moves the stock), in
+/// one read; a bucket not loaded reads (0, 0).
+pub async fn stock_and_seq(redis: &Redis, at: Bucket) -> Result<(i64, i64), StoreError> {
+    let k = redis.bucket_keys(at);
+    let (stock, seq): (Option<i64>, Option<i64>) = redis
+        .cmd(redis::cmd("HMGET").arg(&k.meta).arg("stock").arg("seq"))
+        .await?;
+    Ok((stock.unwrap_or(0), seq.unwrap_or(0)))
+}
+
 /// What the public view shows of a loaded sale, as its meta holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleView {
