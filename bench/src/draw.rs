@@ -8,8 +8,8 @@
 //! pool and the tickets after the entries. Then the same pool lost with the sale's keys and
 //! put back from the database (`rebuild`): N entries kept in `draw_entries` as the consumer
 //! keeps them, the sale loaded from scratch (the load's share of the rebuild) and the rest
-//! rebuilt as reconcile goes on, in chunks of `protocol::draw::REBUILD_CHUNK`, each one
-//! database read and one `lua/pool_restore.lua` call, with the PING loop beside it.
+//! rebuilt as reconcile goes on: database reads of `protocol::draw::REBUILD_CHUNK` entries,
+//! `lua/pool_restore.lua` calls of `RESTORE_CALL`, with the PING loop beside it.
 
 use crate::util;
 use redis::aio::MultiplexedConnection;
@@ -243,7 +243,7 @@ async fn one_size(
             }
         }
         let put_back: i64 = redis.cmd(redis::cmd("HLEN").arg(&k.pool)).await?;
-        anyhow::Ok((n / drawing::REBUILD_CHUNK + 1, put_back - 1))
+        anyhow::Ok((n.div_ceil(drawing::RESTORE_CALL), put_back - 1))
     })
     .await?;
     rows.push(row(n, "rebuild", measured, &entered, bytes_per_entrant));

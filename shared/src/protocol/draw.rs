@@ -319,9 +319,12 @@ pub async fn record(
     Ok(Some(result.epoch))
 }
 
-/// Entries a chunk of the rebuild puts back (each costs two SHA-1s of its ticket and three
-/// writes: a chunk stays well within a millisecond of server time).
-pub const REBUILD_CHUNK: usize = 200;
+/// Entries one database read of the rebuild takes.
+pub const REBUILD_CHUNK: usize = 1000;
+/// Entries one `lua/pool_restore.lua` call puts back: each costs two SHA-1s of its ticket and
+/// up to five writes, about 20-30 µs of server time, so a call stays within about 1.5 ms
+/// (`make bench`'s draw section, `rebuild` rows).
+pub const RESTORE_CALL: usize = 50;
 
 /// What one [`rebuild`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -335,8 +338,9 @@ pub struct Rebuilt {
 }
 
 /// After a load from scratch of a draw sale (the meta's cursor `restoreAt`, set by
-/// `lua/preheat.lua`): puts back what the database keeps of its pool, in chunks of
-/// [`REBUILD_CHUNK`] from the cursor, under the epoch of that load: first the recorded
+/// `lua/preheat.lua`): puts back what the database keeps of its pool, in reads of
+/// [`REBUILD_CHUNK`] from the cursor and script calls of [`RESTORE_CALL`] (each moves the
+/// cursor), under the epoch of that load: first the recorded
 /// winners without an order (their units were left out of the loaded stock), then every live
 /// entry; the last chunk drops the cursor and, with a recorded outcome, marks the draw done.
 /// The draw waits for it. Stops at `deadline` (the next run goes on from the cursor); a sale
@@ -355,7 +359,7 @@ pub async fn rebuild(
     let cutoff = kept::outcome(db, activity_id).await?;
     if at == 0 && cutoff.is_some() {
         let winners = kept::winners_without_order(db, activity_id).await?;
-        for chunk in winners.chunks(REBUILD_CHUNK) {
+        for chunk in winners.chunks(RESTORE_CALL) {
             let put = draw::restore(
                 redis,
                 activity_id,
@@ -375,26 +379,35 @@ pub async fn rebuild(
         }
         let rows = kept::entries_after(db, activity_id, at, REBUILD_CHUNK as i64).await?;
         let last = rows.len() < REBUILD_CHUNK;
-        let entries: Vec<_> = rows.iter().map(|r| r.entry.clone()).collect();
-        at = rows.last().map_or(at, |r| r.id);
-        let cursor = if last {
-            RestoreCursor::Done {
-                cutoff: cutoff.as_deref(),
-            }
+        // No row left: one call with none, to mark the rebuild whole.
+        let parts: Vec<&[kept::EntryRow]> = if rows.is_empty() {
+            vec![&[]]
         } else {
-            RestoreCursor::At(at)
+            rows.chunks(RESTORE_CALL).collect()
         };
-        let put = draw::restore(
-            redis,
-            activity_id,
-            Some(epoch),
-            Restore::Entries,
-            cursor,
-            &entries,
-        )
-        .await?;
-        let Some(put) = put else { return Ok(report) };
-        report.entries += put;
+        let calls = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
+            at = part.last().map_or(at, |r| r.id);
+            let cursor = if last && i + 1 == calls {
+                RestoreCursor::Done {
+                    cutoff: cutoff.as_deref(),
+                }
+            } else {
+                RestoreCursor::At(at)
+            };
+            let entries: Vec<_> = part.iter().map(|r| r.entry.clone()).collect();
+            let put = draw::restore(
+                redis,
+                activity_id,
+                Some(epoch),
+                Restore::Entries,
+                cursor,
+                &entries,
+            )
+            .await?;
+            let Some(put) = put else { return Ok(report) };
+            report.entries += put;
+        }
         if last {
             report.done = true;
             return Ok(report);
