@@ -14,11 +14,14 @@ pub struct Entry {
     pub quantity: i64,
 }
 
-/// A sale's entry as the load's rebuild reads it: with its row id, the rebuild's cursor.
+/// A sale's entry as the load's rebuild reads it: with its row id, the rebuild's cursor, and
+/// whether it goes back into the pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryRow {
     pub id: i64,
     pub entry: Entry,
+    /// A live entry: see [`entries_after`].
+    pub live: bool,
 }
 
 /// Writes the entries of sale `activity_id` (once per request id; one whose request was
@@ -57,36 +60,57 @@ pub async fn insert_entries(
     .await
 }
 
-/// Up to `limit` live entries of sale `activity_id` after row `after`, in row order. An entry
-/// whose request has an order row (a claim after a 503, or a winner's order) is not one, nor
-/// is one whose user holds a live order in the sale or has a newer live entry (she entered
-/// again, after a 503 or while Redis had lost the sale): one entry per user goes back.
+/// The next `limit` entries of sale `activity_id` after row `after`, in row order, each with
+/// whether it is **live**. An entry whose request has an order row (a claim after a 503, or a
+/// winner's order) is not, nor is one whose user holds a live order in the sale or has a newer
+/// live entry (she entered again, after a 503 or while Redis had lost the sale): one entry per
+/// user goes back. The page is taken by the index first and each of its rows checked on its
+/// own (index lookups), so a read costs the page, whatever the sale's size. The planner may
+/// only use indexes here: with the statistics of a table that just grew by a million rows (not
+/// analyzed yet) it would otherwise read every entry after the cursor for each page, a
+/// bitmap or sequential scan and a sort, making the rebuild quadratic in the pool's size.
 pub async fn entries_after(
-    db: impl PgExecutor<'_>,
+    db: &PgPool,
     activity_id: i64,
     after: i64,
     limit: i64,
 ) -> Result<Vec<EntryRow>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    sqlx::query("set local enable_seqscan = off")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("set local enable_bitmapscan = off")
+        .execute(&mut *tx)
+        .await?;
     let rows = sqlx::query!(
-        "select d.id, d.user_id, d.request_id, d.quantity from draw_entries d
-         where d.activity_id = $1 and d.id > $2
-           and not exists (select 1 from orders o where o.request_id = d.request_id)
-           and not exists (
-             select 1 from orders o
-             where o.activity_id = d.activity_id and o.user_id = d.user_id
-               and o.status in ('confirmed', 'paid'))
-           and not exists (
-             select 1 from draw_entries n
-             where n.activity_id = d.activity_id and n.user_id = d.user_id and n.id > d.id
-               and not exists (select 1 from orders o where o.request_id = n.request_id))
-         order by d.id
-         limit $3",
+        r#"with page as materialized (
+             select d.id, d.activity_id, d.user_id, d.request_id, d.quantity from draw_entries d
+             where d.activity_id = $1 and d.id > $2
+             order by d.id
+             limit $3
+           )
+           select p.id as "id!", p.user_id as "user_id!", p.request_id as "request_id!",
+                  p.quantity as "quantity!",
+                  (not exists (select 1 from orders o where o.request_id = p.request_id)
+                   and not exists (
+                     select 1 from orders o
+                     where o.activity_id = p.activity_id and o.user_id = p.user_id
+                       and o.status in ('confirmed', 'paid'))
+                   and not exists (
+                     select 1 from draw_entries n
+                     where n.activity_id = p.activity_id and n.user_id = p.user_id
+                       and n.id > p.id
+                       and not exists (select 1 from orders o where o.request_id = n.request_id))
+                  ) as "live!"
+           from page p
+           order by p.id"#,
         activity_id,
         after,
         limit
     )
-    .fetch_all(db)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(rows
         .into_iter()
         .map(|r| EntryRow {
@@ -96,6 +120,7 @@ pub async fn entries_after(
                 user_id: r.user_id,
                 quantity: r.quantity,
             },
+            live: r.live,
         })
         .collect())
 }

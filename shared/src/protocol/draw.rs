@@ -395,7 +395,11 @@ pub async fn rebuild(
             } else {
                 RestoreCursor::At(at)
             };
-            let entries: Vec<_> = part.iter().map(|r| r.entry.clone()).collect();
+            let entries: Vec<_> = part
+                .iter()
+                .filter(|r| r.live)
+                .map(|r| r.entry.clone())
+                .collect();
             let put = draw::restore(
                 redis,
                 activity_id,
