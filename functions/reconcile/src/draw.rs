@@ -1,6 +1,7 @@
-//! Step 0 for a draw sale: the rebuild of its pool a load left unfinished, the draw nobody
-//! has run since its window closed, and the outbox's sends ([`seckill_shared::protocol::draw`]), before the snapshot, so that the
-//! ledger it reads shows every sent reservation restamped.
+//! A draw sale's part of a reconcile run, before the snapshot: the rebuild of its pool a load
+//! left unfinished, the draw nobody has run since its window closed, and the outbox's sends
+//! ([`seckill_shared::protocol::draw`]), so that the ledger the snapshot reads shows every
+//! sent reservation restamped.
 
 use crate::{ActivityReport, Reconcile};
 use anyhow::Context as _;
@@ -10,7 +11,8 @@ use seckill_shared::protocol::load;
 use seckill_shared::store::draw::Drawn;
 
 impl Reconcile {
-    /// Step 0: the draw nobody has run since the window closed, and the outbox's sends.
+    /// The rebuild a load left, the draw nobody has run since the window closed, the outbox's
+    /// sends; a sale whose Redis draw is not the recorded one is loaded from scratch.
     pub(crate) async fn draw_and_send(
         &self,
         a: &Activity,
