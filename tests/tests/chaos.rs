@@ -1959,6 +1959,16 @@ impl Chaos {
     ) -> HashSet<Uuid> {
         let mut accepted = HashSet::new();
         let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());
+        // The users one of whose queued entries the draw decided (an order, or passed over).
+        let decided: HashSet<&str> = attempts
+            .iter()
+            .filter(|a| a.status == 202 && a.queued)
+            .filter(|a| {
+                a.request_id
+                    .is_some_and(|id| rows.contains_key(&id) || pool.contains_key(&id))
+            })
+            .map(|a| a.user.as_str())
+            .collect();
         for a in attempts.iter().filter(|a| a.status == 202) {
             let Some(request_id) = a.request_id else {
                 wrong.push(format!("a 202 to {} without a requestId", a.user));
@@ -1966,9 +1976,13 @@ impl Chaos {
             };
             accepted.insert(request_id);
             let Some(row) = rows.get(&request_id) else {
-                // A queued entry the draw passed over holds nothing: it reads `not_drawn`.
+                // A queued entry the draw passed over holds nothing: it reads `not_drawn`. One
+                // Redis forgot before it was put back, whose user then entered again (and was
+                // queued: nothing of hers was in the pool), is stood for by her newer entry,
+                // with the same ticket: the draw decided that one.
                 let passed_over = pool.get(&request_id).is_some_and(|e| !e.won);
-                if !(a.queued && passed_over) {
+                let superseded = decided.contains(a.user.as_str());
+                if !(a.queued && (passed_over || superseded)) {
                     unresolved.push(request_id);
                 }
                 continue;

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol::draw as drawing;
@@ -311,6 +312,50 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
         .map(|o| o.user_id)
         .collect();
     assert_eq!(ordered, first);
+    Ok(())
+}
+
+/// The draw is recorded, and Redis loses the sale before any winner is sent. An admin lower
+/// while the sale is not loaded may not take the units the record holds: the database's
+/// remaining stock still counts them, but they are the winners'. A lower within what is left is
+/// applied; the sale loaded again sells the winners their units, and its stock is never below
+/// zero.
+async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = entry_router(&env);
+    let (a, users) = closed_window(&env, &app, 3, 8).await?;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    assert!(drawing::record(&env.redis, &env.pool, a.id)
+        .await?
+        .is_some());
+    let first = winners_in_pool(&env, &a).await;
+    assert_eq!(first.len(), 3);
+    // One unit more than the winners took: a lower may take that one.
+    let admin = admin::AdminState::new(seckill_shared::Context::new(
+        env.config.clone(),
+        env.pool.clone(),
+        env.redis.clone(),
+    ));
+    let total = |n| ActivityPatch {
+        total_stock: Some(n),
+        ..ActivityPatch::default()
+    };
+    admin::update_activity(&admin, a.id, &total(4)).await?;
+    lose_sale(&env.redis, a.id).await?;
+
+    let refused = admin::update_activity(&admin, a.id, &total(2)).await;
+    assert!(refused.is_err(), "the winners' units are not for sale");
+    admin::update_activity(&admin, a.id, &total(3)).await?;
+
+    load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
+    let a = seckill_shared::domain::activity::get(&env.pool, a.id)
+        .await?
+        .unwrap();
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, first);
     Ok(())
 }
 
@@ -640,4 +685,5 @@ on_both_redis!(
     a_record_of_a_draw_lost_meanwhile_writes_nothing,
     reconcile_finishes_a_rebuild_a_load_left,
     a_user_who_entered_again_during_a_rebuild_goes_back_once,
+    a_lower_while_the_sale_is_lost_leaves_the_winners_their_units,
 );

@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::Json;
 use chrono::Utc;
 use seckill_shared::domain::activity::{self, Activity};
+use seckill_shared::domain::draw;
 use seckill_shared::domain::order;
 use seckill_shared::domain::settings::{ActivityPatch, Admission, Settings};
 use seckill_shared::http::auth::Admin;
@@ -216,10 +217,12 @@ struct Update {
 }
 
 impl Update {
-    fn new(before: Activity, patch: &ActivityPatch) -> Result<Self, ApiError> {
+    /// `held`: units of a draw's recorded winners without an order yet, which the remaining
+    /// stock still counts but nobody else may be sold.
+    fn new(before: Activity, held: i64, patch: &ActivityPatch) -> Result<Self, ApiError> {
         let after = patch.merged(&before.settings())?;
         let delta = after.total_stock - before.total_stock;
-        if before.remaining_stock + delta < 0 {
+        if before.remaining_stock - held + delta < 0 {
             return Err(below_sold(after.total_stock));
         }
         let version = before.config_version + 1;
@@ -265,7 +268,9 @@ pub async fn update_with_guard(
     let current = activity::get(&mut *tx, id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
-    let change = Update::new(current, patch)?;
+    // Read under the row's lock: no winner's order commits its stock update meanwhile.
+    let held = draw::held_units(&mut *tx, id).await?;
+    let change = Update::new(current, held, patch)?;
     admission_unchanged_once_started(&change)?;
     price_unchanged_once_started(&change)?;
     if change.after.buckets != change.before.bucket_count() {

@@ -184,6 +184,20 @@ pub async fn stock_to_load(
     .await
 }
 
+/// The units of sale `activity_id`'s recorded winners whose order is not written yet: held by
+/// the draw's record, so neither a load's stock nor an admin's lower may count them as
+/// unsold.
+pub async fn held_units(db: impl PgExecutor<'_>, activity_id: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select coalesce(sum(w.quantity), 0)::bigint as "held!" from draw_winners w
+           where w.activity_id = $1
+             and not exists (select 1 from orders o where o.request_id = w.request_id)"#,
+        activity_id
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// What [`record`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recorded {
