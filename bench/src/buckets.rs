@@ -182,7 +182,7 @@ async fn measure_all(
 struct Ctx {
     redis: Redis,
     /// One container's hints, as the entry keeps them: the bench's tasks are its requests.
-    hints: purchase::Hints,
+    hints: seckill_shared::protocol::buckets::Hints,
     activity_id: i64,
     count: u32,
     users: Arc<Vec<String>>,
@@ -206,7 +206,7 @@ async fn measure(
     // The clock starts with the crowd (`run_tasks` starts its own a moment later).
     let ctx = Arc::new(Ctx {
         redis: redis.clone(),
-        hints: purchase::Hints::new(),
+        hints: seckill_shared::protocol::buckets::Hints::new(),
         activity_id: sale.id,
         count,
         users: users.clone(),

@@ -652,7 +652,14 @@ pub async fn purchase(
         quantity,
         buckets: 1,
     };
-    match purchase::enter(redis, &purchase::Hints::none(), &mut attempt, deadline_ms).await? {
+    match purchase::enter(
+        redis,
+        &crate::protocol::buckets::Hints::none(),
+        &mut attempt,
+        deadline_ms,
+    )
+    .await?
+    {
         purchase::Outcome::Reserved(r) => Ok(Ok(r)),
         purchase::Outcome::Refused(refusal) => Ok(Err(refusal)),
         purchase::Outcome::Queued { .. } => Err(unknown_answer(

@@ -10,16 +10,17 @@ use admin::AdminState;
 use chrono::Utc;
 use common::{after_grace, consumer, reconcile};
 use futures::StreamExt;
-use order_consumer::Outcome;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
+use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::purchase::Outcome as Decided;
 use seckill_shared::store;
 use seckill_shared::store::buckets;
@@ -52,7 +53,7 @@ async fn attempt(
 ) -> anyhow::Result<Result<OrderMessage, Refusal>> {
     attempt_with(
         env,
-        &protocol::purchase::Hints::none(),
+        &protocol::buckets::Hints::none(),
         a,
         user,
         quantity,
@@ -64,7 +65,7 @@ async fn attempt(
 /// [`attempt`] with a container's hints.
 async fn attempt_with(
     env: &TestEnv,
-    hints: &protocol::purchase::Hints,
+    hints: &protocol::buckets::Hints,
     a: &Activity,
     user: &str,
     quantity: i64,
@@ -131,16 +132,16 @@ async fn crowd(
 /// The consumer commits every message, 16 at a time.
 async fn commit_all(env: &TestEnv, messages: &[OrderMessage]) {
     let consumer = consumer(env);
-    let outcomes: Vec<Outcome> = futures::stream::iter(messages)
+    let outcomes: Vec<Decision> = futures::stream::iter(messages)
         .map(|m| {
             let consumer = &consumer;
-            async move { consumer.handle_message(m).await.expect("consumed").outcome }
+            async move { consumer.handle_message(m).await.expect("consumed").decision }
         })
         .buffer_unordered(16)
         .collect()
         .await;
     assert!(
-        outcomes.iter().all(|o| *o == Outcome::Committed),
+        outcomes.iter().all(|o| *o == Decision::Committed),
         "{outcomes:?}"
     );
 }
@@ -457,7 +458,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     let unpaid = order::latest_for_user(&env.pool, a.id, &user)
         .await?
         .unwrap();
-    assert_eq!(unpaid.status, "cancelled");
+    assert_eq!(unpaid.status, OrderStatus::Cancelled);
     assert!(!in_users(&env, &a, &user).await);
     assert_conserved(&env, &a).await;
     Ok(())
@@ -746,8 +747,8 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
     assert_eq!(stocks(&env, &a).await, vec![4, 2, 4]);
     assert_conserved(&env, &a).await;
     // Finished twice (the buyer's background retry and reconcile, say): credited once.
-    protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
-    protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
+    protocol::buckets::finish_by_id(&env.redis, donor, home, id).await?;
+    protocol::buckets::finish_by_id(&env.redis, donor, home, id).await?;
     assert_eq!(stocks(&env, &a).await, vec![6, 2, 4]);
     assert_conserved(&env, &a).await;
     Ok(())
@@ -820,7 +821,7 @@ async fn a_refusal_of_a_sold_out_bucketed_sale_costs_about_one_script_call() -> 
     }
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
 
-    let hints = protocol::purchase::Hints::new();
+    let hints = protocol::buckets::Hints::new();
     let home = pause::count("purchase.home", a.id);
     let borrows = pause::count("purchase.borrow", a.id);
     let users: Vec<String> = (0..300).map(|i| format!("late-{i}")).collect();

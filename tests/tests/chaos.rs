@@ -1464,7 +1464,7 @@ impl Chaos {
         let (total, remaining, sold): (i64, i64, i64) = sqlx::query_as(
             "select a.total_stock, a.remaining_stock,
                     (select coalesce(sum(o.quantity), 0)::bigint from orders o
-                     where o.activity_id = a.id and o.status in ('confirmed', 'paid'))
+                     where o.activity_id = a.id and order_is_live(o.status))
              from activities a where a.id = $1",
         )
         .bind(id)
@@ -1805,8 +1805,8 @@ impl Chaos {
                     id: o.id,
                     user_id: o.user_id,
                     quantity: o.quantity,
-                    status: o.status,
-                    reason: o.failure_reason,
+                    status: o.status.to_string(),
+                    reason: o.failure_reason.map(|r| r.to_string()),
                 };
                 (o.request_id, row)
             })

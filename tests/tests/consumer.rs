@@ -10,13 +10,14 @@ mod common;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::StreamExt;
-use order_consumer::{Consumer, Outcome, Processed};
+use order_consumer::Consumer;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::on_both_redis;
+use seckill_shared::protocol::consume::{Decided, Decision};
 use seckill_shared::protocol::giveback;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
@@ -70,9 +71,9 @@ fn failed_ids(resp: &SqsBatchResponse) -> HashSet<String> {
         .collect()
 }
 
-fn no_compensation(outcome: Outcome) -> Processed {
-    Processed {
-        outcome,
+fn no_compensation(decision: Decision) -> Decided {
+    Decided {
+        decision,
         compensated: false,
     }
 }
@@ -83,8 +84,8 @@ struct Row {
     request_id: Uuid,
     user_id: String,
     quantity: i64,
-    status: String,
-    reason: Option<String>,
+    status: OrderStatus,
+    reason: Option<FailureReason>,
 }
 
 async fn rows(env: &TestEnv, activity_id: i64) -> Vec<Row> {
@@ -102,7 +103,7 @@ async fn rows(env: &TestEnv, activity_id: i64) -> Vec<Row> {
         .collect()
 }
 
-fn count_status(rows: &[Row], status: &str) -> usize {
+fn count_status(rows: &[Row], status: OrderStatus) -> usize {
     rows.iter().filter(|r| r.status == status).count()
 }
 
@@ -211,7 +212,7 @@ async fn batch_of_reservations_becomes_confirmed_orders(kind: RedisKind) -> anyh
 
     assert!(resp.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
-    assert_eq!(count_status(&rows, "confirmed"), 10);
+    assert_eq!(count_status(&rows, OrderStatus::Confirmed), 10);
     let units: i64 = messages.iter().map(|m| m.attempt.quantity).sum();
     assert_eq!(rows.iter().map(|r| r.quantity).sum::<i64>(), units);
     for m in &messages {
@@ -255,7 +256,10 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty(
     .await;
 
     assert_eq!(acked, 5);
-    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 5);
+    assert_eq!(
+        count_status(&rows(&env, a.id).await, OrderStatus::Confirmed),
+        5
+    );
     assert_eq!(db_remaining(&env, a.id).await, 5);
     let snap = snapshot(&env, a.id).await;
     assert!(snap.ledger.is_empty());
@@ -282,12 +286,12 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation(
     let second = c.handle_message(&m).await?;
     let third = c.handle_batch(event_of(std::slice::from_ref(&m))).await;
 
-    assert_eq!(first, no_compensation(Outcome::Committed));
-    assert_eq!(second, no_compensation(Outcome::Duplicate));
+    assert_eq!(first, no_compensation(Decision::Committed));
+    assert_eq!(second, no_compensation(Decision::Duplicate));
     assert!(third.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].status, "confirmed");
+    assert_eq!(rows[0].status, OrderStatus::Confirmed);
     assert_eq!(db_remaining(&env, a.id).await, 9);
     assert_eq!(snapshot(&env, a.id).await, after_first);
     assert_eq!(after_first.stock, Some(9));
@@ -317,7 +321,7 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation(
     }
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
-    assert_eq!(count_status(&rows, "confirmed"), 2);
+    assert_eq!(count_status(&rows, OrderStatus::Confirmed), 2);
     assert_eq!(db_remaining(&env, a.id).await, 8);
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(8), "no unit handed back");
@@ -384,7 +388,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
     assert!(second.await?.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!(rows[0].status, "confirmed");
+    assert_eq!(rows[0].status, OrderStatus::Confirmed);
     assert_eq!(db_remaining(&env, a.id).await, 9);
     let after = snapshot(&env, a.id).await;
     assert_eq!(after.stock, before.stock, "no compensation");
@@ -415,7 +419,10 @@ async fn a_batch_out_of_time_starts_nothing_and_its_redelivery_commits_it() -> a
     assert_eq!(snapshot(&env, a.id).await.pending_count(), 3);
     let resp = c.handle_batch(event_of(&messages)).await;
     assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
-    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 3);
+    assert_eq!(
+        count_status(&rows(&env, a.id).await, OrderStatus::Confirmed),
+        3
+    );
     assert_eq!(db_remaining(&env, a.id).await, 7);
     Ok(())
 }
@@ -462,7 +469,7 @@ async fn a_batch_stuck_at_its_stop_answers_in_time_and_its_redelivery_commits_it
             "batch_writes={batch_writes}: {resp:?}"
         );
         let rows = rows(&env, a.id).await;
-        assert_eq!(count_status(&rows, "confirmed"), 3, "{rows:?}");
+        assert_eq!(count_status(&rows, OrderStatus::Confirmed), 3, "{rows:?}");
         assert_eq!(rows.len(), 3, "{rows:?}");
         assert_eq!(db_remaining(&env, a.id).await, 7);
         let after = snapshot(&env, a.id).await;
@@ -507,7 +514,7 @@ async fn poison_message_is_reported_alone_and_the_others_commit(
     assert_eq!(failed_ids(&resp), expected);
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 3);
-    assert_eq!(count_status(&rows, "confirmed"), 3);
+    assert_eq!(count_status(&rows, OrderStatus::Confirmed), 3);
     assert!(snapshot(&env, a.id).await.ledger.is_empty());
     Ok(())
 }
@@ -559,7 +566,10 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
     assert_eq!(acked, 2);
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].body(), Some("{\"poison\": true"));
-    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
+    assert_eq!(
+        count_status(&rows(&env, a.id).await, OrderStatus::Confirmed),
+        2
+    );
     assert!(queue_is_empty(&env.sqs, &url).await);
     Ok(())
 }
@@ -601,7 +611,10 @@ async fn unreachable_database_reports_every_message_and_loses_nothing(
     let resp = consumer(&env).handle_batch(batch).await;
 
     assert!(resp.batch_item_failures.is_empty());
-    assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
+    assert_eq!(
+        count_status(&rows(&env, a.id).await, OrderStatus::Confirmed),
+        2
+    );
     assert_eq!(db_remaining(&env, a.id).await, 8);
     let after = snapshot(&env, a.id).await;
     assert_eq!(after.stock, before.stock);
@@ -632,16 +645,19 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
 
     assert!(resp.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
-    assert_eq!(count_status(&rows, "confirmed"), 1);
-    let failed: Vec<&Row> = rows.iter().filter(|r| r.status == "failed").collect();
+    assert_eq!(count_status(&rows, OrderStatus::Confirmed), 1);
+    let failed: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.status == OrderStatus::Failed)
+        .collect();
     assert_eq!(failed.len(), 2);
     assert!(failed
         .iter()
-        .all(|r| r.reason.as_deref() == Some(reason::SOLD_OUT)));
+        .all(|r| r.reason == Some(FailureReason::SoldOut)));
     assert_eq!(db_remaining(&env, a.id).await, 0);
     let winner = &rows
         .iter()
-        .find(|r| r.status == "confirmed")
+        .find(|r| r.status == OrderStatus::Confirmed)
         .unwrap()
         .user_id;
     let snap = snapshot(&env, a.id).await;
@@ -665,7 +681,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
     for m in &messages {
         assert_eq!(
             c.handle_message(m).await?,
-            no_compensation(Outcome::Duplicate)
+            no_compensation(Decision::Duplicate)
         );
     }
     Ok(())
@@ -683,7 +699,10 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     let a = open_sale(&env, 10, 1).await;
     let c = consumer(&env);
     let first = reserve(&env, a.id, "alice", 1).await;
-    assert_eq!(c.handle_message(&first).await?.outcome, Outcome::Committed);
+    assert_eq!(
+        c.handle_message(&first).await?.decision,
+        Decision::Committed
+    );
     let existing = rows(&env, a.id).await;
     // Redis lost its users field (failover without persistence): alice can reserve again.
     let k = env.redis.keys(a.id);
@@ -703,8 +722,8 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0], existing[0], "the existing order is untouched");
     assert_eq!(rows[1].request_id, second.attempt.request_id);
-    assert_eq!(rows[1].status, "failed");
-    assert_eq!(rows[1].reason.as_deref(), Some(reason::ALREADY_PURCHASED));
+    assert_eq!(rows[1].status, OrderStatus::Failed);
+    assert_eq!(rows[1].reason, Some(FailureReason::AlreadyPurchased));
     assert_eq!(db_remaining(&env, a.id).await, 9);
     let snap = snapshot(&env, a.id).await;
     assert_eq!(snap.stock, Some(9), "the second unit is back");
@@ -715,7 +734,7 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     assert!(snap.ledger.is_empty());
     assert_eq!(
         c.handle_message(&second).await?,
-        no_compensation(Outcome::Duplicate)
+        no_compensation(Decision::Duplicate)
     );
     assert_eq!(snapshot(&env, a.id).await, snap);
     Ok(())
@@ -733,7 +752,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
         &env.pool,
         &env.redis,
         &m.attempt,
-        reason::RESERVATION_EXPIRED,
+        FailureReason::ReservationExpired,
     )
     .await?;
     assert!(
@@ -750,13 +769,13 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     assert!(resp.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].status, "failed");
-    assert_eq!(rows[0].reason.as_deref(), Some(reason::RESERVATION_EXPIRED));
+    assert_eq!(rows[0].status, OrderStatus::Failed);
+    assert_eq!(rows[0].reason, Some(FailureReason::ReservationExpired));
     assert_eq!(db_remaining(&env, a.id).await, 10);
     assert_eq!(snapshot(&env, a.id).await, before);
     assert_eq!(
         consumer(&env).handle_message(&m).await?,
-        no_compensation(Outcome::Duplicate)
+        no_compensation(Decision::Duplicate)
     );
     Ok(())
 }
@@ -851,7 +870,7 @@ on_both_redis!(crowd_of_500_attempts_sells_exactly_the_stock);
 /// (user, quantity, status, reason), DB remaining stock, Redis stock, participants, ledger size.
 #[derive(Debug, PartialEq, Eq)]
 struct Final {
-    rows: Vec<(String, i64, String, Option<String>)>,
+    rows: Vec<(String, i64, OrderStatus, Option<FailureReason>)>,
     db_remaining: i64,
     redis_stock: Option<i64>,
     participants: i64,
@@ -895,7 +914,7 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
         &env.pool,
         &env.redis,
         &gone.attempt,
-        reason::RESERVATION_EXPIRED,
+        FailureReason::ReservationExpired,
     )
     .await
     .unwrap();
@@ -937,7 +956,7 @@ async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() ->
         100 - fast
             .rows
             .iter()
-            .filter(|r| r.2 == "confirmed")
+            .filter(|r| r.2 == OrderStatus::Confirmed)
             .map(|r| r.1)
             .sum::<i64>()
     );
@@ -969,11 +988,7 @@ async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() 
 
     // Which four users win is a race in both paths: compare everything but the names.
     let strip = |f: &Final| {
-        let mut rows: Vec<_> = f
-            .rows
-            .iter()
-            .map(|r| (r.1, r.2.clone(), r.3.clone()))
-            .collect();
+        let mut rows: Vec<_> = f.rows.iter().map(|r| (r.1, r.2, r.3)).collect();
         rows.sort();
         (
             rows,
@@ -1049,8 +1064,8 @@ async fn batch_path_falls_back_on_a_one_per_user_conflict() -> anyhow::Result<()
     assert!(fast.rows.contains(&(
         "p0".into(),
         1,
-        "failed".into(),
-        Some(reason::ALREADY_PURCHASED.into())
+        OrderStatus::Failed,
+        Some(FailureReason::AlreadyPurchased)
     )));
     assert_eq!(fast.db_remaining, 5);
     assert_eq!(fast.redis_stock, Some(5));

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::domain::settings::{NewActivity, DEFAULT_RATE_PER_SEC};
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol::purchase::{self, Outcome};
@@ -45,7 +46,7 @@ async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
     };
     purchase::enter(
         &env.redis,
-        &purchase::Hints::none(),
+        &seckill_shared::protocol::buckets::Hints::none(),
         &mut buy,
         store::purchase::far_deadline(),
     )
@@ -59,7 +60,7 @@ async fn conserved(env: &TestEnv, a: &Activity) {
     let confirmed: i64 = order_rows(env, a.id)
         .await
         .iter()
-        .filter(|o| o.status == "confirmed")
+        .filter(|o| o.status == OrderStatus::Confirmed)
         .map(|o| o.quantity)
         .sum();
     assert_eq!(
@@ -333,7 +334,10 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
     assert_eq!(consume_queue(&env).await?, 5);
     let confirmed = order_rows(&env, a.id).await;
     assert_eq!(
-        confirmed.iter().filter(|o| o.status == "confirmed").count(),
+        confirmed
+            .iter()
+            .filter(|o| o.status == OrderStatus::Confirmed)
+            .count(),
         5
     );
     conserved(&env, &a).await;
@@ -385,7 +389,9 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
     assert_eq!(consume_queue(&env).await?, 4);
     let rows = order_rows(&env, a.id).await;
     assert_eq!(
-        rows.iter().filter(|o| o.status == "confirmed").count(),
+        rows.iter()
+            .filter(|o| o.status == OrderStatus::Confirmed)
+            .count(),
         4,
         "{rows:?}"
     );
@@ -621,7 +627,7 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
 
     // Bob's purchase ran, and only the claim of its 503 got through.
     let bob = common::reserve_in_pool(&env, a.id, "bob").await;
-    seckill_shared::protocol::giveback::claim(&env.pool, &bob, "unavailable").await?;
+    seckill_shared::protocol::giveback::claim(&env.pool, &bob, FailureReason::Unavailable).await?;
     close_draw_window(&env, a.id).await;
     let report = reconcile(&env).run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
@@ -673,7 +679,8 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
     let mut claims = Vec::new();
     for user in ["u1", "u2", "u3", "u4"] {
         let entry = common::reserve_in_pool(&env, a.id, user).await;
-        seckill_shared::protocol::giveback::claim(&env.pool, &entry, "unavailable").await?;
+        seckill_shared::protocol::giveback::claim(&env.pool, &entry, FailureReason::Unavailable)
+            .await?;
         let id: i64 = sqlx::query_scalar("select id from orders where request_id = $1")
             .bind(entry.request_id)
             .fetch_one(&env.pool)
@@ -921,7 +928,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
     let rows = order_rows(&env, a.id).await;
     assert!(
         rows.iter()
-            .all(|o| o.user_id != "alice" || o.status == "failed"),
+            .all(|o| o.user_id != "alice" || o.status == OrderStatus::Failed),
         "{rows:?}"
     );
     conserved(&env, &a).await;
@@ -1134,7 +1141,7 @@ async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Res
     };
     purchase::enter(
         &env.redis,
-        &purchase::Hints::none(),
+        &seckill_shared::protocol::buckets::Hints::none(),
         &mut attempt,
         store::purchase::far_deadline(),
     )

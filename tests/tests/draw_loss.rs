@@ -12,6 +12,7 @@ use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol::draw as drawing;
@@ -95,7 +96,7 @@ async fn every_entrant_ends_drawn_or_not(
     assert_eq!(winners.len() as i64, a.total_stock, "{ends:?}");
     let rows = order_rows(env, a.id).await;
     assert!(
-        rows.iter().all(|o| o.status == "confirmed"),
+        rows.iter().all(|o| o.status == OrderStatus::Confirmed),
         "no order failed: {rows:?}"
     );
     let ordered: BTreeSet<String> = rows.iter().map(|o| o.user_id.clone()).collect();
@@ -308,7 +309,7 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
     let ordered: BTreeSet<String> = order_rows(&env, a.id)
         .await
         .into_iter()
-        .filter(|o| o.status == "confirmed")
+        .filter(|o| o.status == OrderStatus::Confirmed)
         .map(|o| o.user_id)
         .collect();
     assert_eq!(ordered, first);
@@ -505,11 +506,8 @@ async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Res
     let claimed = order_rows(&env, a.id).await;
     assert_eq!(claimed.len(), 1);
     assert_eq!(
-        (
-            claimed[0].status.as_str(),
-            claimed[0].failure_reason.as_deref()
-        ),
-        ("failed", Some("unavailable"))
+        (claimed[0].status, claimed[0].failure_reason),
+        (OrderStatus::Failed, Some(FailureReason::Unavailable))
     );
 
     // The message the failed send stored after all.

@@ -12,7 +12,7 @@ mod common;
 use axum::http::StatusCode;
 use axum::Router;
 use chrono::{Duration as ChronoDuration, Utc};
-use order_consumer::{Consumer, Outcome};
+use order_consumer::Consumer;
 use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::{router, EntryState};
@@ -23,10 +23,12 @@ use seckill_shared::domain::order::Order;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::{CancelError, CancelOutcome};
+use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::lock;
 use seckill_shared::store::keys::SENTINEL;
 use seckill_shared::store::ledger;
@@ -155,7 +157,7 @@ impl World {
         let message = self.pending(user, qty).await?;
         let request_id = message.attempt.request_id;
         let done = self.consumer().handle_message(&message).await?;
-        anyhow::ensure!(done.outcome == Outcome::Committed, "{done:?}");
+        anyhow::ensure!(done.decision == Decision::Committed, "{done:?}");
         self.order_of(request_id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no order for {request_id}"))
@@ -484,7 +486,7 @@ async fn a_send_that_times_out_after_storing_sells_nothing(kind: RedisKind) -> a
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     let row = w.order_of(message.attempt.request_id).await?;
     assert!(
-        row.as_ref().is_none_or(|o| o.status == "failed"),
+        row.as_ref().is_none_or(|o| o.status == OrderStatus::Failed),
         "the caller was told nothing was sold, yet {row:?}"
     );
     w.assert_conserved().await
@@ -511,7 +513,9 @@ async fn a_send_that_times_out_after_the_consumer_committed_answers_202(
     let (status, body) = within("the entry", entry).await??;
 
     let row = w.order_of(message.attempt.request_id).await?;
-    let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
+    let sold = row
+        .as_ref()
+        .is_some_and(|o| o.status == OrderStatus::Confirmed);
     let answered = if sold {
         StatusCode::ACCEPTED
     } else {
@@ -544,7 +548,10 @@ async fn reconcile_giving_back_a_late_reservation_beats_the_late_consumer(
     let row = w.order_of(message.attempt.request_id).await?;
     let given_back = report.activity(w.id()).map_or(0, |r| r.compensated);
     assert!(
-        (given_back == 1) != row.as_ref().is_some_and(|o| o.status == "confirmed"),
+        (given_back == 1)
+            != row
+                .as_ref()
+                .is_some_and(|o| o.status == OrderStatus::Confirmed),
         "reconcile gave back {given_back} and the consumer made {processed:?} / {row:?}"
     );
     w.assert_conserved().await
@@ -585,7 +592,7 @@ async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
     joined("delivery 1", first).await?;
 
     let row = w.order_of(message.attempt.request_id).await?;
-    assert_eq!(row.map(|o| o.status), Some("failed".to_string()));
+    assert_eq!(row.map(|o| o.status), Some(OrderStatus::Failed));
     assert_eq!(
         view::stock(&w.env.redis, w.id()).await?,
         Some(10),
@@ -1048,7 +1055,7 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
     within("the entry's send", entry_paused.reached()).await?;
     let message = w.messages().await?.pop().expect("the stored message");
     let done = w.consumer().handle_message(&message).await?;
-    assert_eq!(done.outcome, Outcome::Committed);
+    assert_eq!(done.decision, Decision::Committed);
 
     // Redis stops answering for a moment, just as the entry applies the row it found.
     private.signal("-STOP");
@@ -1058,7 +1065,9 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
     let (status, body) = answer??;
 
     let row = w.order_of(message.attempt.request_id).await?;
-    let sold = row.as_ref().is_some_and(|o| o.status == "confirmed");
+    let sold = row
+        .as_ref()
+        .is_some_and(|o| o.status == OrderStatus::Confirmed);
     assert!(sold, "the consumer committed: {row:?}");
     assert_ne!(
         status,
@@ -1135,7 +1144,7 @@ async fn a_reservation_lost_with_redis_is_not_committed_after_the_reload(
     let processed = joined("the consumer", late).await?;
 
     let mut broken = Vec::new();
-    if processed.outcome == Outcome::Committed {
+    if processed.decision == Decision::Committed {
         broken.push("the consumer committed a reservation Redis no longer held".into());
     }
     broken.extend(w.violations().await?);
@@ -1331,7 +1340,7 @@ async fn an_orphan_check_never_lets_a_user_buy_twice(kind: RedisKind) -> anyhow:
     let (status, body) = w.buy("alice", 1).await;
     assert_eq!(body["error"], "already_purchased", "alice: {status} {body}");
     let done = w.consumer().handle_message(&again).await?;
-    assert_eq!(done.outcome, Outcome::Committed, "{done:?}");
+    assert_eq!(done.decision, Decision::Committed, "{done:?}");
     w.confirmed("ghost", 1).await?;
     let (status, body) = w.buy("ghost", 1).await;
     assert_eq!(body["error"], "already_purchased", "ghost: {status} {body}");
@@ -1455,7 +1464,11 @@ async fn restore_race(kind: RedisKind, point: &'static str, rival: Rival) -> any
         Rival::Purchase => {
             let again = w.pending("alice", 1).await?;
             let done = w.consumer().handle_message(&again).await?;
-            assert_eq!(done.outcome, Outcome::AlreadyPurchased, "{done:?}");
+            assert_eq!(
+                done.decision,
+                Decision::Failed(FailureReason::AlreadyPurchased),
+                "{done:?}"
+            );
         }
         Rival::Reload => {
             w.unload().await?;

@@ -11,6 +11,7 @@ use reconcile::StockCheck;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
@@ -594,7 +595,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
         (1, 9, 0, 0)
     );
     let bob = order::get(&env.pool, bob_order).await?.unwrap();
-    assert_eq!(bob.status, "confirmed");
+    assert_eq!(bob.status, OrderStatus::Confirmed);
     Ok(())
 }
 
@@ -622,9 +623,12 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     assert_eq!(report.activity(a.id).unwrap().released_unpaid, 1);
     assert_eq!(
         order::get(&env.pool, order_id).await?.unwrap().status,
-        "cancelled"
+        OrderStatus::Cancelled
     );
-    assert_eq!(order::get(&env.pool, paid).await?.unwrap().status, "paid");
+    assert_eq!(
+        order::get(&env.pool, paid).await?.unwrap().status,
+        OrderStatus::Paid
+    );
     assert_eq!(db_remaining(&env, a.id).await, 9);
     assert_eq!(redis_stock(&env, a.id).await, Some(9));
     assert!(!is_participant(&env, a.id, "alice").await);
@@ -666,7 +670,7 @@ async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_or
         async move { order::get(&pool, id).await.map(|o| o.unwrap().status) }
     };
     let mut runs = 0;
-    while status(bobs).await? == "confirmed" && runs < 4 {
+    while status(bobs).await? == OrderStatus::Confirmed && runs < 4 {
         let mut report = reconcile::ReconcileReport::default();
         job.release_unpaid(past_timeout, &mut report).await;
         assert!(report.errors.is_empty(), "{report:?}");
@@ -675,13 +679,17 @@ async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_or
 
     assert_eq!(
         status(bobs).await?,
-        "cancelled",
+        OrderStatus::Cancelled,
         "sale B's unpaid order is still confirmed after {runs} runs"
     );
     assert_eq!(db_remaining(&env, b.id).await, 10);
     assert_eq!(redis_stock(&env, b.id).await, Some(10));
     for id in stuck {
-        assert_eq!(status(id).await?, "confirmed", "sale A is not loaded");
+        assert_eq!(
+            status(id).await?,
+            OrderStatus::Confirmed,
+            "sale A is not loaded"
+        );
     }
     assert_eq!(db_remaining(&env, a.id).await, 6);
     Ok(())

@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::on_both_redis;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
@@ -115,7 +115,7 @@ impl World {
         db_remaining(&self.env, self.sale.id).await
     }
 
-    async fn status(&self, order_id: i64) -> String {
+    async fn status(&self, order_id: i64) -> OrderStatus {
         order::get(&self.env.pool, order_id)
             .await
             .unwrap()
@@ -138,7 +138,11 @@ async fn owner_pays_once_and_paying_again_is_idempotent(kind: RedisKind) -> anyh
         (status, body["error"].as_str()),
         (StatusCode::NOT_FOUND, Some("not_found"))
     );
-    assert_eq!(w.status(id).await, "confirmed", "others cannot pay it");
+    assert_eq!(
+        w.status(id).await,
+        OrderStatus::Confirmed,
+        "others cannot pay it"
+    );
 
     // Starting the payment pays nothing: only the provider's event does.
     let (status, started) = w.start_pay(id, "alice").await;
@@ -154,7 +158,7 @@ async fn owner_pays_once_and_paying_again_is_idempotent(kind: RedisKind) -> anyh
     );
     assert_eq!(
         w.status(id).await,
-        "confirmed",
+        OrderStatus::Confirmed,
         "a buyer's say-so pays nothing"
     );
 
@@ -193,7 +197,7 @@ async fn a_paid_order_cannot_be_cancelled(kind: RedisKind) -> anyhow::Result<()>
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("conflict"))
     );
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     assert_eq!((w.db_stock().await, w.redis().await.stock), (8, Some(8)));
     assert!(
         w.redis().await.ledger.is_empty(),
@@ -219,7 +223,7 @@ async fn cancel_gives_stock_back_to_db_and_redis_exactly_once(
     assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
     assert_eq!(snap.participants, 0, "quota freed");
     assert!(snap.ledger.is_empty());
-    assert_eq!(w.status(id).await, "cancelled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
 
     let (status, again) = w.cancel(id, "alice").await;
     assert_eq!(status, StatusCode::OK, "a double cancel is a no-op");
@@ -261,7 +265,7 @@ async fn pay_after_cancel_is_refused(kind: RedisKind) -> anyhow::Result<()> {
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("conflict"))
     );
-    assert_eq!(w.status(id).await, "cancelled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
     Ok(())
 }
 on_both_redis!(pay_after_cancel_is_refused);
@@ -278,7 +282,7 @@ async fn someone_elses_order_is_not_found_and_stays_untouched(
         (status, body["error"].as_str()),
         (StatusCode::NOT_FOUND, Some("not_found"))
     );
-    assert_eq!(w.status(id).await, "confirmed");
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
     assert_eq!((w.db_stock().await, w.redis().await.stock), (8, Some(8)));
     let (status, _) = w.cancel(987_654_321, "alice").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -486,7 +490,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
         load_epoch: None,
         kind: MessageKind::Order,
     };
-    assert!(order::insert_failed(&w.env.pool, &refused.attempt, reason::SOLD_OUT).await?);
+    assert!(order::insert_failed(&w.env.pool, &refused.attempt, FailureReason::SoldOut).await?);
     let me = w.me("bob").await;
     assert_eq!(
         (me["status"].as_str(), me["reason"].as_str()),
@@ -504,7 +508,7 @@ fn latest_for_user_statement() -> anyhow::Result<String> {
         let data: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
         let query = data["query"].as_str().unwrap_or_default();
         if query.contains("from orders where activity_id = $1 and user_id = $2")
-            && query.contains("order by (status in ('confirmed', 'paid')) desc")
+            && query.contains("order by order_is_live(status) desc")
         {
             return Ok(query.to_string());
         }
@@ -573,7 +577,7 @@ async fn a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing(
     assert_eq!(outcome, CancelOutcome::Busy);
     assert_eq!(
         w.status(id).await,
-        "confirmed",
+        OrderStatus::Confirmed,
         "the order's update was rolled back"
     );
     assert_eq!(
@@ -599,7 +603,7 @@ async fn a_cancel_of_an_order_whose_field_redis_lost_completes(
 
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["releasedQuantity"], 2);
-    assert_eq!(w.status(id).await, "cancelled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
     let snap = w.redis().await;
     assert_eq!((w.db_stock().await, snap.stock), (10, Some(10)));
     assert!(snap.ledger.is_empty(), "{:?}", snap.ledger);

@@ -13,6 +13,7 @@ use common::{consume, db_remaining, entry_router, redis_stock, reserve, snapshot
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::payment;
+use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::secret::ExposeSecret;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
@@ -66,7 +67,7 @@ impl World {
         call(&self.app, req).await
     }
 
-    async fn status(&self, order_id: i64) -> String {
+    async fn status(&self, order_id: i64) -> OrderStatus {
         order::get(&self.env.pool, order_id)
             .await
             .unwrap()
@@ -111,7 +112,11 @@ async fn a_payment_is_started_for_the_price_times_the_quantity_and_pays_nothing(
         started["completeUrl"].as_str(),
         Some(format!("/payments/local/{payment_id}/complete").as_str())
     );
-    assert_eq!(w.status(id).await, "confirmed", "starting pays nothing");
+    assert_eq!(
+        w.status(id).await,
+        OrderStatus::Confirmed,
+        "starting pays nothing"
+    );
     let (status, body) = w.start_pay(id, "mallory").await;
     assert_eq!(
         (status, body["error"].as_str()),
@@ -159,7 +164,7 @@ async fn a_missing_wrong_or_stale_signature_is_refused_and_changes_nothing() -> 
             "{what}: {answer}"
         );
     }
-    assert_eq!(w.status(id).await, "confirmed");
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
     assert_eq!(w.events().await, 0);
 
     let (status, answer) = w.deliver(post(Some(&header), &body)).await;
@@ -168,7 +173,7 @@ async fn a_missing_wrong_or_stale_signature_is_refused_and_changes_nothing() -> 
         (StatusCode::OK, Some("paid")),
         "{answer}"
     );
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     Ok(())
 }
 
@@ -209,7 +214,7 @@ async fn a_wrong_amount_or_an_unknown_payment_is_refused_and_changes_nothing() -
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
 
-    assert_eq!(w.status(id).await, "confirmed");
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
     assert_eq!(w.events().await, 0, "no refused event is recorded");
     Ok(())
 }
@@ -241,7 +246,7 @@ async fn each_event_is_decided_once_however_often_and_concurrently_it_arrives() 
         .count();
     assert_eq!(decided, 1, "{answers:?}");
     assert_eq!(w.events().await, 1);
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     Ok(())
 }
 
@@ -265,7 +270,7 @@ async fn a_payment_after_a_cancel_or_the_timeout_is_owed_back_and_brings_no_unit
         (StatusCode::OK, Some("refund_due")),
         "{answer}"
     );
-    assert_eq!(w.status(cancelled).await, "cancelled");
+    assert_eq!(w.status(cancelled).await, OrderStatus::Cancelled);
     assert_eq!(w.stocks().await, stocks, "no unit moves");
 
     // Past the payment timeout the order is being released: its payment is owed back too,
@@ -290,7 +295,7 @@ async fn a_payment_after_a_cancel_or_the_timeout_is_owed_back_and_brings_no_unit
     );
     assert_eq!(
         w.status(expired).await,
-        "confirmed",
+        OrderStatus::Confirmed,
         "the release takes it back, not the event"
     );
     let (status, _) = w.start_pay(expired, "bob").await;
@@ -332,10 +337,10 @@ async fn a_payment_landing_inside_a_cancel_wins_and_the_cancel_gives_nothing_bac
     let outcome = canceller.await??;
 
     assert!(
-        matches!(outcome, CancelOutcome::NotCancellable(ref s) if s == "paid"),
+        matches!(outcome, CancelOutcome::NotCancellable(OrderStatus::Paid)),
         "{outcome:?}"
     );
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     assert_eq!(w.stocks().await, stocks, "no unit came back");
     let snap = snapshot(&w.env, w.sale.id).await;
     assert!(
@@ -378,7 +383,7 @@ async fn a_cancel_racing_a_locked_payment_waits_and_gives_nothing_back() -> anyh
         matches!(outcome, CancelOutcome::NotCancellable(_)),
         "{outcome:?}"
     );
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     assert_eq!(w.stocks().await, stocks);
     assert!(snapshot(&w.env, w.sale.id).await.ledger.is_empty());
     Ok(())
@@ -604,7 +609,7 @@ async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(
         (w.status(id).await, w.events().await),
-        ("confirmed".into(), 0)
+        (OrderStatus::Confirmed, 0)
     );
     let (status, answer) = w
         .deliver(w.event("evt_outage", &started, amount(&started)))
@@ -617,6 +622,6 @@ async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::
         ),
         (StatusCode::OK, Some("paid"), Some(false))
     );
-    assert_eq!(w.status(id).await, "paid");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
     Ok(())
 }

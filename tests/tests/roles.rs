@@ -20,9 +20,9 @@ use common::{after_grace, consume, db_remaining, reserve, set_db_stock};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::NewActivity;
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::config::RedisTopology;
 use seckill_shared::infra::db;
 use seckill_shared::infra::sqs::OrderQueue;
@@ -268,8 +268,8 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
         .await?
         .unwrap();
     assert_eq!(
-        (carol.status.as_str(), carol.failure_reason.as_deref()),
-        ("failed", Some(reason::SEND_FAILED))
+        (carol.status, carol.failure_reason),
+        (OrderStatus::Failed, Some(FailureReason::SendFailed))
     );
     Ok(())
 }
@@ -330,7 +330,10 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
         0,
         "a paid order is not the entry's to change"
     );
-    assert_eq!(order::get(&env.pool, paid).await?.unwrap().status, "paid");
+    assert_eq!(
+        order::get(&env.pool, paid).await?.unwrap().status,
+        OrderStatus::Paid
+    );
     Ok(())
 }
 
@@ -469,7 +472,7 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
         "{report:?}"
     );
     let bob = order::by_request(&env.pool, stale).await?.unwrap();
-    assert_eq!(bob.status, "failed");
+    assert_eq!(bob.status, OrderStatus::Failed);
 
     set_db_stock(&env, a.id, 3).await;
     let report = job.run(Utc::now()).await?;
@@ -483,7 +486,7 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     assert_eq!(report.released_unpaid, 1, "{report:?}");
     assert_eq!(
         order::get(&env.pool, unpaid).await?.unwrap().status,
-        "cancelled"
+        OrderStatus::Cancelled
     );
     assert_eq!(db_remaining(&env, a.id).await, 10);
     let stats = activity::stats(&env.pool, a.id)

@@ -3,7 +3,7 @@
 //! own transaction, so a holder whose lease ran out is refused (409 `stale_token`).
 //!
 //! - `POST /admin/activities`: a new, published sale; one inside the preheat lead is loaded
-//!   into Redis at once (here).
+//!   into Redis at once ([`protocol::admin::create`]).
 //! - `PUT /admin/activities/{activityId}`: a merge update ([`update`]; docs/invariants.md,
 //!   "Admin": a lower takes from Redis before the commit, a raise commits first).
 //! - `GET /admin/activities/{activityId}`, `GET /admin/activities`: a sale with its live
@@ -13,16 +13,13 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Json, Router};
-use chrono::Utc;
-use seckill_shared::domain::activity::{self, Activity};
+use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::http::auth::Admin;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{with_fallbacks, JsonBody};
-use seckill_shared::protocol::load;
-use seckill_shared::store::conn::Redis;
+use seckill_shared::protocol;
 use seckill_shared::{ApiError, Config, Context};
-use sqlx::PgPool;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -33,26 +30,29 @@ pub mod update;
 pub use stats::{activity_detail, ActivityDetail, Page, Stats};
 pub use update::{update_activity, update_with_guard};
 
-/// What every handler needs, built once per cold start.
+/// What every handler needs, built once per cold start: the config and the clients, which
+/// the protocol's admin steps take as they are.
 #[derive(Clone)]
 pub struct AdminState {
-    pub config: Config,
-    pub pool: PgPool,
-    pub redis: Redis,
+    context: Context,
 }
 
 impl AdminState {
     pub fn new(context: Context) -> Self {
-        Self {
-            config: context.config,
-            pool: context.pool,
-            redis: context.redis,
-        }
+        Self { context }
     }
 
     /// Connects Redis (bounded) and a lazy pool, as a cold start does.
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
         Ok(Self::new(Context::connect(config).await?))
+    }
+}
+
+impl std::ops::Deref for AdminState {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.context
     }
 }
 
@@ -100,32 +100,12 @@ async fn create(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
-/// Validates and stores a new activity (no lock: see the module doc), then loads it into Redis
-/// when it starts within the preheat lead. A failed load is logged, not answered: the database
-/// holds the sale, and preheat loads it on its next run.
+/// Validates and stores a new sale, loaded into Redis at once when it starts within the
+/// preheat lead ([`protocol::admin::create`]).
 pub async fn create_activity(state: &AdminState, new: &NewActivity) -> Result<Activity, ApiError> {
-    let created = activity::insert(&state.pool, &new.settings()?).await?;
-    if !created.due_for_preheat(Utc::now(), state.config.preheat_lead) {
-        return Ok(created);
-    }
-    match load::load_under_lock(&state.redis, &state.pool, &state.config, created.id).await {
-        Ok((outcome, row)) => {
-            tracing::info!(activity_id = row.id, ?outcome, "new sale loaded into redis");
-            Ok(row)
-        }
-        Err(e) => {
-            tracing::warn!(activity_id = created.id, error = %e, "new sale not loaded; preheat will");
-            Ok(created)
-        }
-    }
+    Ok(protocol::admin::create(state, new).await?)
 }
 
 pub(crate) fn not_found(id: i64) -> ApiError {
     ApiError::NotFound(format!("activity {id} does not exist"))
-}
-
-pub(crate) fn below_sold(total: i64) -> ApiError {
-    ApiError::Conflict(format!(
-        "totalStock {total} is below what is already sold or reserved"
-    ))
 }

@@ -1,26 +1,19 @@
 //! order-consumer: turns the order messages `seckill-entry` sends into rows of the system of
 //! record, one SQS batch at a time, reporting only the failed messages.
 //!
-//! Each message is a reservation Redis granted; its fate is decided once, by the database's
-//! `request_id` key ([`seckill_shared::protocol::giveback`]): a row already there is applied, a
-//! reservation missing from the ledger is claimed `reservation_expired`, otherwise one
-//! transaction inserts the order and takes the stock (under the message's load epoch), and a
-//! business refusal gives the units back through the arbiter. Anything transient is retried
-//! by SQS. Every step is safe to repeat. The batch fast path ([`batch`]) writes a batch's
-//! messages of one sale in one transaction. docs/invariants.md, "Consumer: an order message".
+//! What each message comes to is the protocol's decision
+//! ([`seckill_shared::protocol::consume`]); this crate is its batch driver: it parses the
+//! batch, keeps a draw's entries per sale, writes the orders of one sale in one transaction
+//! where it can ([`batch`]), decides the rest one by one, stops before the invocation's
+//! deadline, and reports the messages to redeliver and the batch's counters. Anything
+//! transient is retried by SQS. docs/invariants.md, "Consumer: an order message".
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures::StreamExt;
-use seckill_shared::domain::activity;
-use seckill_shared::domain::draw::{self as kept, Entry};
-use seckill_shared::domain::order::{self, reason, Order};
 use seckill_shared::domain::purchase::{MessageKind, OrderMessage};
-use seckill_shared::infra::{db, metrics, pause};
-use seckill_shared::protocol::giveback::{self, GiveBack};
-use seckill_shared::store::conn::{Redis, StoreError};
-use seckill_shared::store::draw::{self as pool, Restore, RestoreCursor};
-use seckill_shared::store::keys::Home;
-use seckill_shared::store::ledger::{self, Compensation};
+use seckill_shared::infra::metrics;
+use seckill_shared::protocol::consume::{self, DecideError, Decided, Decision};
+use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;
 use std::future::Future;
@@ -40,58 +33,6 @@ pub const FUNCTION: &str = "order-consumer";
 pub const STOP_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 
 mod batch;
-
-/// What became of one message that was acked (or, for [`Outcome::Malformed`], sent on its
-/// way to the DLQ).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The order is in the database and the ledger entry dropped.
-    Committed,
-    /// A row for this request already existed: its decision was applied, nothing else done.
-    Duplicate,
-    /// The reservation was not in the ledger (never granted, or lost with Redis); recorded
-    /// as `reservation_expired`.
-    Expired,
-    /// The database had less stock than Redis; compensated in full, recorded as `sold_out`.
-    SoldOut,
-    /// The user already holds another order; stock given back, recorded as `already_purchased`.
-    AlreadyPurchased,
-    /// The activity does not exist in the database; the reservation was given back.
-    UnknownActivity,
-    /// A draw sale's entry, kept in the database (or found kept, or claimed after a 503), and
-    /// its pool entry made sure of.
-    Entered,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Committed => "committed",
-            Outcome::Duplicate => "duplicate",
-            Outcome::Expired => "reservation_expired",
-            Outcome::SoldOut => "sold_out",
-            Outcome::AlreadyPurchased => "already_purchased",
-            Outcome::UnknownActivity => "unknown_activity",
-            Outcome::Entered => "entered",
-        }
-    }
-}
-
-/// One message's result: its outcome, and whether this call gave units back to Redis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Processed {
-    pub outcome: Outcome,
-    pub compensated: bool,
-}
-
-impl Processed {
-    fn new(outcome: Outcome, compensated: bool) -> Self {
-        Self {
-            outcome,
-            compensated,
-        }
-    }
-}
 
 /// Why a message was not acked. Both put its id in `batchItemFailures`.
 #[derive(Debug, thiserror::Error)]
@@ -137,29 +78,10 @@ async fn before_stop<F: Future>(stop: Option<Instant>, work: F) -> Option<F::Out
     }
 }
 
-impl From<sqlx::Error> for ConsumeError {
-    fn from(e: sqlx::Error) -> Self {
+impl From<DecideError> for ConsumeError {
+    fn from(e: DecideError) -> Self {
         ConsumeError::Retryable(anyhow::Error::new(e))
     }
-}
-
-impl From<StoreError> for ConsumeError {
-    fn from(e: StoreError) -> Self {
-        ConsumeError::Retryable(anyhow::Error::new(e))
-    }
-}
-
-/// What the order transaction decided.
-enum TxOutcome {
-    Committed,
-    /// Redis lost the reservation and loaded the sale from scratch since: its units are in
-    /// the reloaded stock, so the order must not take them again.
-    Reloaded,
-    /// A concurrent delivery of the same message committed first.
-    Duplicate,
-    SoldOut,
-    AlreadyPurchased,
-    UnknownActivity,
 }
 
 /// The consumer's clients, built once per container and shared by every batch.
@@ -271,7 +193,7 @@ impl Consumer {
         event: SqsEvent,
         stop: Option<Instant>,
     ) -> (SqsBatchResponse, BatchStats) {
-        let mut results: Vec<(Option<String>, Result<Processed, ConsumeError>)> = Vec::new();
+        let mut results: Vec<(Option<String>, Result<Decided, ConsumeError>)> = Vec::new();
         let mut pending = Vec::with_capacity(event.records.len());
         for record in event.records {
             match parse(record.body.as_deref()) {
@@ -306,12 +228,16 @@ impl Consumer {
         }
         for (activity_id, items) in by_sale {
             let messages: Vec<&OrderMessage> = items.iter().map(|i| &i.message).collect();
-            let kept = before_stop(stop, self.keep_entries(activity_id, &messages))
+            let keep = consume::keep_entries(&self.pool, &self.redis, activity_id, &messages);
+            let kept = before_stop(stop, async { Ok::<_, ConsumeError>(keep.await?) })
                 .await
                 .unwrap_or_else(|| Err(ConsumeError::stopped()));
             for item in items {
                 let result = match &kept {
-                    Ok(()) => Ok(Processed::new(Outcome::Entered, false)),
+                    Ok(()) => Ok(Decided {
+                        decision: Decision::Entered,
+                        compensated: false,
+                    }),
                     Err(ConsumeError::Malformed(e)) => Err(ConsumeError::Malformed(e.clone())),
                     Err(ConsumeError::Retryable(e)) => {
                         Err(ConsumeError::Retryable(anyhow::anyhow!("{e:#}")))
@@ -327,7 +253,10 @@ impl Consumer {
                 Some((committed, rest)) => {
                     stats.batched = committed.len() as u32;
                     for item in committed {
-                        let result = Ok(Processed::new(Outcome::Committed, false));
+                        let result = Ok(Decided {
+                            decision: Decision::Committed,
+                            compensated: false,
+                        });
                         log_result(&item, &result, "batch");
                         results.push((item.message_id, result));
                     }
@@ -347,7 +276,7 @@ impl Consumer {
 
         // What the batch path did not commit goes one by one: every case is decided there.
         let concurrency = self.config.db_max_connections.max(1) as usize;
-        let one_by_one: Vec<(Option<String>, Result<Processed, ConsumeError>)> =
+        let one_by_one: Vec<(Option<String>, Result<Decided, ConsumeError>)> =
             futures::stream::iter(pending)
                 .map(|item| async move {
                     let result = before_stop(stop, self.handle_message(&item.message))
@@ -366,11 +295,11 @@ impl Consumer {
             match result {
                 Ok(p) => {
                     stats.compensations += u32::from(p.compensated);
-                    match p.outcome {
-                        Outcome::Committed => stats.committed += 1,
-                        Outcome::Entered => stats.entered += 1,
-                        Outcome::Duplicate => stats.duplicates += 1,
-                        _ => stats.failed += 1,
+                    match p.decision {
+                        Decision::Committed => stats.committed += 1,
+                        Decision::Entered => stats.entered += 1,
+                        Decision::Duplicate => stats.duplicates += 1,
+                        Decision::Failed(_) => stats.failed += 1,
                     }
                 }
                 Err(e) => {
@@ -390,215 +319,11 @@ impl Consumer {
         (response, stats)
     }
 
-    /// Processes one parsed order message. Returns the outcome and whether this call gave
-    /// units back to Redis. Safe to call any number of times for the same message, also
-    /// concurrently.
-    pub async fn handle_message(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
-        if m.kind == MessageKind::Entry {
-            self.keep_entries(m.attempt.activity_id, &[m]).await?;
-            return Ok(Processed::new(Outcome::Entered, false));
-        }
-        // 1. An earlier delivery or a give-back decided: apply that decision, nothing else.
-        if let Some(row) = order::by_request(&self.pool, m.attempt.request_id).await? {
-            return self.decided(m, &row).await;
-        }
-
-        // 2. A reservation that is not in the ledger was never granted, or Redis lost it (a
-        //    restart with no data, or keys expired long after the sale): its units are not
-        //    held in Redis, so committing would sell them twice. It fails. This read is a
-        //    shortcut, not a guard: what holds is the claim (the order insert below) against
-        //    every give-back, and the load epoch in the stock update against a Redis that lost
-        //    the entry after this read.
-        //    A draw's winner is held by the recorded outcome instead: a Redis that lost the
-        //    sale loads it with the winner's units left out and its reservation put back.
-        if m.kind != MessageKind::Winner {
-            let entry = ledger::entry(&self.redis, m.home(), &m.attempt.user_id).await?;
-            if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
-                return self.expired(m).await;
-            }
-        }
-
-        // 3. The order transaction; its insert is the claim.
-        pause::point("consumer.before_write", m.attempt.activity_id).await;
-        match self.write_order(m).await? {
-            TxOutcome::Committed => {
-                self.settle(m).await;
-                Ok(Processed::new(Outcome::Committed, false))
-            }
-            TxOutcome::Duplicate => {
-                match order::by_request(&self.pool, m.attempt.request_id).await? {
-                    Some(row) => self.decided(m, &row).await,
-                    None => Err(ConsumeError::Retryable(anyhow::anyhow!(
-                        "request {} conflicted but has no row",
-                        m.attempt.request_id
-                    ))),
-                }
-            }
-            TxOutcome::SoldOut => self.refuse(m, reason::SOLD_OUT).await,
-            TxOutcome::Reloaded => self.expired(m).await,
-            TxOutcome::AlreadyPurchased => self.refuse(m, reason::ALREADY_PURCHASED).await,
-            TxOutcome::UnknownActivity => {
-                let given_back = self.compensate(m, Compensation::Full).await?;
-                Ok(Processed::new(Outcome::UnknownActivity, given_back))
-            }
-        }
-    }
-
-    /// Keeps the draw entries `messages` of sale `activity_id` in the database, in one
-    /// transaction (an entry claimed after a 503 is not kept), then makes sure each live one
-    /// is in the pool (`lua/pool_restore.lua`, which adds only to a user with no field there:
-    /// a sale Redis lost and loaded again before the row was written gets the entry back). A
-    /// sale Redis does not hold gets nothing: its load rebuilds the pool from the rows.
-    async fn keep_entries(
-        &self,
-        activity_id: i64,
-        messages: &[&OrderMessage],
-    ) -> Result<(), ConsumeError> {
-        let entries: Vec<Entry> = messages
-            .iter()
-            .map(|m| Entry {
-                request_id: m.attempt.request_id,
-                user_id: m.attempt.user_id.clone(),
-                quantity: m.attempt.quantity,
-            })
-            .collect();
-        let mut tx = self.pool.begin().await?;
-        let live = match kept::insert_entries(&mut tx, activity_id, &entries).await {
-            Ok(live) => live,
-            // An entry of a sale the database does not hold: nothing to keep.
-            Err(e) if db::is_foreign_key_violation(&e) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        tx.commit().await?;
-        // Kept, its pool entry not yet made sure of: a load from scratch now reads the row.
-        pause::point("consumer.entry.after_commit", activity_id).await;
-        let live: Vec<Entry> = entries
-            .into_iter()
-            .filter(|e| live.contains(&e.request_id))
-            .collect();
-        if !live.is_empty() {
-            pool::restore(
-                &self.redis,
-                activity_id,
-                None,
-                Restore::Entries,
-                RestoreCursor::None,
-                &live,
-            )
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// No reservation in the ledger: claim the request as `reservation_expired`.
-    async fn expired(&self, m: &OrderMessage) -> Result<Processed, ConsumeError> {
-        let why = reason::RESERVATION_EXPIRED;
-        match giveback::give_back(&self.pool, &self.redis, &m.attempt, why)
-            .await
-            .map_err(|e| ConsumeError::Retryable(e.into()))?
-        {
-            GiveBack::GivenBack(units) => Ok(Processed::new(Outcome::Expired, units.is_some())),
-            GiveBack::Decided(_) => Ok(Processed::new(Outcome::Duplicate, false)),
-            GiveBack::UnknownActivity(units) => {
-                Ok(Processed::new(Outcome::UnknownActivity, units.is_some()))
-            }
-        }
-    }
-
-    /// A row for the request exists: apply it (a `failed` row's units go back, once).
-    async fn decided(&self, m: &OrderMessage, row: &Order) -> Result<Processed, ConsumeError> {
-        let given_back = giveback::apply(&self.redis, row).await?;
-        tracing::debug!(request_id = %m.attempt.request_id, status = %row.status, "already decided");
-        Ok(Processed::new(Outcome::Duplicate, given_back.is_some()))
-    }
-
-    /// One transaction: the order row, then the conditional stock update.
-    ///
-    /// The insert comes first for two reasons: the unique indexes classify a refusal before
-    /// stock is looked at (a user who already holds an order gets a stock-only compensation
-    /// even when the database is also sold out, so Redis keeps them in the user set), and
-    /// the hot activity row is locked only for the update and the commit.
-    async fn write_order(&self, m: &OrderMessage) -> Result<TxOutcome, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let inserted = order::insert_confirmed(&mut tx, &m.attempt).await;
-        if let Err(e) = inserted {
-            // Dropping `tx` rolls back.
-            return if db::is_unique_violation(&e, "orders_request_id_key") {
-                Ok(TxOutcome::Duplicate)
-            } else if db::is_unique_violation(&e, "orders_one_per_user") {
-                Ok(TxOutcome::AlreadyPurchased)
-            } else if db::is_foreign_key_violation(&e) {
-                Ok(TxOutcome::UnknownActivity)
-            } else {
-                Err(e)
-            };
-        }
-        let left = activity::take_stock(
-            &mut tx,
-            m.attempt.activity_id,
-            m.attempt.quantity,
-            m.load_epoch,
-        )
-        .await?;
-        if left.is_none() {
-            // The foreign key proved the activity exists: it is sold out in the database, or
-            // Redis lost this reservation and loaded the sale again since.
-            let epoch = activity::load_epoch(&mut *tx, m.attempt.activity_id)
-                .await?
-                .ok_or(sqlx::Error::RowNotFound)?;
-            tx.rollback().await?;
-            if m.load_epoch.is_some_and(|e| e != epoch) {
-                return Ok(TxOutcome::Reloaded);
-            }
-            return Ok(TxOutcome::SoldOut);
-        }
-        // A commit that fails with the connection lost may or may not have applied: the
-        // redelivery finds the row (duplicate) or retries, both correct.
-        tx.commit().await?;
-        Ok(TxOutcome::Committed)
-    }
-
-    /// A business refusal: give the reservation back through the arbiter (claim the request
-    /// as failed; only the winner compensates Redis), then ack. If Redis is out of reach the
-    /// message is retried, and the redelivery finds the `failed` row and applies it.
-    async fn refuse(&self, m: &OrderMessage, why: &'static str) -> Result<Processed, ConsumeError> {
-        let done = giveback::give_back(&self.pool, &self.redis, &m.attempt, why)
-            .await
-            .map_err(|e| ConsumeError::Retryable(e.into()))?;
-        pause::point("consumer.after_give_back", m.attempt.activity_id).await;
-        let outcome = if why == reason::SOLD_OUT {
-            Outcome::SoldOut
-        } else {
-            Outcome::AlreadyPurchased
-        };
-        Ok(match done {
-            GiveBack::GivenBack(units) => Processed::new(outcome, units.is_some()),
-            GiveBack::Decided(_) => Processed::new(Outcome::Duplicate, false),
-            GiveBack::UnknownActivity(units) => {
-                Processed::new(Outcome::UnknownActivity, units.is_some())
-            }
-        })
-    }
-
-    async fn compensate(&self, m: &OrderMessage, mode: Compensation) -> Result<bool, StoreError> {
-        let a = &m.attempt;
-        let given =
-            ledger::compensate(&self.redis, m.home(), &a.user_id, a.request_id, mode).await?;
-        Ok(given.is_some())
-    }
-
-    /// Drops the reservation's ledger entry once the database holds the outcome. A failure
-    /// is only logged: reconcile drops entries whose order exists.
-    async fn settle(&self, m: &OrderMessage) {
-        let id = m.attempt.request_id.to_string();
-        if let Err(e) = ledger::settle(&self.redis, m.home(), &m.attempt.user_id, &id).await {
-            tracing::warn!(
-                request_id = %m.attempt.request_id,
-                activity_id = m.attempt.activity_id,
-                error = %e,
-                "could not drop the ledger entry; reconcile will"
-            );
-        }
+    /// Decides one parsed order message ([`consume::decide`]): its decision and whether this
+    /// call gave units back to Redis. Safe to call any number of times for the same message,
+    /// also concurrently.
+    pub async fn handle_message(&self, m: &OrderMessage) -> Result<Decided, ConsumeError> {
+        Ok(consume::decide(&self.pool, &self.redis, m).await?)
     }
 }
 
@@ -609,7 +334,7 @@ pub(crate) struct Item {
 }
 
 /// The one log line per message.
-fn log_result(item: &Item, result: &Result<Processed, ConsumeError>, path: &'static str) {
+fn log_result(item: &Item, result: &Result<Decided, ConsumeError>, path: &'static str) {
     let message_id = item.message_id.as_deref().unwrap_or("-");
     let m = &item.message;
     match result {
@@ -617,7 +342,7 @@ fn log_result(item: &Item, result: &Result<Processed, ConsumeError>, path: &'sta
             message_id,
             request_id = %m.attempt.request_id,
             activity_id = m.attempt.activity_id,
-            outcome = p.outcome.as_str(),
+            outcome = p.decision.as_str(),
             compensated = p.compensated,
             path,
             "order message processed"

@@ -7,12 +7,13 @@
 use crate::{is_stale, stale_entries, ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use seckill_shared::domain::order::{self, reason, Order, OrderStatus};
+use seckill_shared::domain::order::{self, Order};
 use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
+use seckill_shared::protocol::buckets;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::giveback::{self, GiveBack};
-use seckill_shared::protocol::purchase;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot};
 use seckill_shared::store::purchase::Credited;
@@ -144,7 +145,7 @@ impl Reconcile {
                 continue;
             };
             let home = donor.sibling(home);
-            match purchase::finish_by_id(&self.redis, donor, home, id).await? {
+            match buckets::finish_by_id(&self.redis, donor, home, id).await? {
                 Some((credited @ (Credited::Now | Credited::Before), quantity)) => {
                     tracing::warn!(transfer = %id, from = donor.index, to = home.index, quantity, ?credited, repair = "transfer_finished", "transfer between buckets finished");
                     r.transfers_finished += 1;
@@ -185,7 +186,7 @@ impl Reconcile {
                 tracing::warn!(user, %request_id, quantity = qty, reason = ?row.failure_reason, repair = "compensated", "failed request's units given back");
                 r.compensated += 1;
             }
-            None if row.status != OrderStatus::Failed.as_str() => {
+            None if row.status != OrderStatus::Failed => {
                 tracing::info!(user, %request_id, repair = "settled", "reservation with an order dropped");
                 r.settled += 1;
             }
@@ -215,7 +216,7 @@ impl Reconcile {
             &self.pool,
             &self.redis,
             &reservation,
-            reason::RESERVATION_EXPIRED,
+            FailureReason::ReservationExpired,
         )
         .await?;
         match done {

@@ -19,7 +19,7 @@ use seckill_shared::http::extract::with_fallbacks;
 use seckill_shared::http::origin;
 use seckill_shared::infra::payments::Provider;
 use seckill_shared::infra::sqs::{self, OrderQueue};
-use seckill_shared::protocol::purchase::Hints;
+use seckill_shared::protocol::buckets::Hints;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;

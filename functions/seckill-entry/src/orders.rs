@@ -5,7 +5,8 @@
 use crate::{db_guards, EntryState};
 use axum::extract::State;
 use axum::Json;
-use seckill_shared::domain::order::{self, Order, OrderStatus};
+use seckill_shared::domain::order::{self, Order};
+use seckill_shared::domain::status::{BuyerStatus, FailureReason, OrderStatus};
 use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{ActivityId, OrderId};
@@ -30,7 +31,7 @@ pub struct MyOrder {
     /// order is being written), `confirmed`, `paid`, `cancelled`, `failed` (with a `reason`),
     /// or `not_drawn` (in a draw sale's pool, and the draw passed over the entry: final).
     #[schema(example = "confirmed")]
-    pub status: String,
+    pub status: BuyerStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,14 +39,14 @@ pub struct MyOrder {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantity: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<FailureReason>,
 }
 
 impl MyOrder {
     /// Nothing of the caller's in this sale.
     fn none() -> Self {
         Self {
-            status: "none".into(),
+            status: BuyerStatus::None,
             ..Self::default()
         }
     }
@@ -94,7 +95,7 @@ pub(crate) async fn my_order(
         let entry = ledger::entry(&s.redis, home, &identity.user_id).await?;
         if let Some(e) = entry.filter(|e| e.kind == EntryKind::Reservation) {
             return Ok(Json(MyOrder {
-                status: "pending".into(),
+                status: BuyerStatus::Pending,
                 request_id: e.request_id(),
                 quantity: Some(e.quantity),
                 ..MyOrder::default()
@@ -119,7 +120,7 @@ pub(crate) async fn my_order(
         // Between the read of a queued entry and the draw: another caller may draw meanwhile.
         pause::point("entry.my_order.after_pool_read", activity_id).await;
         let status = if drawn {
-            "not_drawn"
+            BuyerStatus::NotDrawn
         } else {
             let run = draw::run(
                 &s.redis,
@@ -130,7 +131,9 @@ pub(crate) async fn my_order(
             );
             match run.await?.drawn {
                 // Still drawing (in the background now): not decided for this entrant yet.
-                Drawn::Open { .. } | Drawn::Running { .. } | Drawn::Restoring { .. } => "queued",
+                Drawn::Open { .. } | Drawn::Running { .. } | Drawn::Restoring { .. } => {
+                    BuyerStatus::Queued
+                }
                 Drawn::Now { .. } | Drawn::Before { .. } => {
                     drawn = true;
                     continue;
@@ -140,7 +143,7 @@ pub(crate) async fn my_order(
             }
         };
         return Ok(Json(MyOrder {
-            status: status.into(),
+            status,
             request_id: Some(entry.request_id),
             quantity: Some(entry.quantity),
             ..MyOrder::default()
@@ -160,10 +163,8 @@ pub(crate) async fn my_order(
         return Ok(Json(MyOrder::none()));
     };
     Ok(Json(MyOrder {
-        reason: (o.status == OrderStatus::Failed.as_str())
-            .then(|| o.failure_reason.clone())
-            .flatten(),
-        status: o.status,
+        reason: o.failure_reason.filter(|_| o.status == OrderStatus::Failed),
+        status: o.status.into(),
         request_id: Some(o.request_id),
         order_id: Some(o.id),
         quantity: Some(o.quantity),
@@ -176,7 +177,7 @@ pub(crate) async fn my_order(
 pub struct Cancelled {
     order_id: i64,
     #[schema(example = "cancelled")]
-    status: &'static str,
+    status: OrderStatus,
     released_quantity: i64,
 }
 
@@ -224,7 +225,7 @@ pub(crate) async fn cancel(
     };
     Ok(Json(Cancelled {
         order_id,
-        status: "cancelled",
+        status: OrderStatus::Cancelled,
         released_quantity,
     }))
 }

@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use seckill_shared::domain::order;
 use seckill_shared::domain::payment::Payment;
+use seckill_shared::domain::status::PaymentStatus;
 use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::OrderId;
@@ -36,7 +37,7 @@ pub struct PaymentStarted {
     /// `requires_payment` (the client completes it; the order becomes `paid` when the
     /// provider's event arrives) or `succeeded` (paid).
     #[schema(example = "requires_payment")]
-    status: String,
+    status: PaymentStatus,
     /// Where the client completes the payment, for a provider that completes at a URL of ours
     /// (the dev server's `local`: `POST` it).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,8 +1,8 @@
-//! `POST /activities/{id}/orders`: one purchase. `lua/purchase.lua` decides it in Redis
-//! ([`seckill_shared::protocol::purchase`]), the order message goes to SQS, and the caller
-//! gets 202 at once; the order consumer writes the order. A failed send, or a script whose
-//! answer came too late, is given back through the database's arbiter before the 503, so a
-//! 503 means nothing happened. docs/invariants.md, "Entry: a purchase" and "What a 503 means".
+//! `POST /activities/{id}/orders`: one purchase. The protocol decides it
+//! ([`seckill_shared::protocol::purchase`]: the script in Redis, the order message's send, and
+//! what a 503 means); this handler answers its verdict (202 or 503) at once, counts it, and
+//! keeps the container's memories in front of Redis. The order consumer writes the order.
+//! docs/invariants.md, "Entry: a purchase" and "What a 503 means".
 
 use crate::{db_guards, EntryState};
 use axum::extract::State;
@@ -10,26 +10,20 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use seckill_shared::domain::activity;
-use seckill_shared::domain::order::{reason, OrderStatus};
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::MAX_PER_ORDER_LIMIT;
+use seckill_shared::domain::status::{ActivityState, BuyerStatus};
 use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{ActivityId, JsonBody};
 use seckill_shared::infra::pause;
-use seckill_shared::infra::sqs::QueueError;
 use seckill_shared::protocol::draw::{self, Trigger};
-use seckill_shared::protocol::giveback::{self, Claim, GiveBackError};
-use seckill_shared::protocol::purchase::{self, Outcome};
+use seckill_shared::protocol::purchase::{self, AfterSend, EntrySent, Outcome, Sent, Unanswered};
 use seckill_shared::store::conn::StoreError;
-use seckill_shared::store::draw as pool;
-use seckill_shared::store::draw::{Drawn, Left};
-use seckill_shared::store::keys::Home;
-use seckill_shared::store::ledger::{self, Compensation};
+use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::purchase::Reservation;
 use seckill_shared::{ApiError, Refusal};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 use tracing::Span;
 use uuid::Uuid;
 
@@ -125,7 +119,7 @@ pub struct Accepted {
     /// window is open and the purchase is in its pool; the draw at the window's end decides,
     /// and `GET …/orders/me` tells (`pending` for a winner, then `confirmed`; `not_drawn`).
     #[schema(example = "pending")]
-    status: &'static str,
+    status: BuyerStatus,
 }
 
 #[utoipa::path(
@@ -213,50 +207,22 @@ pub(crate) async fn purchase(
     send(&state, &message, reservation.stock_left).await
 }
 
-/// Sends a draw entry Redis put in the pool to the order queue, so that the database keeps it
-/// (a pool Redis loses is rebuilt from what it keeps): 202 `queued` once it is on the queue.
-/// A failed send claims the request as a 503 (`failed`, `unavailable`: the draw's callers
-/// take such entries out of the pool, should this call's leave not get through) and takes the
-/// entry out of the pool before its 503; with the database out of reach too the entry stays,
-/// in Redis only, and answers 202 `queued` (it takes part in the draw unless Redis loses the
-/// sale).
+/// A draw entry Redis put in the pool: its message on the queue, then 202 `queued`; a failed
+/// send takes it back, 503 ([`purchase::send_entry`]).
 async fn enter(state: &EntryState, attempt: Attempt, rank: i64) -> Result<Response, ApiError> {
     let s = &state.inner;
     let (activity_id, request_id) = (attempt.activity_id, attempt.request_id);
-    let message = OrderMessage {
-        attempt,
-        reserved_at_ms: chrono::Utc::now().timestamp_millis(),
-        load_epoch: None,
-        kind: MessageKind::Entry,
-    };
-    let sent = if pause::fail("entry.enter.send", activity_id) {
-        Err(QueueError::Timeout(s.queue.timeout))
-    } else {
-        s.queue.send(&message, activity_id).await
-    };
-    if let Err(send_error) = sent {
-        let a = &message.attempt;
-        match giveback::claim(&s.pool, a, reason::UNAVAILABLE).await {
-            Ok(_) => {
-                if let Err(e) = pool::leave(&s.redis, activity_id, &a.user_id, request_id).await {
-                    // The claim stands: the draw's callers take the entry out before the draw.
-                    tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
-                }
-                Span::current().record("outcome", "compensated");
-                s.counters.compensation();
-                tracing::warn!(activity_id, %request_id, error = %send_error, "draw entry not sent; taken back");
-                return Err(ApiError::unavailable("order queue", send_error));
-            }
-            Err(e) => {
-                tracing::error!(activity_id, %request_id, error = %send_error, claim_error = %e,
-                    "draw entry not sent and the database is out of reach; it stays in the pool");
-            }
-        }
+    if let EntrySent::TakenBack(error) =
+        purchase::send_entry(&s.queue, &s.pool, &s.redis, attempt).await
+    {
+        Span::current().record("outcome", "compensated");
+        s.counters.compensation();
+        return Err(ApiError::unavailable("order queue", error));
     }
     Span::current().record("outcome", "queued");
     s.counters.queue();
     tracing::debug!(activity_id, request_id = %request_id, rank, "purchase queued for the draw");
-    Ok(answer(request_id, "queued"))
+    Ok(answer(request_id, BuyerStatus::Queued))
 }
 
 /// The quantity of a purchase body, within the range any activity's limit can take.
@@ -287,8 +253,8 @@ fn answer_from_memory(state: &EntryState, activity_id: i64, quantity: i64) -> Re
     Ok(())
 }
 
-/// Sends the accepted purchase's order message: 202 once it is on the queue, and the
-/// give-back protocol when the send failed.
+/// Sends the accepted purchase's order message ([`purchase::send_order`]): 202 once it is on
+/// the queue; a failed send answers as the arbiter decided it.
 async fn send(
     state: &EntryState,
     message: &OrderMessage,
@@ -296,24 +262,44 @@ async fn send(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let a = &message.attempt;
-    if let Err(send_error) = s.queue.send(message, a.activity_id).await {
-        pause::point("entry.after_send_error", a.activity_id).await;
-        return after_send_error(state, message, send_error).await;
+    let (error, then) = match purchase::send_order(&s.queue, &s.pool, &s.redis, message).await {
+        Sent::Queued => {
+            s.counters.accept();
+            tracing::info!(
+                activity_id = a.activity_id,
+                request_id = %a.request_id,
+                quantity = a.quantity,
+                stock_left,
+                "purchase accepted"
+            );
+            return Ok(answer(a.request_id, BuyerStatus::Pending));
+        }
+        Sent::Failed { error, then } => (error, then),
+    };
+    let span = Span::current();
+    match then {
+        AfterSend::Ordered => s.counters.accept(),
+        AfterSend::Undecided => {
+            span.record("outcome", "undecided");
+            s.counters.accept();
+        }
+        AfterSend::GivenBack | AfterSend::Claimed => {
+            span.record("outcome", "compensated");
+            if then == AfterSend::GivenBack {
+                s.sold_out.forget(a.activity_id);
+            }
+            s.counters.compensation();
+        }
     }
-    s.counters.accept();
-    tracing::info!(
-        activity_id = a.activity_id,
-        request_id = %a.request_id,
-        quantity = a.quantity,
-        stock_left,
-        "purchase accepted"
-    );
-    Ok(answer(a.request_id, "pending"))
+    if then.pending() {
+        return Ok(answer(a.request_id, BuyerStatus::Pending));
+    }
+    Err(ApiError::unavailable("order queue", error))
 }
 
 /// The 202 of a purchase the database has or will have (`pending`), or of an entry in a
 /// draw's pool (`queued`).
-fn answer(request_id: Uuid, status: &'static str) -> Response {
+fn answer(request_id: Uuid, status: BuyerStatus) -> Response {
     let body = Accepted { request_id, status };
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
@@ -331,7 +317,7 @@ async fn run_draw(state: &EntryState, activity_id: i64) -> Result<Drawn, ApiErro
 /// Runs the purchase with the caller's deadline. A Redis error or timeout is a 503, and since
 /// the script may have run (its answer lost or late), the reservation is claimed for a
 /// give-back before the 503 goes out. `attempt.buckets` is left at the count Redis holds.
-async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, Unanswered> {
+async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, NoAnswer> {
     let s = &state.inner;
     let sent_ms = chrono::Utc::now().timestamp_millis();
     let deadline = s.skew.deadline(sent_ms, s.config.redis_timeout);
@@ -370,142 +356,35 @@ async fn decide(state: &EntryState, attempt: &mut Attempt) -> Result<Outcome, Un
             Span::current().record("outcome", "unavailable");
             tracing::info!(activity_id = attempt.activity_id, request_id = %attempt.request_id, error = %e,
                 "purchase script unanswered; giving back whatever it did");
-            if give_back_unanswered(state, attempt.clone()).await {
-                return Err(Unanswered::Ordered(attempt.request_id));
+            let state = state.clone();
+            let activity_id = attempt.activity_id;
+            let units_back = move || state.inner.sold_out.forget(activity_id);
+            let bound = s.config.redis_timeout / 2;
+            match purchase::unanswered(&s.pool, &s.redis, attempt.clone(), bound, units_back).await
+            {
+                Unanswered::Ordered => Err(NoAnswer::Ordered(attempt.request_id)),
+                Unanswered::Unavailable => Err(NoAnswer::Unavailable(e.into())),
             }
-            Err(Unanswered::Unavailable(e.into()))
         }
     }
 }
 
-/// A purchase whose script did not answer in time.
-enum Unanswered {
+/// A purchase whose script did not answer in time, as the handler answers it.
+enum NoAnswer {
     /// Claimed and given back: 503, nothing happened.
     Unavailable(ApiError),
-    /// The request is an order already (a draw entry drawn, sent and committed before its
-    /// answer came): 202, as it is.
+    /// The request is an order already, or a drawn winner whose order follows: 202.
     Ordered(Uuid),
 }
 
-impl Unanswered {
+impl NoAnswer {
     fn answer(self) -> Result<Response, ApiError> {
         match self {
-            Unanswered::Unavailable(e) => Err(e),
-            Unanswered::Ordered(request_id) => Ok(answer(request_id, "pending")),
+            NoAnswer::Unavailable(e) => Err(e),
+            NoAnswer::Ordered(request_id) => Ok(answer(request_id, BuyerStatus::Pending)),
         }
     }
 }
-
-/// A script whose answer never arrived may still have run: claim the request in the database
-/// (a `failed` row, so nothing can ever commit it) and give back what the ledger holds for it.
-/// The claim is awaited (it is what makes the coming 503 true); the Redis half, which may be
-/// what is stalled, is tried once and then retried in the background for a few seconds, and
-/// reconcile gives back a `failed` row's reservation on its next run whatever happens here.
-/// True when the claim found the request an order already: only a draw's entry can be one
-/// (drawn, sent and committed before the answer of its purchase came); nothing is given back.
-async fn give_back_unanswered(state: &EntryState, reservation: Attempt) -> bool {
-    let s = &state.inner;
-    match giveback::claim(&s.pool, &reservation, reason::UNAVAILABLE).await {
-        Ok(Claim::Won) | Ok(Claim::UnknownActivity) => {}
-        Ok(Claim::Decided(row)) if row.status != OrderStatus::Failed.as_str() => {
-            tracing::warn!(request_id = %reservation.request_id, status = %row.status,
-                "unanswered purchase is an order already");
-            return true;
-        }
-        Ok(Claim::Decided(row)) => {
-            tracing::error!(status = %row.status, "fresh request id already decided");
-            return false;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "could not claim the unanswered purchase; reconcile gives it back after its grace period");
-            return leave_without_claim(state, &reservation).await;
-        }
-    }
-    // Between the claim and its Redis half: a draw may run meanwhile.
-    pause::point("entry.unanswered.after_claim", reservation.activity_id).await;
-    // One attempt now, bounded by half the timeout: a lost answer from a healthy Redis is
-    // undone before the 503 goes out. A stalled Redis gets the rest in the background.
-    let first = tokio::time::timeout(
-        s.config.redis_timeout / 2,
-        compensate_unanswered(state, &reservation),
-    );
-    if matches!(first.await, Ok(Ok(()))) {
-        return false;
-    }
-    let state = state.clone();
-    tokio::spawn(async move {
-        for attempt in 1..=GIVE_BACK_ATTEMPTS {
-            tokio::time::sleep(GIVE_BACK_RETRY).await;
-            match compensate_unanswered(&state, &reservation).await {
-                Ok(()) => return,
-                Err(e) if attempt == GIVE_BACK_ATTEMPTS => {
-                    tracing::warn!(request_id = %reservation.request_id, error = %e, "give-back left to reconcile");
-                }
-                Err(_) => {}
-            }
-        }
-    });
-    false
-}
-
-/// The database took no claim: a draw entry still leaves the pool, so that no draw picks a
-/// request told 503. One the draw already made a winner stays (its message is on its way, and
-/// only the database could stop it): true, the caller answers 202 `pending` to follow it. The
-/// leave is tried once now and then in the background. A first-come sale has no pool: nothing
-/// to do, and its reservation (never sent) goes back after reconcile's grace period.
-async fn leave_without_claim(state: &EntryState, r: &Attempt) -> bool {
-    if r.buckets != 1 {
-        return false;
-    }
-    let s = &state.inner;
-    let now = tokio::time::timeout(
-        s.config.redis_timeout / 2,
-        pool::leave_entry(&s.redis, r.activity_id, &r.user_id, r.request_id),
-    );
-    match now.await {
-        Ok(Ok(Left::Winner)) => {
-            tracing::warn!(request_id = %r.request_id, "unanswered draw entry is a winner; its order follows");
-            return true;
-        }
-        Ok(Ok(_)) => return false,
-        Ok(Err(_)) | Err(_) => {}
-    }
-    let (state, r) = (state.clone(), r.clone());
-    tokio::spawn(async move {
-        let s = &state.inner;
-        for _ in 0..GIVE_BACK_ATTEMPTS {
-            tokio::time::sleep(GIVE_BACK_RETRY).await;
-            if pool::leave_entry(&s.redis, r.activity_id, &r.user_id, r.request_id)
-                .await
-                .is_ok()
-            {
-                return;
-            }
-        }
-        tracing::warn!(request_id = %r.request_id, "draw entry of a 503 not taken out of the pool");
-    });
-    false
-}
-
-/// The Redis half of [`give_back_unanswered`], after the claim.
-async fn compensate_unanswered(state: &EntryState, r: &Attempt) -> Result<(), StoreError> {
-    let s = &state.inner;
-    // A draw sale's entry: out of the pool (or, drawn a winner, given back below).
-    if r.buckets == 1 && pool::leave(&s.redis, r.activity_id, &r.user_id, r.request_id).await? {
-        tracing::warn!(request_id = %r.request_id, "late draw entry taken out of the pool");
-    }
-    let mode = Compensation::Full;
-    let units = ledger::compensate(&s.redis, r.home(), &r.user_id, r.request_id, mode).await?;
-    if units.is_some() {
-        s.sold_out.forget(r.activity_id);
-        tracing::warn!(request_id = %r.request_id, ?units, "late purchase script given back");
-    }
-    Ok(())
-}
-
-/// How often, and how far apart, the entry retries giving back an unanswered script's units.
-const GIVE_BACK_ATTEMPTS: u32 = 10;
-const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
 /// The answer to a refused purchase: counted, cached when sold out, logged only at debug.
 async fn refuse(state: &EntryState, attempt: &Attempt, refusal: Refusal) -> ApiError {
@@ -522,51 +401,6 @@ async fn refuse(state: &EntryState, attempt: &Attempt, refusal: Refusal) -> ApiE
     match refusal {
         Refusal::NotFound => not_loaded(state, activity_id, &attempt.user_id).await,
         other => other.into(),
-    }
-}
-
-/// The send failed or timed out; the message may be on the queue all the same. The request
-/// is given back through the arbiter: if this call claims it, nothing can commit it any
-/// more and the caller gets 503; if the consumer committed first, the caller gets 202; if the
-/// database cannot be reached, the outcome is not this call's to tell and the caller gets 202
-/// with the request id to follow (the consumer commits it, or reconcile gives it back).
-async fn after_send_error(
-    state: &EntryState,
-    message: &OrderMessage,
-    send_error: QueueError,
-) -> Result<Response, ApiError> {
-    let s = &state.inner;
-    let span = Span::current();
-    let a = &message.attempt;
-    let (activity_id, request_id) = (a.activity_id, a.request_id);
-    match giveback::give_back(&s.pool, &s.redis, a, reason::SEND_FAILED).await {
-        Ok(done) if done.order().is_some() => {
-            tracing::info!(activity_id, %request_id, error = %send_error, "send reported a failure but the order is in");
-            s.counters.accept();
-            Ok(answer(request_id, "pending"))
-        }
-        Ok(done) => {
-            span.record("outcome", "compensated");
-            s.sold_out.forget(activity_id);
-            s.counters.compensation();
-            tracing::warn!(activity_id, %request_id, error = %send_error, ?done, "send failed; reservation given back");
-            Err(ApiError::unavailable("order queue", send_error))
-        }
-        Err(e @ GiveBackError::Store(_)) => {
-            // Claimed, the Redis half pending: the `failed` row makes the 503 true, and
-            // reconcile applies it on its next run.
-            span.record("outcome", "compensated");
-            s.counters.compensation();
-            tracing::warn!(activity_id, %request_id, error = %send_error, compensation_error = %e, "send failed; units go back with reconcile's next run");
-            Err(ApiError::unavailable("order queue", send_error))
-        }
-        Err(e) => {
-            span.record("outcome", "undecided");
-            tracing::error!(activity_id, %request_id, error = %send_error, claim_error = %e,
-                "send failed and the database is out of reach; the request stays pending");
-            s.counters.accept();
-            Ok(answer(request_id, "pending"))
-        }
     }
 }
 
@@ -591,7 +425,7 @@ async fn not_loaded(state: &EntryState, activity_id: i64, user_id: &str) -> ApiE
         None => match activity::get(&s.pool, activity_id).await {
             Ok(row) => {
                 let window = row
-                    .filter(|a| a.state == "published")
+                    .filter(|a| a.state == ActivityState::Published)
                     .map(|a| (a.start_at, a.end_at));
                 s.unloaded.put(activity_id, window);
                 window

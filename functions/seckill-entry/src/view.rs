@@ -23,6 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, SubsecRound, Utc};
 use seckill_shared::domain::activity::{self, Phase};
+use seckill_shared::domain::settings::Admission;
+use seckill_shared::domain::status::ActivityState;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::ActivityId;
 use seckill_shared::store::conn::Redis;
@@ -177,7 +179,7 @@ async fn read(
         return Ok(None);
     }
     let row = activity::get(pool, id).await?;
-    Ok(row.filter(|a| a.state != "draft").map(|a| {
+    Ok(row.filter(|a| a.state != ActivityState::Draft).map(|a| {
         Arc::new(Fields {
             title: a.title,
             // Milliseconds, as Redis holds the window: the view reads the same either way.
@@ -188,7 +190,7 @@ async fn read(
             price_minor: a.price_minor,
             // The database knows the secret but not whether the draw is done: only the
             // commitment.
-            draw: (a.admission == "draw").then(|| PublicDraw {
+            draw: (a.admission == Admission::Draw).then(|| PublicDraw {
                 commitment: a.draw_secret.commitment(),
                 secret: None,
                 cutoff: None,

@@ -2,6 +2,7 @@
 //! writes one. What an admin may set, and its rules, is [`super::settings`].
 
 use super::settings::{Admission, Settings};
+use super::status::ActivityState;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor};
@@ -14,7 +15,8 @@ macro_rules! activity_rows {
         sqlx::query_as!(
             Activity,
             $head + "id, title, total_stock, remaining_stock, per_order_limit, start_at, end_at, \
-                     state, config_version, last_fence_token, load_epoch, buckets, admission, \
+                     state as \"state: ActivityState\", config_version, last_fence_token, \
+                     load_epoch, buckets, admission as \"admission: Admission\", \
                      draw_window_ms, per_user_rate_per_sec, price_minor, currency, created_at, \
                      updated_at, draw_secret as \"draw_secret: DrawSecret\", max_entrants" + $tail
             $(, $arg)*
@@ -33,8 +35,7 @@ pub struct Activity {
     pub per_order_limit: i64,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
-    /// `draft`, `published` or `closed`; only a published sale is sold.
-    pub state: String,
+    pub state: ActivityState,
     pub config_version: i64,
     pub last_fence_token: i64,
     /// Bumped each time Redis loads the sale from scratch (`seckill_shared::load`).
@@ -42,9 +43,7 @@ pub struct Activity {
     /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
     /// sale had before buckets). Fixed once the sale has started or has an order.
     pub buckets: i64,
-    /// `fcfs` (first come, first served) or `draw` (the opening decided by a draw).
-    #[schema(example = "fcfs")]
-    pub admission: String,
+    pub admission: Admission,
     /// A draw sale's pool window after `startAt`, in milliseconds (0 for `fcfs`).
     pub draw_window_ms: i64,
     /// Purchase attempts one user may make per second (0: no limit).
@@ -160,7 +159,7 @@ impl Activity {
             start_at: self.start_at,
             end_at: self.end_at,
             buckets: self.bucket_count(),
-            admission: Admission::parse(&self.admission).unwrap_or(Admission::Fcfs),
+            admission: self.admission,
             draw_window_ms: self.draw_window_ms,
             per_user_rate_per_sec: self.per_user_rate_per_sec,
             price_minor: self.price_minor,
@@ -176,7 +175,7 @@ impl Activity {
     /// Whether preheat loads it at `now`: published, starting within `lead`, not yet ended.
     pub fn due_for_preheat(&self, now: DateTime<Utc>, lead: Duration) -> bool {
         let horizon = now + ChronoDuration::from_std(lead).unwrap_or(ChronoDuration::hours(1));
-        self.state == "published" && self.start_at <= horizon && self.end_at > now
+        self.state == ActivityState::Published && self.start_at <= horizon && self.end_at > now
     }
 
     /// When the activity's Redis keys expire: the sale's end plus the buffer.

@@ -95,7 +95,7 @@ pub async fn entries_after(
                    and not exists (
                      select 1 from orders o
                      where o.activity_id = p.activity_id and o.user_id = p.user_id
-                       and o.status in ('confirmed', 'paid'))
+                       and order_is_live(o.status))
                    and not exists (
                      select 1 from draw_entries n
                      where n.activity_id = p.activity_id and n.user_id = p.user_id

@@ -8,6 +8,7 @@
 //! - [`payment`]: an order's payment at the provider, and the provider's events.
 //! - [`purchase`]: one purchase attempt, and the order message it becomes.
 //! - [`refusal`]: why a purchase was refused.
+//! - [`status`]: every status, reason and state a row or an answer carries, one enum each.
 
 pub mod activity;
 pub mod draw;
@@ -16,3 +17,4 @@ pub mod payment;
 pub mod purchase;
 pub mod refusal;
 pub mod settings;
+pub mod status;

@@ -1,6 +1,7 @@
 //! Orders: statuses, the row type, and every statement that reads or writes one.
 
 use super::purchase::Attempt;
+use super::status::{FailureReason, OrderStatus};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor};
@@ -13,62 +14,14 @@ macro_rules! order_rows {
     ($head:tt, $tail:tt $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             Order,
-            $head + r#"id, request_id, activity_id, user_id, quantity, status, failure_reason,
+            $head + r#"id, request_id, activity_id, user_id, quantity,
+                status as "status: OrderStatus", failure_reason as "failure_reason: FailureReason",
                 created_at, updated_at, paid_at, cancelled_at, cancel_id,
                 (select buckets from activities a where a.id = orders.activity_id) as "buckets!""#
                 + $tail
             $(, $arg)*
         )
     };
-}
-
-/// An order's life: `confirmed` (written by the consumer, awaiting payment) -> `paid`, or
-/// -> `cancelled` (by its owner or by the payment timeout). `failed` records a request the
-/// database refused (sold out, second order), so its redeliveries are recognised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OrderStatus {
-    Confirmed,
-    Paid,
-    Cancelled,
-    Failed,
-}
-
-impl OrderStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OrderStatus::Confirmed => "confirmed",
-            OrderStatus::Paid => "paid",
-            OrderStatus::Cancelled => "cancelled",
-            OrderStatus::Failed => "failed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "confirmed" => OrderStatus::Confirmed,
-            "paid" => OrderStatus::Paid,
-            "cancelled" => OrderStatus::Cancelled,
-            "failed" => OrderStatus::Failed,
-            _ => return None,
-        })
-    }
-}
-
-/// Why the database refused a request (stored in `orders.failure_reason`).
-pub mod reason {
-    /// DB stock was lower than Redis believed.
-    pub const SOLD_OUT: &str = "sold_out";
-    /// The user already holds another order for the activity.
-    pub const ALREADY_PURCHASED: &str = "already_purchased";
-    /// The reservation was given back (by reconcile) before the message was processed.
-    pub const RESERVATION_EXPIRED: &str = "reservation_expired";
-    /// The activity does not exist in the database.
-    pub const UNKNOWN_ACTIVITY: &str = "unknown_activity";
-    /// The order message could not be sent (the caller was told 503).
-    pub const SEND_FAILED: &str = "send_failed";
-    /// The purchase script's answer did not arrive in time (the caller was told 503).
-    pub const UNAVAILABLE: &str = "unavailable";
 }
 
 /// One order row, as its owner sees it after paying.
@@ -80,9 +33,8 @@ pub struct Order {
     pub activity_id: i64,
     pub user_id: String,
     pub quantity: i64,
-    /// `confirmed`, `paid`, `cancelled` or `failed`.
-    pub status: String,
-    pub failure_reason: Option<String>,
+    pub status: OrderStatus,
+    pub failure_reason: Option<FailureReason>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub paid_at: Option<DateTime<Utc>>,
@@ -127,7 +79,7 @@ pub async fn latest_for_user(
     order_rows!(
         "select ",
         " from orders where activity_id = $1 and user_id = $2
-         order by (status in ('confirmed', 'paid')) desc, created_at desc, id desc limit 1",
+         order by order_is_live(status) desc, created_at desc, id desc limit 1",
         activity_id,
         user_id
     )
@@ -150,7 +102,7 @@ pub async fn exists_for(db: impl PgExecutor<'_>, activity_id: i64) -> Result<boo
 pub async fn sold_quantity(db: impl PgExecutor<'_>, activity_id: i64) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
         r#"select coalesce(sum(quantity), 0)::bigint as "sold!" from orders
-         where activity_id = $1 and status in ('confirmed', 'paid')"#,
+         where activity_id = $1 and order_is_live(status)"#,
         activity_id
     )
     .fetch_one(db)
@@ -208,7 +160,7 @@ pub async fn insert_confirmed_batch(
 pub async fn insert_failed(
     db: impl PgExecutor<'_>,
     m: &Attempt,
-    why: &str,
+    why: FailureReason,
 ) -> Result<bool, sqlx::Error> {
     let inserted = sqlx::query!(
         "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
@@ -218,7 +170,7 @@ pub async fn insert_failed(
         m.activity_id,
         m.user_id,
         m.quantity,
-        why
+        why.as_str()
     )
     .execute(db)
     .await?;
@@ -249,7 +201,7 @@ pub async fn unanswered_after(
          where activity_id = $1 and status = 'failed' and failure_reason = $2 and id > $3
          order by id limit $4",
         activity_id,
-        reason::UNAVAILABLE,
+        FailureReason::Unavailable.as_str(),
         after_id,
         limit
     )
@@ -279,7 +231,7 @@ pub async fn live_holders(
 ) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
     let rows = sqlx::query!(
         "select user_id, request_id from orders
-         where activity_id = $1 and status in ('confirmed', 'paid')",
+         where activity_id = $1 and order_is_live(status)",
         activity_id
     )
     .fetch_all(db)
@@ -300,7 +252,7 @@ pub async fn live_holders_among(
 ) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
     let rows = sqlx::query!(
         "select user_id, request_id from orders
-         where activity_id = $1 and user_id = any($2) and status in ('confirmed', 'paid')",
+         where activity_id = $1 and user_id = any($2) and order_is_live(status)",
         activity_id,
         users
     )
@@ -323,7 +275,7 @@ pub async fn live_holders_after(
 ) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
     let rows = sqlx::query!(
         "select user_id, request_id from orders
-         where activity_id = $1 and user_id > $2 and status in ('confirmed', 'paid')
+         where activity_id = $1 and user_id > $2 and order_is_live(status)
          order by user_id limit $3",
         activity_id,
         after,
@@ -462,12 +414,12 @@ pub async fn tally(db: impl PgExecutor<'_>, activity_id: i64) -> Result<Tally, s
              count(*) filter (where status = 'confirmed') as "confirmed!",
              coalesce(sum(quantity) filter (where status = 'confirmed'), 0)::bigint
                  as "confirmed_units!",
-             count(*) filter (where status in ('confirmed', 'paid')) as "live!",
-             coalesce(sum(quantity) filter (where status in ('confirmed', 'paid')), 0)::bigint
+             count(*) filter (where order_is_live(status)) as "live!",
+             coalesce(sum(quantity) filter (where order_is_live(status)), 0)::bigint
                  as "live_units!",
              count(*) filter (where status = 'failed') as "failed!",
              (select count(*) from (select user_id from orders
-                where activity_id = $1 and status in ('confirmed', 'paid')
+                where activity_id = $1 and order_is_live(status)
                 group by user_id having count(*) > 1) d) as "users_with_two_live!"
            from orders where activity_id = $1"#,
         activity_id

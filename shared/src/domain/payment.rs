@@ -1,8 +1,8 @@
 //! Payments: one per order, started at the provider for the order's amount, and the provider
 //! events that decided something, each stored once under its id.
 
+use super::status::PaymentStatus;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor};
 
 /// `sqlx::query_as!(Payment, "select <the columns> from payments " + <tail>, args…)`: the one
@@ -11,9 +11,9 @@ macro_rules! payment_rows {
     ($tail:tt $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             Payment,
-            "select order_id, provider, provider_payment_id, amount_minor, currency, status,
-                    created_at
-             from payments " + $tail
+            r#"select order_id, provider, provider_payment_id, amount_minor, currency,
+                    status as "status: PaymentStatus", created_at
+             from payments "# + $tail
             $(, $arg)*
         )
     };
@@ -27,40 +27,20 @@ pub struct Payment {
     pub provider_payment_id: String,
     pub amount_minor: i64,
     pub currency: String,
-    /// `requires_payment` or `succeeded`.
-    pub status: String,
+    pub status: PaymentStatus,
     pub created_at: DateTime<Utc>,
 }
 
-/// What a provider event came to (`payment_events.outcome`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// It paid the order.
-    Paid,
-    /// The order was already paid by this payment (another event of it came first).
-    AlreadyPaid,
-    /// The order can no longer be paid (released, cancelled, past the payment timeout): the
-    /// money is owed back, the unit stays where it is.
-    RefundDue,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Paid => "paid",
-            Outcome::AlreadyPaid => "already_paid",
-            Outcome::RefundDue => "refund_due",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "paid" => Outcome::Paid,
-            "already_paid" => Outcome::AlreadyPaid,
-            "refund_due" => Outcome::RefundDue,
-            _ => return None,
-        })
+crate::domain::status::text_enum! {
+    /// What a provider event came to (`payment_events.outcome`).
+    pub enum Outcome {
+        /// It paid the order.
+        Paid = "paid",
+        /// The order was already paid by this payment (another event of it came first).
+        AlreadyPaid = "already_paid",
+        /// The order can no longer be paid (released, cancelled, past the payment timeout):
+        /// the money is owed back, the unit stays where it is.
+        RefundDue = "refund_due",
     }
 }
 
@@ -139,12 +119,13 @@ pub async fn event_outcome(
     event_id: &str,
 ) -> Result<Option<(Outcome, i64)>, sqlx::Error> {
     let row = sqlx::query!(
-        "select outcome, order_id from payment_events where event_id = $1",
+        r#"select outcome as "outcome: Outcome", order_id from payment_events
+         where event_id = $1"#,
         event_id
     )
     .fetch_optional(db)
     .await?;
-    Ok(row.and_then(|r| Some((Outcome::parse(&r.outcome)?, r.order_id))))
+    Ok(row.map(|r| (r.outcome, r.order_id)))
 }
 
 /// One provider event that decided something.

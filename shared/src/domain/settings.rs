@@ -32,31 +32,15 @@ pub const MAX_PRICE_MINOR: i64 = 99_999_999;
 #[error("{0}")]
 pub struct Invalid(pub String);
 
-/// How a sale admits its buyers at the opening.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// First come, first served: purchases are decided in the order Redis runs them.
-    Fcfs,
-    /// Purchases of the first `drawWindowMs` after the start enter a pool; when the window
-    /// closes the winners are drawn at random (`lua/draw.lua`), and what they leave is sold
-    /// first come, first served.
-    Draw,
-}
-
-impl Admission {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "fcfs" => Some(Admission::Fcfs),
-            "draw" => Some(Admission::Draw),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Admission::Fcfs => "fcfs",
-            Admission::Draw => "draw",
-        }
+crate::domain::status::text_enum! {
+    /// How a sale admits its buyers at the opening (`activities.admission`).
+    pub enum Admission {
+        /// First come, first served: purchases are decided in the order Redis runs them.
+        Fcfs = "fcfs",
+        /// Purchases of the first `drawWindowMs` after the start enter a pool; when the window
+        /// closes the winners are drawn at random (`lua/draw.lua`), and what they leave is
+        /// sold first come, first served.
+        Draw = "draw",
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::LazyLock;
 
 use crate::domain::refusal::Refusal;
 use crate::domain::settings::Invalid;
+use crate::protocol::admin::ChangeError;
 use crate::protocol::cancel::CancelError;
 use crate::protocol::draw::DrawError;
 use crate::protocol::lock::LockError;
@@ -202,6 +203,23 @@ impl From<LockError> for ApiError {
             LockError::Lost | LockError::StaleToken { .. } => ApiError::StaleToken(e.to_string()),
             LockError::Store(c) => c.into(),
             LockError::Db(d) => d.into(),
+        }
+    }
+}
+
+/// A change refused by a rule is a 400 (a field) or a 409 (what may change once the sale
+/// started, stock below what is sold); an unknown sale 404; the lock's answers as the lock's.
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Invalid(invalid) => invalid.into(),
+            ChangeError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            ChangeError::BelowSold(_) | ChangeError::Conflict(_) => {
+                ApiError::Conflict(e.to_string())
+            }
+            ChangeError::Lock(l) => l.into(),
+            ChangeError::Db(d) => d.into(),
+            ChangeError::Store(c) => c.into(),
         }
     }
 }

@@ -8,7 +8,8 @@
 //! docs/invariants.md, "Cancel", has the steps and what a crash at each leaves.
 
 use crate::domain::activity::{self, Phase};
-use crate::domain::order::{self, Order, OrderStatus};
+use crate::domain::order::{self, Order};
+use crate::domain::status::OrderStatus;
 use crate::infra::pause;
 use crate::protocol::restore::{self, RestoreError, Restorer};
 use crate::store::cancel::{self, CancelAttempt, CancelBegin};
@@ -47,7 +48,7 @@ pub enum CancelOutcome {
     /// The order was already cancelled: nothing changed (a double cancel is a no-op).
     AlreadyCancelled,
     /// The order is in a state that cannot be cancelled (`paid`, `failed`); carries the status.
-    NotCancellable(String),
+    NotCancellable(OrderStatus),
     /// Another ledger entry of the user is in flight; retry shortly (HTTP 409 `busy`).
     Busy,
 }
@@ -123,16 +124,16 @@ pub async fn cancel_order(
 /// The answer for an order already in a final state (final states never change again, so a
 /// stale read of one is still the truth); `None` for a confirmed order, which may be cancelled.
 async fn already_final(redis: &Redis, order: &Order) -> Result<Option<CancelOutcome>, CancelError> {
-    match OrderStatus::parse(&order.status) {
-        Some(OrderStatus::Confirmed) => Ok(None),
-        Some(OrderStatus::Cancelled) => {
+    match order.status {
+        OrderStatus::Confirmed => Ok(None),
+        OrderStatus::Cancelled => {
             // Finishes the committed attempt's Redis half if a crash left it (guarded by its id).
             if let Some(cancel_id) = order.cancel_id {
                 ledger::cancel_finish(redis, order.home(), &order.user_id, cancel_id).await?;
             }
             Ok(Some(CancelOutcome::AlreadyCancelled))
         }
-        _ => Ok(Some(CancelOutcome::NotCancellable(order.status.clone()))),
+        status => Ok(Some(CancelOutcome::NotCancellable(status))),
     }
 }
 
@@ -186,7 +187,7 @@ async fn regain_field(
 ) -> Result<bool, CancelError> {
     let confirmed = order::get(pool, attempt.order_id)
         .await?
-        .is_some_and(|o| o.status == OrderStatus::Confirmed.as_str());
+        .is_some_and(|o| o.status == OrderStatus::Confirmed);
     if !confirmed {
         return Ok(false);
     }
@@ -201,18 +202,17 @@ async fn regain_field(
 /// could not be restored yet (another entry of the user is in flight, or another canceller's
 /// restore took it over): the attempt changes nothing and answers `Busy`.
 async fn not_held(pool: &PgPool, order: &Order) -> Result<CancelOutcome, CancelError> {
-    let row = order::get(pool, order.id).await?;
-    let status = row.map(|o| o.status).unwrap_or_default();
-    Ok(match OrderStatus::parse(&status) {
-        Some(OrderStatus::Cancelled) => CancelOutcome::AlreadyCancelled,
-        Some(OrderStatus::Confirmed) => {
+    let status = status_of(pool, order.id).await?;
+    Ok(match status {
+        OrderStatus::Cancelled => CancelOutcome::AlreadyCancelled,
+        OrderStatus::Confirmed => {
             tracing::warn!(
                 order_id = order.id,
                 "a confirmed order whose field in users could not be restored yet"
             );
             CancelOutcome::Busy
         }
-        _ => CancelOutcome::NotCancellable(status),
+        status => CancelOutcome::NotCancellable(status),
     })
 }
 
@@ -226,23 +226,28 @@ async fn decided_first(
     epoch: Option<i64>,
 ) -> Result<CancelOutcome, CancelError> {
     let (user, cancel_id) = (attempt.user_id, attempt.cancel_id);
-    let row = order::get(pool, attempt.order_id).await?;
-    let status = row.as_ref().map(|o| o.status.clone()).unwrap_or_default();
+    let row = order::get(pool, attempt.order_id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
     if epoch.is_some() {
-        if row.as_ref().and_then(|o| o.cancel_id) == Some(cancel_id) {
+        if row.cancel_id == Some(cancel_id) {
             ledger::cancel_finish(redis, attempt.home(), user, cancel_id).await?;
         } else {
             ledger::settle(redis, attempt.home(), user, &cancel_id.to_string()).await?;
         }
     }
-    if status == OrderStatus::Cancelled.as_str() {
-        Ok(CancelOutcome::AlreadyCancelled)
-    } else if status == OrderStatus::Confirmed.as_str() {
+    Ok(match row.status {
+        OrderStatus::Cancelled => CancelOutcome::AlreadyCancelled,
         // Reconcile aborted this attempt (its announcement went stale): try again.
-        Ok(CancelOutcome::Busy)
-    } else {
-        Ok(CancelOutcome::NotCancellable(status))
-    }
+        OrderStatus::Confirmed => CancelOutcome::Busy,
+        status => CancelOutcome::NotCancellable(status),
+    })
+}
+
+/// The order's status as the row says it now (rows are never deleted).
+async fn status_of(pool: &PgPool, order_id: i64) -> Result<OrderStatus, CancelError> {
+    let row = order::get(pool, order_id).await?;
+    Ok(row.ok_or(sqlx::Error::RowNotFound)?.status)
 }
 
 /// Whether the sale has ended: no loader loads it again, so its Redis state is not needed.
@@ -266,8 +271,7 @@ async fn other_attempt(
     order: &Order,
 ) -> Result<CancelOutcome, CancelError> {
     let cancelled = || async {
-        let status = order::get(pool, order.id).await?.map(|o| o.status);
-        Ok::<_, CancelError>(status.as_deref() == Some(OrderStatus::Cancelled.as_str()))
+        Ok::<_, CancelError>(status_of(pool, order.id).await? == OrderStatus::Cancelled)
     };
     // The other attempt may have finished (and its entry gone) since our announcement failed.
     if cancelled().await? {

@@ -7,8 +7,9 @@
 //! entry is dropped, each guarded by the exact ledger entry, so it happens once.
 //! docs/invariants.md, "The rule: one arbiter per unit".
 
-use crate::domain::order::{self, reason, Order, OrderStatus};
+use crate::domain::order::{self, Order};
 use crate::domain::purchase::Attempt;
+use crate::domain::status::{FailureReason, OrderStatus};
 use crate::store::conn::{Redis, StoreError};
 use crate::store::keys::Home;
 use crate::store::ledger::{self, Compensation};
@@ -36,7 +37,11 @@ pub enum Claim {
 }
 
 /// Claims `attempt` as failed with `why`, under its request id.
-pub async fn claim(pool: &PgPool, attempt: &Attempt, why: &str) -> Result<Claim, sqlx::Error> {
+pub async fn claim(
+    pool: &PgPool,
+    attempt: &Attempt,
+    why: FailureReason,
+) -> Result<Claim, sqlx::Error> {
     match order::insert_failed(pool, attempt, why).await {
         Ok(true) => Ok(Claim::Won),
         Ok(false) => match order::by_request(pool, attempt.request_id).await? {
@@ -51,8 +56,8 @@ pub async fn claim(pool: &PgPool, attempt: &Attempt, why: &str) -> Result<Claim,
 
 /// How much a `failed` row with `why` gives back: a user refused because they already hold
 /// an order keeps their field in `users`; every other failure removes them.
-pub fn compensation_for(why: Option<&str>) -> Compensation {
-    if why == Some(reason::ALREADY_PURCHASED) {
+pub fn compensation_for(why: Option<FailureReason>) -> Compensation {
+    if why == Some(FailureReason::AlreadyPurchased) {
         Compensation::StockOnly
     } else {
         Compensation::Full
@@ -62,8 +67,8 @@ pub fn compensation_for(why: Option<&str>) -> Compensation {
 /// Applies what the database decided to the request's ledger entry: a `failed` row gives the
 /// units back, any other row drops the entry. Returns the units given back by this call.
 pub async fn apply(redis: &Redis, row: &Order) -> Result<Option<i64>, StoreError> {
-    if OrderStatus::parse(&row.status) == Some(OrderStatus::Failed) {
-        let mode = compensation_for(row.failure_reason.as_deref());
+    if row.status == OrderStatus::Failed {
+        let mode = compensation_for(row.failure_reason);
         ledger::compensate(redis, row.home(), &row.user_id, row.request_id, mode).await
     } else {
         ledger::settle(redis, row.home(), &row.user_id, &row.request_id.to_string()).await?;
@@ -88,7 +93,7 @@ impl GiveBack {
     /// The order the request became, if the database holds one (live, paid or cancelled).
     pub fn order(&self) -> Option<&Order> {
         match self {
-            GiveBack::Decided(row) if row.status != OrderStatus::Failed.as_str() => Some(row),
+            GiveBack::Decided(row) if row.status != OrderStatus::Failed => Some(row),
             _ => None,
         }
     }
@@ -101,7 +106,7 @@ pub async fn give_back(
     pool: &PgPool,
     redis: &Redis,
     attempt: &Attempt,
-    why: &str,
+    why: FailureReason,
 ) -> Result<GiveBack, GiveBackError> {
     let r = attempt;
     Ok(match claim(pool, r, why).await? {

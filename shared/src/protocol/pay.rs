@@ -8,8 +8,9 @@
 //! is recorded `refund_due`: money back, never a unit back on sale.
 
 use crate::domain::activity;
-use crate::domain::order::{self, Order, OrderStatus};
+use crate::domain::order::{self, Order};
 use crate::domain::payment::{self, EventRow, Outcome, Payment};
+use crate::domain::status::{OrderStatus, PaymentStatus};
 use crate::infra::pause;
 use crate::infra::payments::{
     Event, PaymentRequest, Provider, ProviderError, StartedPayment, SUCCEEDED,
@@ -58,18 +59,21 @@ pub async fn start(
     timeout: Duration,
 ) -> Result<Started, StartError> {
     let existing = payment::of_order(pool, order.id).await?;
-    if let Some(p) = existing.as_ref().filter(|p| p.status == "succeeded") {
+    if let Some(p) = existing
+        .as_ref()
+        .filter(|p| p.status == PaymentStatus::Succeeded)
+    {
         return Ok(Started::Paid(p.clone()));
     }
-    match OrderStatus::parse(&order.status) {
-        Some(OrderStatus::Paid) => {
+    match order.status {
+        OrderStatus::Paid => {
             if let Some(p) = existing {
                 return Ok(Started::Paid(p));
             }
             return Ok(Started::NotPayable(format!("order {} is paid", order.id)));
         }
-        Some(OrderStatus::Confirmed) if now < payment_deadline(order, timeout) => {}
-        Some(OrderStatus::Confirmed) => {
+        OrderStatus::Confirmed if now < payment_deadline(order, timeout) => {}
+        OrderStatus::Confirmed => {
             return Ok(Started::NotPayable(format!(
                 "order {} is past its payment timeout and is being released",
                 order.id
@@ -207,9 +211,9 @@ pub async fn settle(
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     pause::point("pay.settle_locked", order.activity_id).await;
-    let outcome = match OrderStatus::parse(&order.status) {
-        Some(OrderStatus::Paid) => Outcome::AlreadyPaid,
-        Some(OrderStatus::Confirmed) if now < payment_deadline(&order, timeout) => {
+    let outcome = match order.status {
+        OrderStatus::Paid => Outcome::AlreadyPaid,
+        OrderStatus::Confirmed if now < payment_deadline(&order, timeout) => {
             order::mark_paid(&mut tx, order.id, now)
                 .await?
                 .ok_or(sqlx::Error::RowNotFound)?;

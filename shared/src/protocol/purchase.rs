@@ -1,101 +1,27 @@
-//! A purchase, across the buckets of a sale: [`enter`] runs `lua/purchase.lua` in the buyer's
-//! home bucket, and when a bucketed sale's home bucket is short, borrows from the others
-//! (`lua/borrow.lua`) and asks again with the borrowed units as credits. The container's
-//! [`Hints`] skip donors it saw empty a moment ago; a buyer is told `sold_out` only after a
-//! sale-wide check (every bucket's stock and stock sequence, read twice) found every bucket
-//! empty, within the last [`Hints::SOLD_OUT_FRESH`]. docs/invariants.md, "Entry: a purchase"
-//! and "Bucketed sales".
+//! A purchase, the entry's part of it: [`enter`] decides it in Redis (`lua/purchase.lua` in
+//! the buyer's home bucket; a bucketed sale's short home bucket borrows,
+//! [`crate::protocol::buckets`]), [`send_order`] puts the reservation on the order queue, and
+//! the rules of what a 503 means: a script whose answer did not come in time is claimed in the
+//! database and given back ([`unanswered`]), a failed send is decided by the arbiter
+//! ([`send_order`]), a draw entry whose send failed leaves the pool ([`send_entry`]). Each
+//! answers a verdict the entry maps to 202 or 503. docs/invariants.md, "Entry: a purchase",
+//! "What a 503 means" and "Draw admission".
 
-use crate::domain::purchase::Attempt;
+use crate::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use crate::domain::refusal::Refusal;
+use crate::domain::status::{FailureReason, OrderStatus};
 use crate::infra::pause;
+use crate::infra::sqs::{OrderQueue, QueueError};
+use crate::protocol::buckets::{self, Hints};
+use crate::protocol::giveback::{self, Claim, GiveBackError};
 use crate::store::buckets::loaded_count;
 use crate::store::conn::{Redis, StoreError};
-use crate::store::keys::{self, Bucket, Home};
-use crate::store::ledger;
-use crate::store::purchase::Code;
-use crate::store::purchase::{self, Answer, Credit, Credited, Reservation};
-use crate::store::scripts::unknown_answer;
-use crate::store::view;
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
-use uuid::Uuid;
-
-/// What one container saw of a bucketed sale's buckets a moment ago: the donors a borrow found
-/// empty (skipped by the next short buyers for [`Hints::EMPTY_FRESH`]), and the sales a
-/// sale-wide check found empty in every bucket (a short buyer is told `sold_out` on it for
-/// [`Hints::SOLD_OUT_FRESH`] without asking a donor). A hint only saves calls: a buyer is never
-/// told `sold_out` on hints alone, only on a sale-wide check. Cheap to clone (one per
-/// container, shared by its requests); [`Hints::none`] keeps nothing.
-#[derive(Clone, Debug, Default)]
-pub struct Hints(Option<Arc<HintsInner>>);
-
-#[derive(Debug, Default)]
-struct HintsInner {
-    /// (sale, bucket index) → when a borrow found it empty.
-    empty: RwLock<HashMap<(i64, u32), Instant>>,
-    /// sale → when a sale-wide check found every bucket empty.
-    sold_out: RwLock<HashMap<i64, Instant>>,
-}
-
-impl Hints {
-    /// How long a donor a borrow found empty is skipped.
-    pub const EMPTY_FRESH: Duration = Duration::from_millis(1000);
-    /// How long a sale-wide check that found every bucket empty answers short buyers.
-    pub const SOLD_OUT_FRESH: Duration = Duration::from_millis(250);
-    /// Entries kept before the stale ones are dropped.
-    const KEPT: usize = 4096;
-
-    /// A container's hints.
-    pub fn new() -> Self {
-        Self(Some(Arc::default()))
-    }
-
-    /// No hints: every short buyer asks every donor, then checks the whole sale.
-    pub fn none() -> Self {
-        Self(None)
-    }
-
-    fn empty_now(&self, bucket: Bucket) -> bool {
-        let Some(h) = &self.0 else { return false };
-        let empty = h.empty.read().unwrap_or_else(|p| p.into_inner());
-        matches!(empty.get(&(bucket.activity_id, bucket.index)), Some(at) if at.elapsed() < Self::EMPTY_FRESH)
-    }
-
-    fn saw_empty(&self, bucket: Bucket, empty: bool) {
-        let Some(h) = &self.0 else { return };
-        let mut seen = h.empty.write().unwrap_or_else(|p| p.into_inner());
-        if seen.len() > Self::KEPT {
-            seen.retain(|_, at| at.elapsed() < Self::EMPTY_FRESH);
-        }
-        let key = (bucket.activity_id, bucket.index);
-        if empty {
-            seen.insert(key, Instant::now());
-        } else {
-            seen.remove(&key);
-        }
-    }
-
-    fn sold_out_now(&self, activity_id: i64) -> bool {
-        let Some(h) = &self.0 else { return false };
-        let sold_out = h.sold_out.read().unwrap_or_else(|p| p.into_inner());
-        matches!(sold_out.get(&activity_id), Some(at) if at.elapsed() < Self::SOLD_OUT_FRESH)
-    }
-
-    fn saw_sold_out(&self, activity_id: i64, sold_out: bool) {
-        let Some(h) = &self.0 else { return };
-        let mut seen = h.sold_out.write().unwrap_or_else(|p| p.into_inner());
-        if seen.len() > Self::KEPT {
-            seen.retain(|_, at| at.elapsed() < Self::SOLD_OUT_FRESH);
-        }
-        if sold_out {
-            seen.insert(activity_id, Instant::now());
-        } else {
-            seen.remove(&activity_id);
-        }
-    }
-}
+use crate::store::draw::{self as pool, Left};
+use crate::store::keys::Home;
+use crate::store::ledger::{self, Compensation};
+use crate::store::purchase::{self, Answer, Reservation};
+use sqlx::PgPool;
+use std::time::Duration;
 
 /// What a purchase attempt came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,230 +77,279 @@ pub async fn enter(
                 continue;
             }
             Answer::Short { stock } => {
-                borrow_and_buy(redis, hints, attempt, deadline_ms, home, stock).await
+                match buckets::borrow_and_buy(redis, hints, attempt, deadline_ms, home, stock)
+                    .await?
+                {
+                    Answer::Accepted(r) => Ok(Outcome::Reserved(r)),
+                    Answer::Refused(r) => Ok(Outcome::Refused(r)),
+                    other => Err(unexpected(&other)),
+                }
             }
         };
     }
-    Err(layout_changed(attempt.activity_id))
+    Err(buckets::layout_changed(attempt.activity_id))
 }
 
-/// The home bucket holds `stock` units, fewer than asked: take what is missing from the other
-/// buckets, starting at a random one so that short buyers spread over the donors (those the
-/// container saw empty a moment ago skipped), and buy with the units taken as credits. No
-/// donor gave anything: `sold_out` once a sale-wide check finds every bucket empty; one it
-/// finds holding units is asked once more.
-async fn borrow_and_buy(
+/// An answer of `purchase.lua` the purchase path never expects at this point.
+fn unexpected(answer: &Answer) -> StoreError {
+    StoreError::Redis(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "unexpected purchase answer",
+        format!("{answer:?}"),
+    )))
+}
+
+/// What became of an accepted purchase's order message.
+#[derive(Debug)]
+pub enum Sent {
+    /// On the queue: 202 `pending`.
+    Queued,
+    /// The send failed or timed out (the message may be stored all the same); the arbiter
+    /// decided what that means.
+    Failed { error: QueueError, then: AfterSend },
+}
+
+/// What the arbiter made of an order message whose send failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterSend {
+    /// The consumer committed first: the request is an order, 202 `pending`.
+    Ordered,
+    /// Claimed and given back: 503, nothing sold.
+    GivenBack,
+    /// Claimed; the Redis half waits for reconcile's next run (the `failed` row makes the 503
+    /// true): 503.
+    Claimed,
+    /// The database is out of reach: the outcome is not the entry's to tell, and the request
+    /// stays pending (the consumer commits it, or reconcile gives it back): 202 `pending`.
+    Undecided,
+}
+
+impl AfterSend {
+    /// Whether the caller is answered 202 `pending` (else 503).
+    pub fn pending(self) -> bool {
+        matches!(self, AfterSend::Ordered | AfterSend::Undecided)
+    }
+}
+
+/// Sends the accepted purchase's order message; a send that failed is given back through the
+/// arbiter: if this call claims it, nothing can commit it any more ([`AfterSend::GivenBack`],
+/// [`AfterSend::Claimed`]); if the consumer committed first, it is an order; if the database
+/// cannot be reached, the request stays pending.
+pub async fn send_order(
+    queue: &OrderQueue,
+    pool: &PgPool,
     redis: &Redis,
-    hints: &Hints,
-    attempt: &Attempt,
-    deadline_ms: i64,
-    home: Bucket,
-    stock: i64,
-) -> Result<Outcome, StoreError> {
-    let sold_out = Outcome::Refused(Refusal::SoldOut { stock_left: stock });
-    if hints.sold_out_now(attempt.activity_id) {
-        return Ok(sold_out);
-    }
-    let mut need = attempt.quantity - stock;
-    let mut credits = Vec::new();
-    // Every transfer id asked for, answered or not: a borrow whose answer was lost may still
-    // have taken units.
-    let mut asked: Vec<(Bucket, Uuid)> = Vec::new();
-    let start = rand::random_range(0..home.count);
-    let donors: Vec<Bucket> = (0..home.count)
-        .map(|step| (start + step) % home.count)
-        .filter(|&index| index != home.index)
-        .map(|index| home.sibling(index))
-        .collect();
-    let mut unasked: Vec<Bucket> = donors
-        .iter()
-        .copied()
-        .filter(|d| !hints.empty_now(*d))
-        .collect();
-    for round in 0..2 {
-        for donor in unasked.drain(..) {
-            let id = Uuid::new_v4();
-            asked.push((donor, id));
-            pause::point("purchase.borrow", attempt.activity_id).await;
-            match purchase::borrow(redis, donor, home, id, need).await {
-                Ok(Some(credit)) => {
-                    hints.saw_empty(donor, false);
-                    need -= credit.units;
-                    credits.push(credit);
-                    if need <= 0 {
-                        break;
-                    }
-                }
-                Ok(None) => {
-                    hints.saw_empty(donor, true);
-                    asked.pop();
-                }
-                Err(e) => {
-                    finish_later(redis, home, asked);
-                    return Err(e);
-                }
-            }
+    message: &OrderMessage,
+) -> Sent {
+    let a = &message.attempt;
+    let Err(error) = queue.send(message, a.activity_id).await else {
+        return Sent::Queued;
+    };
+    pause::point("entry.after_send_error", a.activity_id).await;
+    let (activity_id, request_id) = (a.activity_id, a.request_id);
+    let then = match giveback::give_back(pool, redis, a, FailureReason::SendFailed).await {
+        Ok(done) if done.order().is_some() => {
+            tracing::info!(activity_id, %request_id, %error, "send reported a failure but the order is in");
+            AfterSend::Ordered
         }
-        if !credits.is_empty() || round == 1 {
-            break;
+        Ok(done) => {
+            tracing::warn!(activity_id, %request_id, %error, ?done, "send failed; reservation given back");
+            AfterSend::GivenBack
         }
-        // Nothing borrowed: the whole sale, read, before anyone is told `sold_out`. Units given
-        // back to a donor after it was asked show here.
-        pause::point("purchase.before_check", attempt.activity_id).await;
-        match holding(redis, home).await {
-            Ok(found) if found.is_empty() => {
-                hints.saw_sold_out(attempt.activity_id, true);
-                return Ok(sold_out);
-            }
-            Ok(found) => {
-                unasked = donors
-                    .iter()
-                    .copied()
-                    .filter(|d| found.contains(d))
-                    .collect();
-                for d in &unasked {
-                    hints.saw_empty(*d, false);
-                }
-            }
-            Err(e) => return Err(e),
+        Err(e @ GiveBackError::Store(_)) => {
+            tracing::warn!(activity_id, %request_id, %error, compensation_error = %e, "send failed; units go back with reconcile's next run");
+            AfterSend::Claimed
         }
-    }
-    if credits.is_empty() {
-        return Ok(sold_out);
-    }
-    // Between the two steps of the transfers: the units are in the donors' ledgers. The
-    // failure stands for a crash here: nothing of this call finishes them, reconcile does.
-    pause::point("purchase.after_borrow", attempt.activity_id).await;
-    if pause::fail("purchase.after_borrow", attempt.activity_id) {
-        return Err(StoreError::Timeout(redis.timeout));
-    }
-    pause::point("purchase.home", attempt.activity_id).await;
-    let (answer, credited) = match purchase::run(redis, home, attempt, deadline_ms, &credits).await
-    {
-        Ok(answer) => answer,
         Err(e) => {
-            finish_later(redis, home, asked);
-            return Err(e);
+            tracing::error!(activity_id, %request_id, %error, claim_error = %e,
+                "send failed and the database is out of reach; the request stays pending");
+            AfterSend::Undecided
         }
     };
-    if credited {
-        let mut unfinished = Vec::new();
-        for c in &credits {
-            if let Err(e) = finish_transfer(redis, c).await {
-                tracing::warn!(transfer = %c.id, error = %e, "transfer entry not dropped yet");
-                unfinished.push((c.donor, c.id));
+    Sent::Failed { error, then }
+}
+
+/// What became of a draw entry's message.
+#[derive(Debug)]
+pub enum EntrySent {
+    /// On the queue, or (the send failed and the database is out of reach) kept in Redis
+    /// only: 202 `queued`.
+    Queued,
+    /// The send failed: claimed as a 503 and taken out of the pool. 503.
+    TakenBack(QueueError),
+}
+
+/// Sends a draw entry Redis put in the pool to the order queue, so that the database keeps it
+/// (a pool Redis loses is rebuilt from what it keeps). A failed send claims the request as a
+/// 503 (`failed`, `unavailable`: the draw's callers take such entries out of the pool, should
+/// this call's leave not get through) and takes the entry out of the pool; with the database
+/// out of reach too the entry stays, in Redis only (it takes part in the draw unless Redis
+/// loses the sale).
+pub async fn send_entry(
+    queue: &OrderQueue,
+    pool: &PgPool,
+    redis: &Redis,
+    attempt: Attempt,
+) -> EntrySent {
+    let (activity_id, request_id) = (attempt.activity_id, attempt.request_id);
+    let message = OrderMessage {
+        attempt,
+        reserved_at_ms: chrono::Utc::now().timestamp_millis(),
+        load_epoch: None,
+        kind: MessageKind::Entry,
+    };
+    let sent = if pause::fail("entry.enter.send", activity_id) {
+        Err(QueueError::Timeout(queue.timeout))
+    } else {
+        queue.send(&message, activity_id).await
+    };
+    let Err(error) = sent else {
+        return EntrySent::Queued;
+    };
+    let a = &message.attempt;
+    match giveback::claim(pool, a, FailureReason::Unavailable).await {
+        Ok(_) => {
+            if let Err(e) = pool::leave(redis, activity_id, &a.user_id, request_id).await {
+                // The claim stands: the draw's callers take the entry out before the draw.
+                tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
             }
+            tracing::warn!(activity_id, %request_id, %error, "draw entry not sent; taken back");
+            EntrySent::TakenBack(error)
         }
-        finish_later(redis, home, unfinished);
-    }
-    match answer {
-        Answer::Accepted(r) => Ok(Outcome::Reserved(r)),
-        Answer::Refused(r) => Ok(Outcome::Refused(r)),
-        // All the other buckets together held fewer units than asked; they are here now.
-        Answer::Short { stock } => Ok(Outcome::Refused(Refusal::SoldOut { stock_left: stock })),
-        Answer::Layout(_) => Err(layout_changed(attempt.activity_id)),
-        // Only a sale with one bucket is a draw sale.
-        Answer::Queued { .. } => Err(unknown_answer("purchase.lua", Code::Queued as i64)),
-        Answer::DrawDue => Err(unknown_answer("purchase.lua", Code::DrawDue as i64)),
+        Err(e) => {
+            tracing::error!(activity_id, %request_id, %error, claim_error = %e,
+                "draw entry not sent and the database is out of reach; it stays in the pool");
+            EntrySent::Queued
+        }
     }
 }
 
-/// The sale-wide check of a short buyer whose donors gave nothing: every bucket's stock and
-/// stock sequence, read at once (one read per bucket, side by side), then again. Answers the
-/// donors holding units; empty when every bucket read empty both times with no stock sequence
-/// moved between the reads (a unit given back or credited meanwhile moves it): the sale held
-/// no unit at one moment between the two reads, not only each bucket at its own.
-async fn holding(redis: &Redis, home: Bucket) -> Result<Vec<Bucket>, StoreError> {
-    let all: Vec<Bucket> = Bucket::all(home.activity_id, home.count).collect();
-    let read = || futures::future::try_join_all(all.iter().map(|b| view::stock_and_seq(redis, *b)));
-    let first = read().await?;
-    let second = read().await?;
-    let moved = first.iter().zip(&second).any(|(a, b)| a.1 != b.1);
-    let holding: Vec<Bucket> = all
-        .iter()
-        .zip(first.iter().zip(&second))
-        .filter(|(b, (x, y))| **b != home && (x.0 > 0 || y.0 > 0))
-        .map(|(b, _)| *b)
-        .collect();
-    if holding.is_empty() && moved {
-        // Units moved between the reads: not proven empty, every donor is asked once more.
-        return Ok(all.into_iter().filter(|b| *b != home).collect());
-    }
-    Ok(holding)
+/// A purchase whose script did not answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Claimed and given back, or (the database out of reach) taken out of the draw's pool:
+    /// 503, nothing happened.
+    Unavailable,
+    /// The request is an order already (a draw entry drawn, sent and committed before its
+    /// answer came), or a drawn winner whose order follows: 202 `pending`.
+    Ordered,
 }
 
-/// How often, and how far apart, a purchase that failed midway retries finishing the
-/// transfers it asked for.
-const FINISH_ATTEMPTS: u32 = 10;
-const FINISH_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often, and how far apart, the entry retries giving back an unanswered script's units.
+const GIVE_BACK_ATTEMPTS: u32 = 10;
+const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
-/// A purchase failed (Redis out of reach, an answer lost) after it asked donors for units:
-/// whatever they gave is put into the home bucket in the background for a few seconds, so
-/// the units are sellable again without waiting for reconcile's grace period (which remains
-/// the bound, in Lambda, where a background task runs only while the container serves).
-fn finish_later(redis: &Redis, home: Bucket, mut asked: Vec<(Bucket, Uuid)>) {
-    if asked.is_empty() {
-        return;
+/// A script whose answer never arrived may still have run: claim the request in the database
+/// (a `failed` row, so nothing can ever commit it) and give back what the ledger holds for it.
+/// The claim is awaited (it is what makes the coming 503 true); the Redis half, which may be
+/// what is stalled, is tried once (bounded by `bound`) and then retried in the background for a
+/// few seconds, and reconcile gives back a `failed` row's reservation on its next run whatever
+/// happens here. `units_back` runs each time units went back to Redis (the caller's sold-out
+/// memory of the sale is stale then). [`Unanswered::Ordered`] when the claim found the request
+/// an order already: only a draw's entry can be one; nothing is given back.
+pub async fn unanswered<F>(
+    pool: &PgPool,
+    redis: &Redis,
+    attempt: Attempt,
+    bound: Duration,
+    units_back: F,
+) -> Unanswered
+where
+    F: Fn() + Clone + Send + Sync + 'static,
+{
+    match giveback::claim(pool, &attempt, FailureReason::Unavailable).await {
+        Ok(Claim::Won) | Ok(Claim::UnknownActivity) => {}
+        Ok(Claim::Decided(row)) if row.status != OrderStatus::Failed => {
+            tracing::warn!(request_id = %attempt.request_id, status = %row.status,
+                "unanswered purchase is an order already");
+            return Unanswered::Ordered;
+        }
+        Ok(Claim::Decided(row)) => {
+            tracing::error!(status = %row.status, "fresh request id already decided");
+            return Unanswered::Unavailable;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not claim the unanswered purchase; reconcile gives it back after its grace period");
+            return leave_without_claim(redis, &attempt, bound).await;
+        }
+    }
+    // Between the claim and its Redis half: a draw may run meanwhile.
+    pause::point("entry.unanswered.after_claim", attempt.activity_id).await;
+    // One attempt now, bounded: a lost answer from a healthy Redis is undone before the 503
+    // goes out. A stalled Redis gets the rest in the background.
+    let first = tokio::time::timeout(bound, give_back_unanswered(redis, &attempt, &units_back));
+    if matches!(first.await, Ok(Ok(()))) {
+        return Unanswered::Unavailable;
     }
     let redis = redis.clone();
     tokio::spawn(async move {
-        for _ in 0..FINISH_ATTEMPTS {
-            tokio::time::sleep(FINISH_RETRY).await;
-            let mut left = Vec::new();
-            for (donor, id) in asked {
-                if finish_by_id(&redis, donor, home, id).await.is_err() {
-                    left.push((donor, id));
+        for n in 1..=GIVE_BACK_ATTEMPTS {
+            tokio::time::sleep(GIVE_BACK_RETRY).await;
+            match give_back_unanswered(&redis, &attempt, &units_back).await {
+                Ok(()) => return,
+                Err(e) if n == GIVE_BACK_ATTEMPTS => {
+                    tracing::warn!(request_id = %attempt.request_id, error = %e, "give-back left to reconcile");
                 }
+                Err(_) => {}
             }
-            if left.is_empty() {
+        }
+    });
+    Unanswered::Unavailable
+}
+
+/// The database took no claim: a draw entry still leaves the pool, so that no draw picks a
+/// request told 503. One the draw already made a winner stays (its message is on its way, and
+/// only the database could stop it): [`Unanswered::Ordered`], the caller answers 202 `pending`
+/// to follow it. The leave is tried once now and then in the background. A first-come sale
+/// has no pool: nothing to do, and its reservation (never sent) goes back after reconcile's
+/// grace period.
+async fn leave_without_claim(redis: &Redis, r: &Attempt, bound: Duration) -> Unanswered {
+    if r.buckets != 1 {
+        return Unanswered::Unavailable;
+    }
+    let now = tokio::time::timeout(
+        bound,
+        pool::leave_entry(redis, r.activity_id, &r.user_id, r.request_id),
+    );
+    match now.await {
+        Ok(Ok(Left::Winner)) => {
+            tracing::warn!(request_id = %r.request_id, "unanswered draw entry is a winner; its order follows");
+            return Unanswered::Ordered;
+        }
+        Ok(Ok(_)) => return Unanswered::Unavailable,
+        Ok(Err(_)) | Err(_) => {}
+    }
+    let (redis, r) = (redis.clone(), r.clone());
+    tokio::spawn(async move {
+        for _ in 0..GIVE_BACK_ATTEMPTS {
+            tokio::time::sleep(GIVE_BACK_RETRY).await;
+            if pool::leave_entry(&redis, r.activity_id, &r.user_id, r.request_id)
+                .await
+                .is_ok()
+            {
                 return;
             }
-            asked = left;
         }
-        tracing::warn!(transfers = asked.len(), "transfers left to reconcile");
+        tracing::warn!(request_id = %r.request_id, "draw entry of a 503 not taken out of the pool");
     });
+    Unanswered::Unavailable
 }
 
-/// Finishes the transfer `id` from `donor` into `home` if the donor's ledger holds it: the
-/// home bucket is credited (it takes an id once) and the entry dropped. `None`: nothing
-/// there (the borrow took nothing, or the transfer is finished). A transfer is never given
-/// back to its donor: its buyer may still credit it, and the units would count twice.
-pub async fn finish_by_id(
+/// The Redis half of [`unanswered`], after the claim.
+async fn give_back_unanswered(
     redis: &Redis,
-    donor: Bucket,
-    home: Bucket,
-    id: Uuid,
-) -> Result<Option<(Credited, i64)>, StoreError> {
-    let field = keys::transfer_field(id);
-    let Some(entry) = ledger::entry(redis, donor, &field).await? else {
-        return Ok(None);
-    };
-    let Some((_, epoch)) = entry.transfer else {
-        return Ok(None);
-    };
-    let credited = purchase::credit(redis, home, id, entry.quantity, epoch).await?;
-    match credited {
-        Credited::Now | Credited::Before => {
-            ledger::settle(redis, donor, &field, &id.to_string()).await?;
-        }
-        // A load from scratch is under way: it empties every bucket's ledger.
-        Credited::NotLoaded | Credited::OtherEpoch => {}
+    r: &Attempt,
+    units_back: &impl Fn(),
+) -> Result<(), StoreError> {
+    // A draw sale's entry: out of the pool (or, drawn a winner, given back below).
+    if r.buckets == 1 && pool::leave(redis, r.activity_id, &r.user_id, r.request_id).await? {
+        tracing::warn!(request_id = %r.request_id, "late draw entry taken out of the pool");
     }
-    Ok(Some((credited, entry.quantity)))
-}
-
-/// Drops a credited transfer's entry from its donor's ledger. A failure is retried in the
-/// background ([`finish_later`]), and reconcile finishes what is left after its grace period
-/// (crediting again is a no-op: the home bucket takes an id once).
-async fn finish_transfer(redis: &Redis, c: &Credit) -> Result<bool, StoreError> {
-    let field = keys::transfer_field(c.id);
-    ledger::settle(redis, c.donor, &field, &c.id.to_string()).await
-}
-
-fn layout_changed(activity_id: i64) -> StoreError {
-    StoreError::Redis(redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "bucket count changed during a purchase",
-        format!("activity {activity_id}"),
-    )))
+    let mode = Compensation::Full;
+    let units = ledger::compensate(redis, r.home(), &r.user_id, r.request_id, mode).await?;
+    if units.is_some() {
+        units_back();
+        tracing::warn!(request_id = %r.request_id, ?units, "late purchase script given back");
+    }
+    Ok(())
 }
