@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Checks template.yaml for what cfn-lint does not catch (see /TOOLCHAIN.md "Lambda tooling").
+"""Checks template.yaml for what cfn-lint does not catch.
+
+cfn-lint passes, for one, an SQS MaximumConcurrency below 2, a huge BatchSize and a queue
+visibility timeout shorter than its consumer's Timeout.
 
 Run with the project venv's python (it has cfn-lint, whose YAML loader understands !Ref/!GetAtt):
 
