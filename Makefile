@@ -138,7 +138,7 @@ $(error SQS must be fauxqs (default) or moto, not '$(SQS)')
 endif
 
 # `make serve` and `make demo` build with the release profile; PROFILE=dev builds (and runs) the
-# debug binaries instead, which `make test` has built already (scripts/readme-check.sh uses it).
+# debug binaries instead, which `make test` has built already (scripts/readme-check.py uses it).
 PROFILE ?= release
 CARGO_PROFILE := $(if $(filter release,$(PROFILE)),--release,--profile $(PROFILE))
 

@@ -1,6 +1,7 @@
 # Shared by the scripts that run a throwaway dev server against the local stack
-# (scripts/schemathesis.sh, scripts/wrk-check.sh). Source it after scripts/env.sh; it needs
-# $REPO (the checkout), and defines:
+# (scripts/schemathesis.sh, scripts/browser-tests.sh, and the load checks through
+# scripts/loadcheck-lib.sh). Source it after scripts/env.sh; it needs $REPO (the checkout), and
+# defines:
 #
 #   run_queue create|delete NAME ENDPOINT   a queue NAME with its DLQ NAME-dlq (maxReceiveCount
 #                                           5, visibility 30 s, as the real stack has) on the SQS

@@ -34,61 +34,12 @@ CONNECTIONS="${WRK_CONNECTIONS:-256}"
 THREADS="${WRK_THREADS:-2}"
 PROFILE="${WRK_PROFILE:-release}"
 DRAIN_SECS=180
-RUN_ID="$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
-DB="seckill_draw_$RUN_ID"
-PREFIX="draw$RUN_ID"
-QUEUE="draw-$RUN_ID"
-WORK="$REPO/target/draw-check"
-LOG="$WORK/devserver.log"
-FAUXQS="http://127.0.0.1:4567"
-
-log() { printf '[draw-check] %s\n' "$*" >&2; }
-die() { printf '[draw-check] ERROR: %s\n' "$*" >&2; exit 1; }
-psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$@"; }
-psql_run() { psql_pg -d "$DB" "$@"; }
-
-bash scripts/stack.sh serve
-bash scripts/stack.sh wrk
-# shellcheck source=scripts/env.sh
-source scripts/env.sh
-rm -rf "$WORK"
-mkdir -p "$WORK"
-
-# shellcheck source=scripts/devserver-lib.sh
-source scripts/devserver-lib.sh
-sqs() { run_queue "$1" "$QUEUE" "$FAUXQS"; }
-
-cleanup() {
-    local rc=$?
-    touch "$WORK/stop-pinging" 2>/dev/null || true
-    stop_devserver
-    if [ "${WRK_KEEP:-}" != 1 ]; then
-        psql_pg -c "drop database if exists \"$DB\" with (force)" >/dev/null 2>&1 || true
-        sqs delete >/dev/null 2>&1 || true
-        redis-cli -u "$REDIS_URL" --scan --pattern "$PREFIX:*" 2>/dev/null \
-            | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null 2>&1 || true
-        rm -f "$WORK"/tokens.txt "$WORK"/accepted.*
-    else
-        log "kept: database $DB, queue $QUEUE, key prefix $PREFIX, files in $WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log "building the dev server and seckill-token ($PROFILE)"
-cargo build --profile "$([ "$PROFILE" = debug ] && echo dev || echo "$PROFILE")" -q -p seckill-devserver --bins
-BIN="$REPO/target/$PROFILE"
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-psql_pg -c "create database \"$DB\"" >/dev/null
-export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
-export SECKILL_KEY_PREFIX="$PREFIX"
-export AWS_ENDPOINT_URL_SQS="$FAUXQS"
-ORDER_QUEUE_URL="$(sqs create)"
-export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
-LOG_LEVEL="${LOG_LEVEL:-warn}" start_devserver "$BIN/seckill-devserver" "$LOG"
-log "dev server on $URL (queue $ORDER_QUEUE_URL, database $DB, log $LOG)"
+# shellcheck source=scripts/loadcheck-lib.sh
+source scripts/loadcheck-lib.sh draw
+# The PING loop stops first, so it never outlives the run.
+before_cleanup() { touch "$WORK/stop-pinging" 2>/dev/null || true; }
+prepare_run
+start_run_devserver
 
 log "signing $ENTRANTS user tokens"
 "$BIN/seckill-token" --users "$ENTRANTS" --prefix "$PREFIX-u" --ttl-secs 3600 >"$WORK/tokens.txt"
@@ -113,10 +64,7 @@ log "sale $ACTIVITY (draw, $STOCK units, window ${WINDOW}s); wrk -t$THREADS -c$C
 wrk -t"$THREADS" -c"$CONNECTIONS" -d"${duration}s" --timeout 5s --latency \
     -s scripts/wrk-accepted.lua "$URL" -- "$ACTIVITY" "$WORK/tokens.txt" "$WORK/accepted" "$THREADS" \
     | tee "$WORK/wrk.txt"
-line="$(grep '^wrk-check: ' "$WORK/wrk.txt" || true)"
-[ -n "$line" ] || die "wrk printed no result line (see $WORK/wrk.txt)"
-field() { printf '%s\n' "$line" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-rps="$(sed -n 's/^Requests\/sec: *//p' "$WORK/wrk.txt")"
+read_wrk_result
 
 pool="$PREFIX:{$ACTIVITY}:pool"
 entrants="$(redis-cli -u "$REDIS_URL" hlen "$pool")"
@@ -170,9 +118,6 @@ read -r pings ping_max <"$WORK/pings.txt"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["draw"]; sys.exit(0 if d.get("secret") else 1)' "$WORK/view.json" \
     || die "the draw did not finish within a minute (answers: ${answers[*]})"
 
-live_orders() {
-    psql_run -tAc "select count(*) from orders where activity_id = $ACTIVITY and status in ('confirmed', 'paid')"
-}
 want=$((entrants < STOCK ? entrants : STOCK))
 drain_start=$SECONDS
 while [ "$(live_orders)" -lt "$want" ] && [ $((SECONDS - drain_start)) -lt "$DRAIN_SECS" ]; do sleep 1; done

@@ -33,65 +33,10 @@ WRK_TIMEOUT="${WRK_TIMEOUT:-2s}"
 TOKENS="${WRK_TOKENS:-150000}"
 DRAIN_SECS="${WRK_DRAIN_SECS:-120}"
 PROFILE="${WRK_PROFILE:-release}"
-RUN_ID="$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
-DB="seckill_wrk_$RUN_ID"
-PREFIX="wrk$RUN_ID"
-QUEUE="wrk-$RUN_ID"
-WORK="$REPO/target/wrk-check"
-LOG="$WORK/devserver.log"
-FAUXQS="http://127.0.0.1:4567"
-
-log() { printf '[wrk-check] %s\n' "$*" >&2; }
-die() { printf '[wrk-check] ERROR: %s\n' "$*" >&2; exit 1; }
-psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$@"; }
-psql_run() { psql_pg -d "$DB" "$@"; }
-
-bash scripts/stack.sh serve
-bash scripts/stack.sh wrk
-# shellcheck source=scripts/env.sh
-source scripts/env.sh
-rm -rf "$WORK"
-mkdir -p "$WORK"
-
-# shellcheck source=scripts/devserver-lib.sh
-source scripts/devserver-lib.sh
-# A queue of this run's own on fauxqs.
-sqs() { run_queue "$1" "$QUEUE" "$FAUXQS"; }
-
-cleanup() {
-    local rc=$?
-    stop_devserver
-    if [ "${WRK_KEEP:-}" != 1 ]; then
-        psql_pg -c "drop database if exists \"$DB\" with (force)" >/dev/null 2>&1 || true
-        sqs delete >/dev/null 2>&1 || true
-        redis-cli -u "$REDIS_URL" --scan --pattern "$PREFIX:*" 2>/dev/null \
-            | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null 2>&1 || true
-        rm -f "$WORK"/tokens.txt "$WORK"/accepted.*
-    else
-        log "kept: database $DB, queue $QUEUE, key prefix $PREFIX, files in $WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log "building the dev server and seckill-token ($PROFILE)"
-cargo build --profile "$([ "$PROFILE" = debug ] && echo dev || echo "$PROFILE")" -q -p seckill-devserver --bins
-BIN="$REPO/target/$PROFILE"
-
-# Every client connection and every connection to the stack is a descriptor: lift the soft limit
-# to the hard one for the server and wrk (a default of 1024 is close to 256 clients + 256 sends).
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-psql_pg -c "create database \"$DB\"" >/dev/null
-export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
-export SECKILL_KEY_PREFIX="$PREFIX"
-export AWS_ENDPOINT_URL_SQS="$FAUXQS"
-ORDER_QUEUE_URL="$(sqs create)"
-export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
-# warn: at info the server logs a line per accepted purchase, which is not what is measured here.
-LOG_LEVEL="${LOG_LEVEL:-warn}" start_devserver "$BIN/seckill-devserver" "$LOG"
-log "dev server on $URL (queue $ORDER_QUEUE_URL, database $DB, log $LOG)"
+# shellcheck source=scripts/loadcheck-lib.sh
+source scripts/loadcheck-lib.sh wrk
+prepare_run
+start_run_devserver
 
 ADMIN_TOKEN="$("$BIN/seckill-token" --user wrk-admin --admin --ttl-secs 3600)"
 start="$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)"
@@ -117,20 +62,14 @@ wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" --laten
     | tee "$WORK/wrk.txt"
 
 # The figures: the script's done() line, and wrk's own summary lines as a cross-check.
-line="$(grep '^wrk-check: ' "$WORK/wrk.txt" || true)"
-[ -n "$line" ] || die "wrk printed no result line (see $WORK/wrk.txt)"
-field() { printf '%s\n' "$line" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+read_wrk_result
 socket_errors="$(grep -o 'Socket errors:.*' "$WORK/wrk.txt" || true)"
 non2xx="$(sed -n 's/^ *Non-2xx or 3xx responses: *//p' "$WORK/wrk.txt")"
-rps="$(sed -n 's/^Requests\/sec: *//p' "$WORK/wrk.txt")"
 
 # Quiescence: the order count and the ledger stopped moving (normally the ledger is empty: each
 # reservation became an order; one whose give-back could not be claimed waits for reconcile).
 ledger="$PREFIX:{$ACTIVITY}:ledger"
 pending_ids() { redis-cli -u "$REDIS_URL" hvals "$ledger" | sed -n 's/^r|\([^|]*\)|.*/\1/p'; }
-live_orders() {
-    psql_run -tAc "select count(*) from orders where activity_id = $ACTIVITY and status in ('confirmed', 'paid')"
-}
 drain_start=$SECONDS
 last="" still=0
 while :; do

@@ -57,7 +57,7 @@ pub struct PreheatFailure {
 impl Preheat {
     /// One activity: nothing to do when Redis holds its current config version and the
     /// sentinels of `users` and the ledger; otherwise a fenced load under its lock
-    /// (`seckill_shared::load`), which also puts missing sentinels back.
+    /// (`seckill_shared::protocol::load`), which also puts missing sentinels back.
     async fn preheat_one(&self, a: &Activity) -> Result<PreheatOutcome, LoadError> {
         if self.is_current(a).await? {
             return Ok(PreheatOutcome::AlreadyLoaded);

@@ -38,7 +38,7 @@ pub struct Activity {
     pub state: ActivityState,
     pub config_version: i64,
     pub last_fence_token: i64,
-    /// Bumped each time Redis loads the sale from scratch (`seckill_shared::load`).
+    /// Bumped each time Redis loads the sale from scratch (`crate::protocol::load`).
     pub load_epoch: i64,
     /// How many stock buckets the sale's Redis stock is split over (1: one, the layout every
     /// sale had before buckets). Fixed once the sale has started or has an order.

@@ -6,8 +6,9 @@
 //! - **Where the services are** (`DATABASE_URL`, `REDIS_URL`, `ORDER_QUEUE_URL`) has no default
 //!   here: these are required, and parsing fails with a message naming the missing variable. In
 //!   AWS the SAM template sets them (the database through `DATABASE_SECRET_ARN` +
-//!   `DATABASE_HOST` instead of `DATABASE_URL`, see [`crate::secrets`]), so a function whose
-//!   template lost one fails its cold start instead of serving every request against localhost.
+//!   `DATABASE_HOST` instead of `DATABASE_URL`, see [`crate::infra::aws_secrets`]), so a
+//!   function whose template lost one fails its cold start instead of serving every request
+//!   against localhost.
 //!   For the local stack, `scripts/env.sh` is the one place that names them; the Makefile sources
 //!   it before every recipe, and so must anything else that runs a binary or the tests.
 //! - **Tuning** (timeouts, pool size, lead times, key prefix) has its default here, the value
@@ -429,7 +430,7 @@ impl Config {
     /// environment (Lambda passes no arguments; `--help` prints every setting and exits, a
     /// missing or malformed one exits non-zero naming its variable), then the database and Redis
     /// credentials from Secrets Manager when `DATABASE_SECRET_ARN` / `REDIS_AUTH_SECRET_ARN` are
-    /// set (see [`crate::secrets`]). Without them it makes no AWS call.
+    /// set (see [`crate::infra::aws_secrets`]). Without them it makes no AWS call.
     pub async fn load() -> anyhow::Result<Self> {
         use clap::Parser;
         let mut config = Self::parse().check()?;
@@ -553,7 +554,7 @@ mod tests {
     #[test]
     fn the_template_environment_parses_with_the_database_from_its_secret() {
         let config = parse(&TEMPLATE).unwrap();
-        assert_eq!(config.database_url, "", "filled in by secrets::resolve");
+        assert_eq!(config.database_url, "", "filled in by resolve_secrets");
         assert_eq!(
             config.redis,
             RedisTopology::Cluster(vec!["rediss://clustercfg.example:6379".into()])

@@ -64,6 +64,31 @@ const ASSETS: &[Asset] = &[
         body: web_file!("assets/app.js"),
     },
     Asset {
+        path: "/assets/storefront/state.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/state.js"),
+    },
+    Asset {
+        path: "/assets/storefront/api.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/api.js"),
+    },
+    Asset {
+        path: "/assets/storefront/view.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/view.js"),
+    },
+    Asset {
+        path: "/assets/storefront/render.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/render.js"),
+    },
+    Asset {
+        path: "/assets/storefront/buyer.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/buyer.js"),
+    },
+    Asset {
         path: "/assets/ops.js",
         content_type: JS,
         body: web_file!("assets/ops.js"),

@@ -63,7 +63,8 @@ pub struct DemoOptions {
     pub drain_timeout: Duration,
     /// Bound on the entry function's SQS send. `make demo` runs on fauxqs, which answers in
     /// milliseconds; the generous default keeps a demo pointed at moto (seconds per send under a
-    /// crowd, see TOOLCHAIN.md) from turning a slow emulator into 503s.
+    /// crowd: each of its sends scans every queued message) from turning a slow emulator into
+    /// 503s.
     pub sqs_timeout: Duration,
     pub quiet: bool,
     /// Where the stack is and how the functions are tuned (`sqs_timeout` above wins).

@@ -1,0 +1,81 @@
+"""ElastiCache: cluster mode, noeviction and TLS, and one ACL user per function whose access
+string is scripts/redis_acl.py's for it."""
+
+from __future__ import annotations
+
+import json
+
+import redis_acl  # scripts/redis_acl.py: the functions' Redis ACL users
+
+from .access import MIN_PASSWORD_LENGTH, secret_reads
+from .model import Template, as_list, props_of, sub_text, target_of
+from .report import check
+
+
+def check_data_stores(t: Template) -> None:
+    for name, r in t.resources.items():
+        props = r.get("Properties", {})
+        if r.get("Type") == "AWS::ElastiCache::ParameterGroup":
+            p = props.get("Properties", {})
+            check(p.get("maxmemory-policy") == "noeviction" and p.get("cluster-enabled") == "yes",
+                  f"{name}: cluster-enabled yes, maxmemory-policy noeviction")
+        if r.get("Type") == "AWS::ElastiCache::ReplicationGroup":
+            check(props.get("TransitEncryptionEnabled") is True and bool(props.get("UserGroupIds")),
+                  f"{name}: TLS in transit and a user group (each client logs in)")
+
+
+def check_redis_users(t: Template) -> None:
+    """Each function logs in to ElastiCache as its own user, whose access string is
+    scripts/redis_acl.py's for it; no cluster-wide AUTH token; the group's default user is off."""
+    users = {props_of(u).get("UserName"): (name, props_of(u)) for name, u in t.of_type("AWS::ElastiCache::User")}
+    for name, group in t.of_type("AWS::ElastiCache::ReplicationGroup"):
+        p = props_of(group)
+        check("AuthToken" not in p, f"{name}: no AuthToken (one password for every function); each logs in as its own user")
+        groups = [target_of(g) for g in as_list(p.get("UserGroupIds"))]
+        check(len(groups) == 1 and t.resources.get(groups[0], {}).get("Type") == "AWS::ElastiCache::UserGroup",
+              f"{name}: UserGroupIds names the functions' user group (got {groups})")
+        members = {target_of(u) for g in groups for u in as_list(props_of(t.resources.get(g, {})).get("UserIds"))}
+        default = users.get("default")
+        check(default is not None and default[0] in members
+              and str(default[1].get("AccessString", "")).split()[:1] == ["off"],
+              f"{name}: the group's required default user is off (AccessString starts with 'off')")
+        wanted = {users[spec["user"]][0] for spec in redis_acl.USERS.values() if spec["user"] in users}
+        check(members == wanted | ({default[0]} if default else set()),
+              f"{name}: the group holds the default user and one user per function, nothing else (got {sorted(members)})")
+    genv = t.globals.get("Environment", {}).get("Variables", {}) or {}
+    check("REDIS_AUTH_SECRET_ARN" not in genv, "Globals: no REDIS_AUTH_SECRET_ARN (each function names its own Redis login)")
+    logins = {}
+    for name, fn in t.functions():
+        binary = t.binary(fn)
+        secret = target_of(t.env(fn).get("REDIS_AUTH_SECRET_ARN"))
+        if binary not in redis_acl.USERS:
+            check(secret is None, f"{name}: {binary} uses no Redis and gets no Redis login (got {secret})")
+            continue
+        user = redis_acl.USERS[binary]["user"]
+        gen = props_of(t.resources.get(secret, {})).get("GenerateSecretString") or {}
+        try:
+            secret_user_name = json.loads(str(gen.get("SecretStringTemplate"))).get("username")
+        except (ValueError, AttributeError):
+            secret_user_name = None
+        check(secret_user_name == user and gen.get("GenerateStringKey") == "token"
+              and (t.number(gen.get("PasswordLength")) or 0) >= MIN_PASSWORD_LENGTH,
+              f"{name}: REDIS_AUTH_SECRET_ARN is a generated login of {user} (got {secret}: username "
+              f"{secret_user_name}, key {gen.get('GenerateStringKey')}, length {gen.get('PasswordLength')})")
+        logins[name] = secret
+        entry = users.get(user)
+        check(entry is not None, f"{name}: an ElastiCache user named {user}")
+        if entry is None:
+            continue
+        access = str(entry[1].get("AccessString", ""))
+        check(access == redis_acl.access(binary),
+              f"{entry[0]}: AccessString is scripts/redis_acl.py's for {binary} (got {access!r}, want "
+              f"{redis_acl.access(binary)!r})")
+        mode = entry[1].get("AuthenticationMode") or {}
+        passwords = [sub_text(pw) for pw in as_list(mode.get("Passwords"))]
+        check(mode.get("Type") == "password" and len(passwords) == 1
+              and passwords[0] == "{{resolve:secretsmanager:${" + str(secret) + "}:SecretString:token}}",
+              f"{entry[0]}: its password is the token of {secret}, the secret {name} reads (got {passwords})")
+    for name, fn in t.functions():
+        others = set(logins.values()) - {logins.get(name)}
+        reads = secret_reads(t.evaluate(fn))
+        check(not reads & others, f"{name}: reads no other function's Redis login (got {sorted(reads & others)})")

@@ -1,0 +1,200 @@
+// The buyer: their token, and their order from Buy to its end (the 202, orders/me polled with
+// backoff until it settles, pay and cancel).
+
+import { api, say, sayRefusal } from "./api.js";
+import { render } from "./render.js";
+import { $, saleId, state, TOKEN_KEY } from "./state.js";
+
+// orders/me backoff: 300 ms, then x1.6 per poll, at most 3 s.
+const POLL_FIRST_MS = 300;
+const POLL_FACTOR = 1.6;
+const POLL_MAX_MS = 3000;
+// How long a payment may take to come back from the provider before the page stops asking.
+const PAY_WAIT_MS = 60000;
+
+// ------------------------------------------------------------------ buying
+
+export async function buy(event) {
+  event.preventDefault();
+  if ($("buy").disabled) return;
+  // Grey at once, before the request leaves, and until its answer is in.
+  state.inFlight = true;
+  say("");
+  render();
+  const quantity = Number($("qty").value) || 1;
+  const r = await api("POST", `/activities/${saleId}/orders`, { quantity });
+  state.inFlight = false;
+  if (r.ok) {
+    const status = r.data.status === "queued" ? "queued" : "accepted";
+    // The order section says what happened; the message line is for refusals.
+    setOrder({ status, requestId: r.data.requestId, quantity });
+    pollOrder(true);
+  } else {
+    sayRefusal(r);
+    if (r.retryAfterMs) state.blockedUntil = Date.now() + r.retryAfterMs;
+    if (r.error === "unauthorized") signOut(false);
+    // The buyer's existing order, so they see what they already hold.
+    if (r.error === "already_purchased") readOrderOnce();
+  }
+  render();
+}
+
+function setOrder(order) {
+  state.order = order;
+  render();
+}
+
+// ------------------------------------------------------------------ following the order
+
+let pollTimer = null;
+let pollDelay = POLL_FIRST_MS;
+
+// Statuses after which nothing changes by itself (a confirmed order waits for the buyer).
+function settled(status) {
+  if (status === "confirmed") return state.waitingFor !== "paid";
+  return ["paid", "cancelled", "failed", "not_drawn", "none"].includes(status);
+}
+
+// Polls GET …/orders/me with backoff until the status settles; honours Retry-After.
+function pollOrder(restart) {
+  clearTimeout(pollTimer);
+  if (restart) pollDelay = POLL_FIRST_MS;
+  pollTimer = setTimeout(pollOnce, pollDelay);
+}
+
+async function pollOnce() {
+  const r = await api("GET", `/activities/${saleId}/orders/me`, undefined, { cache: "no-store" });
+  let wait = pollDelay;
+  pollDelay = Math.min(POLL_MAX_MS, pollDelay * POLL_FACTOR);
+  if (r.ok) {
+    const fresh = r.data;
+    // Right after a 202 the order may not be visible yet: keep the accepted state.
+    if (fresh.status === "none" && state.order && state.order.status === "accepted") {
+      pollTimer = setTimeout(pollOnce, wait);
+      return;
+    }
+    applyOrder(fresh);
+    if (state.waitingFor === "paid" && Date.now() - state.waitingSince > PAY_WAIT_MS) {
+      state.waitingFor = null;
+      say("The payment has not come back yet. Reload the page later to see it.", "warn");
+      render();
+      return;
+    }
+    if (!settled(fresh.status)) pollTimer = setTimeout(pollOnce, pollDelay);
+    return;
+  }
+  if (r.error === "unauthorized") {
+    sayRefusal(r);
+    signOut(false);
+    return;
+  }
+  if (r.status === 429 || r.status === 503) wait = Math.max(wait, r.retryAfterMs);
+  pollTimer = setTimeout(pollOnce, wait);
+}
+
+export async function readOrderOnce() {
+  if (!state.token || !saleId) return;
+  const r = await api("GET", `/activities/${saleId}/orders/me`, undefined, { cache: "no-store" });
+  if (!r.ok) return;
+  if (r.data.status !== "none") {
+    applyOrder(r.data);
+    if (!settled(r.data.status)) pollOrder(true);
+  }
+}
+
+function applyOrder(o) {
+  if (o.status === "paid" && state.waitingFor === "paid") {
+    state.waitingFor = null;
+    say("Payment received.");
+  }
+  if (o.status === "queued") state.viaDraw = true;
+  state.order = o.status === "none" ? null : o;
+  render();
+}
+
+// ------------------------------------------------------------------ pay and cancel
+
+// Pay: the server starts a payment at its provider; with the local provider the page
+// completes it at `completeUrl`. The order becomes paid only when the provider's event
+// reaches the server, so the page then waits for orders/me to say so.
+export async function pay() {
+  const id = state.order && state.order.orderId;
+  if (!id || state.acting) return;
+  state.acting = true;
+  say("Starting the payment…");
+  render();
+  const r = await api("POST", `/orders/${id}/pay`);
+  if (!r.ok) {
+    state.acting = false;
+    sayRefusal(r);
+    render();
+    return;
+  }
+  const p = r.data || {};
+  if (p.completeUrl && sameOrigin(p.completeUrl)) {
+    const done = await api("POST", p.completeUrl);
+    if (!done.ok) {
+      state.acting = false;
+      sayRefusal(done);
+      render();
+      return;
+    }
+    say("Payment sent; waiting for the provider's confirmation…");
+  } else if (p.provider && p.provider !== "local" && p.status !== "succeeded") {
+    say(`Complete the payment with ${p.provider}; this page shows the result once it arrives.`);
+  } else {
+    say("Waiting for the payment's confirmation…");
+  }
+  state.acting = false;
+  state.waitingFor = "paid";
+  state.waitingSince = Date.now();
+  pollOrder(true);
+  render();
+}
+
+const sameOrigin = (url) => {
+  try {
+    return new URL(url, location.href).origin === location.origin;
+  } catch (e) {
+    return false;
+  }
+};
+
+export async function cancel() {
+  const id = state.order && state.order.orderId;
+  if (!id || state.acting) return;
+  state.acting = true;
+  say("Cancelling…");
+  render();
+  const r = await api("POST", `/orders/${id}/cancel`);
+  state.acting = false;
+  if (r.ok) {
+    say("");
+    state.waitingFor = null;
+    await readOrderOnce();
+  } else {
+    sayRefusal(r);
+  }
+  render();
+}
+
+// ------------------------------------------------------------------ the token
+
+export function useToken(token) {
+  state.token = token.trim();
+  sessionStorage.setItem(TOKEN_KEY, state.token);
+  say("");
+  state.order = null;
+  readOrderOnce();
+  render();
+}
+
+export function signOut(clearMessage = true) {
+  state.token = null;
+  state.order = null;
+  state.waitingFor = null;
+  clearTimeout(pollTimer);
+  sessionStorage.removeItem(TOKEN_KEY);
+  if (clearMessage) say("");
+  render();
+}
