@@ -1,8 +1,8 @@
-//! Step 2: every ledger entry whose fate is decided, or that a crash left behind: a
+//! The ledger's repairs: every ledger entry whose fate is decided, or that a crash left behind: a
 //! reservation applied (its request has a row) or given back through the arbiter (older
 //! than the grace period, no row), a stale cancel finished or aborted, a stale orphan-check
 //! mark dropped, a transfer between buckets finished in its home bucket.
-//! docs/invariants.md, "Reconcile", step 2.
+//! docs/invariants.md, "Reconcile", the ledger's repairs.
 
 use crate::{is_stale, stale_entries, ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
 impl Reconcile {
-    /// Step 2: every ledger entry whose fate is decided, or that a crash left behind.
+    /// The ledger's repairs: every ledger entry whose fate is decided, or that a crash left behind.
     ///
     /// - A reservation whose request has a row: the database decided, at any age. A `failed`
     ///   row's units go back (its claimer may have crashed before giving them back), a live
@@ -160,7 +160,7 @@ impl Reconcile {
         Ok(())
     }
 
-    /// Stale orphan-check marks of step 2: their check crashed; dropped.
+    /// Stale orphan-check marks: their check crashed; dropped.
     async fn drop_stale_checks(
         &self,
         bucket: Bucket,

@@ -205,7 +205,7 @@ impl Reconcile {
             .context("failed to snapshot redis")
     }
 
-    /// Step 1: the sale's snapshots; a running sale missing from Redis (any bucket of it) is
+    /// The snapshot: the sale's snapshots; a running sale missing from Redis (any bucket of it) is
     /// loaded first.
     async fn snapshot_loading(
         &self,
@@ -229,7 +229,7 @@ impl Reconcile {
         self.snapshots(a).await
     }
 
-    /// Step 6: upserts the activity's row of `activity_stats`.
+    /// The numbers: upserts the activity's row of `activity_stats`.
     async fn persist(&self, r: &ActivityReport) -> anyhow::Result<()> {
         let stats = activity::Stats {
             participants: r.participants,

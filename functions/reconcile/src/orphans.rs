@@ -1,7 +1,7 @@
-//! Step 3: users in a bucket's `users` with neither a ledger entry nor a live order are
+//! The orphan check: users in a bucket's `users` with neither a ledger entry nor a live order are
 //! removed, each marked in the ledger before the database is read and dropped only while the
 //! mark is still there (`lua/mark_users.lua`, `lua/drop_user.lua`). docs/invariants.md,
-//! "Reconcile", step 3.
+//! "Reconcile", the orphan check.
 
 use crate::{ActivityReport, Reconcile, Walk};
 use anyhow::Context as _;
@@ -21,7 +21,7 @@ const USER_CHUNK: usize = 1000;
 const WALK: &str = "users";
 
 impl Reconcile {
-    /// Step 3: removes users in a bucket's `users` with neither a ledger entry nor a live
+    /// The orphan check: removes users in a bucket's `users` with neither a ledger entry nor a live
     /// order.
     ///
     /// `users` is walked by `HSCAN`, a chunk at a time, from where the last run stopped

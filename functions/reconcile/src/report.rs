@@ -43,7 +43,7 @@ pub struct ReconcileFailure {
     pub message: String,
 }
 
-/// What happened to the Redis stock of one activity (step 5).
+/// What happened to the Redis stock of one activity (the stock fix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase", tag = "status")]
 pub enum StockCheck {
@@ -200,7 +200,7 @@ impl ActivityReport {
         }
     }
 
-    /// Step 6: the numbers after the repairs, from the final snapshot and the database check.
+    /// The numbers after the repairs, from the final snapshot and the database check.
     pub(crate) fn count(
         &mut self,
         snaps: &[(Bucket, Snapshot)],

@@ -1,7 +1,7 @@
-//! Steps 4 and 5: the database against itself (`remaining = total - sold`, under the row
+//! The database's count and the stock fix: the database against itself (`remaining = total - sold`, under the row
 //! lock), then Redis's stock from the database, only under the sale's lock, only while the
 //! ledger is quiet, and only if no script moved the stock since it was read (the stock
-//! sequence). docs/invariants.md, "Reconcile", steps 4 and 5.
+//! sequence). docs/invariants.md, "Reconcile", the database's count and the stock fix.
 
 use crate::report::{quiet, stock_sum};
 use crate::{all_loaded, Reconcile, StockCheck};
@@ -19,7 +19,7 @@ use std::time::Duration;
 const LOCK_WAIT: Duration = Duration::from_millis(300);
 
 impl Reconcile {
-    /// Step 4: `remaining_stock = total_stock - sold`, checked and fixed in one transaction that
+    /// The database's count: `remaining_stock = total_stock - sold`, checked and fixed in one transaction that
     /// holds the activity row. Returns (sold, remaining after the check, remaining before a fix).
     pub(crate) async fn check_database(&self, id: i64) -> anyhow::Result<(i64, i64, Option<i64>)> {
         let mut tx = self.pool.begin().await?;
@@ -57,7 +57,7 @@ impl Reconcile {
         Ok((sold, expected, Some(remaining)))
     }
 
-    /// Step 5: Redis stock := database remaining stock, only while nothing is in flight.
+    /// The stock fix: Redis stock := database remaining stock, only while nothing is in flight.
     pub(crate) async fn correct_stock(&self, a: &Activity) -> anyhow::Result<StockCheck> {
         let id = a.id;
         pause::point("reconcile.stock.before_lock", id).await;

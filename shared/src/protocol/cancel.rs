@@ -137,7 +137,7 @@ async fn already_final(redis: &Redis, order: &Order) -> Result<Option<CancelOutc
     }
 }
 
-/// Step 1: announces the attempt in the ledger. `Ok(epoch)` to go on and commit (the load
+/// Announce: the attempt in the ledger. `Ok(epoch)` to go on and commit (the load
 /// epoch the commit must still find, `None` for a sale only the database holds); `Err` with
 /// the answer when this attempt stops here.
 async fn announce(
@@ -310,7 +310,7 @@ pub enum Committed {
     EpochMoved,
 }
 
-/// Step 2: one transaction, conditional on the order being `confirmed`, on this attempt not
+/// Commit: one transaction, conditional on the order being `confirmed`, on this attempt not
 /// being aborted by reconcile, and (when the attempt was announced in Redis) on the sale's load
 /// epoch being the one the announcement saw.
 pub async fn commit_cancel(
