@@ -11,7 +11,7 @@ use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::infra::db;
 use seckill_shared::store::conn::StoreError;
 use seckill_shared::store::keys::Home;
-use seckill_shared::store::ledger::LedgerEntry;
+use seckill_shared::store::values::LedgerEntry;
 use std::collections::{BTreeMap, HashSet};
 use uuid::Uuid;
 
