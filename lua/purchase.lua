@@ -76,9 +76,7 @@ end
 -- the stock with its sequence is written once (into `meta` as well). Answers 1 when every
 -- credit is in the stock, now or before, else 0.
 local function take_credits(meta, epoch)
-  local credited = 1
-  if #ARGV <= 5 then return credited end
-  local stock, moved = tonumber(meta[5] or '0'), false
+  local credited, stock, moved = 1, tonumber(meta[5] or '0'), false
   for i = 6, #ARGV - 2, 3 do
     if tonumber(ARGV[i + 2]) ~= epoch then
       credited = 0
@@ -99,41 +97,40 @@ local function outside_window_or_limit(meta, now, qty)
   if qty > tonumber(meta[3]) then return QUANTITY_EXCEEDS_LIMIT end
 end
 
--- A draw sale's open window: the user's pool entry (this request's: queued again, the script
--- delivered twice), or a new one with the next arrival rank and the user's ticket.
-local function enter_pool(qty)
-  local entry = redis.call('HGET', KEYS[4], ARGV[1])
-  local request_id, _, rank, state = pool_fields(entry or '')
-  -- A tombstone (an entry taken back after a 503) is no entry: the user may enter again.
-  if entry and state ~= 'x' then
-    if request_id == ARGV[3] then return QUEUED, tonumber(rank) end
-    return ALREADY_PURCHASED, -1
-  end
-  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return ALREADY_PURCHASED, -1 end
-  local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants')
-  if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
-  -- The sentinel is one member of `tickets`; an entrant taken back after a 503 keeps a ticket
-  -- and may always come back.
-  if redis.call('ZCARD', KEYS[6]) - 1 >= tonumber(pads[3] or '1000000')
-      and not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
-    return POOL_FULL, -1
-  end
-  -- An entry taken back after a 503 and made again gets the same ticket.
-  local ticket = ticket_of(pads[1], pads[2], ARGV[1])
-  local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-  redis.call('HSET', KEYS[4], ARGV[1], pool_entry(ARGV[3], qty, rank, 'q'))
-  redis.call('ZADD', KEYS[6], ticket, ARGV[1])
-  return QUEUED, rank
-end
-
 -- A draw sale, after the limit check: its pool while the window is open, draw_due until the
 -- draw is done, then already_purchased for a user the draw did not pick. Answers the code and
 -- value when the purchase ends here, nothing when it goes on first come, first served.
 local function draw_admission(meta, draw_end, now, qty, counted)
+  -- A draw sale's open window: the user's pool entry (this request's: queued again, the script
+  -- delivered twice), or a new one with the next arrival rank and the user's ticket.
+  local function enter_pool()
+    local entry = redis.call('HGET', KEYS[4], ARGV[1])
+    local request_id, _, rank, state = pool_fields(entry or '')
+    -- A tombstone (an entry taken back after a 503) is no entry: the user may enter again.
+    if entry and state ~= 'x' then
+      if request_id == ARGV[3] then return QUEUED, tonumber(rank) end
+      return ALREADY_PURCHASED, -1
+    end
+    if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return ALREADY_PURCHASED, -1 end
+    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants')
+    if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
+    -- The sentinel is one member of `tickets`; an entrant taken back after a 503 keeps a ticket
+    -- and may always come back.
+    if redis.call('ZCARD', KEYS[6]) - 1 >= tonumber(pads[3] or '1000000')
+        and not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
+      return POOL_FULL, -1
+    end
+    -- An entry taken back after a 503 and made again gets the same ticket.
+    local ticket = ticket_of(pads[1], pads[2], ARGV[1])
+    local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
+    redis.call('HSET', KEYS[4], ARGV[1], pool_entry(ARGV[3], qty, rank, 'q'))
+    redis.call('ZADD', KEYS[6], ticket, ARGV[1])
+    return QUEUED, rank
+  end
   -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
   -- otherwise (a failover to a replica whose clock is behind): an entry now could land below
   -- the cursor and never be looked at.
-  if now < draw_end and not meta[11] and meta[9] ~= '1' then return enter_pool(qty) end
+  if now < draw_end and not meta[11] and meta[9] ~= '1' then return enter_pool() end
   if meta[9] ~= '1' then
     uncount(counted)
     return DRAW_DUE, -1
@@ -170,7 +167,8 @@ local buckets = tonumber(meta[7] or '1')
 if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end
 local wait_ms, counted = count_attempt(meta)
 if wait_ms then return {RATE_LIMITED, wait_ms, 0, epoch, 0} end
-local credited = take_credits(meta, epoch)
+local credited = 1
+if #ARGV > 5 then credited = take_credits(meta, epoch) end
 local now = now_ms()
 -- Past the deadline nothing happens, the count included.
 if now > tonumber(ARGV[4]) then

@@ -57,10 +57,11 @@ static OURS_TEXT: LazyLock<String> =
 /// The line of the script's main each refusal step ends with: the meta read, whether the sale
 /// is loaded, the caller's bucket count, the rate (none here) and the credits (none on a
 /// refusal); then the server clock; then every check up to the stock comparison (a refusal's
-/// last step in a sale with one bucket).
-const OURS_READ: &str = "local credited = take_credits(meta, epoch)";
+/// last step in a sale with one bucket; the step ends before the user's field is read, as
+/// that refusal does).
+const OURS_READ: &str = "if #ARGV > 5 then credited = take_credits(meta, epoch) end";
 const OURS_CLOCK: &str = "local now = now_ms()";
-const OURS_CHECKS: &str = "code, value = refuse_or_replay(stock, qty, buckets)";
+const OURS_CHECKS: &str = "local stock = tonumber(meta[5] or '0')";
 
 /// Ours cut after the main's line `last`, answering `code` bare: its functions made as the
 /// whole script makes them, its main run up to that step.
