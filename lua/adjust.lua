@@ -23,8 +23,7 @@ if redis.call('HGET', KEYS[1], 'change') == ARGV[9] then return {APPLIED, stock}
 local delta = tonumber(ARGV[2])
 if stock + delta < 0 then return {WOULD_GO_NEGATIVE, stock} end
 if delta ~= 0 then
-  stock = redis.call('HINCRBY', KEYS[1], 'stock', delta)
-  redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  stock = add_stock(KEYS[1], delta)
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[5],
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],

@@ -18,10 +18,8 @@ local took = redis.call('HGET', KEYS[1], 'out:' .. ARGV[1])
 if took then return {tonumber(took), epoch} end
 if stock <= 0 then return {NOTHING, epoch} end
 local take = math.min(stock, math.max(tonumber(ARGV[2]), math.floor(stock / 2)))
-redis.call('HSET', KEYS[1], 'stock', stock - take, 'seq', tonumber(m[2] or '0') + 1,
-  'out:' .. ARGV[1], take)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+put_stock(KEYS[1], stock - take, tonumber(m[2] or '0'), 'out:' .. ARGV[1], take)
+local now = now_ms()
 redis.call('HSET', KEYS[2], ' transfer:' .. ARGV[1],
-  't|' .. ARGV[1] .. '|' .. take .. '|' .. now .. '|' .. ARGV[3] .. '|' .. epoch)
+  transfer_entry(ARGV[1], take, now, ARGV[3], epoch))
 return {take, epoch}

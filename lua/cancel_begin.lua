@@ -1,4 +1,4 @@
--- cancel_begin.lua: announce one cancel attempt in the ledger, `c|<cancelId>|qty|ms|<orderId>`,
+-- cancel_begin.lua: announce one cancel attempt in the ledger, a `c` entry with its cancel id,
 -- before the database commits it (docs/invariants.md, "Cancel", step 1). Only while the
 -- user's field in `users` names the order's request id: otherwise the order holds nothing in
 -- Redis any more (or Redis lost the field, which the caller restores first) and nothing is
@@ -19,11 +19,10 @@ local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[6] then return {NOT_HELD, epoch} end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v then
-  local kind, id = string.match(v, '^(%a)|([^|]+)|')
+  local kind, id = entry_fields(v)
   -- An orphan check's mark gives way: the check sees its mark gone and leaves the user be.
   -- The order's own reservation gives way too: the order row proves the database holds it.
   if not (kind == 'x' or (kind == 'r' and id == ARGV[6])) then return {BUSY, epoch} end
 end
-redis.call('HSET', KEYS[2], ARGV[1],
-  'c|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5])
+redis.call('HSET', KEYS[2], ARGV[1], cancel_entry(ARGV[2], ARGV[3], ARGV[4], ARGV[5]))
 return {RECORDED, epoch}

@@ -15,6 +15,5 @@ local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then return NOT_LOADED end
 if tonumber(epoch) ~= tonumber(ARGV[3]) then return OTHER_EPOCH end
 if redis.call('HSETNX', KEYS[1], 'in:' .. ARGV[1], ARGV[2]) == 0 then return BEFORE end
-redis.call('HINCRBY', KEYS[1], 'stock', tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[1], 'seq', 1)
+add_stock(KEYS[1], tonumber(ARGV[2]))
 return NOW

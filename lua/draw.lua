@@ -4,7 +4,7 @@
 -- so the order is fixed by the secret and nobody's arrival changes it), at most ARGV[1] of them
 -- per call from the cursor `drawAt` in the meta: an entrant whose entry is still queued, whose
 -- quantity fits the stock left and who holds nothing yet wins what a first-come purchase gets
--- (the field in `users`, an `r|requestId|qty|ms` reservation, the units) plus an outbox entry;
+-- (the field in `users`, an `r` reservation entry, the units) plus an outbox entry;
 -- any other is passed over. The draw is done when the stock is gone or every ticket was seen:
 -- the meta's `drawn` flag makes the losers final (their entries stay `q`: not drawn), and
 -- `drawCutoff` keeps the last ticket the draw looked at (every ticket above it lost). Each call
@@ -30,8 +30,7 @@ local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 
 if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
 if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local function entrants()
   return math.max(redis.call('ZCARD', KEYS[6]) - redis.call('ZCOUNT', KEYS[6], -1, -1), 0)
 end
@@ -55,28 +54,22 @@ if stock > 0 then
   for i = 1, #slice, 2 do
     local user, score = slice[i], slice[i + 1]
     at, last = at + 1, score
-    local value = redis.call('HGET', KEYS[4], user)
-    local request_id, qty, rank
-    if value then
-      request_id, qty, rank = string.match(value, '^([^|]+)|(%d+)|(%d+)|q$')
-    end
-    qty = tonumber(qty)
+    local request_id, qty, rank, state = pool_fields(redis.call('HGET', KEYS[4], user) or '')
+    qty = state == 'q' and tonumber(qty)
     -- A user holding an order already (the sale was reloaded from the database meanwhile) is
     -- passed over: one order per user. So is an entry taken back (no pool entry) or won.
     if qty and qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
       redis.call('HSET', KEYS[2], user, request_id)
-      redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
-      redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. epoch)
-      redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|w')
+      redis.call('HSET', KEYS[3], user, reservation(request_id, qty, now))
+      redis.call('HSET', KEYS[5], request_id, outbox_entry(user, qty, epoch))
+      redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'w'))
       stock = stock - qty
       winners, units = winners + 1, units + qty
       if stock <= 0 then break end
     end
   end
 end
-if units > 0 then
-  redis.call('HSET', KEYS[1], 'stock', stock, 'seq', tonumber(meta[4] or '0') + 1)
-end
+if units > 0 then put_stock(KEYS[1], stock, tonumber(meta[4] or '0')) end
 redis.call('HSET', KEYS[1], 'drawAt', at)
 if last then redis.call('HSET', KEYS[1], 'drawCutoff', last) end
 if stock <= 0 or at > size then

@@ -10,7 +10,7 @@ local KEPT = 0
 local DROPPED = 1 -- the user is out of `users`
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if not v then return KEPT end
-local kind, token = string.match(v, '^(%a)|([^|]+)|')
+local kind, token = entry_fields(v)
 if kind ~= 'x' or token ~= ARGV[2] then return KEPT end
 redis.call('HDEL', KEYS[2], ARGV[1])
 if ARGV[3] ~= 'drop' then return KEPT end

@@ -16,11 +16,10 @@ local NOT_THERE = 0 -- no such entry (already given back or settled, or never th
 local GIVEN_BACK = 1 -- qty units are back in the stock
 local v = redis.call('HGET', KEYS[3], ARGV[1])
 if not v then return {NOT_THERE, 0} end
-local kind, id, qty = string.match(v, '^(%a)|([^|]+)|(%d+)|')
+local kind, id, qty = entry_fields(v)
 if kind ~= ARGV[3] or id ~= ARGV[2] then return {NOT_THERE, 0} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'stock', qty)
-  redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  add_stock(KEYS[1], qty)
 end
 if ARGV[4] == 'full' then redis.call('HDEL', KEYS[2], ARGV[1]) end
 redis.call('HDEL', KEYS[3], ARGV[1])

@@ -1,6 +1,6 @@
 -- mark_lost.lua: the first step of a restore of lost fields (docs/invariants.md, "Lost
 -- fields"): each holder of a live order, as the database listed them, whose field in `users`
--- does not name that order's request gets a mark `x|<token>|0|<ms>` in the ledger before the
+-- does not name that order's request gets a mark (an `x` entry) in the ledger before the
 -- database is read again; restore_user.lua writes the field only while the mark is still
 -- there. Whatever the user does meanwhile replaces the mark first (a purchase writes its
 -- reservation over it, a cancel its own mark), and a load from scratch empties the ledger.
@@ -20,8 +20,8 @@ for i = 4, #ARGV - 1, 2 do
   local held = u ~= '' and redis.call('HGET', KEYS[2], u)
   if u ~= '' and held ~= ARGV[i + 1] then
     local v = redis.call('HGET', KEYS[3], u)
-    if not v or (ARGV[3] == 'take' and string.sub(v, 1, 2) == 'x|') then
-      redis.call('HSET', KEYS[3], u, 'x|' .. ARGV[1] .. '|0|' .. ARGV[2])
+    if not v or (ARGV[3] == 'take' and entry_fields(v) == 'x') then
+      redis.call('HSET', KEYS[3], u, check_mark(ARGV[1], ARGV[2]))
       marked[#marked + 1] = u
       marked[#marked + 1] = held or ''
     end

@@ -1,5 +1,5 @@
 -- mark_users.lua: the first step of reconcile's orphan check (docs/invariants.md,
--- "Reconcile", step 3): each candidate gets a mark `x|<token>|0|<ms>` in the ledger before the
+-- "Reconcile", step 3): each candidate gets a mark (an `x` entry) in the ledger before the
 -- database is read, so whatever the user does meanwhile replaces or removes it, and
 -- drop_user.lua removes only users whose mark is still there. Only users with a field and no
 -- entry are marked, never the sentinel "".
@@ -13,7 +13,7 @@ for i = 3, #ARGV do
   local u = ARGV[i]
   if u ~= '' and redis.call('HEXISTS', KEYS[1], u) == 1
       and redis.call('HEXISTS', KEYS[2], u) == 0 then
-    redis.call('HSET', KEYS[2], u, 'x|' .. ARGV[1] .. '|0|' .. ARGV[2])
+    redis.call('HSET', KEYS[2], u, check_mark(ARGV[1], ARGV[2]))
     marked[#marked + 1] = u
   end
 end

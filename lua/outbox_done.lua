@@ -9,7 +9,7 @@
 for i = 3, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
 if ARGV[2] == '1' then
   local lease = redis.call('HGET', KEYS[1], ' lease')
-  if lease and string.sub(lease, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  if lease and lease_fields(lease) == ARGV[1] then
     redis.call('HDEL', KEYS[1], ' lease')
   end
 end

@@ -19,8 +19,7 @@
 local BUSY = 0 -- another drainer holds the lease
 local LEASED = 1 -- the batch may be empty
 local UNRECORDED = 2 -- the draw's outcome is not known to be in the database: nothing taken
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 -- No outbox (not a draw sale, or the sale is not loaded): nothing to take, and no lease
 -- written into a key that would have no expiry.
 if redis.call('EXISTS', KEYS[2]) == 0 then return {LEASED, now, {}} end
@@ -31,10 +30,10 @@ if state[2] ~= '1' then
 end
 local lease = redis.call('HGET', KEYS[2], ' lease')
 if lease then
-  local holder, untl = string.match(lease, '^([^|]*)|(%d+)$')
+  local holder, untl = lease_fields(lease)
   if holder ~= ARGV[1] and tonumber(untl or '0') > now then return {BUSY, now, {}} end
 end
-redis.call('HSET', KEYS[2], ' lease', ARGV[1] .. '|' .. (now + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[2], ' lease', lease_value(ARGV[1], now + tonumber(ARGV[2])))
 local batch, want = {}, tonumber(ARGV[3])
 local cursor = '0'
 repeat
@@ -44,10 +43,11 @@ repeat
   for i = 1, #f, 2 do
     local request_id, value = f[i], f[i + 1]
     if request_id ~= '' and request_id ~= ' lease' and #batch < want * 4 then
-      local user, qty, epoch = string.match(value, '^(.*)|(%d+)|(%d+)$')
+      local user, qty, epoch = outbox_fields(value)
       local entry = user and redis.call('HGET', KEYS[1], user)
-      if entry and string.sub(entry, 1, #request_id + 3) == 'r|' .. request_id .. '|' then
-        redis.call('HSET', KEYS[1], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
+      local kind, id = entry_fields(entry or '')
+      if kind == 'r' and id == request_id then
+        redis.call('HSET', KEYS[1], user, reservation(request_id, qty, now))
         batch[#batch + 1] = request_id
         batch[#batch + 1] = user
         batch[#batch + 1] = qty

@@ -1,7 +1,7 @@
 -- pool_leave.lua: take back a draw entry whose purchase was answered 503 (docs/invariants.md,
 -- "Draw admission", step 1). Before the draw it leaves the pool; after it a loser's leaves
 -- too, a winner's stays (its reservation is given back like any other). The entry becomes a
--- tombstone (`requestId|0|0|x`), written also when the entry is not (yet) there: the
+-- tombstone (state `x`, no units), written also when the entry is not (yet) there: the
 -- consumer's restore of the same request, which may come after, finds the user's field taken
 -- and adds nothing, while a new purchase of the user may enter again.
 --
@@ -21,14 +21,15 @@ if ARGV[3] and redis.call('EXISTS', KEYS[2]) == 1 then
 end
 if ARGV[1] == '' then return STAYED end
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
-local tombstone = ARGV[2] .. '|0|0|x'
+local tombstone = pool_entry(ARGV[2], 0, 0, 'x')
 if not entry then
   -- Only into a pool that is there: a pool is never made here.
   if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], tombstone) end
   return STAYED
 end
-if string.sub(entry, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then return STAYED end
-if string.sub(entry, -2) == '|w' then return WINNER end
-if string.sub(entry, -2) == '|x' then return STAYED end
+local request_id, _, _, state = pool_fields(entry)
+if request_id ~= ARGV[2] then return STAYED end
+if state == 'w' then return WINNER end
+if state == 'x' then return STAYED end
 redis.call('HSET', KEYS[1], ARGV[1], tombstone)
 return LEFT

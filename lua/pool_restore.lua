@@ -31,15 +31,11 @@ if not meta[1] then return {NOT_LOADED, 0} end
 if ARGV[1] ~= '' and ARGV[1] ~= meta[1] then return {STALE, 0} end
 -- The pool and tickets are made with the meta (and their sentinels): never made here.
 if redis.call('EXISTS', KEYS[4]) == 0 then return {NOT_LOADED, 0} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local open = not meta[4] and meta[5] ~= '1'
-local function ticket(user)
+local function add_ticket(user)
   if not meta[2] or not meta[3] then return end
-  local inner = (string.gsub(redis.sha1hex(meta[2] .. user), '%x%x',
-    function(h) return string.char(tonumber(h, 16)) end))
-  redis.call('ZADD', KEYS[6], 'NX', tonumber(string.sub(redis.sha1hex(meta[3] .. inner), 1, 13), 16),
-    user)
+  redis.call('ZADD', KEYS[6], 'NX', ticket_of(meta[2], meta[3], user), user)
 end
 local restored = 0
 for i = 5, #ARGV - 2, 3 do
@@ -47,23 +43,22 @@ for i = 5, #ARGV - 2, 3 do
   local rank = nil
   if ARGV[2] == 'w' then
     rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-    redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|w')
+    redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'w'))
     redis.call('HSET', KEYS[2], user, request_id)
-    redis.call('HSET', KEYS[3], user, 'r|' .. request_id .. '|' .. qty .. '|' .. now)
-    redis.call('HSET', KEYS[5], request_id, user .. '|' .. qty .. '|' .. meta[1])
+    redis.call('HSET', KEYS[3], user, reservation(request_id, qty, now))
+    redis.call('HSET', KEYS[5], request_id, outbox_entry(user, qty, meta[1]))
     -- Its draw is recorded and never runs again: the ticket shifts no cursor.
-    ticket(user)
+    add_ticket(user)
     restored = restored + 1
   else
     local held = redis.call('HGET', KEYS[4], user)
     -- A tombstone of another request (a 503 the user entered again after) is no entry.
-    if held and string.sub(held, -2) == '|x' and string.sub(held, 1, #request_id + 1) ~= request_id .. '|' then
-      held = nil
-    end
+    local held_id, _, _, state = pool_fields(held or '')
+    if state == 'x' and held_id ~= request_id then held = nil end
     if not held then
       rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-      redis.call('HSET', KEYS[4], user, request_id .. '|' .. qty .. '|' .. rank .. '|q')
-      if open then ticket(user) end
+      redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'q'))
+      if open then add_ticket(user) end
       restored = restored + 1
     end
   end

@@ -3,8 +3,9 @@
 -- protocol; this script is its step 1. Every check runs before any write (but for the credits,
 -- which move units another bucket already gave up, and the per-user rate's counter), in this
 -- order: loaded, the caller's bucket count, the rate, the caller's deadline, the window, the
--- per-order limit, a draw sale's pool, stock, the user's field in `users`. A first-come
--- refusal runs at most three commands (HMGET, TIME, HGET), a success six.
+-- per-order limit, a draw sale's pool, stock, the user's field in `users`: the main at the
+-- bottom, each concern a function above it. A first-come refusal runs at most three commands
+-- (HMGET, TIME, HGET), a success six.
 --
 -- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
 -- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
@@ -39,43 +40,43 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 --   second is over; nothing changed but the user's counter
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
-local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
-if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
-local epoch = tonumber(meta[4] or '0')
-local buckets = tonumber(meta[7] or '1')
-if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end
-local rate = tonumber(meta[10] or '0')
-local counted = false
-if rate > 0 and #ARGV <= 5 then
+
+-- The per-user rate, on a sale with a `rate` (a call with credits is a purchase's second one,
+-- counted on its first): counts this attempt (INCR, and PEXPIRE on the first of a second).
+-- Answers the ms until the second is over when past the rate (nothing changed but the
+-- counter), then whether the attempt is counted.
+local function count_attempt(meta)
+  local rate = tonumber(meta[10] or '0')
+  if rate <= 0 or #ARGV > 5 then return nil, false end
   local n = redis.call('INCR', KEYS[5])
   if n == 1 then redis.call('PEXPIRE', KEYS[5], 1000) end
-  counted = true
-  if n > rate then
-    -- This very request already took effect (the script delivered twice): it is answered as
-    -- before, and not counted again.
-    local mine = ARGV[3] .. '|'
-    if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[3] or (tonumber(meta[8] or '0') > 0
-        and string.sub(redis.call('HGET', KEYS[4], ARGV[1]) or '', 1, #mine) == mine) then
-      redis.call('DECR', KEYS[5])
-      counted = false
-    else
-      local left = redis.call('PTTL', KEYS[5])
-      if left < 0 then
-        redis.call('PEXPIRE', KEYS[5], 1000)
-        left = 1000
-      end
-      return {RATE_LIMITED, left, 0, epoch, 0}
-    end
+  if n <= rate then return nil, true end
+  -- This very request already took effect (the script delivered twice): it is answered as
+  -- before, and not counted again.
+  if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[3] or (tonumber(meta[8] or '0') > 0
+      and pool_fields(redis.call('HGET', KEYS[4], ARGV[1]) or '') == ARGV[3]) then
+    redis.call('DECR', KEYS[5])
+    return nil, false
   end
+  local left = redis.call('PTTL', KEYS[5])
+  if left < 0 then
+    redis.call('PEXPIRE', KEYS[5], 1000)
+    left = 1000
+  end
+  return left, true
 end
+
 -- An answer that asks the caller to come again (expired, draw_due) is not an attempt.
-local function uncount()
+local function uncount(counted)
   if counted then redis.call('DECR', KEYS[5]) end
 end
-local credited = 1
-if #ARGV > 5 then
-  local stock, moved = tonumber(meta[5] or '0'), false
+
+-- The credits (ARGV[6..]), before the checks and whatever they answer: each transfer's units
+-- go into this bucket's stock once (`in:<id>`), only under the epoch they were taken in, and
+-- the stock with its sequence is written once (into `meta` as well). Answers 1 when every
+-- credit is in the stock, now or before, else 0.
+local function take_credits(meta, epoch)
+  local credited, stock, moved = 1, tonumber(meta[5] or '0'), false
   for i = 6, #ARGV - 2, 3 do
     if tonumber(ARGV[i + 2]) ~= epoch then
       credited = 0
@@ -84,72 +85,108 @@ if #ARGV > 5 then
     end
   end
   if moved then
-    meta[5], meta[6] = stock, tonumber(meta[6] or '0') + 1
-    redis.call('HSET', KEYS[1], 'stock', meta[5], 'seq', meta[6])
+    meta[5], meta[6] = stock, put_stock(KEYS[1], stock, tonumber(meta[6] or '0'))
   end
+  return credited
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Past the deadline nothing happens, the count included.
-if now > tonumber(ARGV[4]) then uncount() end
-if now > tonumber(ARGV[4]) then return {EXPIRED, -1, now, epoch, credited} end
-if now < tonumber(meta[1]) then return {NOT_STARTED, -1, now, epoch, credited} end
-if now >= tonumber(meta[2]) then return {ENDED, -1, now, epoch, credited} end
-local qty = tonumber(ARGV[2])
-if qty > tonumber(meta[3]) then return {QUANTITY_EXCEEDS_LIMIT, -1, now, epoch, credited} end
-local draw_end = tonumber(meta[8] or '0')
-if draw_end > 0 then
-  -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
-  -- otherwise (a failover to a replica whose clock is behind): an entry now could land below
-  -- the cursor and never be looked at.
-  if now < draw_end and not meta[11] and meta[9] ~= '1' then
+
+-- The window, against this server's clock, and the per-order limit: the refusal, if any.
+local function outside_window_or_limit(meta, now, qty)
+  if now < tonumber(meta[1]) then return NOT_STARTED end
+  if now >= tonumber(meta[2]) then return ENDED end
+  if qty > tonumber(meta[3]) then return QUANTITY_EXCEEDS_LIMIT end
+end
+
+-- A draw sale, after the limit check: its pool while the window is open, draw_due until the
+-- draw is done, then already_purchased for a user the draw did not pick. Answers the code and
+-- value when the purchase ends here, nothing when it goes on first come, first served.
+local function draw_admission(meta, draw_end, now, qty, counted)
+  -- A draw sale's open window: the user's pool entry (this request's: queued again, the script
+  -- delivered twice), or a new one with the next arrival rank and the user's ticket.
+  local function enter_pool()
     local entry = redis.call('HGET', KEYS[4], ARGV[1])
+    local request_id, _, rank, state = pool_fields(entry or '')
     -- A tombstone (an entry taken back after a 503) is no entry: the user may enter again.
-    if entry and string.sub(entry, -2) == '|x' then entry = nil end
-    if entry then
-      if string.sub(entry, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
-        return {QUEUED, tonumber(string.match(entry, '^[^|]*|[^|]*|([^|]*)')), now, epoch, credited}
-      end
-      return {ALREADY_PURCHASED, -1, now, epoch, credited}
+    if entry and state ~= 'x' then
+      if request_id == ARGV[3] then return QUEUED, tonumber(rank) end
+      return ALREADY_PURCHASED, -1
     end
-    if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {ALREADY_PURCHASED, -1, now, epoch, credited} end
-    -- The entrant's ticket: the first 52 bits (13 hex digits, exact as a score) of
-    -- HMAC-SHA1(the sale's secret, user id), from the two padded keys the load wrote. The same
-    -- user always gets the same ticket: an entry taken back after a 503 and made again does
-    -- not draw a new one.
+    if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return ALREADY_PURCHASED, -1 end
     local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants')
     if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
     -- The sentinel is one member of `tickets`; an entrant taken back after a 503 keeps a ticket
     -- and may always come back.
     if redis.call('ZCARD', KEYS[6]) - 1 >= tonumber(pads[3] or '1000000')
         and not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
-      return {POOL_FULL, -1, now, epoch, credited}
+      return POOL_FULL, -1
     end
-    local inner = (string.gsub(redis.sha1hex(pads[1] .. ARGV[1]), '%x%x',
-      function(h) return string.char(tonumber(h, 16)) end))
-    local ticket = tonumber(string.sub(redis.sha1hex(pads[2] .. inner), 1, 13), 16)
+    -- An entry taken back after a 503 and made again gets the same ticket.
+    local ticket = ticket_of(pads[1], pads[2], ARGV[1])
     local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-    redis.call('HSET', KEYS[4], ARGV[1], ARGV[3] .. '|' .. qty .. '|' .. rank .. '|q')
+    redis.call('HSET', KEYS[4], ARGV[1], pool_entry(ARGV[3], qty, rank, 'q'))
     redis.call('ZADD', KEYS[6], ticket, ARGV[1])
-    return {QUEUED, rank, now, epoch, credited}
+    return QUEUED, rank
   end
+  -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
+  -- otherwise (a failover to a replica whose clock is behind): an entry now could land below
+  -- the cursor and never be looked at.
+  if now < draw_end and not meta[11] and meta[9] ~= '1' then return enter_pool() end
   if meta[9] ~= '1' then
-    uncount()
-    return {DRAW_DUE, -1, now, epoch, credited}
+    uncount(counted)
+    return DRAW_DUE, -1
   end
-  local entry = redis.call('HGET', KEYS[4], ARGV[1])
-  if entry and string.sub(entry, -2) == '|q' then
-    return {ALREADY_PURCHASED, -1, now, epoch, credited}
-  end
+  local _, _, _, state = pool_fields(redis.call('HGET', KEYS[4], ARGV[1]) or '')
+  if state == 'q' then return ALREADY_PURCHASED, -1 end
+end
+
+-- The first-come decision: the stock, then the user's field in `users` (none: free; this very
+-- request's: the script delivered twice; any other: an order, a reservation or a cancel in
+-- flight). Answers the code and value when the purchase ends here, nothing when the user may
+-- reserve.
+local function refuse_or_replay(stock, qty, buckets)
+  if stock < qty and buckets == 1 then return SOLD_OUT, stock end
+  local holder = redis.call('HGET', KEYS[2], ARGV[1])
+  if holder == ARGV[3] then return ACCEPTED, stock end
+  if holder then return ALREADY_PURCHASED, -1 end
+  if stock < qty then return SHORT, stock end
+end
+
+-- The reservation: the user's field, the `r` entry and one write of the stock and its
+-- sequence (the script is atomic, so nothing moved them since the HMGET).
+local function reserve(meta, stock, qty, now)
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[1], reservation(ARGV[3], qty, now))
+  put_stock(KEYS[1], stock - qty, tonumber(meta[6] or '0'))
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
+  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
+if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
+local epoch = tonumber(meta[4] or '0')
+local buckets = tonumber(meta[7] or '1')
+if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end
+local wait_ms, counted = count_attempt(meta)
+if wait_ms then return {RATE_LIMITED, wait_ms, 0, epoch, 0} end
+local credited = 1
+if #ARGV > 5 then credited = take_credits(meta, epoch) end
+local now = now_ms()
+-- Past the deadline nothing happens, the count included.
+if now > tonumber(ARGV[4]) then
+  uncount(counted)
+  return {EXPIRED, -1, now, epoch, credited}
+end
+local qty = tonumber(ARGV[2])
+local code, value = outside_window_or_limit(meta, now, qty)
+if code then return {code, -1, now, epoch, credited} end
+local draw_end = tonumber(meta[8] or '0')
+if draw_end > 0 then
+  code, value = draw_admission(meta, draw_end, now, qty, counted)
+  -- A table is an error reply: the draw secret is not loaded.
+  if type(code) == 'table' then return code end
+  if code then return {code, value, now, epoch, credited} end
 end
 local stock = tonumber(meta[5] or '0')
-if stock < qty and buckets == 1 then return {SOLD_OUT, stock, now, epoch, credited} end
-local holder = redis.call('HGET', KEYS[2], ARGV[1])
-if holder == ARGV[3] then return {ACCEPTED, stock, now, epoch, credited} end
-if holder then return {ALREADY_PURCHASED, -1, now, epoch, credited} end
-if stock < qty then return {SHORT, stock, now, epoch, credited} end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[3], ARGV[1], 'r|' .. ARGV[3] .. '|' .. qty .. '|' .. now)
--- One write of both: the script is atomic, so nothing moved them since the HMGET.
-redis.call('HSET', KEYS[1], 'stock', stock - qty, 'seq', tonumber(meta[6] or '0') + 1)
+code, value = refuse_or_replay(stock, qty, buckets)
+if code then return {code, value, now, epoch, credited} end
+reserve(meta, stock, qty, now)
 return {ACCEPTED, stock - qty, now, epoch, credited}

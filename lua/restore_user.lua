@@ -15,7 +15,7 @@ local CLEARED = 1 -- the mark removed, the field left as it was (no live order, 
 local RESTORED = 2 -- the field names the live order's request
 local v = redis.call('HGET', KEYS[3], ARGV[1])
 if not v then return NOT_MINE end
-local kind, token = string.match(v, '^(%a)|([^|]+)|')
+local kind, token = entry_fields(v)
 if kind ~= 'x' or token ~= ARGV[2] then return NOT_MINE end
 redis.call('HDEL', KEYS[3], ARGV[1])
 if ARGV[4] == '' or redis.call('EXISTS', KEYS[1]) == 0 then return CLEARED end

@@ -10,7 +10,7 @@ local NOT_THERE = 0 -- no entry for that id (already settled or given back)
 local DROPPED = 1
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return NOT_THERE end
-local _, id = string.match(v, '^(%a)|([^|]+)|')
+local _, id = entry_fields(v)
 if id ~= ARGV[2] then return NOT_THERE end
 redis.call('HDEL', KEYS[1], ARGV[1])
 return DROPPED

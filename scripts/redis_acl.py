@@ -3,13 +3,15 @@
 
 A function's user may run its Lua scripts (EVALSHA, and SCRIPT LOAD after a failover or a
 SCRIPT FLUSH emptied the script cache), the commands those scripts call (read from lua/*.lua,
-so a script that starts calling a new command widens only the users that run it), the commands
+with the functions of lua/prelude.lua each one calls, so a script that starts calling a new
+command widens only the users that run it), the commands
 the function sends itself, and what the client sends on every connection. Every key it may
 touch starts with `seckill:` (the functions' SECKILL_KEY_PREFIX default); no other key, no
 channel, no other command.
 
     python3 scripts/redis_acl.py access FUNCTION    the access string of FUNCTION's user
     python3 scripts/redis_acl.py json               every user: name, access string, scripts
+    python3 scripts/redis_acl.py prelude SCRIPT     the prelude's functions SCRIPT runs with
     python3 scripts/redis_acl.py apply HOST:PORT... ACL SETUSER every user, with its local
                                                     password, on each server (scripts/stack.sh)
     python3 scripts/redis_acl.py template           rewrite template.yaml's AccessString of each
@@ -92,10 +94,39 @@ USERS: dict[str, dict] = {
 
 CALL = re.compile(r"""redis\.p?call\(\s*['"]([A-Za-z]+)['"]""")
 
+# lua/prelude.lua's functions, each from `local function <name>(` at a line's start to the
+# `end` alone on a line that closes it. The loader (shared/src/store/scripts.rs) puts before a
+# script the ones it calls, and those they call; the same rule picks them here.
+PRELUDE_FUNCTION = re.compile(r"^local function ([A-Za-z_]\w*)\(.*?^end$", re.M | re.S)
+
+
+def code_of(text: str) -> str:
+    """Lua text without its `--` comments (no script has `--` inside a string)."""
+    return "\n".join(line.split("--")[0] for line in text.splitlines())
+
+
+def calls(code: str, name: str) -> bool:
+    """Whether `code` calls `name`: the name on its own (not a field), then `(`."""
+    return re.search(r"(?<![\w.:])" + re.escape(name) + r"[ \t]*\(", code) is not None
+
+
+def prelude_for(text: str) -> list[tuple[str, str]]:
+    """The prelude's functions (name, text) a script calls, and those they call, in the
+    prelude's order (a function calls only those above it)."""
+    functions = [(m.group(1), m.group(0)) for m in PRELUDE_FUNCTION.finditer((LUA / "prelude.lua").read_text())]
+    callers, taken = [code_of(text)], []
+    for name, body in reversed(functions):
+        if any(calls(code, name) for code in callers):
+            callers.append(code_of(body))
+            taken.append((name, body))
+    return taken[::-1]
+
 
 def script_commands(script: str) -> set[str]:
-    """The commands one Lua script calls (every call names its command as a literal)."""
-    text = (LUA / script).read_text()
+    """The commands one Lua script calls, itself or through the prelude's functions it calls
+    (every call names its command as a literal)."""
+    text = "\n".join([body for _, body in prelude_for((LUA / script).read_text())]
+                     + [(LUA / script).read_text()])
     commands = {c.upper() for c in CALL.findall(text)}
     dynamic = re.search(r"""redis\.p?call\(\s*[^'"\s]""", text)
     if dynamic:
@@ -160,6 +191,8 @@ def rewrite_template(path: Path) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "access" and argv[1] in USERS:
         print(access(argv[1]))
+    elif len(argv) == 2 and argv[0] == "prelude" and (LUA / argv[1]).is_file():
+        print(" ".join(name for name, _ in prelude_for((LUA / argv[1]).read_text())))
     elif argv == ["json"]:
         print(json.dumps(every_user(), indent=2))
     elif len(argv) >= 2 and argv[0] == "apply":

@@ -6,6 +6,7 @@
 use crate::util;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::store::keys::Keys;
+use seckill_shared::store::values::{EntryKind, LedgerEntry};
 use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]
@@ -55,8 +56,16 @@ pub async fn measure(
         let mut hset = redis::cmd("HSET");
         hset.arg(&k.ledger);
         for id in &ids {
-            hset.arg(id)
-                .arg(format!("r|{}|1|{now_ms}", uuid::Uuid::now_v7()));
+            let reservation = LedgerEntry {
+                user_id: id.clone(),
+                kind: EntryKind::Reservation,
+                id: uuid::Uuid::now_v7().to_string(),
+                quantity: 1,
+                at_ms: now_ms,
+                order_id: None,
+                transfer: None,
+            };
+            hset.arg(id).arg(reservation.to_string());
         }
         pipe.add_command(hset).ignore();
         let _: () = pipe.query_async(con).await?;

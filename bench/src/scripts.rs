@@ -14,10 +14,12 @@
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
 //! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
 //!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET, the
-//!   loaded and bucket-count checks, the credits block a refusal skips), `ours-clock`
-//!   (+ TIME), `ours-checks` (+ every check up to the stock comparison); a test holds them to
-//!   the script's own lines. With `floor` below them and ours' whole script above (which adds the answer table), the rows
-//!   are the refusal's profile on the server.
+//!   loaded and bucket-count checks, the rate and credits a refusal here skips), `ours-clock`
+//!   (+ TIME), `ours-checks` (+ every check up to the stock comparison). Each is the script's
+//!   own text (its prelude functions, its functions, its main) cut after a line of its main,
+//!   so it makes every closure the whole script makes. With `floor` below them and ours' whole
+//!   script above (which adds the answer table), the rows are the refusal's profile on the
+//!   server.
 //!
 //! Each row also splits its server time: the µs spent inside the Redis commands the script
 //! called (their own `cmdstat_*` usec over the row) and the rest, which is the script call
@@ -32,7 +34,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Script;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::conn::RedisConn;
-use seckill_shared::store::purchase;
+use seckill_shared::store::{purchase, scripts};
 use seckill_shared::testing;
 
 use serde::Serialize;
@@ -49,53 +51,32 @@ static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
 static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
 
-/// `lua/purchase.lua`'s first step: the meta read, whether the sale is loaded, whether the
-/// caller chose the bucket with the sale's bucket count, and the credits block (skipped: a
-/// refusal brings no credits).
-const OURS_READ: &str = "local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
-if not meta[1] then return 1 end
-local epoch = tonumber(meta[4] or '0')
-local buckets = tonumber(meta[7] or '1')
-if buckets ~= tonumber(ARGV[5] or '1') then return 8 end
-local rate = tonumber(meta[10] or '0')
-local credited = 1
-if #ARGV > 5 then
-  local stock, moved = tonumber(meta[5] or '0'), false
-  for i = 6, #ARGV - 2, 3 do
-    if tonumber(ARGV[i + 2]) ~= epoch then
-      credited = 0
-    elseif redis.call('HSETNX', KEYS[1], 'in:' .. ARGV[i], ARGV[i + 1]) == 1 then
-      stock, moved = stock + tonumber(ARGV[i + 1]), true
-    end
-  end
-  if moved then
-    meta[5], meta[6] = stock, tonumber(meta[6] or '0') + 1
-    redis.call('HSET', KEYS[1], 'stock', meta[5], 'seq', meta[6])
-  end
-end
-";
-/// Its second: the server clock.
-const OURS_CLOCK: &str = "local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-";
-/// Its checks, as it makes them, up to the stock comparison (a refusal's last step in a sale
-/// with one bucket).
-const OURS_CHECKS: &str = "if now > tonumber(ARGV[4]) then return 7 end
-if now < tonumber(meta[1]) then return 2 end
-if now >= tonumber(meta[2]) then return 3 end
-local qty = tonumber(ARGV[2])
-if qty > tonumber(meta[3]) then return 4 end
-local draw_end = tonumber(meta[8] or '0')
-local stock = tonumber(meta[5] or '0')
-if stock < qty and buckets == 1 then return 5 end
-";
-static OURS_READ_ONLY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{OURS_READ}return 0")));
-static OURS_READ_CLOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{OURS_READ}{OURS_CLOCK}return 0")));
+/// `lua/purchase.lua` as Redis runs it (behind the prelude's functions it calls).
+static OURS_TEXT: LazyLock<String> =
+    LazyLock::new(|| scripts::with_prelude(include_str!("../../lua/purchase.lua")));
+/// The line of the script's main each refusal step ends with: the meta read, whether the sale
+/// is loaded, the caller's bucket count, the rate (none here) and the credits (none on a
+/// refusal); then the server clock; then every check up to the stock comparison (a refusal's
+/// last step in a sale with one bucket; the step ends before the user's field is read, as
+/// that refusal does).
+const OURS_READ: &str = "if #ARGV > 5 then credited = take_credits(meta, epoch) end";
+const OURS_CLOCK: &str = "local now = now_ms()";
+const OURS_CHECKS: &str = "local stock = tonumber(meta[5] or '0')";
+
+/// Ours cut after the main's line `last`, answering `code` bare: its functions made as the
+/// whole script makes them, its main run up to that step.
+fn ours_cut(last: &str, code: i64) -> String {
+    let line = format!("\n{last}\n");
+    let at = OURS_TEXT
+        .find(&line)
+        .unwrap_or_else(|| panic!("not a line of lua/purchase.lua: {last}"));
+    format!("{}return {code}\n", &OURS_TEXT[..at + line.len()])
+}
+
+static OURS_READ_ONLY: LazyLock<Script> = LazyLock::new(|| Script::new(&ours_cut(OURS_READ, 0)));
+static OURS_READ_CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(&ours_cut(OURS_CLOCK, 0)));
 static OURS_READ_CLOCK_CHECKS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{OURS_READ}{OURS_CLOCK}{OURS_CHECKS}return 5")));
+    LazyLock::new(|| Script::new(&ours_cut(OURS_CHECKS, 5)));
 
 /// One purchase script of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -431,26 +412,17 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
 mod tests {
     use super::*;
 
-    /// A line with what it answers cut off: the steps answer bare integers where the script
-    /// answers its table.
-    fn decision(line: &str) -> &str {
-        line.split(" then return").next().unwrap_or(line).trim()
-    }
-
     #[test]
-    fn the_refusal_steps_are_the_purchase_scripts_own_lines_in_its_order() {
-        let script: Vec<&str> = include_str!("../../lua/purchase.lua")
-            .lines()
-            .map(decision)
+    fn the_refusal_steps_cut_the_purchase_scripts_main_in_its_order() {
+        let steps: Vec<String> = [OURS_READ, OURS_CLOCK, OURS_CHECKS]
+            .iter()
+            .map(|last| ours_cut(last, 0))
             .collect();
-        let steps = format!("{OURS_READ}{OURS_CLOCK}{OURS_CHECKS}");
-        let mut at = 0;
-        for line in steps.lines().map(decision) {
-            let found = script[at..].iter().position(|l| *l == line);
-            let Some(offset) = found else {
-                panic!("not in lua/purchase.lua after line {at}: {line}");
-            };
-            at += offset + 1;
+        for pair in steps.windows(2) {
+            let shorter = pair[0].trim_end_matches("return 0\n");
+            assert!(pair[1].starts_with(shorter), "the steps are out of order");
+            assert!(pair[1].len() > pair[0].len());
         }
+        assert!(OURS_TEXT.starts_with(steps[2].trim_end_matches("return 0\n")));
     }
 }

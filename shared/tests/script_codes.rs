@@ -1,6 +1,8 @@
 //! Every Lua script's reply codes are named on both sides, and the two lists agree: the
 //! constants at the top of `lua/<script>.lua` and the `codes!` enum beside its wrapper. Every
-//! `return` of a script answers a named code (or data), never a bare integer.
+//! `return` of a script answers a named code (or data), never a bare integer. The scripts are
+//! read as Redis runs them, behind the functions of `lua/prelude.lua` they call; the prelude
+//! declares no code and answers values, so it adds none to any script.
 
 use seckill_shared::protocol::lock;
 use seckill_shared::store::{
@@ -113,7 +115,7 @@ fn every_script_in_lua_is_compiled_in_and_named_here() {
     let mut on_disk: Vec<String> = std::fs::read_dir(lua_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".lua"))
+        .filter(|n| n.ends_with(".lua") && n != "prelude.lua")
         .collect();
     on_disk.sort();
     let mut compiled: Vec<String> = scripts::SOURCES
@@ -131,15 +133,20 @@ fn every_script_in_lua_is_compiled_in_and_named_here() {
     );
 }
 
+/// What Redis runs for `script`: the prelude's functions it calls, then the script.
+fn run_text(script: &str) -> String {
+    let source = scripts::SOURCES
+        .iter()
+        .find(|(n, _)| *n == script)
+        .unwrap_or_else(|| panic!("{script} is not compiled in"))
+        .1;
+    scripts::with_prelude(source)
+}
+
 #[test]
 fn each_scripts_constants_are_its_wrappers_codes() {
     for (script, codes) in coded() {
-        let source = scripts::SOURCES
-            .iter()
-            .find(|(n, _)| *n == script)
-            .unwrap_or_else(|| panic!("{script} is not compiled in"))
-            .1;
-        let lua = constants(source);
+        let lua = constants(&run_text(script));
         let rust: BTreeSet<(String, i64)> = codes
             .iter()
             .map(|(name, value)| (upper_snake(name), *value))
@@ -150,13 +157,8 @@ fn each_scripts_constants_are_its_wrappers_codes() {
         );
     }
     for script in DATA {
-        let source = scripts::SOURCES
-            .iter()
-            .find(|(n, _)| n == script)
-            .unwrap()
-            .1;
         assert!(
-            constants(source).is_empty(),
+            constants(&run_text(script)).is_empty(),
             "{script} answers data, not codes"
         );
     }
@@ -164,9 +166,10 @@ fn each_scripts_constants_are_its_wrappers_codes() {
 
 #[test]
 fn every_return_names_its_code() {
-    for (script, source) in scripts::SOURCES {
-        let declared: BTreeSet<String> = constants(source).into_iter().map(|(n, _)| n).collect();
-        let firsts = returned_first_values(source);
+    for (script, _) in scripts::SOURCES {
+        let source = run_text(script);
+        let declared: BTreeSet<String> = constants(&source).into_iter().map(|(n, _)| n).collect();
+        let firsts = returned_first_values(&source);
         assert!(!firsts.is_empty(), "{script} has no return");
         for first in firsts {
             assert!(
@@ -197,4 +200,16 @@ fn the_reader_of_returns_sees_what_it_must() {
     assert_eq!(returned_first_values(lua), ["A", "B_2"]);
     assert_eq!(returned_first_values("if y then return 1 end"), ["1"]);
     assert_eq!(upper_snake("WouldGoNegative"), "WOULD_GO_NEGATIVE");
+}
+
+#[test]
+fn the_prelude_declares_no_code_and_answers_none() {
+    assert!(constants(scripts::PRELUDE).is_empty());
+    for first in returned_first_values(scripts::PRELUDE) {
+        let is_code = first.parse::<i64>().is_ok()
+            || first
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        assert!(!is_code, "prelude.lua: `return {first}` answers a code");
+    }
 }

@@ -75,7 +75,7 @@ use seckill_shared::store::conn::Redis;
 use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::keys::SENTINEL;
-use seckill_shared::store::ledger::EntryKind;
+use seckill_shared::store::values::EntryKind;
 use seckill_shared::testing;
 use seckill_shared::testing::call;
 use seckill_shared::testing::request;
@@ -1897,7 +1897,7 @@ impl Chaos {
         &self,
         id: i64,
         rows: &HashMap<Uuid, Row>,
-    ) -> anyhow::Result<HashMap<Uuid, store::draw::PoolEntry>> {
+    ) -> anyhow::Result<HashMap<Uuid, store::values::PoolEntry>> {
         let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
         if !drawn.is_done() {
             self.violate(
@@ -1955,7 +1955,7 @@ impl Chaos {
         id: i64,
         attempts: &[Attempt],
         rows: &HashMap<Uuid, Row>,
-        pool: &HashMap<Uuid, store::draw::PoolEntry>,
+        pool: &HashMap<Uuid, store::values::PoolEntry>,
     ) -> HashSet<Uuid> {
         let mut accepted = HashSet::new();
         let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());

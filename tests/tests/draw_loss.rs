@@ -18,6 +18,7 @@ use seckill_shared::on_both_redis;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self, Drawn};
+use seckill_shared::store::values::PoolEntry;
 use seckill_shared::store::view;
 use seckill_shared::testing::{lose_sale, RedisKind, TestEnv};
 use std::collections::{BTreeMap, BTreeSet};
@@ -610,7 +611,7 @@ async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> any
         .cmd(redis::cmd("HGET").arg(&k.pool).arg(&answered_503))
         .await?;
     assert!(
-        held.as_deref().is_some_and(|v| v.ends_with("|x")),
+        held.as_deref().is_some_and(PoolEntry::is_tombstone),
         "not yet put back, her old request's tombstone in its place: {held:?}"
     );
     assert!(matches!(

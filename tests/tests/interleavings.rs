@@ -33,6 +33,7 @@ use seckill_shared::protocol::lock;
 use seckill_shared::store::keys::SENTINEL;
 use seckill_shared::store::ledger;
 use seckill_shared::store::meta;
+use seckill_shared::store::values;
 use seckill_shared::store::view;
 
 use anyhow::Context as _;
@@ -290,7 +291,7 @@ impl World {
         expected.extend(
             snap.ledger
                 .iter()
-                .filter(|e| e.kind == ledger::EntryKind::Reservation)
+                .filter(|e| e.kind == values::EntryKind::Reservation)
                 .map(|e| e.user_id.clone()),
         );
         let users = self.users().await?;

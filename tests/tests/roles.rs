@@ -709,3 +709,32 @@ async fn every_redis_user_is_refused_what_its_function_does_not_run() -> anyhow:
     );
     Ok(())
 }
+
+/// scripts/redis_acl.py counts, for each script, the commands of the prelude functions the
+/// loader puts before it: both pick the same ones, so no user lacks a command a script runs
+/// through the prelude, and none gains one its scripts do not use.
+#[test]
+fn the_acl_derivation_and_the_loader_pick_the_same_prelude_functions() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (script, source) in seckill_shared::store::scripts::SOURCES {
+        let out = std::process::Command::new("python3")
+            .arg(root.join("scripts/redis_acl.py"))
+            .args(["prelude", script])
+            .output()
+            .expect("python3 runs scripts/redis_acl.py");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let derived: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let loaded: Vec<String> = seckill_shared::store::scripts::prelude_for(source)
+            .iter()
+            .map(|f| f.name.to_string())
+            .collect();
+        assert_eq!(derived, loaded, "{script}");
+    }
+}

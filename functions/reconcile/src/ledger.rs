@@ -15,8 +15,9 @@ use seckill_shared::protocol::buckets;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::giveback::{self, GiveBack};
 use seckill_shared::store::keys::Bucket;
-use seckill_shared::store::ledger::{self, EntryKind, LedgerEntry, Snapshot};
+use seckill_shared::store::ledger::{self, Snapshot};
 use seckill_shared::store::purchase::Credited;
+use seckill_shared::store::values::{EntryKind, LedgerEntry};
 use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 

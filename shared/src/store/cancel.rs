@@ -45,7 +45,7 @@ impl CancelAttempt<'_> {
     }
 }
 
-/// Announces a cancel attempt in the ledger (`c|<cancelId>|qty|ms|<orderId>`). Returns what
+/// Announces a cancel attempt in the ledger (a `c` entry). Returns what
 /// the script answered and the sale's load epoch, which the database commit must still find.
 pub async fn begin(
     redis: &Redis,

@@ -7,6 +7,7 @@
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
+use super::values::{OutboxEntry, PoolEntry};
 use crate::domain::draw::Entry;
 use crate::infra::pause;
 use uuid::Uuid;
@@ -256,16 +257,13 @@ pub struct DrawResult {
     pub winners: Vec<Entry>,
 }
 
-/// A winner from its outbox entry `requestId` → `userId|qty|epoch` (the lease and the
-/// sentinel are not one).
+/// A winner from its outbox entry (the lease and the sentinel are not one).
 fn outbox_winner(request_id: &str, value: &str) -> Option<Entry> {
-    let request_id = request_id.parse().ok()?;
-    let mut parts = value.rsplitn(3, '|');
-    let (_epoch, quantity, user_id) = (parts.next()?, parts.next()?, parts.next()?);
+    let entry = OutboxEntry::parse(value)?;
     Some(Entry {
-        request_id,
-        user_id: user_id.to_string(),
-        quantity: quantity.parse().ok()?,
+        request_id: request_id.parse().ok()?,
+        user_id: entry.user_id,
+        quantity: entry.quantity,
     })
 }
 
@@ -467,39 +465,6 @@ pub async fn leave_up_to(redis: &Redis, activity_id: i64, row_id: i64) -> Result
     Ok(())
 }
 
-/// A user's entry in a draw sale's pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolEntry {
-    pub request_id: Uuid,
-    pub quantity: i64,
-    /// Arrival order in the pool, from 1.
-    pub rank: i64,
-    /// Drawn as a winner (else queued, or after the draw not drawn).
-    pub won: bool,
-}
-
-impl PoolEntry {
-    /// Reads `requestId|qty|rank|state`.
-    pub fn parse(value: &str) -> Option<Self> {
-        let mut parts = value.split('|');
-        let request_id = parts.next()?.parse().ok()?;
-        let quantity = parts.next()?.parse().ok()?;
-        let rank = parts.next()?.parse().ok()?;
-        // `x`, an entry taken back after a 503, is no entry.
-        let won = match parts.next()? {
-            "w" => true,
-            "q" => false,
-            _ => return None,
-        };
-        Some(Self {
-            request_id,
-            quantity,
-            rank,
-            won,
-        })
-    }
-}
-
 /// The user's entry in the pool of sale `activity_id`, if any.
 pub async fn pool_entry(
     redis: &Redis,
@@ -529,16 +494,6 @@ pub async fn pool(redis: &Redis, activity_id: i64) -> Result<Vec<(String, PoolEn
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_pool_entry_reads_back_and_bad_ones_do_not() {
-        let id = Uuid::now_v7();
-        let e = PoolEntry::parse(&format!("{id}|2|17|w")).unwrap();
-        assert_eq!((e.request_id, e.quantity, e.rank, e.won), (id, 2, 17, true));
-        assert!(!PoolEntry::parse(&format!("{id}|1|3|q")).unwrap().won);
-        assert_eq!(PoolEntry::parse(&format!("{id}|1|3|x")), None);
-        assert_eq!(PoolEntry::parse("-"), None);
-    }
 
     #[test]
     fn a_taken_batch_reads_its_winners() {

@@ -26,9 +26,9 @@ pub const SENTINEL: &str = "";
 /// `lua/borrow.lua` spells it `' transfer:'`.
 pub const TRANSFER_FIELD_PREFIX: &str = " transfer:";
 
-/// The field of the outbox that leases draining it to one drainer at a time: `token|untilMs`.
-/// Request ids are uuids, so no request id starts with a space. `lua/outbox_take.lua` spells
-/// it `' lease'`.
+/// The field of the outbox that leases draining it to one drainer at a time (its value:
+/// docs/invariants.md, "The state"). Request ids are uuids, so no request id starts with a
+/// space. `lua/outbox_take.lua` spells it `' lease'`.
 pub const OUTBOX_LEASE: &str = " lease";
 
 /// The key counting `user_id`'s requests that reach the database in the current window
@@ -143,22 +143,19 @@ impl Home for Order {
     }
 }
 
-/// The keys of one bucket (of a sale with one bucket: of the sale).
+/// The keys of one bucket (of a sale with one bucket: of the sale). What each holds, and the
+/// format of every value, is told in docs/invariants.md, "The state"; [`super::values`] reads
+/// the values back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {
-    /// Hash: stock (units left in this bucket), startMs, endMs, limit, total, version,
-    /// expireAtMs, seq (the stock sequence), epoch (the load epoch), change (the last admin
-    /// change applied), title (for the public view), buckets (the sale's bucket count), and
-    /// per transfer between buckets `in:<id>` / `out:<id>` (see `lua/borrow.lua`). A bucket is
-    /// loaded when its meta exists.
+    /// Hash: the bucket's stock, stock sequence, load epoch, window and the rest of its
+    /// settings. A bucket is loaded when its meta exists.
     pub meta: String,
-    /// Hash user id -> the request id of the purchase that added the user: users holding a
-    /// reservation, an order or a cancel in flight (one order per user), plus [`SENTINEL`].
+    /// Hash user id -> the request id of the purchase that added the user (one order per
+    /// user), plus [`SENTINEL`].
     pub users: String,
-    /// Hash user id -> in-flight entry: `r|requestId|qty|ms` reservation,
-    /// `c|cancelId|qty|ms|orderId` cancel attempt, `x|token|0|ms` orphan check mark; and
-    /// [`transfer_field`] -> `t|id|qty|ms|homeIndex|epoch`, units taken from this bucket for
-    /// another; plus [`SENTINEL`].
+    /// Hash user id (or a [`transfer_field`]) -> the one entry in flight
+    /// ([`super::values::LedgerEntry`]), plus [`SENTINEL`].
     pub ledger: String,
     /// The admin lock: a hash of its holder's owner id → hold count and `token` → its fencing
     /// token, with a lease. In bucket 0 it is the lock itself; in the other buckets a stamp
@@ -166,16 +163,15 @@ pub struct Keys {
     pub lock: String,
     /// The fencing token counter (bucket 0's is the sale's).
     pub fence: String,
-    /// A draw sale's pool: hash user id -> `requestId|qty|rank|state`, the purchases of the
-    /// draw window in arrival order (`rank`, from 1), `state` `q` (queued; after the draw: not
-    /// drawn) or `w` (won); plus [`SENTINEL`].
+    /// A draw sale's pool: hash user id -> the user's entry of the draw window
+    /// ([`super::values::PoolEntry`]), plus [`SENTINEL`].
     pub pool: String,
-    /// A draw sale's tickets: sorted set user id -> ticket (HMAC-SHA1 of the sale's draw secret
-    /// and the user id, its first 52 bits: `lua/purchase.lua`), one per entrant; the draw takes
-    /// the lowest tickets first (`lua/draw.lua`). Plus [`SENTINEL`] at -1.
+    /// A draw sale's tickets: sorted set user id -> ticket, one per entrant; the draw takes the
+    /// lowest tickets first (`lua/draw.lua`). Plus [`SENTINEL`] at -1.
     pub tickets: String,
-    /// A draw sale's to-send list: hash request id -> `userId|qty`, the winners whose order
-    /// message is not known to be on the queue yet; plus [`SENTINEL`] and [`OUTBOX_LEASE`].
+    /// A draw sale's to-send list: hash request id -> the winner whose order message is not
+    /// known to be on the queue yet ([`super::values::OutboxEntry`]), plus [`SENTINEL`] and
+    /// [`OUTBOX_LEASE`].
     pub outbox: String,
     /// Prefix of a user's purchase-rate counter (`<rate><userId>`, see [`Keys::rate`]).
     rate: String,

@@ -6,6 +6,7 @@
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
+use super::values::{EntryKind, LedgerEntry};
 use std::collections::HashSet;
 use uuid::Uuid;
 
@@ -34,7 +35,7 @@ async fn give_back(
     at: Bucket,
     user_id: &str,
     id: Uuid,
-    kind: &str,
+    kind: EntryKind,
     mode: Compensation,
 ) -> Result<Option<i64>, StoreError> {
     let k = redis.bucket_keys(at);
@@ -44,7 +45,7 @@ async fn give_back(
         .key(&k.ledger)
         .arg(user_id)
         .arg(id.to_string())
-        .arg(kind)
+        .arg(kind.letter())
         .arg(match mode {
             Compensation::Full => "full",
             Compensation::StockOnly => "stock",
@@ -62,7 +63,15 @@ pub async fn compensate(
     request_id: Uuid,
     mode: Compensation,
 ) -> Result<Option<i64>, StoreError> {
-    give_back(redis, at.into(), user_id, request_id, "r", mode).await
+    give_back(
+        redis,
+        at.into(),
+        user_id,
+        request_id,
+        EntryKind::Reservation,
+        mode,
+    )
+    .await
 }
 
 /// Gives a cancelled order's units and quota back, at most once, for the attempt `cancel_id`
@@ -78,7 +87,7 @@ pub async fn cancel_finish(
         at.into(),
         user_id,
         cancel_id,
-        "c",
+        EntryKind::Cancel,
         Compensation::Full,
     )
     .await
@@ -104,91 +113,6 @@ pub async fn settle(
     let mut inv = scripts::SETTLE.prepare_invoke();
     inv.key(&k.ledger).arg(user_id).arg(id);
     Ok(SettleCode::read(redis.script(&inv).await?)? == SettleCode::Dropped)
-}
-
-/// What a ledger entry stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EntryKind {
-    /// `r|<requestId>|qty|ms`: units reserved, order message on its way.
-    Reservation,
-    /// `c|<cancelId>|qty|ms|<orderId>`: a cancel attempt between Redis and the database.
-    Cancel,
-    /// `x|<token>|0|ms`: reconcile's orphan check is looking at this user.
-    Check,
-    /// `t|<transferId>|qty|ms|<homeIndex>|<epoch>` under a [`super::keys::transfer_field`]:
-    /// units taken from this bucket for a purchase in another (`lua/borrow.lua`), not yet
-    /// known to be there.
-    Transfer,
-}
-
-/// One in-flight entry of the ledger, keyed by user (or, for a transfer, by its field).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LedgerEntry {
-    pub user_id: String,
-    pub kind: EntryKind,
-    /// What guards the entry: the request id (reservation), the cancel id (cancel), the check
-    /// token or the transfer id.
-    pub id: String,
-    pub quantity: i64,
-    pub at_ms: i64,
-    /// The order a cancel entry is about.
-    pub order_id: Option<i64>,
-    /// A transfer's home bucket index and the load epoch it was taken in.
-    pub transfer: Option<(u32, i64)>,
-}
-
-impl LedgerEntry {
-    pub fn parse(user_id: &str, value: &str) -> Option<Self> {
-        let mut parts = value.split('|');
-        let kind = match parts.next()? {
-            "r" => EntryKind::Reservation,
-            "c" => EntryKind::Cancel,
-            "x" => EntryKind::Check,
-            "t" => EntryKind::Transfer,
-            _ => return None,
-        };
-        let id = parts.next()?.to_string();
-        let quantity = parts.next()?.parse().ok()?;
-        let at_ms = parts.next()?.parse().ok()?;
-        let order_id = match kind {
-            EntryKind::Cancel => Some(parts.next()?.parse().ok()?),
-            _ => None,
-        };
-        let transfer = match kind {
-            EntryKind::Transfer => Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?)),
-            _ => None,
-        };
-        Some(Self {
-            user_id: user_id.to_string(),
-            kind,
-            id,
-            quantity,
-            at_ms,
-            order_id,
-            transfer,
-        })
-    }
-
-    /// The reservation's request id, when this is a reservation.
-    pub fn request_id(&self) -> Option<Uuid> {
-        (self.kind == EntryKind::Reservation)
-            .then(|| self.id.parse().ok())
-            .flatten()
-    }
-
-    /// The transfer's id, when this is a transfer.
-    pub fn transfer_id(&self) -> Option<Uuid> {
-        (self.kind == EntryKind::Transfer)
-            .then(|| self.id.parse().ok())
-            .flatten()
-    }
-
-    /// The cancel attempt's id, when this is a cancel.
-    pub fn cancel_id(&self) -> Option<Uuid> {
-        (self.kind == EntryKind::Cancel)
-            .then(|| self.id.parse().ok())
-            .flatten()
-    }
 }
 
 /// The user's ledger entry, if any.
@@ -385,34 +309,5 @@ mod tests {
         assert!(matches!(SettleCode::read(1), Ok(SettleCode::Dropped)));
         let e = SettleCode::read(2).unwrap_err();
         assert!(e.to_string().contains("settle.lua answered 2"), "{e}");
-    }
-
-    #[test]
-    fn ledger_entries_parse_both_kinds() {
-        let r =
-            LedgerEntry::parse("alice", "r|6f1c1a2e-0000-4000-8000-000000000001|2|1700").unwrap();
-        assert_eq!(r.kind, EntryKind::Reservation);
-        assert_eq!(r.quantity, 2);
-        assert!(r.request_id().is_some());
-        let c =
-            LedgerEntry::parse("bob", "c|6f1c1a2e-0000-4000-8000-000000000002|1|1800|17").unwrap();
-        assert_eq!(
-            (c.kind, c.order_id, c.at_ms),
-            (EntryKind::Cancel, Some(17), 1800)
-        );
-        assert!(c.cancel_id().is_some() && c.request_id().is_none());
-        let x = LedgerEntry::parse("carol", "x|tok|0|1900").unwrap();
-        assert_eq!((x.kind, x.id.as_str()), (EntryKind::Check, "tok"));
-        let t = LedgerEntry::parse(
-            " transfer:6f1c1a2e-0000-4000-8000-000000000003",
-            "t|6f1c1a2e-0000-4000-8000-000000000003|4|2000|2|7",
-        )
-        .unwrap();
-        assert_eq!(
-            (t.kind, t.quantity, t.transfer),
-            (EntryKind::Transfer, 4, Some((2, 7)))
-        );
-        assert!(t.transfer_id().is_some() && t.request_id().is_none());
-        assert!(LedgerEntry::parse("x", "garbage").is_none());
     }
 }

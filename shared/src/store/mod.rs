@@ -14,6 +14,8 @@
 //! - [`buckets`]: the reads that add a bucketed sale's buckets up; a bucket's unload.
 //! - [`view`]: the stock and the public view of a loaded sale.
 //! - [`user_rate`]: a user's rate of requests that reach the database.
+//! - [`values`]: the values the scripts keep (a ledger entry, a pool entry, an outbox entry),
+//!   read back.
 
 pub mod buckets;
 pub mod cancel;
@@ -26,4 +28,5 @@ pub mod purchase;
 pub mod repair;
 pub mod scripts;
 pub mod user_rate;
+pub mod values;
 pub mod view;

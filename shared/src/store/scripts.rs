@@ -2,7 +2,9 @@
 //! named on the Rust side.
 //!
 //! `redis::Script` runs them by EVALSHA and reloads on `NOSCRIPT` (on every cluster node), so
-//! a failover or a `SCRIPT FLUSH` costs one extra round trip, never an error. A script's reply
+//! a failover or a `SCRIPT FLUSH` costs one extra round trip, never an error. What Redis runs
+//! is a script behind the functions of `lua/prelude.lua` it calls ([`with_prelude`]): the one
+//! writer and reader of each value format (docs/invariants.md, "The state"). A script's reply
 //! codes are named constants at its top (`local NOT_FOUND = 1`) and a [`codes!`] enum beside
 //! its wrapper; `shared/tests/script_codes.rs` reads every `return` of `lua/*.lua` and holds
 //! the two lists together.
@@ -11,15 +13,20 @@ use crate::store::conn::StoreError;
 use redis::Script;
 use std::sync::LazyLock;
 
+/// `lua/prelude.lua`: the value formats and the clock, as `local function`s each script takes
+/// the ones it calls of.
+pub const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+
 macro_rules! scripts {
     ($($name:ident => $file:literal,)*) => {
         $(
-            #[doc = concat!("`lua/", $file, "`")]
-            pub static $name: LazyLock<Script> =
-                LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file))));
+            #[doc = concat!("`lua/", $file, "`, behind the prelude's functions it calls")]
+            pub static $name: LazyLock<Script> = LazyLock::new(|| {
+                Script::new(&with_prelude(include_str!(concat!("../../../lua/", $file))))
+            });
         )*
 
-        /// Every script's file name and source, in the order above.
+        /// Every script's file name and source (without the prelude), in the order above.
         pub const SOURCES: &[(&str, &str)] =
             &[$(($file, include_str!(concat!("../../../lua/", $file))),)*];
     };
@@ -95,4 +102,143 @@ pub(crate) fn unknown_answer(script: &'static str, code: i64) -> StoreError {
         "unexpected script answer",
         format!("{script} answered {code}"),
     )))
+}
+
+/// One function of the prelude: its name, and its text from `local function <name>(` to the
+/// `end` alone on a line that closes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreludeFunction {
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+/// The prelude's functions, in its order (a function calls only those above it).
+pub fn prelude_functions() -> Vec<PreludeFunction> {
+    let mut functions = Vec::new();
+    let mut open: Option<(&'static str, usize)> = None;
+    let mut at = 0;
+    for line in PRELUDE.split_inclusive('\n') {
+        if let Some(rest) = line.strip_prefix("local function ") {
+            let name = rest.split('(').next().unwrap_or_default();
+            open = Some((name, at));
+        } else if line.trim_end() == "end" {
+            if let Some((name, from)) = open.take() {
+                let text = &PRELUDE[from..at + "end".len()];
+                functions.push(PreludeFunction { name, text });
+            }
+        }
+        at += line.len();
+    }
+    functions
+}
+
+/// Lua text without its `--` comments (no script has `--` inside a string).
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|line| line.split("--").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `code` calls the function `name`: the name on its own (not a field, not the end of
+/// a longer name), then `(`.
+fn calls(code: &str, name: &str) -> bool {
+    code.match_indices(name).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + name.len()..].trim_start_matches([' ', '\t']);
+        !before.is_some_and(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':'))
+            && after.starts_with('(')
+    })
+}
+
+/// The prelude's functions `source` calls, and those they call, in the prelude's order.
+pub fn prelude_for(source: &str) -> Vec<PreludeFunction> {
+    let mut callers = vec![code_of(source)];
+    let mut taken = Vec::new();
+    // From the last one up: a function is called only from below it, so by the time a
+    // function is looked at, every function that may call it is decided.
+    for f in prelude_functions().into_iter().rev() {
+        if callers.iter().any(|code| calls(code, f.name)) {
+            callers.push(code_of(f.text));
+            taken.push(f);
+        }
+    }
+    taken.reverse();
+    taken
+}
+
+/// What Redis runs for `source`: the prelude's functions it calls, then the script. Each
+/// function is a closure made on every call, so a script carries only the ones it uses;
+/// `scripts/redis_acl.py` counts the commands of the same ones.
+pub fn with_prelude(source: &str) -> String {
+    let mut text = String::new();
+    for f in prelude_for(source) {
+        text.push_str(f.text);
+        text.push('\n');
+    }
+    text.push_str(source);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(source: &str) -> Vec<&'static str> {
+        prelude_for(source).iter().map(|f| f.name).collect()
+    }
+
+    #[test]
+    fn a_call_is_the_name_alone_before_its_parenthesis() {
+        assert!(calls("local now = now_ms()", "now_ms"));
+        assert!(calls("x(now_ms ())", "now_ms"));
+        assert!(!calls("local now_ms = 1", "now_ms"));
+        assert!(!calls("t.now_ms()", "now_ms"));
+        assert!(!calls("my_now_ms()", "now_ms"));
+        assert!(names("-- now_ms()\nreturn 0").is_empty());
+    }
+
+    #[test]
+    fn the_prelude_is_its_functions_and_comments() {
+        let functions = prelude_functions();
+        assert!(functions.len() >= 10, "{functions:?}");
+        let mut rest = PRELUDE.to_string();
+        for f in &functions {
+            assert!(f.text.starts_with("local function ") && f.text.ends_with("\nend"));
+            rest = rest.replacen(f.text, "", 1);
+        }
+        assert!(
+            code_of(&rest).trim().is_empty(),
+            "the prelude runs or defines something outside its functions: {rest}"
+        );
+    }
+
+    #[test]
+    fn a_script_gets_the_functions_it_calls_and_no_other() {
+        assert_eq!(names("return 0"), Vec::<&str>::new());
+        assert_eq!(names("local t = now_ms()\nreturn t"), ["now_ms"]);
+        let draw = with_prelude(include_str!("../../../lua/draw.lua"));
+        assert!(draw.starts_with("local function now_ms()"));
+        assert!(draw.contains("local function put_stock("));
+        assert!(!draw.contains("local function add_stock("));
+    }
+
+    #[test]
+    fn every_prelude_function_has_a_caller_and_no_script_redefines_one() {
+        for f in prelude_functions() {
+            assert!(
+                SOURCES.iter().any(|(_, s)| calls(&code_of(s), f.name)),
+                "no script calls {}",
+                f.name
+            );
+            for (script, source) in SOURCES {
+                for shadow in [
+                    format!("local function {}(", f.name),
+                    format!("local {} ", f.name),
+                ] {
+                    assert!(!source.contains(&shadow), "{script} redefines {}", f.name);
+                }
+            }
+        }
+    }
 }

@@ -20,6 +20,7 @@ use seckill_entry::{router, EntryState};
 use seckill_shared::domain::activity;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
+use seckill_shared::store::values::{EntryKind, LedgerEntry};
 use seckill_shared::store::view;
 use seckill_shared::testing;
 
@@ -325,15 +326,21 @@ pub async fn age_reservations(env: &TestEnv, activity_id: i64, by: Duration) {
         .expect("redis answers");
     for pair in flat.chunks(2) {
         let [user, value] = pair else { continue };
-        let parts: Vec<&str> = value.split('|').collect();
-        if parts.first() != Some(&"r") || parts.len() < 4 {
+        let Some(mut entry) = LedgerEntry::parse(user, value) else {
+            continue;
+        };
+        if entry.kind != EntryKind::Reservation {
             continue;
         }
-        let ms: i64 = parts[3].parse().expect("a reservation's ms");
-        let aged = format!("r|{}|{}|{}", parts[1], parts[2], ms - by.as_millis() as i64);
+        entry.at_ms -= by.as_millis() as i64;
         let _: () = env
             .redis
-            .cmd(redis::cmd("HSET").arg(&k.ledger).arg(user).arg(aged))
+            .cmd(
+                redis::cmd("HSET")
+                    .arg(&k.ledger)
+                    .arg(user)
+                    .arg(entry.to_string()),
+            )
             .await
             .expect("redis answers");
     }

@@ -1,0 +1,302 @@
+//! The values the scripts keep in Redis, read back (and, for tests and tools that age or seed
+//! them, written) on the Rust side: a ledger entry, a pool entry, an outbox entry. The formats
+//! are told once, in docs/invariants.md, "The state"; the scripts write them through
+//! `lua/prelude.lua` only, and the tests below hold this module to the strings it writes.
+
+use std::fmt;
+use uuid::Uuid;
+
+/// What a ledger entry stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// `r`: units reserved, the order message on its way.
+    Reservation,
+    /// `c`: a cancel attempt between Redis and the database.
+    Cancel,
+    /// `x`: a check is looking at this user (reconcile's orphan check, a restore of a lost
+    /// field); it holds no units.
+    Check,
+    /// `t`, under a [`super::keys::transfer_field`]: units taken from this bucket for a
+    /// purchase in another (`lua/borrow.lua`), not yet known to be there.
+    Transfer,
+}
+
+impl EntryKind {
+    /// The letter the entry starts with.
+    pub fn letter(self) -> &'static str {
+        match self {
+            EntryKind::Reservation => "r",
+            EntryKind::Cancel => "c",
+            EntryKind::Check => "x",
+            EntryKind::Transfer => "t",
+        }
+    }
+}
+
+/// One in-flight entry of the ledger, keyed by user (or, for a transfer, by its field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub user_id: String,
+    pub kind: EntryKind,
+    /// What guards the entry: the request id (reservation), the cancel id (cancel), the check
+    /// token or the transfer id.
+    pub id: String,
+    pub quantity: i64,
+    pub at_ms: i64,
+    /// The order a cancel entry is about.
+    pub order_id: Option<i64>,
+    /// A transfer's home bucket index and the load epoch it was taken in.
+    pub transfer: Option<(u32, i64)>,
+}
+
+impl LedgerEntry {
+    /// Reads the entry `value` of field `user_id`: `kind|id|qty|ms`, then a cancel's order id,
+    /// or a transfer's home bucket and epoch.
+    pub fn parse(user_id: &str, value: &str) -> Option<Self> {
+        let mut parts = value.split('|');
+        let kind = match parts.next()? {
+            "r" => EntryKind::Reservation,
+            "c" => EntryKind::Cancel,
+            "x" => EntryKind::Check,
+            "t" => EntryKind::Transfer,
+            _ => return None,
+        };
+        let id = parts.next()?.to_string();
+        let quantity = parts.next()?.parse().ok()?;
+        let at_ms = parts.next()?.parse().ok()?;
+        let order_id = match kind {
+            EntryKind::Cancel => Some(parts.next()?.parse().ok()?),
+            _ => None,
+        };
+        let transfer = match kind {
+            EntryKind::Transfer => Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?)),
+            _ => None,
+        };
+        Some(Self {
+            user_id: user_id.to_string(),
+            kind,
+            id,
+            quantity,
+            at_ms,
+            order_id,
+            transfer,
+        })
+    }
+
+    /// The reservation's request id, when this is a reservation.
+    pub fn request_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Reservation)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The transfer's id, when this is a transfer.
+    pub fn transfer_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Transfer)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+
+    /// The cancel attempt's id, when this is a cancel.
+    pub fn cancel_id(&self) -> Option<Uuid> {
+        (self.kind == EntryKind::Cancel)
+            .then(|| self.id.parse().ok())
+            .flatten()
+    }
+}
+
+/// The value as the scripts write it.
+impl fmt::Display for LedgerEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, id, qty, ms) = (self.kind.letter(), &self.id, self.quantity, self.at_ms);
+        write!(f, "{kind}|{id}|{qty}|{ms}")?;
+        if let Some(order_id) = self.order_id {
+            write!(f, "|{order_id}")?;
+        }
+        if let Some((home, epoch)) = self.transfer {
+            write!(f, "|{home}|{epoch}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A user's entry in a draw sale's pool: `requestId|qty|rank|state`, `state` `q` (queued;
+/// after the draw, not drawn) or `w` (won). A tombstone (`x`) is no entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolEntry {
+    pub request_id: Uuid,
+    pub quantity: i64,
+    /// Arrival order in the pool, from 1.
+    pub rank: i64,
+    /// Drawn as a winner (else queued, or after the draw not drawn).
+    pub won: bool,
+}
+
+impl PoolEntry {
+    /// Reads a pool value; `None` for a tombstone and for the sentinel.
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut parts = value.split('|');
+        let request_id = parts.next()?.parse().ok()?;
+        let quantity = parts.next()?.parse().ok()?;
+        let rank = parts.next()?.parse().ok()?;
+        let won = match parts.next()? {
+            "w" => true,
+            "q" => false,
+            _ => return None,
+        };
+        Some(Self {
+            request_id,
+            quantity,
+            rank,
+            won,
+        })
+    }
+
+    /// Whether a pool value is a tombstone: an entry taken back after a 503
+    /// (`requestId|0|0|x`).
+    pub fn is_tombstone(value: &str) -> bool {
+        value.ends_with("|x")
+    }
+}
+
+/// The value as the scripts write it.
+impl fmt::Display for PoolEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.won { "w" } else { "q" };
+        write!(
+            f,
+            "{}|{}|{}|{state}",
+            self.request_id, self.quantity, self.rank
+        )
+    }
+}
+
+/// A draw winner in the outbox, under its request id: `userId|qty|epoch`, the winner, its
+/// units and the load epoch the draw ran under. The lease and the sentinel are no entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEntry {
+    pub user_id: String,
+    pub quantity: i64,
+    pub epoch: i64,
+}
+
+impl OutboxEntry {
+    /// Reads an outbox value; the user id is all before the last two fields.
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut parts = value.rsplitn(3, '|');
+        let (epoch, quantity, user_id) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(Self {
+            user_id: user_id.to_string(),
+            quantity: quantity.parse().ok()?,
+            epoch: epoch.parse().ok()?,
+        })
+    }
+}
+
+/// The value as the scripts write it.
+impl fmt::Display for OutboxEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}|{}", self.user_id, self.quantity, self.epoch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQUEST: &str = "6f1c1a2e-0000-4000-8000-000000000001";
+
+    /// Each value as a script writes it (`lua/prelude.lua`), read and written back unchanged.
+    fn round_trips<T: fmt::Display>(written: &str, read: Option<T>) -> T {
+        let read = read.unwrap_or_else(|| panic!("{written} does not read"));
+        assert_eq!(read.to_string(), written);
+        read
+    }
+
+    #[test]
+    fn a_reservation_reads_back() {
+        let v = format!("r|{REQUEST}|2|1700");
+        let r = round_trips(&v, LedgerEntry::parse("alice", &v));
+        assert_eq!(
+            (r.kind, r.quantity, r.at_ms, r.user_id.as_str()),
+            (EntryKind::Reservation, 2, 1700, "alice")
+        );
+        assert_eq!(r.request_id(), Some(REQUEST.parse().unwrap()));
+        assert_eq!(r.cancel_id(), None);
+    }
+
+    #[test]
+    fn a_cancel_reads_back_with_its_order() {
+        let v = format!("c|{REQUEST}|1|1800|17");
+        let c = round_trips(&v, LedgerEntry::parse("bob", &v));
+        assert_eq!(
+            (c.kind, c.order_id, c.at_ms),
+            (EntryKind::Cancel, Some(17), 1800)
+        );
+        assert!(c.cancel_id().is_some() && c.request_id().is_none());
+    }
+
+    #[test]
+    fn a_check_mark_reads_back() {
+        let x = round_trips("x|tok|0|1900", LedgerEntry::parse("carol", "x|tok|0|1900"));
+        assert_eq!(
+            (x.kind, x.id.as_str(), x.quantity),
+            (EntryKind::Check, "tok", 0)
+        );
+    }
+
+    #[test]
+    fn a_transfer_reads_back_with_its_home_and_epoch() {
+        let v = format!("t|{REQUEST}|4|2000|2|7");
+        let t = round_trips(&v, LedgerEntry::parse(" transfer:x", &v));
+        assert_eq!(
+            (t.kind, t.quantity, t.transfer),
+            (EntryKind::Transfer, 4, Some((2, 7)))
+        );
+        assert!(t.transfer_id().is_some() && t.request_id().is_none());
+    }
+
+    #[test]
+    fn what_is_no_ledger_entry_does_not_read() {
+        for v in [
+            "garbage",
+            "-",
+            "",
+            "r|id|two|1",
+            "c|id|1|2",
+            "t|id|1|2|3",
+            "z|id|1|2",
+        ] {
+            assert_eq!(LedgerEntry::parse("u", v), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_pool_entry_reads_back_and_a_tombstone_is_none() {
+        let w = round_trips(
+            &format!("{REQUEST}|2|17|w"),
+            PoolEntry::parse(&format!("{REQUEST}|2|17|w")),
+        );
+        assert_eq!((w.quantity, w.rank, w.won), (2, 17, true));
+        let q = round_trips(
+            &format!("{REQUEST}|1|3|q"),
+            PoolEntry::parse(&format!("{REQUEST}|1|3|q")),
+        );
+        assert!(!q.won);
+        let tombstone = format!("{REQUEST}|0|0|x");
+        assert_eq!(PoolEntry::parse(&tombstone), None);
+        assert!(PoolEntry::is_tombstone(&tombstone));
+        assert!(!PoolEntry::is_tombstone(&q.to_string()));
+        assert_eq!(PoolEntry::parse("-"), None);
+    }
+
+    #[test]
+    fn an_outbox_entry_reads_back_whatever_its_user_id_holds() {
+        let o = round_trips("alice|2|7", OutboxEntry::parse("alice|2|7"));
+        assert_eq!((o.user_id.as_str(), o.quantity, o.epoch), ("alice", 2, 7));
+        let odd = round_trips("a|b|1|0", OutboxEntry::parse("a|b|1|0"));
+        assert_eq!(odd.user_id, "a|b");
+        assert_eq!(OutboxEntry::parse("-"), None);
+        assert_eq!(OutboxEntry::parse("10|0"), None);
+    }
+}
