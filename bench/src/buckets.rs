@@ -25,7 +25,6 @@ use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::{self, Bucket};
 use seckill_shared::store::purchase::far_deadline;
-use seckill_shared::testing::{self, RedisKind};
 use seckill_shared::{Config, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -33,6 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::RedisKind;
 use uuid::Uuid;
 
 /// The share of a bucketed row's script calls each node should carry, in percent: with the
@@ -117,7 +117,7 @@ pub async fn run(
     pool: &PgPool,
     sizes: &Sizes,
 ) -> anyhow::Result<Vec<BucketRow>> {
-    let mut config = testing::config(database_url, RedisKind::Cluster);
+    let mut config = testkit::config(database_url, RedisKind::Cluster);
     config.key_prefix = util::fresh_prefix();
     let redis = Redis::connect(&config).await?;
     let mut nodes = Nodes::connect(&config.redis).await?;

@@ -22,7 +22,6 @@ use seckill_shared::protocol::load;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 use serde::Serialize;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -74,7 +73,7 @@ pub async fn run(
     let mut admin = client.get_multiplexed_async_connection().await?;
     // MEMORY USAGE and COPY of a 1M-member key take a while on a busy machine.
     admin.set_response_timeout(Duration::from_secs(120));
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(30);
     let redis = Redis::connect(&config).await?;
@@ -230,7 +229,7 @@ async fn one_size(
         "  {n} entries kept in {:.1} s",
         kept.elapsed().as_secs_f64()
     );
-    testing::lose_sale(redis, sale.id).await?;
+    testkit::lose_sale(redis, sale.id).await?;
     let sha = seckill_shared::store::scripts::POOL_RESTORE
         .get_hash()
         .to_string();

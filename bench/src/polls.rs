@@ -17,7 +17,6 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing;
 use seckill_shared::Context;
 use serde::Serialize;
 use serde_json::Value;
@@ -56,7 +55,7 @@ pub struct Sizes {
 }
 
 pub async fn run(database_url: &str, sizes: &Sizes) -> anyhow::Result<PollResults> {
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(5);
     // A pool of the section's own, closed at the end.
@@ -116,7 +115,7 @@ async fn measure(
         let (router, path) = (router.clone(), path.clone());
         async move {
             let user = buyer(spread(i, n));
-            let req = testing::request("GET", &path, Some((&user, "")), None);
+            let req = testkit::request("GET", &path, Some((&user, "")), None);
             match router.oneshot(req).await {
                 Ok(resp) if resp.status().is_success() => {
                     let body = axum::body::to_bytes(resp.into_body(), 1 << 16)

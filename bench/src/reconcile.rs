@@ -18,7 +18,6 @@ use seckill_shared::protocol::load;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 use seckill_shared::Context;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -57,10 +56,10 @@ pub struct Sizes {
 }
 
 pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<ReconcileRow>> {
-    let (database_url, pool) = testing::fresh_database().await?;
+    let (database_url, pool) = testkit::fresh_database().await?;
     let mut admin = client.get_multiplexed_async_connection().await?;
     admin.set_response_timeout(Duration::from_secs(120));
-    let mut config = testing::config(&database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(&database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(30);
     let defaults = seckill_shared::Config::from_env()?;

@@ -1,7 +1,7 @@
 //! Five ways to take one unit of stock, compared under the same workload (same users, stock,
 //! attempt count and concurrency) on the same Redis and PostgreSQL.
 //!
-//! - `lua`: our purchase script through `testing::purchase` (window, limit, stock, user set,
+//! - `lua`: our purchase script through `testkit::purchase` (window, limit, stock, user set,
 //!   ledger: one round trip).
 //! - `hincrby`: HINCRBY -1 on the goods hash, a client-side check, and a compensating
 //!   HINCRBY +1 on a negative result (two round trips on failure).
@@ -29,7 +29,6 @@ use seckill_shared::store::conn::RedisConn;
 use seckill_shared::store::keys::Keys;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 
 use seckill_shared::domain::order;
 use seckill_shared::store::scripts;
@@ -297,7 +296,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
     let mut activity_id = activity_id;
     match s {
         Strategy::Lua | Strategy::Limit => {
-            seckill_shared::testing::load_without_db(
+            testkit::load_without_db(
                 &redis,
                 &open_activity(activity_id, wl.stock),
                 Duration::from_secs(3600),
@@ -387,7 +386,7 @@ async fn attempt(c: Arc<Ctx>, s: Strategy, i: usize) -> Outcome {
 
 async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let d = testing::purchase(
+    let d = testkit::purchase(
         &c.redis,
         c.activity_id,
         &c.users[i],

@@ -1,7 +1,7 @@
 //! End-to-end and invariant tests of seckill, against the real local services.
 //!
-//! One binary per concern in `tests/tests/` (the shared helpers are `tests/tests/common` and
-//! `seckill_shared::testing`; each file's header says what it proves):
+//! One binary per concern in `tests/tests/` (the helpers every test shares are the test kit,
+//! `testkit/`; each file's header says what it proves):
 //!
 //! - `entry`, `public_view`, `http`, `storefront`: the purchase path and the public view
 //!   through the entry's router (in process, and over TCP on the dev server), and the pages

@@ -2,8 +2,6 @@
 //! real PostgreSQL: a paused holder fenced out, a wiped token counter, concurrent admins,
 //! owner-checked release, renewals, live stock changes during a sale, and bad input.
 
-mod common;
-
 use admin::{router, update_activity, update_with_guard, AdminState};
 use axum::http::StatusCode;
 use axum::Router;
@@ -11,26 +9,25 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::settings::ActivityPatch;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::lock;
 use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Context;
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::call;
+use testkit::on_both_redis;
+use testkit::request;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{redis_stock, set_db_stock};
+use testkit::{redis_stock, set_db_stock};
 
 const ADMIN: (&str, &str) = ("ops", "seckill:admin");
 const USER: (&str, &str) = ("alice", "");
@@ -49,7 +46,7 @@ async fn db_activity(env: &TestEnv, id: i64) -> Activity {
 }
 
 async fn lock_value(env: &TestEnv, id: i64) -> Option<String> {
-    testing::lock_hold(&env.redis, id)
+    testkit::lock_hold(&env.redis, id)
         .await
         .unwrap()
         .map(|hold| hold.owner)
@@ -319,7 +316,7 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(
             let redis = env.redis.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(ms((i % 30) * 5)).await;
-                testing::purchase(
+                testkit::purchase(
                     &redis,
                     a.id,
                     &format!("u{i}"),

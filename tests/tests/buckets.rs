@@ -4,11 +4,8 @@
 //! the two steps of a borrow, a cancel and a re-buy across buckets, admin changes of a
 //! bucketed sale, and the interleavings that would break a naive version.
 
-mod common;
-
 use admin::AdminState;
 use chrono::Utc;
-use common::{after_grace, consumer, reconcile};
 use futures::StreamExt;
 use order_consumer::Outcome;
 use seckill_shared::domain::activity;
@@ -29,14 +26,15 @@ use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger::EntryKind;
 use seckill_shared::store::meta;
 use seckill_shared::store::view;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::ApiError;
 use seckill_shared::Context;
 use seckill_shared::Refusal;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::after_grace;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
 const CLUSTER: RedisKind = RedisKind::Cluster;
@@ -130,7 +128,7 @@ async fn crowd(
 
 /// The consumer commits every message, 16 at a time.
 async fn commit_all(env: &TestEnv, messages: &[OrderMessage]) {
-    let consumer = consumer(env);
+    let consumer = env.consumer();
     let outcomes: Vec<Outcome> = futures::stream::iter(messages)
         .map(|m| {
             let consumer = &consumer;
@@ -343,10 +341,11 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     assert!(!in_users(&env, &a, &user).await, "the user holds nothing");
 
     // Within the grace period reconcile leaves the transfer alone (the buyer may be slow)...
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
     assert_eq!(report.activity(a.id).unwrap().transfers_finished, 0);
     // ...after it, the units are put where the buyer was taking them, once.
-    let report = reconcile(&env)
+    let report = env
+        .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     assert_eq!(report.activity(a.id).unwrap().transfers_finished, 1);
@@ -354,7 +353,8 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before);
     assert!(stocks(&env, &a).await[0] >= 1, "in the home bucket");
     assert_conserved(&env, &a).await;
-    let again = reconcile(&env)
+    let again = env
+        .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     assert_eq!(again.activity(a.id).unwrap().transfers_finished, 0);
@@ -387,7 +387,8 @@ async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_o
     };
     paused.reached().await;
     // ...while reconcile, past the grace period, finishes the transfer it left.
-    let report = reconcile(&env)
+    let report = env
+        .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     assert_eq!(report.activity(a.id).unwrap().transfers_finished, 1);
@@ -402,7 +403,8 @@ async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_o
     );
     commit_all(&env, &[m]).await;
     assert_conserved(&env, &a).await;
-    let report = reconcile(&env)
+    let report = env
+        .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     assert_eq!(report.activity(a.id).unwrap().drift, 0);
@@ -449,7 +451,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
         + chrono::Duration::from_std(env.config.payment_timeout)?
         + chrono::Duration::seconds(1);
     assert!(in_users(&env, &a, &user).await);
-    let report = reconcile(&env).run(past_timeout).await?;
+    let report = env.reconcile().run(past_timeout).await?;
     assert_eq!(report.activity(a.id).unwrap().released_unpaid, 6);
     assert_eq!(report.activity(a.id).unwrap().drift, 0);
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 6);
@@ -625,7 +627,7 @@ async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole
         .cmd::<i64>(redis::cmd("DEL").arg(&k.meta).arg(&k.users).arg(&k.ledger))
         .await?;
     assert_eq!(view::view(&env.redis, a.id).await?, None);
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
     assert!(report.activity(a.id).unwrap().preheated);
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 8);
     let reloaded = activity::get(&env.pool, a.id).await?.unwrap();
@@ -655,7 +657,7 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
     let paused = pause::arm("reconcile.stock.after_snapshot", a.id);
     let job = {
         let env = env.clone();
-        tokio::spawn(async move { reconcile(&env).run(Utc::now()).await })
+        tokio::spawn(async move { env.reconcile().run(Utc::now()).await })
     };
     paused.reached().await;
     // ...while the buyer cancels, all three steps, in bucket 2: the database gains the unit
@@ -674,7 +676,7 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
         "the fix waits for a quiet read"
     );
     // The next run fixes exactly the two lost units.
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
     assert!(matches!(
         report.activity(a.id).unwrap().stock_check,
         reconcile::StockCheck::Corrected {
@@ -757,11 +759,11 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
 async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_order(
 ) -> anyhow::Result<()> {
     use axum::http::StatusCode;
-    use seckill_shared::testing::call;
-    use seckill_shared::testing::request;
+    use testkit::call;
+    use testkit::request;
     let env = TestEnv::new(CLUSTER).await?;
     let a = env.open_sale_in_buckets(4, 1, 3).await?;
-    let app = common::entry_router(&env);
+    let app = env.entry_router();
     let path = format!("/activities/{}/orders", a.id);
     let buyers: Vec<String> = (0..3)
         .flat_map(|i| users_at_home(a.id, 3, i, 2, &format!("http{i}")))
@@ -897,14 +899,14 @@ async fn a_crowd_over_http_buys_every_unit_of_a_bucketed_sale_without_a_503() ->
     use axum::http::StatusCode;
     let env = TestEnv::new(CLUSTER).await?;
     let a = env.open_sale_in_buckets(300, 1, 3).await?;
-    let app = common::entry_router(&env);
+    let app = env.entry_router();
     let requests: Vec<String> = (0..2)
         .flat_map(|_| (0..1500).map(|i| format!("crowd-{i}")))
         .collect();
     let answers: Vec<(StatusCode, serde_json::Value)> = futures::stream::iter(&requests)
         .map(|user| {
             let (app, a) = (&app, &a);
-            async move { common::buy(app, a, user, None).await }
+            async move { testkit::buy(app, a, user, None).await }
         })
         .buffer_unordered(128)
         .collect()

@@ -76,12 +76,6 @@ use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::keys::SENTINEL;
 use seckill_shared::store::ledger::EntryKind;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::PrivateRedis;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Context;
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -89,6 +83,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use testkit::call;
+use testkit::request;
+use testkit::PrivateRedis;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -825,7 +824,7 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
         }
     };
     let unused = env.queue.url.clone();
-    let url = testing::fresh_queue(&env.sqs, VISIBILITY_TIMEOUT_SECS, MAX_RECEIVE_COUNT).await?;
+    let url = testkit::fresh_queue(&env.sqs, VISIBILITY_TIMEOUT_SECS, MAX_RECEIVE_COUNT).await?;
     delete_queue(&env.sqs, &unused).await;
     env.config.order_queue_url = url.clone();
     env.queue = OrderQueue::new(env.sqs.clone(), url, env.config.sqs_timeout);
@@ -1170,7 +1169,7 @@ impl Chaos {
     }
 
     async fn pay(&self, order: &Order) {
-        let paid = testing::pay(&self.env.pool, order.id, self.config.payment_timeout).await;
+        let paid = testkit::pay(&self.env.pool, order.id, self.config.payment_timeout).await;
         let refused = !matches!(
             paid,
             Ok(Ok(Settled::Decided {
@@ -1394,7 +1393,7 @@ async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
                 return Ok(());
             }
             // A paused server times the call out: this loss is skipped then.
-            if testing::lose_sale(&c.patient, id).await.is_ok() {
+            if testkit::lose_sale(&c.patient, id).await.is_ok() {
                 c.count(|r| {
                     r.keys_lost += 1;
                     r.draw_keys_lost += 1;
@@ -1428,7 +1427,7 @@ async fn lost_fields(c: Arc<Chaos>) -> anyhow::Result<()> {
         let Some(user) = users.choose(&mut rng) else {
             continue;
         };
-        if let Ok(true) = testing::lose_field(&c.patient, bucket, user).await {
+        if let Ok(true) = testkit::lose_field(&c.patient, bucket, user).await {
             c.count(|r| r.fields_lost += 1);
         }
     }
@@ -1531,7 +1530,7 @@ impl Chaos {
                 .await;
             self.count(|r| r.drain_batches += 1);
         }
-        let dlq = queue_depth(&self.env.sqs, &testing::dlq_url(&self.env.queue.url)).await?;
+        let dlq = queue_depth(&self.env.sqs, &testkit::dlq_url(&self.env.queue.url)).await?;
         self.count(|r| {
             r.drain_secs = started.elapsed().as_secs_f64();
             r.dlq = dlq.0 + dlq.1;
@@ -1652,7 +1651,7 @@ async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> anyhow::Result<(u6
 }
 
 async fn delete_queue(sqs: &aws_sdk_sqs::Client, url: &str) {
-    for u in [url.to_string(), testing::dlq_url(url)] {
+    for u in [url.to_string(), testkit::dlq_url(url)] {
         let _ = sqs.delete_queue().queue_url(u).send().await;
     }
 }

@@ -1,12 +1,10 @@
 //! The order consumer against the real services: PostgreSQL, Redis (standalone and cluster)
 //! and the SQS emulator.
 //!
-//! Reservations are made with `testing::purchase`, exactly as the entry function makes them, so
+//! Reservations are made with `testkit::purchase`, exactly as the entry function makes them, so
 //! the ledger the consumer checks is real. Batches are built from the `events/` fixture, or
 //! really travel through an emulator queue (receive, `handle_batch`, delete what was acked:
 //! what the Lambda event source mapping does).
-
-mod common;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use futures::StreamExt;
@@ -16,20 +14,19 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::infra::sqs::OrderQueue;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::giveback;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::testing;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Context;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{consumer, db_remaining, is_participant, order_rows, reserve, set_db_stock, snapshot};
+use testkit::{db_remaining, is_participant, order_rows, reserve, set_db_stock, snapshot};
 
 const FIXTURE: &str = include_str!("../../events/order-consumer-batch.json");
 
@@ -207,7 +204,7 @@ async fn batch_of_reservations_becomes_confirmed_orders(kind: RedisKind) -> anyh
     let before = snapshot(&env, a.id).await;
     assert_eq!(before.pending_count(), 10);
 
-    let resp = consumer(&env).handle_batch(event_of(&messages)).await;
+    let resp = env.consumer().handle_batch(event_of(&messages)).await;
 
     assert!(resp.batch_item_failures.is_empty());
     let rows = rows(&env, a.id).await;
@@ -248,7 +245,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty(
     let acked = drain(
         &env.sqs,
         &env.queue.url,
-        &consumer(&env),
+        &env.consumer(),
         5,
         Duration::from_secs(20),
     )
@@ -275,7 +272,7 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation(
     let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
-    let c = consumer(&env);
+    let c = env.consumer();
 
     let first = c.handle_message(&m).await?;
     let after_first = snapshot(&env, a.id).await;
@@ -303,7 +300,7 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation(
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let n = reserve(&env, a.id, "bob", 1).await;
-    let c = consumer(&env);
+    let c = env.consumer();
 
     // alice: two concurrent batches; bob: the same message twice inside one batch.
     let (r1, r2, r3) = tokio::join!(
@@ -352,7 +349,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
     let a = open_sale(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let before = snapshot(&env, a.id).await;
-    let c = consumer(&env);
+    let c = env.consumer();
 
     // Someone else holds the activity row: the first delivery's transaction stalls mid-way,
     // long enough for the visibility timeout to pass and SQS to deliver the message again.
@@ -405,7 +402,7 @@ async fn a_batch_out_of_time_starts_nothing_and_its_redelivery_commits_it() -> a
     for user in ["alice", "bob", "carol"] {
         messages.push(reserve(&env, a.id, user, 1).await);
     }
-    let c = consumer(&env);
+    let c = env.consumer();
 
     let deadline = tokio::time::Instant::now() + order_consumer::STOP_BEFORE_DEADLINE / 2;
     let resp = c.handle_batch_by(event_of(&messages), deadline).await;
@@ -436,7 +433,7 @@ async fn a_batch_stuck_at_its_stop_answers_in_time_and_its_redelivery_commits_it
             messages.push(reserve(&env, a.id, user, 1).await);
         }
         let before = snapshot(&env, a.id).await;
-        let c = consumer(&env).with_batch_writes(batch_writes);
+        let c = env.consumer().with_batch_writes(batch_writes);
         let mut blocker = PgConnection::connect(env.config.database_url.expose()).await?;
         sqlx::query("begin").execute(&mut blocker).await?;
         sqlx::query("select id from activities where id = $1 for update")
@@ -498,7 +495,7 @@ async fn poison_message_is_reported_alone_and_the_others_commit(
     records.extend(poison.iter().cloned());
     records.push(no_id);
 
-    let resp = consumer(&env).handle_batch(event(records)).await;
+    let resp = env.consumer().handle_batch(event(records)).await;
 
     let expected: HashSet<String> = poison
         .iter()
@@ -517,7 +514,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let url = testing::fresh_queue(&env.sqs, 1, 2).await?;
+    let url = testkit::fresh_queue(&env.sqs, 1, 2).await?;
     let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
     let a = open_sale(&env, 10, 1).await;
     for user in ["ann", "ben"] {
@@ -531,7 +528,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
         .message_body("{\"poison\": true")
         .send()
         .await?;
-    let c = consumer(&env);
+    let c = env.consumer();
 
     // Keep polling as the event source mapping would until the poison message has been
     // received maxReceiveCount times and moved aside.
@@ -546,7 +543,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
         let resp = env
             .sqs
             .receive_message()
-            .queue_url(testing::dlq_url(&url))
+            .queue_url(testkit::dlq_url(&url))
             .max_number_of_messages(10)
             .send()
             .await?;
@@ -598,7 +595,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing(
     assert!(rows(&env, a.id).await.is_empty());
 
     // The database is back: the redelivered batch commits.
-    let resp = consumer(&env).handle_batch(batch).await;
+    let resp = env.consumer().handle_batch(batch).await;
 
     assert!(resp.batch_item_failures.is_empty());
     assert_eq!(count_status(&rows(&env, a.id).await, "confirmed"), 2);
@@ -626,7 +623,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
     ];
     // Redis drifted: it believes in 5 units, the database has 1 left.
     set_db_stock(&env, a.id, 1).await;
-    let c = consumer(&env);
+    let c = env.consumer();
 
     let resp = c.handle_batch(event_of(&messages)).await;
 
@@ -681,7 +678,7 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = open_sale(&env, 10, 1).await;
-    let c = consumer(&env);
+    let c = env.consumer();
     let first = reserve(&env, a.id, "alice", 1).await;
     assert_eq!(c.handle_message(&first).await?.outcome, Outcome::Committed);
     let existing = rows(&env, a.id).await;
@@ -743,7 +740,8 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     let before = snapshot(&env, a.id).await;
     assert_eq!(before.stock, Some(10));
 
-    let resp = consumer(&env)
+    let resp = env
+        .consumer()
         .handle_batch(event_of(std::slice::from_ref(&m)))
         .await;
 
@@ -755,7 +753,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     assert_eq!(db_remaining(&env, a.id).await, 10);
     assert_eq!(snapshot(&env, a.id).await, before);
     assert_eq!(
-        consumer(&env).handle_message(&m).await?,
+        env.consumer().handle_message(&m).await?,
         no_compensation(Outcome::Duplicate)
     );
     Ok(())
@@ -763,7 +761,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
 on_both_redis!(reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again);
 
 // ---------------------------------------------------------------------------------------------
-// End to end: a crowd through testing::purchase, the queue and the consumer
+// End to end: a crowd through testkit::purchase, the queue and the consumer
 // ---------------------------------------------------------------------------------------------
 
 async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyhow::Result<()> {
@@ -786,7 +784,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
         tokio::spawn(async move {
             let request_id = Uuid::new_v4();
             let decision =
-                testing::purchase(&redis, a.id, &user, 1, request_id, purchase::far_deadline())
+                testkit::purchase(&redis, a.id, &user, 1, request_id, purchase::far_deadline())
                     .await
                     .unwrap();
             if let Ok(Reservation { now_ms, epoch, .. }) = decision {
@@ -819,7 +817,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
     let acked = drain(
         &env.sqs,
         &env.queue.url,
-        &consumer(&env),
+        &env.consumer(),
         accepted,
         Duration::from_secs(40),
     )
@@ -880,7 +878,7 @@ async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
 async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 100, 3).await;
-    let c = consumer(&env).with_batch_writes(batch_writes);
+    let c = env.consumer().with_batch_writes(batch_writes);
     let mut messages = Vec::new();
     for i in 0..10 {
         messages.push(reserve(&env, a.id, &format!("u{i:02}"), 1 + i % 3).await);
@@ -953,7 +951,7 @@ async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStat
         messages.push(reserve(&env, a.id, &format!("s{i}"), 1).await);
     }
     set_db_stock(&env, a.id, 4).await;
-    let c = consumer(&env).with_batch_writes(batch_writes);
+    let c = env.consumer().with_batch_writes(batch_writes);
 
     let (resp, stats) = c.handle_batch_with_stats(event_of(&messages)).await;
 
@@ -1010,7 +1008,7 @@ async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() 
 async fn second_order_in_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let a = open_sale(&env, 10, 1).await;
-    let c = consumer(&env).with_batch_writes(batch_writes);
+    let c = env.consumer().with_batch_writes(batch_writes);
     let first = reserve(&env, a.id, "p0", 1).await;
     c.handle_message(&first).await.unwrap();
     let k = env.redis.keys(a.id);
@@ -1079,7 +1077,7 @@ async fn batch_path_throughput_against_per_message_baseline() -> anyhow::Result<
             .buffer_unordered(64)
             .collect()
             .await;
-        let c = consumer(&env).with_batch_writes(batch_writes);
+        let c = env.consumer().with_batch_writes(batch_writes);
         let start = Instant::now();
         let failures: usize = futures::stream::iter(messages.chunks(BATCH))
             .map(|chunk| {

@@ -3,8 +3,6 @@
 //! first served, a crash between the draw and the sends, reconcile against a late send, the
 //! stock the pool left, and the per-user purchase rate.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
@@ -12,26 +10,26 @@ use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::domain::settings::{NewActivity, DEFAULT_RATE_PER_SEC};
 use seckill_shared::infra::pause;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store;
 use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::view;
+use testkit::on_both_redis;
 
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Refusal;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
+use testkit::call;
+use testkit::request;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{
+use testkit::{
     after_grace, age_reservations, buy, call_with_headers, close_draw_window, consume_queue,
-    draw_entry_rows, entry_router, my_status, order_rows, reconcile, snapshot,
+    draw_entry_rows, my_status, order_rows, snapshot,
 };
 
 /// One attempt as the entry makes it, without HTTP: for the crowds of the fairness test.
@@ -184,7 +182,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(10, 2).await?;
 
     let (status, body) = buy(&app, &a, "alice", Some(r#"{"quantity": 2}"#)).await;
@@ -263,7 +261,7 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(3, 1).await?;
     let users: Vec<String> = (0..8).map(|i| format!("entrant-{i}")).collect();
     for u in &users {
@@ -309,7 +307,7 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     for i in 0..8 {
         assert_eq!(
@@ -326,7 +324,7 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
 
     let grace = env.config.reconcile_grace;
     age_reservations(&env, a.id, grace + Duration::from_secs(60)).await;
-    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.winners_sent, r.compensated), (5, 0), "{r:?}");
     assert_eq!(draw::unsent(&env.redis, a.id).await?, 0);
@@ -348,7 +346,7 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(4, 1).await?;
     for i in 0..6 {
         assert_eq!(
@@ -368,7 +366,8 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
         "the drainer took its batch"
     );
 
-    let report = reconcile(&env)
+    let report = env
+        .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     let r = report.activity(a.id).unwrap();
@@ -401,7 +400,7 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let now = chrono::Utc::now();
     let new = |rate: Option<i64>| NewActivity {
         title: "rate".into(),
@@ -573,7 +572,7 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     assert_eq!(buy(&app, &a, "alice", None).await.0, StatusCode::ACCEPTED);
     close_draw_window(&env, a.id).await;
@@ -606,7 +605,7 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
 /// database's claim was made) is taken out by reconcile before it draws.
 async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let (status, body) = buy(&app, &a, "alice", None).await;
@@ -620,10 +619,10 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
     );
 
     // Bob's purchase ran, and only the claim of its 503 got through.
-    let bob = common::reserve_in_pool(&env, a.id, "bob").await;
+    let bob = testkit::reserve_in_pool(&env, a.id, "bob").await;
     seckill_shared::protocol::giveback::claim(&env.pool, &bob, "unavailable").await?;
     close_draw_window(&env, a.id).await;
-    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.pool_left, r.drawn), (1, true), "{r:?}");
     let pool = draw::pool(&env.redis, a.id).await?;
@@ -645,7 +644,7 @@ async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
     let env = TestEnv::new(kind).await?;
     let a = env.draw_sale(5, 1).await?;
     let mut context = env.context();
-    context.pool = common::dead_pool();
+    context.pool = testkit::dead_pool();
     let dead = seckill_entry::router(seckill_entry::EntryState::new(context, env.queue.clone()));
     let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let (status, body) = buy(&dead, &a, "alice", None).await;
@@ -653,7 +652,7 @@ async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
     assert_eq!(lost.hits(), 1);
     assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
     assert!(order_rows(&env, a.id).await.is_empty(), "no claim was made");
-    let (status, body) = buy(&entry_router(&env), &a, "alice", None).await;
+    let (status, body) = buy(&env.entry_router(), &a, "alice", None).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (StatusCode::ACCEPTED, Some("queued")),
@@ -672,7 +671,7 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
     let a = env.draw_sale(5, 1).await?;
     let mut claims = Vec::new();
     for user in ["u1", "u2", "u3", "u4"] {
-        let entry = common::reserve_in_pool(&env, a.id, user).await;
+        let entry = testkit::reserve_in_pool(&env, a.id, user).await;
         seckill_shared::protocol::giveback::claim(&env.pool, &entry, "unavailable").await?;
         let id: i64 = sqlx::query_scalar("select id from orders where request_id = $1")
             .bind(entry.request_id)
@@ -715,7 +714,7 @@ async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let now = chrono::Utc::now();
     let new = |max_entrants: Option<i64>| NewActivity {
         title: "small pool".into(),
@@ -853,7 +852,7 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
         .collect();
     assert_eq!(losers.len(), 8);
 
-    seckill_shared::testing::lose_sale(&env.redis, a.id).await?;
+    testkit::lose_sale(&env.redis, a.id).await?;
     seckill_shared::protocol::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
         .await?;
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());
@@ -884,7 +883,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(1, 1).await?;
     let _lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let paused = pause::arm("entry.unanswered.after_claim", a.id);
@@ -935,7 +934,7 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     let path = format!("/admin/activities/{}", a.id);
     let admin = admin::router(admin::AdminState::new(env.context()));
@@ -1036,7 +1035,7 @@ async fn the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(40, 1).await?;
     let before = public_draw(&app, &a).await;
     let commitment = before["commitment"]
@@ -1167,7 +1166,7 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let entrants = 3 * draw::STEP_TICKETS + 17;
     // Stock for more than one step's tickets: the draw needs several steps.
     let stock = (2 * draw::STEP_TICKETS) as i64;

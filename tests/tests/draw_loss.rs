@@ -5,28 +5,23 @@
 //! writes draws the same winners again. Each ends with exactly the stock in orders and
 //! `not_drawn` for every other entrant; none reads `none`.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::view;
-use seckill_shared::testing::{lose_sale, RedisKind, TestEnv};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::{lose_sale, RedisKind, TestEnv};
 
-use common::{
-    buy, close_draw_window, consume_queue, consumer, draw_entry_rows, entry_router, my_status,
-    order_rows, reconcile,
-};
+use testkit::{buy, close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
 
 /// `n` entrants `prefix0..` through the entry's router, each answered 202 `queued`.
 async fn entrants(app: &Router, a: &Activity, prefix: &str, n: usize) -> Vec<String> {
@@ -132,7 +127,7 @@ async fn lowest_tickets(
 /// them: exactly the stock wins (the lowest tickets), every other entrant reads `not_drawn`.
 async fn entries_survive_a_loss_inside_the_window(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(3, 1).await?;
     let mut users = entrants(&app, &a, "kept", 6).await;
     assert_eq!(consume_queue(&env).await?, 0);
@@ -176,7 +171,7 @@ async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     let drawn = draw::draw(&env.redis, a.id, Duration::MAX).await?;
     assert!(drawn.is_done(), "{drawn:?}");
@@ -216,7 +211,7 @@ async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
 /// and the stock loaded left its units out.
 async fn a_loss_after_the_sends_orders_each_winner_once(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     // A status read runs the draw, records it and sends the winners.
     assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
@@ -241,7 +236,7 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     let before = dump_sale(&env, &a).await;
 
@@ -271,7 +266,7 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
 /// only they, get the orders.
 async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, _) = closed_window(&env, &app, 2, 5).await?;
     let before = dump_sale(&env, &a).await;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
@@ -298,12 +293,12 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
     );
     assert_eq!(consume_queue(&env).await?, 0, "nothing sent");
 
-    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert!(r.draw_reloaded, "{r:?}");
     assert_eq!(winners_in_pool(&env, &a).await, first);
     // The reloaded sale's winners go out with the next drainer (reconcile's next run).
-    reconcile(&env).run(chrono::Utc::now()).await?;
+    env.reconcile().run(chrono::Utc::now()).await?;
     assert_eq!(consume_queue(&env).await?, 2);
     let ordered: BTreeSet<String> = order_rows(&env, a.id)
         .await
@@ -324,7 +319,7 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
     assert!(drawing::record(&env.redis, &env.pool, a.id)
@@ -365,7 +360,7 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
 /// outcome, the same winners, is the one recorded and sent.
 async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
     let first = winners_in_pool(&env, &a).await;
@@ -414,7 +409,7 @@ async fn reconcile_finishes_a_rebuild_a_load_left(kind: RedisKind) -> anyhow::Re
         Drawn::Restoring { .. }
     ));
 
-    let report = reconcile(&env).run(chrono::Utc::now()).await?;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert_eq!(r.pool_rebuilt, 50, "{r:?}");
     assert!(r.drawn, "the draw ran after the rebuild: {r:?}");
@@ -433,7 +428,7 @@ async fn a_user_who_entered_again_during_a_rebuild_goes_back_once(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     let users = keep_entries(&env, &a, drawing::REBUILD_CHUNK + 50).await;
     let late = users.last().unwrap().clone();
@@ -495,7 +490,7 @@ async fn keep_entries(env: &TestEnv, a: &Activity, n: usize) -> Vec<String> {
 /// queued, with the same ticket.
 async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(3, 1).await?;
     let failed = pause::arm_failure("entry.enter.send", a.id, 1);
     let (status, body) = buy(&app, &a, "alice", None).await;
@@ -525,7 +520,7 @@ async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Res
         load_epoch: None,
         kind: MessageKind::Entry,
     };
-    consumer(&env).handle_message(&stored).await?;
+    env.consumer().handle_message(&stored).await?;
     assert_eq!(
         draw_entry_rows(&env, a.id).await,
         0,
@@ -549,7 +544,7 @@ async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Res
 /// nothing twice: one pool entry, one ticket.
 async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(3, 1).await?;
     entrants(&app, &a, "e", 1).await;
     let paused = pause::arm("consumer.entry.after_commit", a.id);
@@ -577,7 +572,7 @@ async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> a
 /// was answered 503 once, then entered again): its tombstone does not keep her entry out.
 async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     let n = drawing::REBUILD_CHUNK + 50;
     let users = keep_entries(&env, &a, n).await;

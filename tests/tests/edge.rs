@@ -4,16 +4,14 @@
 //! monitors. The secret's current and previous values (a rotation) are read from Secrets
 //! Manager (the local emulator).
 
-mod common;
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
-use common::{dead_pool, redis_stock};
 use seckill_shared::infra::config::EdgeOrigin;
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
 use seckill_shared::Context;
 use serde_json::Value;
+use testkit::{call, request, RedisKind, TestEnv};
+use testkit::{dead_pool, redis_stock};
 
 const CURRENT: &str = "origin-current-0123456789";
 const PREVIOUS: &str = "origin-previous-0123456789";

@@ -2,8 +2,6 @@
 //! cluster), real PostgreSQL and the SQS emulator: concurrency, failure of each dependency,
 //! the sold-out cache, and every kind of bad input.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt;
@@ -14,7 +12,6 @@ use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::sqs::OrderQueue;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::ledger;
@@ -22,22 +19,21 @@ use seckill_shared::store::ledger::EntryKind;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
 use seckill_shared::store::view;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::PrivateRedis;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::call;
+use testkit::on_both_redis;
+use testkit::request;
+use testkit::PrivateRedis;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{
-    buy, call_with_headers, consume, counting_pool, db_remaining, entry_router, entry_router_on,
-    entry_router_with_queue, orders_in_db, snapshot,
+use testkit::{
+    buy, call_with_headers, consume, counting_pool, db_remaining, orders_in_db, snapshot,
 };
 
 fn orders_path(a: &Activity) -> String {
@@ -56,7 +52,7 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 2).await?;
 
-    let decision = testing::purchase(
+    let decision = testkit::purchase(
         &env.redis,
         a.id,
         "alice",
@@ -80,7 +76,7 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(50, 1).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
 
     let results = futures::future::join_all((0..500).map(|i| {
         let (app, a) = (app.clone(), a.clone());
@@ -125,7 +121,7 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
     let a = env.open_sale(100, 1).await.unwrap();
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let done = Arc::new(AtomicBool::new(false));
     let lowest = Arc::new(AtomicI64::new(i64::MAX));
     let sampler = {
@@ -197,7 +193,7 @@ async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(10, 1).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
 
     let results = futures::future::join_all((0..100).map(|_| {
         let (app, a) = (app.clone(), a.clone());
@@ -240,7 +236,7 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 2).await?;
-    let broken = entry_router_with_queue(&env, dead_queue(&env));
+    let broken = env.entry_router_on(dead_queue(&env), |_| {});
 
     let started = Instant::now();
     let (status, body) = buy(&broken, &a, "alice", Some(r#"{"quantity":2}"#)).await;
@@ -253,7 +249,7 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
     assert_eq!(snap.participants, 0, "quota given back");
     assert!(snap.ledger.is_empty());
 
-    let (status, body) = buy(&entry_router(&env), &a, "alice", Some(r#"{"quantity":2}"#)).await;
+    let (status, body) = buy(&env.entry_router(), &a, "alice", Some(r#"{"quantity":2}"#)).await;
     assert_eq!(
         status,
         StatusCode::ACCEPTED,
@@ -272,7 +268,7 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(
     let request_id = Uuid::new_v4();
 
     // The script ran; the process "died" before sending.
-    let decision = testing::purchase(
+    let decision = testkit::purchase(
         &env.redis,
         a.id,
         "bob",
@@ -292,7 +288,7 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(
     assert_eq!(reservation.request_id(), Some(request_id));
     assert!(reservation.at_ms > 0);
     let (status, me) = call(
-        &entry_router(&env),
+        &env.entry_router(),
         request(
             "GET",
             &format!("/activities/{}/orders/me", a.id),
@@ -317,7 +313,7 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
     let a = env.open_sale(5, 1).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
 
     private.signal("-STOP");
     let started = Instant::now();
@@ -361,7 +357,7 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
     let ttl = Duration::from_millis(1500);
     let env = private.env(Duration::from_secs(2), ttl).await;
     let a = env.open_sale(1, 1).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let (status, accepted) = buy(&app, &a, "winner", None).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let sold_at = Instant::now();
@@ -410,7 +406,7 @@ async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(
     let a = env.open_sale(5, 2).await?;
 
     let (status, body) = buy(
-        &entry_router(&env),
+        &env.entry_router(),
         &a,
         "alice",
         Some(r#"{"quantity":1,"userId":"mallory"}"#),
@@ -440,7 +436,7 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let orders = orders_path(&a);
     let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
     let user = Some(("alice", ""));
@@ -514,7 +510,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
     let now = chrono::Utc::now();
     let hour = chrono::Duration::hours(1);
     let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
 
     let (status, body) = buy(&app, &upcoming, "alice", None).await;
     assert_eq!(
@@ -542,7 +538,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
         .settings()?,
     )
     .await?;
-    seckill_shared::testing::load_without_db(&env.redis, &ended, env.config.expiry_buffer).await?;
+    testkit::load_without_db(&env.redis, &ended, env.config.expiry_buffer).await?;
     let (status, body) = buy(&app, &ended, "alice", None).await;
     assert_eq!(
         (status, body["error"].as_str()),
@@ -555,7 +551,7 @@ on_both_redis!(refusals_of_the_window_map_to_their_409s);
 async fn public_view_shows_live_stock_from_redis(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(7, 2).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     assert_eq!(
         buy(&app, &a, "alice", Some(r#"{"quantity":2}"#)).await.0,
         StatusCode::ACCEPTED
@@ -676,7 +672,7 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
         };
         let a = env.sale(case.stock, 2, start, end).await?;
         if matches!(case.window, Window::NotLoaded) {
-            seckill_shared::testing::lose_sale(&env.redis, a.id).await?;
+            testkit::lose_sale(&env.redis, a.id).await?;
         }
         let request_id = Uuid::new_v4();
         let earlier = match case.before {
@@ -685,7 +681,7 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
             Before::SameRequest => Some(request_id),
         };
         if let Some(earlier) = earlier {
-            let first = testing::purchase(
+            let first = testkit::purchase(
                 &env.redis,
                 a.id,
                 "alice",
@@ -709,7 +705,7 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
             .arg("RESETSTAT")
             .query_async(&mut con)
             .await?;
-        let decision = testing::purchase(
+        let decision = testkit::purchase(
             &env.redis,
             a.id,
             "alice",
@@ -757,11 +753,12 @@ async fn one_user_looping_database_routes_gets_429_past_the_rate_without_reachin
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 1).await?;
-    let mut config = env.config.clone();
-    // 2 a second: 4 in a window of 2 s.
-    config.user_db_rate_per_sec = 2;
     let (pool, taken) = counting_pool(&env);
-    let app = entry_router_on(&env, config, pool);
+    let app = env.entry_router_with(|c| {
+        // 2 a second: 4 in a window of 2 s.
+        c.config.user_db_rate_per_sec = 2;
+        c.pool = pool;
+    });
     let pay = |user: &str| request("POST", "/orders/987654/pay", Some((user, "")), None);
 
     let started = Instant::now();
@@ -835,7 +832,7 @@ async fn a_repeated_none_is_answered_from_memory_and_our_own_purchase_shows_at_o
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 1).await?;
     let (pool, taken) = counting_pool(&env);
-    let app = entry_router_on(&env, env.config.clone(), pool);
+    let app = env.entry_router_with(|c| c.pool = pool);
     let me = |user: &str| {
         let path = format!("/activities/{}/orders/me", a.id);
         request("GET", &path, Some((user, "")), None)
@@ -893,7 +890,7 @@ async fn a_none_read_before_our_purchase_is_not_kept_after_it(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_sale(5, 1).await?;
-    let app = entry_router(&env);
+    let app = env.entry_router();
     let path = format!("/activities/{}/orders/me", a.id);
     let paused = pause::arm("entry.my_order.before_remember_none", a.id);
     let early = {

@@ -7,8 +7,6 @@
 //! nothing was sold, and Redis stock written from outside the purchase and give-back scripts
 //! never erases a move it did not see.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
 use chrono::{Duration as ChronoDuration, Utc};
@@ -24,7 +22,6 @@ use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::pause;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::{CancelError, CancelOutcome};
 use seckill_shared::protocol::lock;
@@ -32,18 +29,18 @@ use seckill_shared::store::keys::SENTINEL;
 use seckill_shared::store::ledger;
 use seckill_shared::store::meta;
 use seckill_shared::store::view;
+use testkit::on_both_redis;
 
 use anyhow::Context as _;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::PrivateRedis;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use sqlx::Connection;
 use std::collections::BTreeSet;
 use std::time::Duration;
+use testkit::call;
+use testkit::request;
+use testkit::PrivateRedis;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
 on_both_redis!(
@@ -94,7 +91,7 @@ async fn world(kind: RedisKind, stock: i64) -> anyhow::Result<World> {
 
 impl World {
     fn new(env: TestEnv, sale: Activity) -> Self {
-        let app = common::entry_router(&env);
+        let app = env.entry_router();
         Self { env, app, sale }
     }
 
@@ -103,15 +100,15 @@ impl World {
     }
 
     fn consumer(&self) -> Consumer {
-        common::consumer(&self.env)
+        self.env.consumer()
     }
 
     fn reconcile(&self) -> Reconcile {
-        common::reconcile(&self.env)
+        self.env.reconcile()
     }
 
     fn preheat(&self) -> Preheat {
-        common::preheat(&self.env)
+        self.env.preheat()
     }
 
     fn admin(&self) -> admin::AdminState {
@@ -227,7 +224,7 @@ impl World {
 
     /// Redis loses the sale, as after a restart with no data.
     async fn unload(&self) -> anyhow::Result<()> {
-        testing::lose_sale(&self.env.redis, self.id()).await
+        testkit::lose_sale(&self.env.redis, self.id()).await
     }
 
     async fn db_row(&self) -> anyhow::Result<Activity> {
@@ -409,7 +406,7 @@ async fn a_cancel_never_takes_over_a_crashed_cancellers_entry(
     let paused = pause::arm("cancel.after_begin", w.id());
     let b = w.spawn_cancel(&bought);
     within("canceller B announcing", paused.reached()).await?;
-    w.reconcile().run(common::after_grace(GRACE)).await?;
+    w.reconcile().run(testkit::after_grace(GRACE)).await?;
     paused.resume();
     let outcome = within("canceller B", b).await?;
     w.assert_conserved().await?;
@@ -537,7 +534,7 @@ async fn reconcile_giving_back_a_late_reservation_beats_the_late_consumer(
     let m = message.clone();
     let late = tokio::spawn(async move { consumer.handle_message(&m).await });
     within("the consumer's checks", paused.reached()).await?;
-    let report = w.reconcile().run(common::after_grace(GRACE)).await?;
+    let report = w.reconcile().run(testkit::after_grace(GRACE)).await?;
     paused.resume();
     let processed = joined("the consumer", late).await?;
 
@@ -561,7 +558,7 @@ async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
     assert_eq!(status, StatusCode::ACCEPTED);
     let message = w.messages().await?.pop().expect("alice's message");
     // The database has no stock left for alice (as after an admin lower in between).
-    common::set_db_stock(&w.env, w.id(), 0).await;
+    testkit::set_db_stock(&w.env, w.id(), 0).await;
 
     let second_paused = pause::arm("consumer.before_write", w.id());
     let consumer = w.consumer();
@@ -1083,7 +1080,7 @@ async fn a_slow_cancel_is_aborted_before_reconcile_drops_its_entry(
     let paused = pause::arm("cancel.after_begin", w.id());
     let a = w.spawn_cancel(&bought);
     within("canceller A announcing", paused.reached()).await?;
-    let report = w.reconcile().run(common::after_grace(GRACE)).await?;
+    let report = w.reconcile().run(testkit::after_grace(GRACE)).await?;
     let r = report.activity(w.id()).expect("reconciled");
     assert_eq!(
         r.settled, 1,
@@ -1441,7 +1438,7 @@ enum Rival {
 async fn restore_race(kind: RedisKind, point: &'static str, rival: Rival) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let bought = w.confirmed("alice", 2).await?;
-    anyhow::ensure!(testing::lose_field(&w.env.redis, w.id(), "alice").await?);
+    anyhow::ensure!(testkit::lose_field(&w.env.redis, w.id(), "alice").await?);
 
     let paused = pause::arm(point, w.id());
     let reconcile = w.reconcile();

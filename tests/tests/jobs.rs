@@ -4,8 +4,6 @@
 //! Each scenario runs on standalone Redis and on the cluster (`<name>::standalone`,
 //! `<name>::cluster`). Time-dependent steps pass a `now` in the future instead of sleeping.
 
-mod common;
-
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use reconcile::StockCheck;
 use seckill_shared::domain::activity;
@@ -15,25 +13,24 @@ use seckill_shared::protocol;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 
 use seckill_shared::domain::order;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::cancel::CancelAttempt;
 use seckill_shared::store::cancel::CancelBegin;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Refusal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{
-    after_grace, commit_order, consume, db_remaining, is_participant, preheat, reconcile,
-    redis_stock, reserve, set_db_stock, snapshot,
+use testkit::{
+    after_grace, commit_order, consume, db_remaining, is_participant, redis_stock, reserve,
+    set_db_stock, snapshot,
 };
 
 on_both_redis!(
@@ -106,7 +103,7 @@ async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow
         now + ChronoDuration::hours(1),
     )
     .await?;
-    let job = preheat(&env);
+    let job = env.preheat();
 
     let first = job.run(Utc::now()).await?;
     assert_eq!(first.loaded_ids, vec![a.id]);
@@ -134,7 +131,7 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
         now + ChronoDuration::hours(1),
     )
     .await?;
-    let job = Arc::new(preheat(&env));
+    let job = Arc::new(env.preheat());
     job.run(Utc::now()).await?;
 
     let done = Arc::new(AtomicBool::new(false));
@@ -156,7 +153,7 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
         .map(|i| {
             let env = env.clone();
             tokio::spawn(async move {
-                let d = testing::purchase(
+                let d = testkit::purchase(
                     &env.redis,
                     a.id,
                     &format!("u{i}"),
@@ -207,7 +204,7 @@ async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> a
     let k = env.redis.keys(running.id);
     let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.meta)).await?;
 
-    let report = preheat(&env).run(Utc::now()).await?;
+    let report = env.preheat().run(Utc::now()).await?;
 
     assert_eq!(report.loaded_ids, vec![running.id, soon.id]);
     assert!(!report.already_loaded_ids.contains(&later.id));
@@ -234,7 +231,7 @@ async fn stale_reservation_is_given_back_after_the_grace_period_only(
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let a = env.open_sale(10, 5).await?;
-    let job = reconcile(&env);
+    let job = env.reconcile();
     // The script ran; the order message was never sent.
     reserve(&env, a.id, "alice", 2).await;
 
@@ -271,7 +268,7 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
     // The consumer committed and crashed before dropping the ledger entry.
     commit_order(&env, a.id, "alice", rid, 3).await?;
 
-    let report = reconcile(&env).run(after_grace(GRACE)).await?;
+    let report = env.reconcile().run(after_grace(GRACE)).await?;
 
     let r = report.activity(a.id).expect("checked");
     assert_eq!((r.settled, r.compensated), (1, 0));
@@ -302,7 +299,7 @@ async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> a
         )
         .await?;
 
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
 
     assert_eq!(report.activity(a.id).unwrap().users_dropped, 1);
     assert!(!is_participant(&env, a.id, "ghost").await);
@@ -404,7 +401,7 @@ async fn a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back(
     }
     let paused = seckill_shared::infra::pause::arm("reconcile.ledger.after_chunk", a.id);
     let run = {
-        let job = reconcile(&env);
+        let job = env.reconcile();
         let at = after_grace(env.config.reconcile_grace);
         tokio::spawn(async move { job.run(at).await })
     };
@@ -465,7 +462,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     let a = env.open_sale(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     consume(&env, a.id, "alice", rid, 2).await?;
-    let job = reconcile(&env);
+    let job = env.reconcile();
     let k = env.redis.keys(a.id);
     let set_stock = |n: i64| {
         let (conn, key) = (env.redis.clone(), k.meta.clone());
@@ -579,7 +576,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     store::cancel::begin(&env.redis, &attempt, now_ms).await?;
     assert_eq!(redis_stock(&env, a.id).await, Some(7));
 
-    let report = reconcile(&env).run(after_grace(GRACE)).await?;
+    let report = env.reconcile().run(after_grace(GRACE)).await?;
 
     let r = report.activity(a.id).unwrap();
     assert_eq!((r.cancels_finished, r.settled), (1, 1));
@@ -605,10 +602,10 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    testing::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env.pool, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
-    let job = reconcile(&env);
+    let job = env.reconcile();
 
     let before = job.run(Utc::now()).await?;
     assert_eq!(before.released_unpaid, 0);
@@ -657,8 +654,8 @@ async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_or
     }
     let rid = reserve(&env, b.id, "bob", 1).await.attempt.request_id;
     let bobs = consume(&env, b.id, "bob", rid, 1).await?;
-    testing::lose_sale(&env.redis, a.id).await?;
-    let job = reconcile(&env);
+    testkit::lose_sale(&env.redis, a.id).await?;
+    let job = env.reconcile();
     let past_timeout = Utc::now() + ChronoDuration::seconds(61);
 
     let status = |id: i64| {
@@ -700,22 +697,22 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    testing::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env.pool, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
     for user in ["alice", "bob"] {
-        assert!(testing::lose_field(&env.redis, a.id, user).await?);
+        assert!(testkit::lose_field(&env.redis, a.id, user).await?);
     }
 
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
 
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!(
-        testing::field(&env.redis, a.id, "alice").await?,
+        testkit::field(&env.redis, a.id, "alice").await?,
         Some(rid.to_string())
     );
     assert_eq!(
-        testing::field(&env.redis, a.id, "bob").await?,
+        testkit::field(&env.redis, a.id, "bob").await?,
         Some(paid_rid.to_string())
     );
     assert!(
@@ -723,7 +720,7 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
         "the restore's marks are gone"
     );
     for user in ["alice", "bob"] {
-        let again = testing::purchase(
+        let again = testkit::purchase(
             &env.redis,
             a.id,
             user,
@@ -770,7 +767,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     // Two reconcilers at once, against each other and the purchases.
     let reconcilers: Vec<_> = (0..2)
         .map(|_| {
-            let (job, done) = (reconcile(&env), done.clone());
+            let (job, done) = (env.reconcile(), done.clone());
             tokio::spawn(async move {
                 let mut checks = Vec::new();
                 while !done.load(Ordering::SeqCst) {
@@ -854,7 +851,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 tokio::spawn(async move {
                     let n = wave * WAVE + i;
                     let (user, qty, rid) = (format!("u{n}"), 1 + (n % 2) as i64, Uuid::new_v4());
-                    match testing::purchase(
+                    match testkit::purchase(
                         &env.redis,
                         id,
                         &user,
@@ -910,7 +907,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     assert!(sold <= STOCK);
     assert!(snap.ledger.is_empty());
     // One last pass puts back whatever leaked last; then every unit is accounted for.
-    let report = reconcile(&env).run(Utc::now()).await?;
+    let report = env.reconcile().run(Utc::now()).await?;
     let r = report.activity(id).unwrap();
     assert!(r.redis_stock >= Some(stock));
     assert_eq!((r.pending_qty, r.drift), (0, 0));
@@ -938,7 +935,7 @@ async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result
         )
         .await?;
 
-    reconcile(&env).run(Utc::now()).await?;
+    env.reconcile().run(Utc::now()).await?;
 
     let s = activity::stats(&env.pool, a.id)
         .await?

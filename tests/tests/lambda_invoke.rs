@@ -20,7 +20,6 @@
 use anyhow::Context;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::settings::NewActivity;
-use seckill_shared::testing;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -234,10 +233,10 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     };
 
     // ------------------------------------------------------------------ arrange
-    let (database_url, pool) = testing::fresh_database().await?;
-    let config = testing::config(&database_url, testing::RedisKind::Standalone);
+    let (database_url, pool) = testkit::fresh_database().await?;
+    let config = testkit::config(&database_url, testkit::RedisKind::Standalone);
     let sqs = seckill_shared::infra::sqs::sqs_client().await;
-    let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
+    let queue_url = testkit::fresh_queue(&sqs, 30, 5).await?;
     let now = chrono::Utc::now();
     // The events name activity 1: the first row of a fresh database once its ids start at 1
     // (a test database's start at a random place). Open now, so the purchase event meets an

@@ -2,30 +2,27 @@
 //! `seckill_shared::protocol::cancel`, against real Redis (standalone and cluster) and PostgreSQL.
 //! Confirmed orders are written here the way the order consumer writes them.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::reason;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
 use seckill_shared::store::ledger::Snapshot;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use serde_json::Value;
+use testkit::call;
+use testkit::on_both_redis;
+use testkit::request;
+use testkit::RedisKind;
+use testkit::TestEnv;
 use uuid::Uuid;
 
-use common::{commit_order, db_remaining, end_sale_in_db, entry_router, snapshot};
+use testkit::{commit_order, db_remaining, end_sale_in_db, snapshot};
 
 struct World {
     env: TestEnv,
@@ -36,7 +33,7 @@ struct World {
 async fn world(kind: RedisKind, stock: i64) -> World {
     let env = TestEnv::new(kind).await.unwrap();
     let sale = env.open_sale(stock, 5).await.unwrap();
-    let app = entry_router(&env);
+    let app = env.entry_router();
     World { env, app, sale }
 }
 
@@ -56,7 +53,7 @@ impl World {
 
     async fn reserve(&self, user: &str, qty: i64) -> Uuid {
         let request_id = Uuid::new_v4();
-        let d = testing::purchase(
+        let d = testkit::purchase(
             &self.env.redis,
             self.sale.id,
             user,
@@ -88,7 +85,7 @@ impl World {
     /// The buyer starts the payment and completes it: the provider's signed event reaches the
     /// webhook. Answers the webhook's answer (or the start's refusal).
     async fn pay(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
-        testing::pay_through_provider(&self.app, &self.env.config, order_id, user).await
+        testkit::pay_through_provider(&self.app, &self.env.config, order_id, user).await
     }
 
     async fn cancel(&self, order_id: i64, user: &str) -> (StatusCode, Value) {
@@ -423,7 +420,7 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
-    seckill_shared::testing::lose_sale(&w.env.redis, w.sale.id).await?;
+    testkit::lose_sale(&w.env.redis, w.sale.id).await?;
 
     // While the sale runs, Redis lost it and a reload is due: the cancel waits for it.
     let (status, body) = w.cancel(id, "alice").await;
@@ -593,7 +590,7 @@ async fn a_cancel_of_an_order_whose_field_redis_lost_completes(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
-    assert!(testing::lose_field(&w.env.redis, w.sale.id, "alice").await?);
+    assert!(testkit::lose_field(&w.env.redis, w.sale.id, "alice").await?);
 
     let (status, body) = w.cancel(id, "alice").await;
 

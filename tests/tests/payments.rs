@@ -3,22 +3,20 @@
 //! and pays only the payment's exact amount for a live order. Through the entry router, against
 //! real Redis and PostgreSQL, with the races against a cancel made to happen on purpose.
 
-mod common;
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
 use chrono::Utc;
-use common::{consume, db_remaining, entry_router, redis_stock, reserve, snapshot};
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::payment;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::secret::ExposeSecret;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
-use seckill_shared::testing::{self, call, request, RedisKind, TestEnv};
 use serde_json::Value;
 use std::time::Duration;
+use testkit::{self, call, request, RedisKind, TestEnv};
+use testkit::{consume, db_remaining, redis_stock, reserve, snapshot};
 
 struct World {
     env: TestEnv,
@@ -29,7 +27,7 @@ struct World {
 async fn world() -> World {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
     let sale = env.open_sale(10, 5).await.unwrap();
-    let app = entry_router(&env);
+    let app = env.entry_router();
     World { env, app, sale }
 }
 
@@ -59,7 +57,7 @@ impl World {
     /// The provider's event `event_id` for the payment `started`, of `amount`, signed now.
     fn event(&self, event_id: &str, started: &Value, amount: i64) -> Request<Body> {
         let now = Utc::now().timestamp();
-        testing::provider_event(&self.secret(), event_id, started, amount, now)
+        testkit::provider_event(&self.secret(), event_id, started, amount, now)
     }
 
     async fn deliver(&self, req: Request<Body>) -> (StatusCode, Value) {
@@ -138,9 +136,9 @@ async fn a_missing_wrong_or_stale_signature_is_refused_and_changes_nothing() -> 
     };
     let now = Utc::now().timestamp();
     let wrong_secret =
-        testing::provider_event("whsec_other", "evt_1", &started, amount(&started), now);
+        testkit::provider_event("whsec_other", "evt_1", &started, amount(&started), now);
     let stale =
-        testing::provider_event(&w.secret(), "evt_1", &started, amount(&started), now - 301);
+        testkit::provider_event(&w.secret(), "evt_1", &started, amount(&started), now - 301);
     let tampered = String::from_utf8(body.to_vec())?
         .replace(&format!("\"amount\":{}", amount(&started)), "\"amount\":1");
     assert_ne!(tampered.as_bytes(), &body[..]);
@@ -596,7 +594,7 @@ async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::
     let id = w.confirmed("alice", 1).await;
     let (_, started) = w.start_pay(id, "alice").await;
     let mut no_db = w.env.context();
-    no_db.pool = common::dead_pool();
+    no_db.pool = testkit::dead_pool();
     let down = seckill_entry::router(seckill_entry::EntryState::new(no_db, w.env.queue.clone()));
 
     let (status, body) = call(&down, w.event("evt_outage", &started, amount(&started))).await;

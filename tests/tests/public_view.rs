@@ -6,28 +6,26 @@
 //! the database must answer (before preheat, unknown ids), the tests count its transactions
 //! or close its pool between two requests to show the answer came from the container's cache.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
-use common::{call_with_headers, dead_pool};
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
 use seckill_entry::{router, EntryState};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::http::auth::ADMIN_SCOPE;
 use seckill_shared::infra::sqs::OrderQueue;
-use seckill_shared::on_both_redis;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::PrivateRedis;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Context;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
+use testkit::call;
+use testkit::on_both_redis;
+use testkit::request;
+use testkit::PrivateRedis;
+use testkit::RedisKind;
+use testkit::TestEnv;
+use testkit::{call_with_headers, dead_pool};
 
 /// The entry function on the test's Redis and queue, with `pool` as its database.
 fn entry_with_pool(env: &TestEnv, pool: PgPool) -> Router {

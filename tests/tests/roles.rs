@@ -11,12 +11,9 @@
 //! `local-<user>` (scripts/stack.sh creates them); the test database is migrated, and the sales
 //! are set up, as the master user and the default Redis user, as in AWS.
 
-mod common;
-
 use aws_lambda_events::event::sqs::SqsEvent;
 use axum::http::StatusCode;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use common::{after_grace, consume, db_remaining, reserve, set_db_stock};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
@@ -27,17 +24,17 @@ use seckill_shared::infra::config::RedisTopology;
 use seckill_shared::infra::db;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use seckill_shared::Context;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use std::collections::BTreeSet;
 use std::time::Duration;
+use testkit::call;
+use testkit::request;
+use testkit::RedisKind;
+use testkit::TestEnv;
+use testkit::{after_grace, consume, db_remaining, reserve, set_db_stock};
 use uuid::Uuid;
 
 const ADMIN: (&str, &str) = ("ops", "seckill:admin");
@@ -64,7 +61,7 @@ async fn redis_as(env: &TestEnv, role: &str) -> Redis {
     let mut config = env.config.clone();
     config.redis = config
         .redis
-        .with_login(&testing::local_redis_login(&user))
+        .with_login(&testkit::local_redis_login(&user))
         .unwrap();
     Redis::connect(&config).await.unwrap_or_else(|e| {
         panic!("{user} logs in to Redis ({e}): bash scripts/stack.sh creates the users")
@@ -213,7 +210,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
 
     let alice_order = alice["orderId"].as_i64().unwrap();
     let (status, paid) =
-        testing::pay_through_provider(&entry, &env.config, alice_order, "alice").await;
+        testkit::pay_through_provider(&entry, &env.config, alice_order, "alice").await;
     assert_eq!(
         (status, paid["outcome"].as_str()),
         (StatusCode::OK, Some("paid")),
@@ -226,7 +223,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
     assert_eq!(db_remaining(&env, a.id).await, 8, "bob's unit is back");
     // A cancel whose buyer's field Redis lost restores it first.
     let (_, dave) = mine("dave").await;
-    assert!(testing::lose_field(&env.redis, a.id, "dave").await?);
+    assert!(testkit::lose_field(&env.redis, a.id, "dave").await?);
     let cancel = format!("/orders/{}/cancel", dave["orderId"]);
     let (status, cancelled) =
         call(&entry, request("POST", &cancel, Some(("dave", "")), None)).await;
@@ -280,7 +277,7 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
     let a = env.open_sale(10, 2).await?;
     let paid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "alice", paid, 1).await?;
-    seckill_shared::testing::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env.pool, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
     let rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
@@ -399,7 +396,7 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
         .attempt
         .request_id;
     consume(&env, running.id, "alice", rid, 1).await?;
-    seckill_shared::testing::lose_sale(&env.redis, running.id).await?;
+    testkit::lose_sale(&env.redis, running.id).await?;
     let preheat = preheat::Preheat::new(deps_as(&env, "seckill_preheat").await);
 
     let report = preheat.run(Utc::now()).await?;
@@ -411,7 +408,7 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
     assert!(report.loaded_ids.contains(&due.id), "{report:?}");
     assert!(report.loaded_ids.contains(&running.id), "{report:?}");
     assert!(
-        common::is_participant(&env, running.id, "alice").await,
+        testkit::is_participant(&env, running.id, "alice").await,
         "alice's order came back as her quota"
     );
     let preheat = pool_as(&env, "seckill_preheat").await;
@@ -457,7 +454,7 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     let unpaid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
     let stale = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
-    assert!(testing::lose_field(&env.redis, a.id, "alice").await?);
+    assert!(testkit::lose_field(&env.redis, a.id, "alice").await?);
     let job = reconcile::Reconcile::new(deps_as(&env, "seckill_reconcile").await);
 
     let report = job.run(after_grace(env.config.reconcile_grace)).await?;
@@ -579,7 +576,7 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
 /// Each function's Redis user as scripts/redis_acl.py declares it: (binary, user, the commands
 /// it may send, lowercase).
 fn declared_redis_users() -> Vec<(String, String, BTreeSet<String>)> {
-    let users = common::redis_acl_users();
+    let users = testkit::redis_acl_users();
     let users = users.as_object().expect("a JSON object").clone();
     users
         .into_iter()
@@ -641,7 +638,7 @@ async fn every_redis_user_is_refused_what_its_function_does_not_run() -> anyhow:
     let mut refused_somewhere = BTreeSet::new();
     for (binary, user, allowed) in &users {
         let mut config = env.config.clone();
-        config.redis = config.redis.with_login(&testing::local_redis_login(user))?;
+        config.redis = config.redis.with_login(&testkit::local_redis_login(user))?;
         let RedisTopology::Standalone(url) = &config.redis else {
             unreachable!("the role tests run on standalone Redis")
         };

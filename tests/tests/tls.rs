@@ -21,7 +21,6 @@ use seckill_shared::infra::db::CaBundle;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::testing;
 use sqlx::{ConnectOptions, Connection};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,7 +163,7 @@ async fn purchase_script_runs_over_tls_with_an_auth_token() -> anyhow::Result<()
             ("stock", "1".into()),
         ]))
         .await?;
-    let decision = testing::purchase(
+    let decision = testkit::purchase(
         &redis,
         1,
         "alice",
