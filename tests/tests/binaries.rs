@@ -359,14 +359,30 @@ fn the_lambdas_as_deployed_are_built_without_test_support() {
         deployed.contains("seckill-shared feature \"default\""),
         "{deployed}"
     );
-    for feature in ["testing", "failpoints"] {
-        assert!(
-            !deployed.contains(&format!("feature \"{feature}\"")),
-            "a root build of the functions compiles `{feature}` into them:\n{deployed}"
-        );
-    }
+    assert!(
+        !deployed.contains("feature \"failpoints\""),
+        "a root build of the functions compiles `failpoints` into them:\n{deployed}"
+    );
+    assert!(
+        !deployed.contains("seckill-testkit v"),
+        "a root build of the functions compiles the test kit:\n{deployed}"
+    );
+    // The kit and the tools built on it turn no pause point on: only the tests crate does.
+    let tools = tree(&[
+        "-p",
+        "seckill-testkit",
+        "-p",
+        "seckill-bench",
+        "-p",
+        "seckill-loadgen",
+    ]);
+    assert!(tools.contains("seckill-testkit v"), "{tools}");
+    assert!(
+        !tools.contains("feature \"failpoints\""),
+        "the test kit or a tool on it compiles `failpoints`:\n{tools}"
+    );
     let workspace = tree(&["--workspace"]);
-    assert!(workspace.contains("feature \"testing\""), "{workspace}");
+    assert!(workspace.contains("feature \"failpoints\""), "{workspace}");
 }
 
 /// Each function's Redis ACL user (scripts/redis_acl.py, the template's ElastiCache users)
