@@ -14,7 +14,6 @@ use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::Context;
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,10 +33,10 @@ const USER: (&str, &str) = ("alice", "");
 
 async fn setup(kind: RedisKind, lock_ttl_ms: u64, lock_wait_ms: u64) -> (TestEnv, AdminState) {
     let env = TestEnv::new(kind).await.expect("test environment");
-    let mut config = env.config.clone();
-    config.lock_ttl = Duration::from_millis(lock_ttl_ms);
-    config.lock_wait = Duration::from_millis(lock_wait_ms);
-    let state = AdminState::new(Context::new(config, env.pool.clone(), env.redis.clone()));
+    let state = env.admin_state_with(|c| {
+        c.config.lock_ttl = Duration::from_millis(lock_ttl_ms);
+        c.config.lock_wait = Duration::from_millis(lock_wait_ms);
+    });
     (env, state)
 }
 

@@ -4,7 +4,6 @@
 //! the two steps of a borrow, a cancel and a re-buy across buckets, admin changes of a
 //! bucketed sale, and the interleavings that would break a naive version.
 
-use admin::AdminState;
 use chrono::Utc;
 use futures::StreamExt;
 use order_consumer::Outcome;
@@ -27,7 +26,6 @@ use seckill_shared::store::ledger::EntryKind;
 use seckill_shared::store::meta;
 use seckill_shared::store::view;
 use seckill_shared::ApiError;
-use seckill_shared::Context;
 use seckill_shared::Refusal;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -465,14 +463,6 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn admin_state(env: &TestEnv) -> AdminState {
-    AdminState::new(Context::new(
-        env.config.clone(),
-        env.pool.clone(),
-        env.redis.clone(),
-    ))
-}
-
 fn patch_total(total: i64) -> ActivityPatch {
     ActivityPatch {
         total_stock: Some(total),
@@ -484,7 +474,7 @@ fn patch_total(total: i64) -> ActivityPatch {
 async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_that_hold_units(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let admin = admin_state(&env);
+    let admin = env.admin_state();
     let a = env.open_sale_in_buckets(30, 1, 3).await?;
     // 25 of 30 sold, the 5 left unevenly: all of bucket 0's units went.
     let mut messages = Vec::new();
@@ -555,7 +545,7 @@ async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_th
 async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let admin = admin_state(&env);
+    let admin = env.admin_state();
     let start = Utc::now() + chrono::Duration::minutes(5);
     let a = env
         .sale_in_buckets(12, 1, start, start + chrono::Duration::hours(1), 3)

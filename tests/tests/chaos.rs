@@ -41,18 +41,15 @@
 //! `CHAOS_SECONDS` in the environment sets the phase). Run it under nextest (one process per
 //! test): pause points are scoped by activity id, and every fresh database starts at id 1.
 
-use admin::AdminState;
 use anyhow::Context as _;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_sqs::types::{Message, QueueAttributeName};
 use chrono::{Duration as ChronoDuration, Utc};
 use order_consumer::Consumer;
-use preheat::Preheat;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{RngExt, SeedableRng};
-use reconcile::{Reconcile, ReconcileReport};
-use seckill_entry::EntryState;
+use reconcile::ReconcileReport;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::payment::Outcome;
 use seckill_shared::domain::settings;
@@ -67,7 +64,6 @@ use seckill_shared::store::view;
 
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
-use seckill_shared::infra::config::Config;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::protocol::cancel::CancelOutcome;
@@ -76,7 +72,6 @@ use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::keys::SENTINEL;
 use seckill_shared::store::ledger::EntryKind;
-use seckill_shared::Context;
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -375,10 +370,9 @@ struct Chaos {
     seed: u64,
     variant: Variant,
     env: TestEnv,
-    /// The handle every actor but the entry uses: it waits out a pause.
-    patient: Redis,
-    /// The config of every actor but the entry: patient, and with reconcile on a short grace.
-    config: Config,
+    /// The services as every actor but the entry sees them: its Redis handle waits out a
+    /// pause, and with reconcile on its grace is short.
+    patient: TestEnv,
     private: Option<PrivateRedis>,
     router: axum::Router,
     sales: Vec<i64>,
@@ -559,7 +553,11 @@ impl Chaos {
         if variant.reconcile {
             config.reconcile_grace = Duration::from_millis(rng.random_range(1000..=2000));
         }
-        let patient = Redis::connect(&config).await?;
+        let patient = TestEnv {
+            redis: Redis::connect(&config).await?,
+            config,
+            ..env.clone()
+        };
 
         let mut stocks = vec![rng.random_range(20..=60)];
         if rng.random_bool(0.5) {
@@ -602,13 +600,12 @@ impl Chaos {
         let per_second = rng.random_range(40..=100u64) as f64;
         let clicks = (per_second * phase.as_secs_f64()) as u64;
         let attempts_budget = clicks.div_ceil(BUYERS) * BUYERS;
-        let router = seckill_entry::router(EntryState::new(env.context(), env.queue.clone()));
+        let router = env.entry_router();
         Ok(Self {
             seed,
             variant,
             env,
             patient,
-            config,
             private,
             router,
             sales,
@@ -626,7 +623,10 @@ impl Chaos {
 
     fn announce(&self, phase: Duration) {
         let grace = if self.variant.reconcile {
-            format!(", reconcile grace {:?}", self.config.reconcile_grace)
+            format!(
+                ", reconcile grace {:?}",
+                self.patient.config.reconcile_grace
+            )
         } else {
             String::new()
         };
@@ -661,7 +661,7 @@ impl Chaos {
     /// Every bucket's snapshot of a sale, bucket 0 first.
     async fn snapshots(&self, id: i64) -> anyhow::Result<Vec<(Bucket, ledger::Snapshot)>> {
         let count = self.buckets.get(&id).copied().unwrap_or(1);
-        Ok(buckets::snapshots(&self.patient, id, count).await?)
+        Ok(buckets::snapshots(&self.patient.redis, id, count).await?)
     }
 
     /// The RNG of one actor (`stream`), derived from the seed only.
@@ -737,11 +737,7 @@ impl Chaos {
     }
 
     fn consumer(&self) -> Consumer {
-        Consumer::new(Context::new(
-            self.config.clone(),
-            self.env.pool.clone(),
-            self.patient.clone(),
-        ))
+        self.patient.consumer()
     }
 
     fn spawn_actors(self: &Arc<Self>, phase: Duration) -> Actors {
@@ -1129,7 +1125,7 @@ async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
 
 impl Chaos {
     async fn cancel(&self, order: &Order, double_click: bool) {
-        let (pool, redis) = (&self.env.pool, &self.patient);
+        let (pool, redis) = (&self.env.pool, &self.patient.redis);
         let outcomes = if double_click {
             let (a, b) = tokio::join!(
                 cancel::cancel_order(pool, redis, order, Utc::now()),
@@ -1169,7 +1165,12 @@ impl Chaos {
     }
 
     async fn pay(&self, order: &Order) {
-        let paid = testkit::pay(&self.env.pool, order.id, self.config.payment_timeout).await;
+        let paid = testkit::pay(
+            &self.env.pool,
+            order.id,
+            self.patient.config.payment_timeout,
+        )
+        .await;
         let refused = !matches!(
             paid,
             Ok(Ok(Settled::Decided {
@@ -1185,13 +1186,10 @@ impl Chaos {
 
     /// Reconcile's payment-timeout release alone (not a reconcile run), with a timeout of 1-4 s.
     async fn release_unpaid(&self, rng: &mut StdRng) {
-        let mut config = self.config.clone();
-        config.payment_timeout = Duration::from_millis(rng.random_range(1000..=4000));
-        let job = Reconcile::new(Context::new(
-            config,
-            self.env.pool.clone(),
-            self.patient.clone(),
-        ));
+        let timeout = Duration::from_millis(rng.random_range(1000..=4000));
+        let job = self
+            .patient
+            .reconcile_with(|c| c.config.payment_timeout = timeout);
         let mut report = ReconcileReport::default();
         job.release_unpaid(Utc::now(), &mut report).await;
         self.count(|r| {
@@ -1205,11 +1203,7 @@ impl Chaos {
 
 /// An admin raising, lowering (maybe below what is sold: refused) and extending the sale.
 async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let state = AdminState::new(Context::new(
-        c.config.clone(),
-        c.env.pool.clone(),
-        c.patient.clone(),
-    ));
+    let state = c.patient.admin_state();
     let mut rng = c.rng(500);
     while c.nap(rng.random_range(300..1000)).await {
         let id = c.pick_sale(&mut rng);
@@ -1252,11 +1246,7 @@ async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn preheats(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Preheat::new(Context::new(
-        c.config.clone(),
-        c.env.pool.clone(),
-        c.patient.clone(),
-    ));
+    let job = c.patient.preheat();
     let mut rng = c.rng(600);
     while c.nap(rng.random_range(400..1500)).await {
         let outcome = job.run(Utc::now()).await;
@@ -1294,11 +1284,7 @@ async fn redis_pauses(c: Arc<Chaos>) -> anyhow::Result<()> {
 }
 
 async fn reconciles(c: Arc<Chaos>) -> anyhow::Result<()> {
-    let job = Reconcile::new(Context::new(
-        c.config.clone(),
-        c.env.pool.clone(),
-        c.patient.clone(),
-    ));
+    let job = c.patient.reconcile();
     let mut rng = c.rng(900);
     while c.nap(rng.random_range(500..1500)).await {
         let outcome = job.run(Utc::now()).await;
@@ -1345,9 +1331,10 @@ async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
                     all
                 };
                 for bucket in lost {
-                    let k = c.patient.bucket_keys(bucket);
+                    let k = c.patient.redis.bucket_keys(bucket);
                     let _: i64 = c
                         .patient
+                        .redis
                         .cmd(
                             redis::cmd("DEL")
                                 .arg(&k.meta)
@@ -1378,9 +1365,10 @@ async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
         let mut i = 0;
         while i < left.len() {
             let id = left[i];
-            let k = c.patient.keys(id);
+            let k = c.patient.redis.keys(id);
             let drawn: Option<String> = c
                 .patient
+                .redis
                 .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawn"))
                 .await
                 .unwrap_or(None);
@@ -1393,7 +1381,7 @@ async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
                 return Ok(());
             }
             // A paused server times the call out: this loss is skipped then.
-            if testkit::lose_sale(&c.patient, id).await.is_ok() {
+            if testkit::lose_sale(&c.patient.redis, id).await.is_ok() {
                 c.count(|r| {
                     r.keys_lost += 1;
                     r.draw_keys_lost += 1;
@@ -1414,10 +1402,11 @@ async fn lost_fields(c: Arc<Chaos>) -> anyhow::Result<()> {
         let id = c.pick_sale(&mut rng);
         let all: Vec<Bucket> = c.buckets_of(id).collect();
         let bucket = all[rng.random_range(0..all.len())];
-        let k = c.patient.bucket_keys(bucket);
+        let k = c.patient.redis.bucket_keys(bucket);
         // A paused Redis may time the read out: the next round tries again.
         let Ok(users) = c
             .patient
+            .redis
             .cmd::<Vec<String>>(redis::cmd("HKEYS").arg(&k.users))
             .await
         else {
@@ -1427,7 +1416,7 @@ async fn lost_fields(c: Arc<Chaos>) -> anyhow::Result<()> {
         let Some(user) = users.choose(&mut rng) else {
             continue;
         };
-        if let Ok(true) = testkit::lose_field(&c.patient, bucket, user).await {
+        if let Ok(true) = testkit::lose_field(&c.patient.redis, bucket, user).await {
             c.count(|r| r.fields_lost += 1);
         }
     }
@@ -1449,7 +1438,7 @@ impl Chaos {
     async fn sample(&self, id: i64) -> anyhow::Result<()> {
         // The raw value: the snapshot reports a negative stock as missing.
         for bucket in self.buckets_of(id) {
-            match view::stock(&self.patient, bucket).await {
+            match view::stock(&self.patient.redis, bucket).await {
                 Ok(Some(stock)) if stock < 0 => self.violate(
                     "redis_stock_never_negative",
                     Some(id),
@@ -1546,19 +1535,19 @@ impl Chaos {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
                 let done = async {
-                    let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
+                    let drawn = store::draw::draw(&self.patient.redis, id, Duration::MAX).await?;
                     if matches!(drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
                     let _ = protocol::draw::drain(
-                        &self.patient,
+                        &self.patient.redis,
                         &self.env.pool,
                         &self.env.queue,
                         id,
                         usize::MAX,
                     )
                     .await;
-                    Ok(store::draw::unsent(&self.patient, id).await? == 0)
+                    Ok(store::draw::unsent(&self.patient.redis, id).await? == 0)
                 };
                 match done.await {
                     Ok(true) => break,
@@ -1574,12 +1563,8 @@ impl Chaos {
 
     /// Reconcile passes past the grace period of everything done so far.
     async fn final_reconcile(&self) -> anyhow::Result<()> {
-        let job = Reconcile::new(Context::new(
-            self.config.clone(),
-            self.env.pool.clone(),
-            self.patient.clone(),
-        ));
-        let grace = ChronoDuration::from_std(self.config.reconcile_grace)?;
+        let job = self.patient.reconcile();
+        let grace = ChronoDuration::from_std(self.patient.config.reconcile_grace)?;
         for _ in 0..FINAL_RECONCILES {
             let outcome = job
                 .run(Utc::now() + grace + ChronoDuration::seconds(1))
@@ -1728,7 +1713,7 @@ impl Chaos {
         // The raw values: the snapshot reports a negative stock as missing.
         let mut stock = Some(0);
         for bucket in self.buckets_of(id) {
-            stock = match (stock, view::stock(&self.patient, bucket).await?) {
+            stock = match (stock, view::stock(&self.patient.redis, bucket).await?) {
                 (Some(sum), Some(s)) => Some(sum + s),
                 _ => None,
             };
@@ -1821,8 +1806,12 @@ impl Chaos {
     ) -> anyhow::Result<()> {
         let mut members: HashSet<String> = HashSet::new();
         for bucket in self.buckets_of(id) {
-            let k = self.patient.bucket_keys(bucket);
-            let users: Vec<String> = self.patient.cmd(redis::cmd("HKEYS").arg(&k.users)).await?;
+            let k = self.patient.redis.bucket_keys(bucket);
+            let users: Vec<String> = self
+                .patient
+                .redis
+                .cmd(redis::cmd("HKEYS").arg(&k.users))
+                .await?;
             for user in users {
                 if Bucket::home(id, bucket.count, &user) != bucket && user != SENTINEL {
                     self.violate(
@@ -1897,7 +1886,7 @@ impl Chaos {
         id: i64,
         rows: &HashMap<Uuid, Row>,
     ) -> anyhow::Result<HashMap<Uuid, store::draw::PoolEntry>> {
-        let drawn = store::draw::draw(&self.patient, id, Duration::MAX).await?;
+        let drawn = store::draw::draw(&self.patient.redis, id, Duration::MAX).await?;
         if !drawn.is_done() {
             self.violate(
                 "draw_ran",
@@ -1905,7 +1894,7 @@ impl Chaos {
                 format!("the draw has not run: {drawn:?}"),
             );
         }
-        let pool = store::draw::pool(&self.patient, id).await?;
+        let pool = store::draw::pool(&self.patient.redis, id).await?;
         let live_users: HashSet<&str> = rows
             .values()
             .filter(|r| is_live(&r.status))
@@ -1934,7 +1923,7 @@ impl Chaos {
                 ),
             );
         }
-        let unsent = store::draw::unsent(&self.patient, id).await?;
+        let unsent = store::draw::unsent(&self.patient.redis, id).await?;
         if unsent > 0 {
             self.violate(
                 "draw_sent",

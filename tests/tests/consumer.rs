@@ -17,7 +17,6 @@ use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::protocol::giveback;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
-use seckill_shared::Context;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -576,11 +575,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing(
         .max_connections(2)
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy("postgres://postgres@127.0.0.1:1/x")?;
-    let broken = Consumer::new(Context::new(
-        env.config.clone(),
-        dead_pool,
-        env.redis.clone(),
-    ));
+    let broken = env.consumer_with(|c| c.pool = dead_pool);
     let batch = event_of(&messages);
 
     let resp = broken.handle_batch(batch.clone()).await;

@@ -485,7 +485,7 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let admin = env.admin_router();
     let ops = Some(("ops", "seckill:admin"));
     let now = chrono::Utc::now();
     let body = |extra: &str| {
@@ -643,9 +643,7 @@ async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.draw_sale(5, 1).await?;
-    let mut context = env.context();
-    context.pool = testkit::dead_pool();
-    let dead = seckill_entry::router(seckill_entry::EntryState::new(context, env.queue.clone()));
+    let dead = env.entry_router_with(|c| c.pool = testkit::dead_pool());
     let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let (status, body) = buy(&dead, &a, "alice", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -777,7 +775,7 @@ async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
     );
     // Out of bounds through the admin API: 400, nothing changed. A raise reaches Redis with
     // the admin's change.
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let admin = env.admin_router();
     let ops = Some(("ops", "seckill:admin"));
     let path = format!("/admin/activities/{}", a.id);
     let (status, body) = call(
@@ -937,7 +935,7 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
     let app = env.entry_router();
     let a = env.draw_sale(5, 1).await?;
     let path = format!("/admin/activities/{}", a.id);
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let admin = env.admin_router();
     let ops = Some(("ops", "seckill:admin"));
     let body = r#"{"perUserRatePerSec": 1}"#;
     assert_eq!(

@@ -328,11 +328,7 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
     let first = winners_in_pool(&env, &a).await;
     assert_eq!(first.len(), 3);
     // One unit more than the winners took: a lower may take that one.
-    let admin = admin::AdminState::new(seckill_shared::Context::new(
-        env.config.clone(),
-        env.pool.clone(),
-        env.redis.clone(),
-    ));
+    let admin = env.admin_state();
     let total = |n| ActivityPatch {
         total_stock: Some(n),
         ..ActivityPatch::default()

@@ -320,11 +320,8 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
 ) -> anyhow::Result<()> {
     use tower::ServiceExt;
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let entry = seckill_entry::router(seckill_entry::EntryState::new(
-        env.context(),
-        env.queue.clone(),
-    ));
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let entry = env.entry_router();
+    let admin = env.admin_router();
     for (router, name) in [(&entry, "entry"), (&admin, "admin")] {
         for (method, path, status, code, allowed) in UNROUTED {
             // Each Lambda sees only its own routes: every other path is its 404.

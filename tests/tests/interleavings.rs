@@ -13,7 +13,6 @@ use chrono::{Duration as ChronoDuration, Utc};
 use order_consumer::{Consumer, Outcome};
 use preheat::Preheat;
 use reconcile::Reconcile;
-use seckill_entry::{router, EntryState};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
@@ -112,7 +111,7 @@ impl World {
     }
 
     fn admin(&self) -> admin::AdminState {
-        admin::AdminState::new(self.env.context())
+        self.env.admin_state()
     }
 
     /// A purchase through the entry router.
@@ -599,7 +598,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let now = Utc::now();
-    let state = admin::AdminState::new(env.context());
+    let state = env.admin_state();
     let created = admin::create_activity(
         &state,
         &NewActivity {
@@ -665,7 +664,7 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
         .await?;
         cases.push((a, status, code));
     }
-    let app = router(EntryState::new(env.context(), env.queue.clone()));
+    let app = env.entry_router();
     for (a, status, code) in cases {
         let path = format!("/activities/{}/orders", a.id);
         let (got, body) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;

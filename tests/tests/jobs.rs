@@ -315,9 +315,7 @@ async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> a
 /// Reconcile with a run budget of 1 ms: each walk of the first sale does its one chunk, and
 /// the sales after it wait for the next run.
 fn reconcile_in_a_hurry(env: &TestEnv) -> reconcile::Reconcile {
-    let mut context = env.context();
-    context.config.reconcile_budget = Duration::from_millis(1);
-    reconcile::Reconcile::new(context)
+    env.reconcile_with(|c| c.config.reconcile_budget = Duration::from_millis(1))
 }
 
 /// A sale whose ledger holds 2,500 stale reservations (more than one snapshot step reads, so

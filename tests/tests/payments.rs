@@ -511,12 +511,12 @@ async fn stripe_recorder(
 
 /// The entry's router with the Stripe provider at `api_base`.
 fn with_stripe(w: &World, api_base: &str) -> Router {
-    let mut context = w.env.context();
-    let payments = &mut context.config.payments;
-    payments.provider = "stripe".into();
-    payments.api_base = api_base.into();
-    payments.api_key = Some("sk_test_recorded".to_string().into());
-    seckill_entry::router(seckill_entry::EntryState::new(context, w.env.queue.clone()))
+    w.env.entry_router_with(|c| {
+        let payments = &mut c.config.payments;
+        payments.provider = "stripe".into();
+        payments.api_base = api_base.into();
+        payments.api_key = Some("sk_test_recorded".to_string().into());
+    })
 }
 
 /// The Stripe provider's side of the contract, against a recording server: one
@@ -593,9 +593,7 @@ async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::
     let w = world().await;
     let id = w.confirmed("alice", 1).await;
     let (_, started) = w.start_pay(id, "alice").await;
-    let mut no_db = w.env.context();
-    no_db.pool = testkit::dead_pool();
-    let down = seckill_entry::router(seckill_entry::EntryState::new(no_db, w.env.queue.clone()));
+    let down = w.env.entry_router_with(|c| c.pool = testkit::dead_pool());
 
     let (status, body) = call(&down, w.event("evt_outage", &started, amount(&started))).await;
 

@@ -9,13 +9,11 @@
 use axum::http::StatusCode;
 use axum::Router;
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
-use seckill_entry::{router, EntryState};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::http::auth::ADMIN_SCOPE;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::Context;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -29,8 +27,7 @@ use testkit::{call_with_headers, dead_pool};
 
 /// The entry function on the test's Redis and queue, with `pool` as its database.
 fn entry_with_pool(env: &TestEnv, pool: PgPool) -> Router {
-    let deps = Context::new(env.config.clone(), pool, env.redis.clone());
-    router(EntryState::new(deps, env.queue.clone()))
+    env.entry_router_with(|c| c.pool = pool)
 }
 
 /// `GET /activities/{id}`: status, `Cache-Control`, body.
@@ -99,7 +96,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     let sale = env.open_sale(5, 1).await?;
     // The viewer never reaches the database: what it shows after the change came from Redis.
     let viewer = entry_with_pool(&env, dead_pool());
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let admin = env.admin_router();
     assert_eq!(view(&viewer, sale.id).await.2["title"], "test sale");
 
     let now = chrono::Utc::now();
@@ -281,8 +278,10 @@ async fn health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_de
         } else {
             env.queue.clone()
         };
-        let deps = Context::new(env.config.clone(), pool, redis);
-        let app = router(EntryState::new(deps, queue));
+        let app = env.entry_router_on(queue, |c| {
+            c.pool = pool;
+            c.redis = redis;
+        });
 
         let (status, headers, body) =
             call_with_headers(&app, request("GET", "/health", None, None)).await;
@@ -452,10 +451,7 @@ async fn the_deep_check_is_answered_from_the_last_one_for_a_few_seconds() -> any
     let mut config = env.config.clone();
     config.redis = seckill_shared::infra::config::RedisTopology::Standalone(private.url().into());
     let redis = Redis::connect(&config).await?;
-    let app = router(EntryState::new(
-        Context::new(env.config.clone(), env.pool.clone(), redis),
-        env.queue.clone(),
-    ));
+    let app = env.entry_router_with(|c| c.redis = redis);
     let deep = || call_with_headers(&app, request("GET", "/health/deep", None, None));
     assert_eq!(deep().await.0, StatusCode::OK);
 

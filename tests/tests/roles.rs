@@ -68,14 +68,27 @@ async fn redis_as(env: &TestEnv, role: &str) -> Redis {
     })
 }
 
-/// What a function's state is built on: its database pool logged in as `role`, its Redis
-/// connection as the function's ACL user.
-async fn deps_as(env: &TestEnv, role: &str) -> Context {
-    Context::new(
-        env.config.clone(),
-        pool_as(env, role).await,
-        redis_as(env, role).await,
-    )
+/// A function's logins: its database pool logged in as a role, its Redis connection as the
+/// function's ACL user.
+struct Login {
+    pool: PgPool,
+    redis: Redis,
+}
+
+/// The logins of the function whose database role is `role`.
+async fn login_as(env: &TestEnv, role: &str) -> Login {
+    Login {
+        pool: pool_as(env, role).await,
+        redis: redis_as(env, role).await,
+    }
+}
+
+impl Login {
+    /// A function's context on these logins (what its handle is built on).
+    fn on(&self, context: &mut Context) {
+        context.pool = self.pool.clone();
+        context.redis = self.redis.clone();
+    }
 }
 
 /// `sql` is refused for lack of privilege (SQLSTATE 42501).
@@ -111,7 +124,8 @@ async fn queued_event(env: &TestEnv) -> SqsEvent {
 async fn consume_queue_as_consumer(env: &TestEnv) -> (usize, u32) {
     let event = queued_event(env).await;
     let n = event.records.len();
-    let consumer = order_consumer::Consumer::new(deps_as(env, "seckill_consumer").await);
+    let login = login_as(env, "seckill_consumer").await;
+    let consumer = env.consumer_with(|c| login.on(c));
     let (resp, stats) = consumer.handle_batch_with_stats(event).await;
     assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
     (n, stats.batched)
@@ -176,11 +190,8 @@ async fn migrating_again_and_in_parallel_keeps_one_set_of_roles() -> anyhow::Res
 async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
     let env = new_env().await;
     let a = env.open_sale(10, 2).await?;
-    let deps = deps_as(&env, "seckill_entry").await;
-    let entry = seckill_entry::router(seckill_entry::EntryState::new(
-        deps.clone(),
-        env.queue.clone(),
-    ));
+    let login = login_as(&env, "seckill_entry").await;
+    let entry = env.entry_router_with(|c| login.on(c));
     let buy = |user: &'static str| {
         let path = format!("/activities/{}/orders", a.id);
         let entry = entry.clone();
@@ -249,7 +260,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
         env.queue.url.clone(),
         Duration::from_secs(1),
     );
-    let broken = seckill_entry::router(seckill_entry::EntryState::new(deps, dead));
+    let broken = env.entry_router_on(dead, |c| login.on(c));
     let (status, body) = call(
         &broken,
         request(
@@ -397,7 +408,8 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
         .request_id;
     consume(&env, running.id, "alice", rid, 1).await?;
     testkit::lose_sale(&env.redis, running.id).await?;
-    let preheat = preheat::Preheat::new(deps_as(&env, "seckill_preheat").await);
+    let login = login_as(&env, "seckill_preheat").await;
+    let preheat = env.preheat_with(|c| login.on(c));
 
     let report = preheat.run(Utc::now()).await?;
 
@@ -455,7 +467,8 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
     let stale = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     assert!(testkit::lose_field(&env.redis, a.id, "alice").await?);
-    let job = reconcile::Reconcile::new(deps_as(&env, "seckill_reconcile").await);
+    let login = login_as(&env, "seckill_reconcile").await;
+    let job = env.reconcile_with(|c| login.on(c));
 
     let report = job.run(after_grace(env.config.reconcile_grace)).await?;
     assert!(report.errors.is_empty(), "{report:?}");
@@ -506,7 +519,8 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> {
     let env = new_env().await;
-    let app = admin::router(admin::AdminState::new(deps_as(&env, "seckill_admin").await));
+    let login = login_as(&env, "seckill_admin").await;
+    let app = env.admin_router_with(|c| login.on(c));
     let now = Utc::now();
     let body = json!({
         "title": "roles sale",
