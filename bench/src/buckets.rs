@@ -13,11 +13,9 @@
 //! reservations. With demand at or above the stock, every unit should have been sold.
 
 use crate::util::{self, Outcome};
-use chrono::Utc;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::config::RedisTopology;
 use seckill_shared::protocol::load;
 use seckill_shared::protocol::purchase::{self, Outcome as Decided};
@@ -288,24 +286,15 @@ async fn open_sale(
     stock: i64,
     count: u32,
 ) -> anyhow::Result<Activity> {
-    let now = Utc::now();
     let row = activity::insert(
         pool,
-        &NewActivity {
-            title: format!("bench buckets x{count}"),
-            total_stock: stock,
-            per_order_limit: 1,
-            start_at: now - chrono::Duration::minutes(1),
-            end_at: now + chrono::Duration::hours(1),
-            buckets: Some(i64::from(count)),
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title(format!("bench buckets x{count}"))
+            .stock(stock)
+            .limit(1)
+            .buckets(count)
+            .build()
+            .settings()?,
     )
     .await?;
     let (_, loaded) = load::load_under_lock(redis, pool, config, row.id).await?;

@@ -13,7 +13,6 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::Consumer;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::domain::{activity, order};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{far_deadline, Reservation};
@@ -94,21 +93,12 @@ async fn new_activity(
 ) -> anyhow::Result<seckill_shared::domain::activity::Activity> {
     Ok(activity::insert(
         pool,
-        &NewActivity {
-            title: "bench consumer".into(),
-            total_stock: stock as i64,
-            per_order_limit: 1,
-            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
-            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench consumer")
+            .stock(stock as i64)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?)
 }

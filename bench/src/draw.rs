@@ -15,7 +15,7 @@ use crate::util;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
+use seckill_shared::domain::settings::MAX_DRAW_WINDOW_MS;
 use seckill_shared::infra::config::Config;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
@@ -101,21 +101,18 @@ async fn one_size(
     let now = chrono::Utc::now();
     let sale = activity::insert(
         pool,
-        &NewActivity {
-            title: format!("bench draw {n}"),
-            total_stock: STOCK,
-            per_order_limit: 1,
-            start_at: now - chrono::Duration::seconds(1),
-            end_at: now + chrono::Duration::hours(1),
-            buckets: None,
-            admission: Some("draw".into()),
-            draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
-            per_user_rate_per_sec: Some(0),
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title(format!("bench draw {n}"))
+            .stock(STOCK)
+            .limit(1)
+            .window(
+                now - chrono::Duration::seconds(1),
+                now + chrono::Duration::hours(1),
+            )
+            .draw(MAX_DRAW_WINDOW_MS)
+            .rate(0)
+            .build()
+            .settings()?,
     )
     .await?;
     load::load_under_lock(redis, pool, config, sale.id).await?;

@@ -126,21 +126,12 @@ async fn public_view_on(
     let secret = "bench-secret-local-only";
     let row = seckill_shared::domain::activity::insert(
         pool,
-        &seckill_shared::domain::settings::NewActivity {
-            title: "bench public view".into(),
-            total_stock: 1_000_000,
-            per_order_limit: 1,
-            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
-            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench public view")
+            .stock(1_000_000)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     let mut config = b.config.clone();

@@ -10,11 +10,9 @@
 //! connection) is reported beside it.
 
 use crate::util::{self, Outcome};
-use chrono::Utc;
 use seckill_entry::EntryState;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::Context;
@@ -75,21 +73,12 @@ async fn measure(
 ) -> anyhow::Result<PollResults> {
     let sale = activity::insert(
         pool,
-        &NewActivity {
-            title: "bench order polling".into(),
-            total_stock: sizes.orders as i64,
-            per_order_limit: 1,
-            start_at: Utc::now() - chrono::Duration::minutes(1),
-            end_at: Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench order polling")
+            .stock(sizes.orders as i64)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     let t = Instant::now();

@@ -23,7 +23,6 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::conn::RedisConn;
 use seckill_shared::store::keys::Keys;
@@ -322,21 +321,12 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
         Strategy::DbOnly => {
             let a = activity::insert(
                 &env.pool,
-                &NewActivity {
-                    title: "bench db-only".into(),
-                    total_stock: wl.stock,
-                    per_order_limit: 1,
-                    start_at: Utc::now() - chrono::Duration::minutes(1),
-                    end_at: Utc::now() + chrono::Duration::hours(1),
-                    buckets: None,
-                    admission: None,
-                    draw_window_ms: None,
-                    per_user_rate_per_sec: None,
-                    price_minor: 1_999,
-                    currency: "usd".into(),
-                    max_entrants: None,
-                }
-                .settings()?,
+                &testkit::sale()
+                    .title("bench db-only")
+                    .stock(wl.stock)
+                    .limit(1)
+                    .build()
+                    .settings()?,
             )
             .await?;
             activity_id = a.id;

@@ -52,7 +52,6 @@ use rand::{RngExt, SeedableRng};
 use reconcile::ReconcileReport;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::payment::Outcome;
-use seckill_shared::domain::settings;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel;
@@ -831,20 +830,15 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
 async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
     let now = Utc::now();
     let a = env
-        .load_new(&settings::NewActivity {
-            title: "chaos draw".into(),
-            total_stock: stock,
-            per_order_limit: PER_ORDER_LIMIT,
-            start_at: now,
-            end_at: now + ChronoDuration::hours(1),
-            buckets: None,
-            admission: Some("draw".into()),
-            draw_window_ms: Some(window.as_millis().max(1) as i64),
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        })
+        .load_new(
+            &testkit::sale()
+                .title("chaos draw")
+                .stock(stock)
+                .limit(PER_ORDER_LIMIT)
+                .window(now, now + ChronoDuration::hours(1))
+                .draw(window.as_millis().max(1) as i64)
+                .build(),
+        )
         .await?;
     Ok(a.id)
 }

@@ -8,7 +8,7 @@ use axum::Router;
 use futures::StreamExt;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::{NewActivity, DEFAULT_RATE_PER_SEC};
+use seckill_shared::domain::settings::DEFAULT_RATE_PER_SEC;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store;
@@ -401,20 +401,13 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let now = chrono::Utc::now();
-    let new = |rate: Option<i64>| NewActivity {
-        title: "rate".into(),
-        total_stock: 100,
-        per_order_limit: 1,
-        start_at: now - chrono::Duration::minutes(1),
-        end_at: now + chrono::Duration::hours(1),
-        buckets: None,
-        admission: None,
-        draw_window_ms: None,
-        per_user_rate_per_sec: rate,
-        price_minor: 1_999,
-        currency: "usd".into(),
-        max_entrants: None,
+    let new = |rate: Option<i64>| {
+        testkit::sale()
+            .title("rate")
+            .stock(100)
+            .limit(1)
+            .rate_of(rate)
+            .build()
     };
     let a = env.load_new(&new(Some(5))).await?;
 
@@ -714,25 +707,25 @@ async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let now = chrono::Utc::now();
-    let new = |max_entrants: Option<i64>| NewActivity {
-        title: "small pool".into(),
-        total_stock: 2,
-        per_order_limit: 1,
-        start_at: now - chrono::Duration::seconds(1),
-        end_at: now + chrono::Duration::hours(1),
-        buckets: None,
-        admission: Some("draw".into()),
-        draw_window_ms: Some(600_000),
-        per_user_rate_per_sec: Some(0),
-        price_minor: 1_999,
-        currency: "usd".into(),
-        max_entrants,
+    let new = |max_entrants: i64| {
+        testkit::sale()
+            .title("small pool")
+            .stock(2)
+            .limit(1)
+            .window(
+                now - chrono::Duration::seconds(1),
+                now + chrono::Duration::hours(1),
+            )
+            .draw(600_000)
+            .rate(0)
+            .max_entrants(max_entrants)
+            .build()
     };
     for bad in [0, -1, 10_000_001] {
-        let e = new(Some(bad)).settings().unwrap_err();
+        let e = new(bad).settings().unwrap_err();
         assert!(e.0.contains("maxEntrants"), "{e}");
     }
-    let a = env.load_new(&new(Some(3))).await?;
+    let a = env.load_new(&new(3)).await?;
     let mut first = None;
     for user in ["u1", "u2", "u3"] {
         let (status, body) = buy(&app, &a, user, None).await;

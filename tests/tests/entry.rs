@@ -9,7 +9,6 @@ use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::OrderMessage;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::protocol::cancel;
@@ -521,21 +520,13 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
     // An activity that ended: in the DB and loaded with a past window.
     let ended = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "over".into(),
-            total_stock: 5,
-            per_order_limit: 1,
-            start_at: now - hour * 2,
-            end_at: now - hour,
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("over")
+            .stock(5)
+            .limit(1)
+            .window(now - hour * 2, now - hour)
+            .build()
+            .settings()?,
     )
     .await?;
     testkit::load_without_db(&env.redis, &ended, env.config.expiry_buffer).await?;

@@ -19,7 +19,6 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::settings::ActivityPatch;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::{CancelError, CancelOutcome};
@@ -601,20 +600,15 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
     let state = env.admin_state();
     let created = admin::create_activity(
         &state,
-        &NewActivity {
-            title: "flash".into(),
-            total_stock: 5,
-            per_order_limit: 1,
-            start_at: now - ChronoDuration::seconds(1),
-            end_at: now + ChronoDuration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        },
+        &testkit::sale()
+            .title("flash")
+            .stock(5)
+            .limit(1)
+            .window(
+                now - ChronoDuration::seconds(1),
+                now + ChronoDuration::hours(1),
+            )
+            .build(),
     )
     .await?;
     let w = World::new(env, created);
@@ -645,21 +639,13 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
     for (start, end, status, code) in windows {
         let a = activity::insert(
             &env.pool,
-            &NewActivity {
-                title: "not loaded".into(),
-                total_stock: 5,
-                per_order_limit: 1,
-                start_at: start,
-                end_at: end,
-                buckets: None,
-                admission: None,
-                draw_window_ms: None,
-                per_user_rate_per_sec: None,
-                price_minor: 1_999,
-                currency: "usd".into(),
-                max_entrants: None,
-            }
-            .settings()?,
+            &testkit::sale()
+                .title("not loaded")
+                .stock(5)
+                .limit(1)
+                .window(start, end)
+                .build()
+                .settings()?,
         )
         .await?;
         cases.push((a, status, code));
@@ -701,21 +687,16 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
     // Starts soon: inside the preheat lead, not loaded yet.
     let a = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "soon".into(),
-            total_stock: 10,
-            per_order_limit: 1,
-            start_at: now + ChronoDuration::minutes(10),
-            end_at: now + ChronoDuration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("soon")
+            .stock(10)
+            .limit(1)
+            .window(
+                now + ChronoDuration::minutes(10),
+                now + ChronoDuration::hours(1),
+            )
+            .build()
+            .settings()?,
     )
     .await?;
     let w = World::new(env, a);

@@ -8,7 +8,6 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use reconcile::StockCheck;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::protocol;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
@@ -71,21 +70,13 @@ async fn insert_activity(
 ) -> anyhow::Result<Activity> {
     Ok(activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "job test".into(),
-            total_stock: stock,
-            per_order_limit: 5,
-            start_at,
-            end_at,
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("job test")
+            .stock(stock)
+            .limit(5)
+            .window(start_at, end_at)
+            .build()
+            .settings()?,
     )
     .await?)
 }

@@ -5,9 +5,7 @@
 //! the database refuses its token. The outermost release ends the lock even when Redis counts
 //! a hold the holder never knew of, and a nested release delivered twice never ends it.
 
-use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::protocol::lock;
 use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::scripts;
@@ -24,24 +22,14 @@ fn ms(n: u64) -> Duration {
 /// A test env and an activity row (not loaded into Redis: the lock is all these tests use).
 async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
     let env = TestEnv::new(kind).await?;
-    let now = Utc::now();
     let a = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "lock test".into(),
-            total_stock: 10,
-            per_order_limit: 1,
-            start_at: now - ChronoDuration::minutes(1),
-            end_at: now + ChronoDuration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("lock test")
+            .stock(10)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     Ok((env, a.id))

@@ -10,7 +10,6 @@ use axum::http::StatusCode;
 use axum::Router;
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
 use seckill_shared::domain::activity;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::http::auth::ADMIN_SCOPE;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
@@ -143,21 +142,16 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
     let now = chrono::Utc::now();
     let later = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "next week's sale".into(),
-            total_stock: 30,
-            per_order_limit: 1,
-            start_at: now + chrono::Duration::days(7),
-            end_at: now + chrono::Duration::days(8),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("next week's sale")
+            .stock(30)
+            .limit(1)
+            .window(
+                now + chrono::Duration::days(7),
+                now + chrono::Duration::days(8),
+            )
+            .build()
+            .settings()?,
     )
     .await?;
     let pool = own_pool(&env)?;
