@@ -31,6 +31,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use testkit::after_grace;
+use testkit::invariants;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use uuid::Uuid;
@@ -151,29 +152,6 @@ async fn stocks(env: &TestEnv, a: &Activity) -> Vec<i64> {
         .collect()
 }
 
-/// Every unit in exactly one place: Redis stock (all buckets), a reservation, a transfer
-/// between buckets, or a live order; and the database agrees with Redis once nothing is in
-/// flight.
-async fn assert_conserved(env: &TestEnv, a: &Activity) {
-    let snaps = buckets::snapshots(&env.redis, a.id, a.bucket_count())
-        .await
-        .unwrap();
-    let stock: i64 = snaps.iter().map(|(_, s)| s.stock.unwrap()).sum();
-    let pending: i64 = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
-    let moving: i64 = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
-    let sold = order::sold_quantity(&env.pool, a.id).await.unwrap();
-    let row = activity::get(&env.pool, a.id).await.unwrap().unwrap();
-    assert_eq!(
-        stock + pending + moving + sold,
-        row.total_stock,
-        "stock {stock} + pending {pending} + transfers {moving} + sold {sold}"
-    );
-    assert_eq!(row.remaining_stock, row.total_stock - sold);
-    for (b, s) in &snaps {
-        assert!(s.stock.unwrap() >= 0, "bucket {} below 0", b.index);
-    }
-}
-
 /// Whether the user holds a field in their home bucket's `users`.
 async fn in_users(env: &TestEnv, a: &Activity, user: &str) -> bool {
     let home = Bucket::home(a.id, a.bucket_count(), user);
@@ -221,7 +199,7 @@ async fn sells_exactly_the_stock_to_a_crowd_ten_times_over(count: u32) -> anyhow
     commit_all(&env, &accepted).await;
     assert_eq!(stocks(&env, &a).await, vec![0; count as usize], "0 left");
     assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 150);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -257,7 +235,7 @@ async fn skewed_buyers_empty_their_home_bucket_early_and_still_buy_every_unit() 
     );
     commit_all(&env, &accepted).await;
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     // Only bucket 0's buyers are left, all its units are gone: the next one is sold out.
     let late = users_at_home(a.id, 3, 0, 1, "late")[0].clone();
     let refused = attempt(&env, &a, &late, 1, 3).await?;
@@ -292,7 +270,7 @@ async fn the_last_unit_anywhere_is_found_by_a_buyer_of_any_bucket() -> anyhow::R
         .expect("the last unit");
     commit_all(&env, &[m]).await;
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -335,7 +313,7 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     assert_eq!(moving.len(), 1, "the units wait in the donor's ledger");
     let taken = moving[0].quantity;
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before - taken);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     assert!(!in_users(&env, &a, &user).await, "the user holds nothing");
 
     // Within the grace period reconcile leaves the transfer alone (the buyer may be slow)...
@@ -350,7 +328,7 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     assert_eq!(report.activity(a.id).unwrap().drift, 0);
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), before);
     assert!(stocks(&env, &a).await[0] >= 1, "in the home bucket");
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     let again = env
         .reconcile()
         .run(after_grace(env.config.reconcile_grace))
@@ -365,7 +343,7 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
     commit_all(&env, &accepted).await;
     assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 9);
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -400,7 +378,7 @@ async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_o
         "the borrowed units counted once"
     );
     commit_all(&env, &[m]).await;
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     let report = env
         .reconcile()
         .run(after_grace(env.config.reconcile_grace))
@@ -421,7 +399,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
         .await?
         .unwrap();
     assert_eq!(row.home().index, 2);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     let before = stocks(&env, &a).await;
 
     // The cancel gives the unit and the quota back in the buyer's home bucket.
@@ -429,7 +407,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
     let after = stocks(&env, &a).await;
     assert_eq!(after[2], before[2] + 1);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
 
     // The same user buys again (their quota is back), and a buyer of another bucket takes
     // the unit that came back when their own bucket is empty too.
@@ -442,7 +420,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     commit_all(&env, &accepted).await;
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 6);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     // Reconcile's payment timeout releases the unpaid orders of a bucketed sale, each in its
     // buyer's home bucket.
     let past_timeout = Utc::now()
@@ -459,7 +437,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
         .unwrap();
     assert_eq!(unpaid.status, "cancelled");
     assert!(!in_users(&env, &a, &user).await);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -514,13 +492,13 @@ async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_th
         activity::get(&env.pool, a.id).await?.unwrap().total_stock,
         30
     );
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
 
     // Lowering by 4 takes 4 of the 5 units left, from the buckets that hold them.
     let lowered = admin::update_activity(&admin, a.id, &patch_total(26)).await?;
     assert_eq!((lowered.total_stock, lowered.remaining_stock), (26, 1));
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 1);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     // A raise spreads over the buckets; the crowd then buys exactly what there is.
     let raised = admin::update_activity(&admin, a.id, &patch_total(32)).await?;
     assert_eq!(raised.remaining_stock, 7);
@@ -531,7 +509,7 @@ async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_th
     commit_all(&env, &accepted).await;
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     assert_eq!(order::sold_quantity(&env.pool, a.id).await?, 32);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     // The admin's stats add the buckets up.
     let detail = admin::activity_detail(&admin, a.id).await?;
     assert_eq!(detail.stats.redis_stock, Some(0));
@@ -625,7 +603,7 @@ async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole
     // The buyer is still known: no second order.
     let again = attempt(&env, &a, "viewer", 1, 3).await?;
     assert_eq!(again.unwrap_err(), Refusal::AlreadyPurchased);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -675,7 +653,7 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
         }
     ));
     assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 9);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -736,12 +714,12 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
         .expect("answered");
     assert_eq!((first.units, again.units), (2, 2), "half of 4, once");
     assert_eq!(stocks(&env, &a).await, vec![4, 2, 4]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     // Finished twice (the buyer's background retry and reconcile, say): credited once.
     protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
     protocol::purchase::finish_by_id(&env.redis, donor, home, id).await?;
     assert_eq!(stocks(&env, &a).await, vec![6, 2, 4]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -793,7 +771,7 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
     assert_eq!(status, StatusCode::OK);
     assert_eq!(public["remainingStock"], 0, "{public}");
     assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -837,7 +815,7 @@ async fn a_refusal_of_a_sold_out_bucketed_sale_costs_about_one_script_call() -> 
         home.hits(),
         borrows.hits()
     );
-    assert_conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use seckill_shared::store;
 use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::view;
+use testkit::invariants;
 use testkit::on_both_redis;
 
 use seckill_shared::Refusal;
@@ -49,22 +50,6 @@ async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
     )
     .await
     .expect("redis answers")
-}
-
-/// Conservation at a quiet moment: Redis stock + pending + confirmed = total.
-async fn conserved(env: &TestEnv, a: &Activity) {
-    let snap = snapshot(env, a.id).await;
-    let confirmed: i64 = order_rows(env, a.id)
-        .await
-        .iter()
-        .filter(|o| o.status == "confirmed")
-        .map(|o| o.quantity)
-        .sum();
-    assert_eq!(
-        snap.stock.unwrap() + snap.pending_quantity() + confirmed,
-        a.total_stock,
-        "{snap:?}"
-    );
 }
 
 const ENTRANTS: usize = 2_000;
@@ -250,7 +235,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
         Drawn::Before { entrants: 2 }
     );
     assert_eq!(snapshot(&env, a.id).await, before);
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -295,7 +280,7 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("already_purchased"))
     );
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -334,7 +319,7 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
         confirmed.iter().filter(|o| o.status == "confirmed").count(),
         5
     );
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -388,7 +373,7 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
         4,
         "{rows:?}"
     );
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -914,7 +899,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
             .all(|o| o.user_id != "alice" || o.status == "failed"),
         "{rows:?}"
     );
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
@@ -1236,7 +1221,7 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
         .collect();
     assert_eq!(won, want);
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
-    conserved(&env, &a).await;
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
 

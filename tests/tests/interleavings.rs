@@ -35,6 +35,7 @@ use sqlx::Connection;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use testkit::call;
+use testkit::invariants::{self, verdict, Books};
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
@@ -247,63 +248,16 @@ impl World {
         }))
     }
 
-    /// Every unit is in exactly one place: Redis stock, a pending reservation, or a live
-    /// order; the database's remaining stock is the total minus the live orders; and the
-    /// Redis `users` holds exactly the users behind a live order or a pending reservation.
+    /// What docs/invariants.md promises of the sale at a quiet moment: the kit's checker.
     async fn assert_conserved(&self) -> anyhow::Result<()> {
-        verdict(self.violations().await?)
+        invariants::check(&self.env, self.id()).await
     }
 
-    /// What `docs/invariants.md` promises at a quiet moment, as a list of violations.
+    /// The kit's checker's violations, for a test that adds findings of its own.
     async fn violations(&self) -> anyhow::Result<Vec<String>> {
-        let mut out = Vec::new();
-        let snap = ledger::snapshot(&self.env.redis, self.id()).await?;
-        let row = self.db_row().await?;
-        let sold = order::sold_quantity(&self.env.pool, self.id()).await?;
-        let total = row.total_stock;
-        let stock = snap.stock.unwrap_or(-1);
-        let pending = snap.pending_quantity();
-        if stock + pending + sold != total {
-            out.push(format!(
-                "conservation: redis {stock} + pending {pending} + sold {sold} != total {total}"
-            ));
-        }
-        if pending + sold > total {
-            out.push(format!(
-                "oversell: pending {pending} + sold {sold} > total {total}"
-            ));
-        }
-        if stock > row.remaining_stock - pending {
-            out.push(format!(
-                "redis offers {stock} units, the database has {} minus {pending} pending",
-                row.remaining_stock
-            ));
-        }
-        let mut expected = self.holders().await?;
-        expected.extend(
-            snap.ledger
-                .iter()
-                .filter(|e| e.kind == ledger::EntryKind::Reservation)
-                .map(|e| e.user_id.clone()),
-        );
-        let users = self.users().await?;
-        if users != expected {
-            out.push(format!(
-                "users {users:?} != live holders + pending {expected:?}"
-            ));
-        }
-        Ok(out)
+        let books = Books::read(&self.env.redis, &self.env.pool, self.id()).await?;
+        Ok(books.violations().iter().map(ToString::to_string).collect())
     }
-}
-
-/// Fails with every violation listed, or passes.
-fn verdict(violations: Vec<String>) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        violations.is_empty(),
-        "invariants broken:\n  - {}",
-        violations.join("\n  - ")
-    );
-    Ok(())
 }
 
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
