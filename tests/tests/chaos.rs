@@ -70,7 +70,6 @@ use seckill_shared::store::conn::Redis;
 use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::keys::SENTINEL;
-use seckill_shared::store::ledger::EntryKind;
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -78,6 +77,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use testkit::call;
+use testkit::invariants::{self, some, Books, Violation};
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
@@ -712,6 +712,11 @@ impl Chaos {
                 times: 1,
             }),
         }
+    }
+
+    /// Records a broken promise of the kit's invariant checker, under its name.
+    fn broke(&self, id: i64, v: Violation) {
+        self.violate(v.invariant.name(), Some(id), v.detail);
     }
 
     fn findings(&self) -> Vec<String> {
@@ -1433,31 +1438,18 @@ impl Chaos {
         // The raw value: the snapshot reports a negative stock as missing.
         for bucket in self.buckets_of(id) {
             match view::stock(&self.patient.redis, bucket).await {
-                Ok(Some(stock)) if stock < 0 => self.violate(
-                    "redis_stock_never_negative",
-                    Some(id),
-                    format!("Redis stock of bucket {} was {stock}", bucket.index),
-                ),
-                Ok(_) => {}
+                Ok(stock) => {
+                    if let Some(v) = invariants::stock_never_negative(bucket, stock) {
+                        self.broke(id, v);
+                    }
+                }
                 Err(_) => self.count(|r| r.watcher_errors += 1),
             }
         }
-        // One statement, one snapshot: the total and the orders are read at the same moment.
-        let (total, remaining, sold): (i64, i64, i64) = sqlx::query_as(
-            "select a.total_stock, a.remaining_stock,
-                    (select coalesce(sum(o.quantity), 0)::bigint from orders o
-                     where o.activity_id = a.id and o.status in ('confirmed', 'paid'))
-             from activities a where a.id = $1",
-        )
-        .bind(id)
-        .fetch_one(&self.env.pool)
-        .await?;
-        if sold > total || remaining < 0 {
-            self.violate(
-                "db_never_oversold",
-                Some(id),
-                format!("confirmed+paid {sold}, total stock {total}, remaining stock {remaining}"),
-            );
+        // One snapshot: the total and the orders are read at the same moment.
+        let db = invariants::Database::read(&self.env.pool, id).await?;
+        if let Some(v) = db.never_oversold() {
+            self.broke(id, v);
         }
         self.count(|r| r.watcher_samples += 1);
         Ok(())
@@ -1590,21 +1582,6 @@ impl Chaos {
     }
 }
 
-/// A sale's buckets as one snapshot: loaded when every bucket is, the stock their sum, the
-/// ledger every bucket's entries, the participants their sum.
-fn whole(snaps: &[(Bucket, ledger::Snapshot)]) -> ledger::Snapshot {
-    ledger::Snapshot {
-        loaded: snaps.iter().all(|(_, s)| s.loaded),
-        stock: snaps.iter().map(|(_, s)| s.stock).sum(),
-        participants: snaps.iter().map(|(_, s)| s.participants).sum(),
-        ledger: snaps.iter().flat_map(|(_, s)| s.ledger.clone()).collect(),
-        complete: snaps.iter().all(|(_, s)| s.complete),
-        ledger_size: snaps.iter().map(|(_, s)| s.ledger_size).sum(),
-        seq: 0,
-        unsent: snaps.iter().flat_map(|(_, s)| s.unsent.clone()).collect(),
-    }
-}
-
 async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> anyhow::Result<(u64, u64)> {
     let read_attrs = sqs
         .get_queue_attributes()
@@ -1651,26 +1628,17 @@ fn is_live(status: &str) -> bool {
     matches!(status, "confirmed" | "paid")
 }
 
-/// A few items of a list, for a finding's message.
-fn some<T: fmt::Debug>(items: &[T]) -> String {
-    const SHOWN: usize = 5;
-    if items.len() <= SHOWN {
-        format!("{items:?}")
-    } else {
-        format!("{:?} and {} more", &items[..SHOWN], items.len() - SHOWN)
-    }
-}
-
 impl Chaos {
     /// Every check of one sale at quiescence.
     async fn check_sale(&self, id: i64) -> anyhow::Result<()> {
-        let snaps = self.snapshots(id).await?;
-        let snap = whole(&snaps);
-        self.check_stock(id, &snap).await?;
-        self.check_ledger_empty(id, &snap);
+        // The books: conservation, the database's remaining stock, no oversell, the users,
+        // one live order per user.
+        let books = Books::read(&self.patient.redis, &self.env.pool, id).await?;
+        for v in books.violations() {
+            self.broke(id, v);
+        }
+        self.check_ledger_empty(id, &books);
         let rows = self.rows(id).await?;
-        self.check_participants(id, &snap, &rows).await?;
-        self.check_one_live_order_per_user(id, &rows);
         let attempts: Vec<Attempt> = lock(&self.attempts)
             .iter()
             .filter(|a| a.activity_id == id)
@@ -1695,71 +1663,18 @@ impl Chaos {
         Ok(())
     }
 
-    /// Conservation (every unit is in Redis, reserved, or sold, exactly once) and the
-    /// database's remaining stock, against the total as the admin left it.
-    async fn check_stock(&self, id: i64, snap: &ledger::Snapshot) -> anyhow::Result<()> {
-        let pool = &self.env.pool;
-        let a = activity::get(pool, id)
-            .await?
-            .with_context(|| format!("sale {id} is gone from the database"))?;
-        let (total, remaining) = (a.total_stock, a.remaining_stock);
-        let confirmed = order::sold_quantity(pool, id).await?;
-        // The raw values: the snapshot reports a negative stock as missing.
-        let mut stock = Some(0);
-        for bucket in self.buckets_of(id) {
-            stock = match (stock, view::stock(&self.patient.redis, bucket).await?) {
-                (Some(sum), Some(s)) => Some(sum + s),
-                _ => None,
-            };
-        }
-        // Units between two buckets count where they are: nowhere else.
-        let pending = snap.pending_quantity() + snap.transfer_quantity();
-        match stock.filter(|_| snap.loaded) {
-            Some(stock) if stock + pending + confirmed != total => self.violate(
-                "conservation",
-                Some(id),
-                format!(
-                    "redis stock {stock} + pending {pending} + confirmed {confirmed} = {} \
-                     but total stock is {total}",
-                    stock + pending + confirmed
-                ),
-            ),
-            Some(_) => {}
-            None => self.violate(
-                "conservation",
-                Some(id),
-                format!(
-                    "the running sale is not in Redis at quiescence (loaded {}, stock {stock:?})",
-                    snap.loaded
-                ),
-            ),
-        }
-        if remaining != total - confirmed {
-            self.violate(
-                "db_remaining_stock",
-                Some(id),
-                format!(
-                    "remaining stock {remaining} but total {total} - confirmed {confirmed} = {}",
-                    total - confirmed
-                ),
-            );
-        }
-        Ok(())
-    }
-
     /// Nothing in flight once all is quiet: every reservation became an order or was given
     /// back, every cancel finished, every check of reconcile's ended.
-    fn check_ledger_empty(&self, id: i64, snap: &ledger::Snapshot) {
-        if snap.ledger.is_empty() {
+    fn check_ledger_empty(&self, id: i64, books: &Books) {
+        if books.ledger().next().is_none() {
             return;
         }
         let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-        for e in &snap.ledger {
+        for e in books.ledger() {
             *kinds.entry(format!("{:?}", e.kind)).or_default() += 1;
         }
-        let entries: Vec<String> = snap
-            .ledger
-            .iter()
+        let entries: Vec<String> = books
+            .ledger()
             .map(|e| format!("{}:{:?}:{}x{}", e.user_id, e.kind, e.id, e.quantity))
             .collect();
         self.violate(
@@ -1768,7 +1683,7 @@ impl Chaos {
             format!(
                 "entries {kinds:?} ({} units reserved) left in the ledger {GIVE_BACK_WAIT:?} \
                  after the queue drained: {}",
-                snap.pending_quantity(),
+                books.units().pending,
                 some(&entries)
             ),
         );
@@ -1789,85 +1704,6 @@ impl Chaos {
                 (o.request_id, row)
             })
             .collect())
-    }
-
-    /// The Redis user set holds exactly the users with a live order or a pending reservation.
-    async fn check_participants(
-        &self,
-        id: i64,
-        snap: &ledger::Snapshot,
-        rows: &HashMap<Uuid, Row>,
-    ) -> anyhow::Result<()> {
-        let mut members: HashSet<String> = HashSet::new();
-        for bucket in self.buckets_of(id) {
-            let k = self.patient.redis.bucket_keys(bucket);
-            let users: Vec<String> = self
-                .patient
-                .redis
-                .cmd(redis::cmd("HKEYS").arg(&k.users))
-                .await?;
-            for user in users {
-                if Bucket::home(id, bucket.count, &user) != bucket && user != SENTINEL {
-                    self.violate(
-                        "home_bucket",
-                        Some(id),
-                        format!("user {user} is in the users of bucket {}", bucket.index),
-                    );
-                }
-                members.insert(user);
-            }
-        }
-        members.remove(SENTINEL);
-        let mut holders: HashSet<String> = rows
-            .values()
-            .filter(|r| is_live(&r.status))
-            .map(|r| r.user_id.clone())
-            .collect();
-        holders.extend(
-            snap.ledger
-                .iter()
-                .filter(|e| e.kind == EntryKind::Reservation)
-                .map(|e| e.user_id.clone()),
-        );
-        if members != holders {
-            let mut extra: Vec<&String> = members.difference(&holders).collect();
-            let mut missing: Vec<&String> = holders.difference(&members).collect();
-            extra.sort();
-            missing.sort();
-            self.violate(
-                "participants",
-                Some(id),
-                format!(
-                    "{} user(s) in the Redis set holding nothing: {}; {} holder(s) missing from \
-                     the set: {}",
-                    extra.len(),
-                    some(&extra),
-                    missing.len(),
-                    some(&missing)
-                ),
-            );
-        }
-        Ok(())
-    }
-
-    fn check_one_live_order_per_user(&self, id: i64, rows: &HashMap<Uuid, Row>) {
-        let mut live: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-        for r in rows.values().filter(|r| is_live(&r.status)) {
-            live.entry(&r.user_id).or_default().push(r.id);
-        }
-        let doubles: Vec<(&str, Vec<i64>)> =
-            live.into_iter().filter(|(_, ids)| ids.len() > 1).collect();
-        if !doubles.is_empty() {
-            self.violate(
-                "one_live_order_per_user",
-                Some(id),
-                format!(
-                    "{} user(s) with more than one live order: {}",
-                    doubles.len(),
-                    some(&doubles)
-                ),
-            );
-        }
     }
 
     /// Every 202 ends in an order (live or cancelled since) or a failure with an allowed reason,
