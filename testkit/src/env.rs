@@ -177,8 +177,9 @@ impl TestEnv {
         })
     }
 
-    /// What a function's state is built from: this env's config, database and Redis.
-    pub fn context(&self) -> Context {
+    /// What a function's state is built from: this env's config, database and Redis. Only
+    /// the kit's [`crate::functions`] builds on it, so how a function connects stays there.
+    pub(crate) fn context(&self) -> Context {
         Context::new(self.config.clone(), self.pool.clone(), self.redis.clone())
     }
 
