@@ -189,7 +189,7 @@ build:
 bench: stack
 	$(ENV) cargo build --release -p seckill-entry -p order-consumer -p preheat -p reconcile -p admin && cargo run --release -p seckill-bench -- $(BENCH_ARGS)
 
-# tests/tests/chaos.rs with many seeds. Its four tests (standalone / cluster, reconcile off / on)
+# tests/tests/chaos/ with many seeds. Its four tests (standalone / cluster, reconcile off / on)
 # run side by side under the `chaos` nextest profile; each starts no new seed after MINUTES and
 # ends with a line `chaos: N seeds passed in T s`. A failure names its seed: replay it with
 # CHAOS_SEEDS=<seed> cargo nextest run -p seckill-tests --test chaos

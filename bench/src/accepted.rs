@@ -5,7 +5,6 @@ use crate::entry::{Bench, Measure, Sizes, BODY};
 use crate::strategies::open_activity;
 use crate::util::{self, Outcome};
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
-use seckill_shared::testing;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
@@ -20,7 +19,7 @@ pub(crate) async fn accepted(
     let n = sizes.sqs_sends;
     let c = sizes.sqs_concurrency;
     let activity_id = 3;
-    seckill_shared::testing::load_without_db(
+    testkit::load_without_db(
         &b.redis,
         &open_activity(activity_id, n as i64 + 10),
         Duration::from_secs(3600),
@@ -33,7 +32,7 @@ pub(crate) async fn accepted(
     let run = util::run_tasks(c, n, move |i| {
         let (router, users, path) = (router.clone(), users.clone(), path.clone());
         async move {
-            let req = testing::request("POST", &path, Some((&users[i], "")), Some(BODY));
+            let req = testkit::request("POST", &path, Some((&users[i], "")), Some(BODY));
             match router.oneshot(req).await {
                 Ok(resp) if resp.status().as_u16() == 202 => Outcome::Sold,
                 Ok(resp) => {
@@ -51,7 +50,7 @@ pub(crate) async fn accepted(
     let accepted = Measure::from_run("entry in-process, accepted (+ SQS send)", &run, c, None);
 
     // The same number of sends, same concurrency, on a fresh queue of the same emulator.
-    let bare_url = testing::fresh_queue(sqs, 30, 5).await?;
+    let bare_url = testkit::fresh_queue(sqs, 30, 5).await?;
     let body = Arc::new(serde_json::to_string(&OrderMessage {
         attempt: Attempt {
             request_id: Uuid::now_v7(),
@@ -88,7 +87,7 @@ pub(crate) async fn accepted(
 }
 
 pub(crate) async fn delete_queue(sqs: &aws_sdk_sqs::Client, url: &str) {
-    for u in [url.to_string(), testing::dlq_url(url)] {
+    for u in [url.to_string(), testkit::dlq_url(url)] {
         let _ = sqs.delete_queue().queue_url(u).send().await;
     }
 }

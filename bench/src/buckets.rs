@@ -13,11 +13,9 @@
 //! reservations. With demand at or above the stock, every unit should have been sold.
 
 use crate::util::{self, Outcome};
-use chrono::Utc;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::config::RedisTopology;
 use seckill_shared::protocol::load;
 use seckill_shared::protocol::purchase::{self, Outcome as Decided};
@@ -25,7 +23,6 @@ use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::{self, Bucket};
 use seckill_shared::store::purchase::far_deadline;
-use seckill_shared::testing::{self, RedisKind};
 use seckill_shared::{Config, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -33,6 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::RedisKind;
 use uuid::Uuid;
 
 /// The share of a bucketed row's script calls each node should carry, in percent: with the
@@ -117,7 +115,7 @@ pub async fn run(
     pool: &PgPool,
     sizes: &Sizes,
 ) -> anyhow::Result<Vec<BucketRow>> {
-    let mut config = testing::config(database_url, RedisKind::Cluster);
+    let mut config = testkit::config(database_url, RedisKind::Cluster);
     config.key_prefix = util::fresh_prefix();
     let redis = Redis::connect(&config).await?;
     let mut nodes = Nodes::connect(&config.redis).await?;
@@ -288,24 +286,15 @@ async fn open_sale(
     stock: i64,
     count: u32,
 ) -> anyhow::Result<Activity> {
-    let now = Utc::now();
     let row = activity::insert(
         pool,
-        &NewActivity {
-            title: format!("bench buckets x{count}"),
-            total_stock: stock,
-            per_order_limit: 1,
-            start_at: now - chrono::Duration::minutes(1),
-            end_at: now + chrono::Duration::hours(1),
-            buckets: Some(i64::from(count)),
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title(format!("bench buckets x{count}"))
+            .stock(stock)
+            .limit(1)
+            .buckets(count)
+            .build()
+            .settings()?,
     )
     .await?;
     let (_, loaded) = load::load_under_lock(redis, pool, config, row.id).await?;

@@ -1,7 +1,7 @@
 //! The order consumer's committed orders/s against one transaction per order on the same
 //! table.
 //!
-//! Reservations are made with `testing::purchase` on the real Redis, turned into order messages
+//! Reservations are made with `testkit::purchase` on the real Redis, turned into order messages
 //! and grouped in SQS batches of 10 built in-process. `instances` consumers (each with its own
 //! pool of `conns` connections and its own Redis connection, as separate Lambda containers)
 //! take batches concurrently. The baseline runs the same two statements (order insert +
@@ -13,11 +13,10 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use futures::StreamExt;
 use order_consumer::Consumer;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::domain::{activity, order};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{far_deadline, Reservation};
-use seckill_shared::{testing, Config, Context};
+use seckill_shared::{Config, Context};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,7 +59,7 @@ pub async fn run(
     instances: usize,
     conns: u32,
 ) -> anyhow::Result<ConsumerResults> {
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.db_max_connections = conns;
     config.redis_timeout = Duration::from_secs(5);
@@ -94,21 +93,12 @@ async fn new_activity(
 ) -> anyhow::Result<seckill_shared::domain::activity::Activity> {
     Ok(activity::insert(
         pool,
-        &NewActivity {
-            title: "bench consumer".into(),
-            total_stock: stock as i64,
-            per_order_limit: 1,
-            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
-            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench consumer")
+            .stock(stock as i64)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?)
 }
@@ -130,7 +120,7 @@ async fn consumer_run(
     batch_writes: bool,
 ) -> anyhow::Result<ConsumerRun> {
     let a = new_activity(pool, orders).await?;
-    seckill_shared::testing::load_without_db(redis, &a, Duration::from_secs(3600)).await?;
+    testkit::load_without_db(redis, &a, Duration::from_secs(3600)).await?;
     let messages = reservations(redis, a.id, orders).await?;
     let batches = Arc::new(sqs_batches(&messages));
 
@@ -191,7 +181,7 @@ async fn reservations(
                 let user = format!("buyer-{i:07}");
                 let request_id = Uuid::now_v7();
                 let deadline = far_deadline();
-                match testing::purchase(&redis, activity_id, &user, 1, request_id, deadline).await?
+                match testkit::purchase(&redis, activity_id, &user, 1, request_id, deadline).await?
                 {
                     Ok(Reservation { now_ms, epoch, .. }) => Ok(OrderMessage {
                         attempt: Attempt {

@@ -15,14 +15,13 @@ use crate::util;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::{NewActivity, MAX_DRAW_WINDOW_MS};
+use seckill_shared::domain::settings::MAX_DRAW_WINDOW_MS;
 use seckill_shared::infra::config::Config;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 use serde::Serialize;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
@@ -74,7 +73,7 @@ pub async fn run(
     let mut admin = client.get_multiplexed_async_connection().await?;
     // MEMORY USAGE and COPY of a 1M-member key take a while on a busy machine.
     admin.set_response_timeout(Duration::from_secs(120));
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(30);
     let redis = Redis::connect(&config).await?;
@@ -102,21 +101,18 @@ async fn one_size(
     let now = chrono::Utc::now();
     let sale = activity::insert(
         pool,
-        &NewActivity {
-            title: format!("bench draw {n}"),
-            total_stock: STOCK,
-            per_order_limit: 1,
-            start_at: now - chrono::Duration::seconds(1),
-            end_at: now + chrono::Duration::hours(1),
-            buckets: None,
-            admission: Some("draw".into()),
-            draw_window_ms: Some(MAX_DRAW_WINDOW_MS),
-            per_user_rate_per_sec: Some(0),
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title(format!("bench draw {n}"))
+            .stock(STOCK)
+            .limit(1)
+            .window(
+                now - chrono::Duration::seconds(1),
+                now + chrono::Duration::hours(1),
+            )
+            .draw(MAX_DRAW_WINDOW_MS)
+            .rate(0)
+            .build()
+            .settings()?,
     )
     .await?;
     load::load_under_lock(redis, pool, config, sale.id).await?;
@@ -230,7 +226,7 @@ async fn one_size(
         "  {n} entries kept in {:.1} s",
         kept.elapsed().as_secs_f64()
     );
-    testing::lose_sale(redis, sale.id).await?;
+    testkit::lose_sale(redis, sale.id).await?;
     let sha = seckill_shared::store::scripts::POOL_RESTORE
         .get_hash()
         .to_string();

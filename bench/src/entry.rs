@@ -13,7 +13,7 @@ use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{self, Code};
 use seckill_shared::store::scripts;
-use seckill_shared::{testing, Config, Context, Refusal};
+use seckill_shared::{Config, Context, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -152,11 +152,11 @@ pub async fn run(
     users: Arc<Vec<String>>,
     sizes: &Sizes,
 ) -> anyhow::Result<EntryResults> {
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(5);
     let sqs = seckill_shared::infra::sqs::sqs_client().await;
-    let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
+    let queue_url = testkit::fresh_queue(&sqs, 30, 5).await?;
     config.order_queue_url = queue_url.clone();
     let redis = Redis::connect(&config).await?;
     let queue = OrderQueue::new(sqs.clone(), queue_url.clone(), config.sqs_timeout);
@@ -200,7 +200,7 @@ async fn sections(
     let (users, path) = (b.users.clone(), format!("/activities/{SOLD_OUT_ID}/orders"));
     let costs = crate::costs::measure(b.router.clone(), move |i| {
         let user = &users[i % users.len()];
-        testing::request("POST", &path, Some((user, "")), Some(BODY))
+        testkit::request("POST", &path, Some((user, "")), Some(BODY))
     })
     .await?;
 
@@ -287,7 +287,7 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
     let (c, n) = (sizes.concurrency, sizes.rejections);
     let users = b.users.len().min(10_000);
     let sale = open_activity(open_id, 1_000_000);
-    seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    testkit::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
     buy_for(b, open_id, users).await?;
     // Warm-up (discarded): the router's connection, the script cache, runtime threads.
     let warm = n.min(10_000);
@@ -341,7 +341,7 @@ async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
     let (c, n, users) = (sizes.concurrency, sizes.sold_out, b.users.len());
     let id = SOLD_OUT_ID;
     let sale = open_activity(id, 0);
-    seckill_shared::testing::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    testkit::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
     let what = "entry in-process, sold out (cache warm)";
     let code = Refusal::SoldOut { stock_left: 0 }.code();
     let router = router_loop(b, what, id, users, n, c, code, ROUND_IN_MEMORY).await?;
@@ -363,7 +363,7 @@ fn request_build_cost() -> f64 {
     let t = Instant::now();
     for i in 0..n {
         let user = format!("user-{i:07}");
-        let req = testing::request(
+        let req = testkit::request(
             "POST",
             "/activities/1/orders",
             Some((&user, "")),
@@ -382,7 +382,7 @@ async fn buy_for(b: &Bench, activity_id: i64, n: usize) -> anyhow::Result<()> {
         let (redis, users) = (redis.clone(), users.clone());
         async move {
             let far = purchase::far_deadline();
-            match testing::purchase(&redis, activity_id, &users[i], 1, Uuid::now_v7(), far).await {
+            match testkit::purchase(&redis, activity_id, &users[i], 1, Uuid::now_v7(), far).await {
                 Ok(Ok(_)) => Outcome::Sold,
                 other => Outcome::Error(format!("{other:?}")),
             }
@@ -437,7 +437,7 @@ async fn router_loop(
             (0..n)
                 .map(|i| {
                     let user = &b.users[(offset + i) % user_count];
-                    std::sync::Mutex::new(Some(testing::request(
+                    std::sync::Mutex::new(Some(testkit::request(
                         "POST",
                         &path,
                         Some((user, "")),
@@ -461,7 +461,7 @@ async fn router_loop(
                     .expect("each request once")
             } else {
                 let user = &users[(offset + i) % user_count];
-                testing::request("POST", &path, Some((user, "")), Some(BODY))
+                testkit::request("POST", &path, Some((user, "")), Some(BODY))
             };
             async move {
                 let resp = match router.oneshot(req).await {

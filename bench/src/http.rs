@@ -9,7 +9,6 @@ use axum::routing::get;
 use axum::Router;
 use seckill_shared::http::auth::{mint, JwtVerifier};
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +110,7 @@ pub(crate) async fn http(
 pub(crate) async fn public_view(b: &Bench, sizes: &Sizes) -> anyhow::Result<PublicView> {
     // A database of the row's own: its transaction count is the app's alone, not the
     // autovacuum that the earlier sections' writes set off in the bench's database.
-    let (database_url, pool) = testing::fresh_database().await?;
+    let (database_url, pool) = testkit::fresh_database().await?;
     let measured = public_view_on(b, sizes, &database_url, &pool).await;
     pool.close().await;
     crate::drop_database(&database_url).await?;
@@ -127,21 +126,12 @@ async fn public_view_on(
     let secret = "bench-secret-local-only";
     let row = seckill_shared::domain::activity::insert(
         pool,
-        &seckill_shared::domain::settings::NewActivity {
-            title: "bench public view".into(),
-            total_stock: 1_000_000,
-            per_order_limit: 1,
-            start_at: chrono::Utc::now() - chrono::Duration::minutes(1),
-            end_at: chrono::Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench public view")
+            .stock(1_000_000)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     let mut config = b.config.clone();
@@ -149,10 +139,10 @@ async fn public_view_on(
     config.database_url = database_url.into();
     let redis = Redis::connect(&config).await?;
     let buffer = Duration::from_secs(3600);
-    testing::load_without_db(&redis, &row, buffer).await?;
+    testkit::load_without_db(&redis, &row, buffer).await?;
     // A sale Redis holds and the database does not, so its id cannot be a row's.
     let sold_out_id = row.id + 1_000_000;
-    testing::load_without_db(&redis, &open_activity(sold_out_id, 0), buffer).await?;
+    testkit::load_without_db(&redis, &open_activity(sold_out_id, 0), buffer).await?;
     let functions = seckill_devserver::Functions::connect(&config).await?;
     let app = seckill_devserver::app(
         functions.entry.clone(),

@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The settings, listed by `--help` and checked at start. Each section builds its own
-    /// configs from the environment (`testing::config`), so they are read from the variables
+    /// configs from the environment (`testkit::config`), so they are read from the variables
     /// only: [`parse_args`] refuses them as flags rather than ignore them.
     #[command(flatten)]
     pub settings: seckill_shared::Config,
@@ -272,7 +272,7 @@ impl Stores {
         admin.set_response_timeout(std::time::Duration::from_secs(120));
         let clients_at_start = report::redis_clients(&mut admin).await;
         eprintln!("creating a fresh database ...");
-        let (database_url, pool) = seckill_shared::testing::fresh_database().await?;
+        let (database_url, pool) = testkit::fresh_database().await?;
         let user_count = sizes
             .attempts
             .max(sizes.sqs_sends)

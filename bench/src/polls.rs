@@ -10,14 +10,11 @@
 //! connection) is reported beside it.
 
 use crate::util::{self, Outcome};
-use chrono::Utc;
 use seckill_entry::EntryState;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::order;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing;
 use seckill_shared::Context;
 use serde::Serialize;
 use serde_json::Value;
@@ -56,7 +53,7 @@ pub struct Sizes {
 }
 
 pub async fn run(database_url: &str, sizes: &Sizes) -> anyhow::Result<PollResults> {
-    let mut config = testing::config(database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(5);
     // A pool of the section's own, closed at the end.
@@ -76,21 +73,12 @@ async fn measure(
 ) -> anyhow::Result<PollResults> {
     let sale = activity::insert(
         pool,
-        &NewActivity {
-            title: "bench order polling".into(),
-            total_stock: sizes.orders as i64,
-            per_order_limit: 1,
-            start_at: Utc::now() - chrono::Duration::minutes(1),
-            end_at: Utc::now() + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("bench order polling")
+            .stock(sizes.orders as i64)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     let t = Instant::now();
@@ -116,7 +104,7 @@ async fn measure(
         let (router, path) = (router.clone(), path.clone());
         async move {
             let user = buyer(spread(i, n));
-            let req = testing::request("GET", &path, Some((&user, "")), None);
+            let req = testkit::request("GET", &path, Some((&user, "")), None);
             match router.oneshot(req).await {
                 Ok(resp) if resp.status().is_success() => {
                     let body = axum::body::to_bytes(resp.into_body(), 1 << 16)

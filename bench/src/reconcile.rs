@@ -13,12 +13,10 @@ use reconcile::Reconcile;
 use redis::aio::MultiplexedConnection;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::protocol::load;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 use seckill_shared::Context;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -57,10 +55,10 @@ pub struct Sizes {
 }
 
 pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<ReconcileRow>> {
-    let (database_url, pool) = testing::fresh_database().await?;
+    let (database_url, pool) = testkit::fresh_database().await?;
     let mut admin = client.get_multiplexed_async_connection().await?;
     admin.set_response_timeout(Duration::from_secs(120));
-    let mut config = testing::config(&database_url, testing::RedisKind::Standalone);
+    let mut config = testkit::config(&database_url, testkit::RedisKind::Standalone);
     config.key_prefix = util::fresh_prefix();
     config.redis_timeout = Duration::from_secs(30);
     let defaults = seckill_shared::Config::from_env()?;
@@ -72,21 +70,17 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
         let now = chrono::Utc::now();
         let sale = activity::insert(
             &pool,
-            &NewActivity {
-                title: format!("bench reconcile {n}"),
-                total_stock: n as i64 + 10,
-                per_order_limit: 1,
-                start_at: now - chrono::Duration::seconds(1),
-                end_at: now + chrono::Duration::hours(1),
-                buckets: None,
-                admission: None,
-                draw_window_ms: None,
-                per_user_rate_per_sec: Some(0),
-                price_minor: 1_999,
-                currency: "usd".into(),
-                max_entrants: None,
-            }
-            .settings()?,
+            &testkit::sale()
+                .title(format!("bench reconcile {n}"))
+                .stock(n as i64 + 10)
+                .limit(1)
+                .window(
+                    now - chrono::Duration::seconds(1),
+                    now + chrono::Duration::hours(1),
+                )
+                .rate(0)
+                .build()
+                .settings()?,
         )
         .await?;
         load::load_under_lock(&redis, &pool, &config, sale.id).await?;

@@ -9,8 +9,8 @@
 //!   (rows name it `seed001`).
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
-//! - `ours`: `lua/purchase.lua` through `testing::purchase`, as the strategies' `lua` row runs
-//!   it, on a sale loaded by the product's own preheat (`testing::load_without_db`).
+//! - `ours`: `lua/purchase.lua` through `testkit::purchase`, as the strategies' `lua` row runs
+//!   it, on a sale loaded by the product's own preheat (`testkit::load_without_db`).
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
 //! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
 //!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET, the
@@ -35,7 +35,6 @@ use redis::Script;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::conn::RedisConn;
 use seckill_shared::store::{purchase, scripts};
-use seckill_shared::testing;
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -121,7 +120,7 @@ impl Peer {
             Peer::Seed000 => "seed 000: GET, SISMEMBER, DECR, SADD",
             Peer::Seed001 => "seed 001: HGET, HINCRBY (no user check)",
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
-            Peer::Ours => "ours: lua/purchase.lua via testing::purchase",
+            Peer::Ours => "ours: lua/purchase.lua via testkit::purchase",
             Peer::Floor => "floor: return 0 (any EVALSHA)",
             Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded? bucket count?)",
             Peer::OursClock => "ours' refusal, steps 1-2: + TIME",
@@ -329,7 +328,7 @@ async fn setup(
         }
         Peer::Floor => {}
         Peer::Ours | Peer::OursRead | Peer::OursClock | Peer::OursChecks => {
-            seckill_shared::testing::load_without_db(
+            testkit::load_without_db(
                 &c.redis,
                 &open_activity(activity_id, wl.stock),
                 Duration::from_secs(3600),
@@ -348,7 +347,7 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     // Each script's answer for "bought"; any other answer it documents is a refusal.
     let (code, bought): (i64, i64) = match c.peer {
         Peer::Ours => {
-            let d = testing::purchase(
+            let d = testkit::purchase(
                 &c.redis,
                 1,
                 user,
@@ -389,7 +388,7 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
             let k = c.redis.keys(1);
             cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
             cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
-            // The bucket count `testing::purchase` passes for a sale with one bucket.
+            // The bucket count `testkit::purchase` passes for a sale with one bucket.
             cmd.arg(purchase::far_deadline()).arg(1);
             // Each cut answers one integer: 0 after the reads, 5 (sold out) after the checks.
             let code: i64 = cmd.query_async(&mut cm).await?;

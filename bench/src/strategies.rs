@@ -1,7 +1,7 @@
 //! Five ways to take one unit of stock, compared under the same workload (same users, stock,
 //! attempt count and concurrency) on the same Redis and PostgreSQL.
 //!
-//! - `lua`: our purchase script through `testing::purchase` (window, limit, stock, user set,
+//! - `lua`: our purchase script through `testkit::purchase` (window, limit, stock, user set,
 //!   ledger: one round trip).
 //! - `hincrby`: HINCRBY -1 on the goods hash, a client-side check, and a compensating
 //!   HINCRBY +1 on a negative result (two round trips on failure).
@@ -23,13 +23,11 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use seckill_shared::domain::activity;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::Attempt;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::conn::RedisConn;
 use seckill_shared::store::keys::Keys;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
-use seckill_shared::testing;
 
 use seckill_shared::domain::order;
 use seckill_shared::store::scripts;
@@ -297,7 +295,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
     let mut activity_id = activity_id;
     match s {
         Strategy::Lua | Strategy::Limit => {
-            seckill_shared::testing::load_without_db(
+            testkit::load_without_db(
                 &redis,
                 &open_activity(activity_id, wl.stock),
                 Duration::from_secs(3600),
@@ -323,21 +321,12 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
         Strategy::DbOnly => {
             let a = activity::insert(
                 &env.pool,
-                &NewActivity {
-                    title: "bench db-only".into(),
-                    total_stock: wl.stock,
-                    per_order_limit: 1,
-                    start_at: Utc::now() - chrono::Duration::minutes(1),
-                    end_at: Utc::now() + chrono::Duration::hours(1),
-                    buckets: None,
-                    admission: None,
-                    draw_window_ms: None,
-                    per_user_rate_per_sec: None,
-                    price_minor: 1_999,
-                    currency: "usd".into(),
-                    max_entrants: None,
-                }
-                .settings()?,
+                &testkit::sale()
+                    .title("bench db-only")
+                    .stock(wl.stock)
+                    .limit(1)
+                    .build()
+                    .settings()?,
             )
             .await?;
             activity_id = a.id;
@@ -387,7 +376,7 @@ async fn attempt(c: Arc<Ctx>, s: Strategy, i: usize) -> Outcome {
 
 async fn lua(c: &Ctx, i: usize, die: bool) -> anyhow::Result<Outcome> {
     c.calls.fetch_add(1, Ordering::Relaxed);
-    let d = testing::purchase(
+    let d = testkit::purchase(
         &c.redis,
         c.activity_id,
         &c.users[i],

@@ -12,7 +12,6 @@
 //!   across buckets, the give-back arbiter, cancel, pay, the draw, a fenced load, the lock.
 //! - [`http`]: the error answer, the request extractors and the caller's identity.
 //! - [`context`]: the config and clients a function's state is built from.
-//! - `testing` (feature `testing`): helpers for tests against the real local services.
 //!
 //! docs/invariants.md tells the protocol step by step; each module links its section.
 
@@ -22,8 +21,6 @@ pub mod http;
 pub mod infra;
 pub mod protocol;
 pub mod store;
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use context::Context;
 pub use domain::refusal::Refusal;

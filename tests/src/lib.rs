@@ -1,7 +1,9 @@
 //! End-to-end and invariant tests of seckill, against the real local services.
 //!
-//! One binary per concern in `tests/tests/` (the shared helpers are `tests/tests/common` and
-//! `seckill_shared::testing`; each file's header says what it proves):
+//! One binary per concern in `tests/tests/`: a file, or a folder whose `main.rs` is the
+//! binary and whose modules split it by concern (`--test chaos` runs `tests/tests/chaos/`).
+//! The helpers every test shares are the test kit, `testkit/`; each binary's header says what
+//! it proves, and a folder's `main.rs` names its modules.
 //!
 //! - `entry`, `public_view`, `http`, `storefront`: the purchase path and the public view
 //!   through the entry's router (in process, and over TCP on the dev server), and the pages
@@ -20,15 +22,20 @@
 
 #[cfg(test)]
 mod tests {
-    /// The list above names every test binary: a new file in `tests/tests/` is not done until
-    /// it is listed here.
+    /// The list above names every test binary: a new file or folder in `tests/tests/` is not
+    /// done until it is listed here.
     #[test]
     fn the_crate_doc_names_every_test_binary() {
         let doc = include_str!("lib.rs");
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
         for entry in std::fs::read_dir(dir).unwrap() {
-            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-            let Some(binary) = name.strip_suffix(".rs") else {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let binary = if path.join("main.rs").is_file() {
+                name.as_str()
+            } else if let Some(binary) = name.strip_suffix(".rs") {
+                binary
+            } else {
                 continue;
             };
             assert!(

@@ -4,8 +4,6 @@
 //!
 //! Like `lambda_invoke.rs`, the test builds what it runs (a no-op after `make test`'s build).
 
-mod common;
-
 use clap::CommandFactory;
 use seckill_migrate::MigrateConfig;
 use seckill_shared::Config;
@@ -316,7 +314,7 @@ fn migrate_runs_from_a_shell_with_the_database_settings_only() {
     let dir = build_all();
     let database_url = tokio::runtime::Runtime::new()
         .expect("a runtime")
-        .block_on(seckill_shared::testing::empty_database())
+        .block_on(testkit::empty_database())
         .expect("an empty database");
     let env = [
         ("DATABASE_URL", Some(database_url.as_str())),
@@ -361,14 +359,30 @@ fn the_lambdas_as_deployed_are_built_without_test_support() {
         deployed.contains("seckill-shared feature \"default\""),
         "{deployed}"
     );
-    for feature in ["testing", "failpoints"] {
-        assert!(
-            !deployed.contains(&format!("feature \"{feature}\"")),
-            "a root build of the functions compiles `{feature}` into them:\n{deployed}"
-        );
-    }
+    assert!(
+        !deployed.contains("feature \"failpoints\""),
+        "a root build of the functions compiles `failpoints` into them:\n{deployed}"
+    );
+    assert!(
+        !deployed.contains("seckill-testkit v"),
+        "a root build of the functions compiles the test kit:\n{deployed}"
+    );
+    // The kit and the tools built on it turn no pause point on: only the tests crate does.
+    let tools = tree(&[
+        "-p",
+        "seckill-testkit",
+        "-p",
+        "seckill-bench",
+        "-p",
+        "seckill-loadgen",
+    ]);
+    assert!(tools.contains("seckill-testkit v"), "{tools}");
+    assert!(
+        !tools.contains("feature \"failpoints\""),
+        "the test kit or a tool on it compiles `failpoints`:\n{tools}"
+    );
     let workspace = tree(&["--workspace"]);
-    assert!(workspace.contains("feature \"testing\""), "{workspace}");
+    assert!(workspace.contains("feature \"failpoints\""), "{workspace}");
 }
 
 /// Each function's Redis ACL user (scripts/redis_acl.py, the template's ElastiCache users)
@@ -378,7 +392,7 @@ fn the_lambdas_as_deployed_are_built_without_test_support() {
 #[test]
 fn each_functions_redis_user_lists_exactly_the_scripts_its_binary_carries() {
     let dir = build_all();
-    let users = common::redis_acl_users();
+    let users = testkit::redis_acl_users();
     let carried = |binary: &str| -> Vec<&str> {
         let bytes = std::fs::read(dir.join(binary)).unwrap();
         let mut names: Vec<&str> = seckill_shared::store::scripts::SOURCES

@@ -8,7 +8,6 @@
 //! password (trust auth on 127.0.0.1).
 
 use seckill_shared::infra::db;
-use seckill_shared::testing;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection, Row};
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 #[tokio::test]
 async fn a_connection_returned_inside_a_transaction_is_closed_not_lent_again() -> anyhow::Result<()>
 {
-    let (url, setup) = testing::fresh_database().await?;
+    let (url, setup) = testkit::fresh_database().await?;
     sqlx::raw_sql("create table t (id int primary key, n int); insert into t values (1, 0)")
         .execute(&setup)
         .await?;
@@ -112,7 +111,7 @@ fn bounds_of<'a>(all: &'a [RoleBounds], role: &str) -> &'a RoleBounds {
 
 #[tokio::test]
 async fn every_role_has_the_bounds_its_migration_names() -> anyhow::Result<()> {
-    let (_url, pool) = testing::fresh_database().await?;
+    let (_url, pool) = testkit::fresh_database().await?;
     let wanted = migration_bounds();
     let mut roles: Vec<&str> = wanted.iter().map(|b| b.role.as_str()).collect();
     roles.sort_unstable();
@@ -148,7 +147,7 @@ async fn every_role_has_the_bounds_its_migration_names() -> anyhow::Result<()> {
 /// SQLSTATE 57014, which the functions answer as "out of reach, retry" (503), never as a 500.
 #[tokio::test]
 async fn a_roles_long_statement_is_cancelled_by_the_server_at_its_timeout() -> anyhow::Result<()> {
-    let (url, _pool) = testing::fresh_database().await?;
+    let (url, _pool) = testkit::fresh_database().await?;
     let bounds = migration_bounds();
     let runs = bounds.iter().map(|b| {
         let url = url.clone();
@@ -185,7 +184,7 @@ async fn a_roles_long_statement_is_cancelled_by_the_server_at_its_timeout() -> a
 /// timeout, and what the transaction held is free again.
 #[tokio::test]
 async fn a_session_idle_in_a_transaction_is_ended_by_the_server() -> anyhow::Result<()> {
-    let (url, pool) = testing::fresh_database().await?;
+    let (url, pool) = testkit::fresh_database().await?;
     let bounds = migration_bounds();
     let runs = ["seckill_entry", "seckill_consumer"]
         .into_iter()

@@ -4,16 +4,14 @@
 //! monitors. The secret's current and previous values (a rotation) are read from Secrets
 //! Manager (the local emulator).
 
-mod common;
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
-use common::{dead_pool, redis_stock};
 use seckill_shared::infra::config::EdgeOrigin;
-use seckill_shared::testing::{call, request, RedisKind, TestEnv};
 use seckill_shared::Context;
 use serde_json::Value;
+use testkit::{call, request, RedisKind, TestEnv};
+use testkit::{dead_pool, redis_stock};
 
 const CURRENT: &str = "origin-current-0123456789";
 const PREVIOUS: &str = "origin-previous-0123456789";
@@ -26,10 +24,12 @@ fn origin() -> EdgeOrigin {
     }
 }
 
-/// The entry's router with the origin secret on, over `context`.
-fn entry(env: &TestEnv, mut context: Context) -> Router {
-    context.config.edge_origin = origin();
-    seckill_entry::router(seckill_entry::EntryState::new(context, env.queue.clone()))
+/// The entry's router with the origin secret on, on a context `adjust` changed.
+fn entry(env: &TestEnv, adjust: impl FnOnce(&mut Context)) -> Router {
+    env.entry_router_with(|c| {
+        adjust(c);
+        c.config.edge_origin = origin();
+    })
 }
 
 /// `req` with `x-origin-verify: value`.
@@ -43,7 +43,7 @@ fn via(value: &str, mut req: Request<Body>) -> Request<Body> {
 async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
     let sale = env.open_sale(5, 1).await?;
-    let app = entry(&env, env.context());
+    let app = entry(&env, |_| {});
     let buy = || {
         let path = format!("/activities/{}/orders", sale.id);
         request("POST", &path, Some(("alice", "")), Some("{}"))
@@ -71,9 +71,7 @@ async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> any
 
     // On a database out of reach, an unknown id would cost a read and answer 503: refused
     // first, it costs none.
-    let mut no_db = env.context();
-    no_db.pool = dead_pool();
-    let app = entry(&env, no_db);
+    let app = entry(&env, |c| c.pool = dead_pool());
     let unknown = || request("GET", "/activities/987654321", None, None);
     assert_eq!(call(&app, unknown()).await.0, StatusCode::FORBIDDEN);
     assert_eq!(
@@ -90,9 +88,7 @@ async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> any
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_admin_routes_need_the_origin_secret_too() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let mut context = env.context();
-    context.config.edge_origin = origin();
-    let app = admin::router(admin::AdminState::new(context));
+    let app = env.admin_router_with(|c| c.config.edge_origin = origin());
     let list = || {
         request(
             "GET",

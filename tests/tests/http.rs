@@ -12,10 +12,10 @@ use seckill_devserver::{DevConfig, DevServer};
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::http::auth::mint;
 use seckill_shared::http::auth::ADMIN_SCOPE;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use serde_json::Value;
 use std::time::{Duration, Instant};
+use testkit::RedisKind;
+use testkit::TestEnv;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -320,11 +320,8 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
 ) -> anyhow::Result<()> {
     use tower::ServiceExt;
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let entry = seckill_entry::router(seckill_entry::EntryState::new(
-        env.context(),
-        env.queue.clone(),
-    ));
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let entry = env.entry_router();
+    let admin = env.admin_router();
     for (router, name) in [(&entry, "entry"), (&admin, "admin")] {
         for (method, path, status, code, allowed) in UNROUTED {
             // Each Lambda sees only its own routes: every other path is its 404.
@@ -334,8 +331,7 @@ async fn unknown_paths_and_wrong_methods_answer_the_error_json_from_both_lambda_
             } else {
                 (404, "not_found", None)
             };
-            let req =
-                seckill_shared::testing::request(method, path, Some(("alice", ADMIN_SCOPE)), None);
+            let req = testkit::request(method, path, Some(("alice", ADMIN_SCOPE)), None);
             let resp = router.clone().oneshot(req).await?;
             let what = format!("{name}: {method} {path}");
             assert_eq!(resp.status().as_u16(), status, "{what}");

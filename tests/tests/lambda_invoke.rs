@@ -19,8 +19,6 @@
 
 use anyhow::Context;
 use seckill_shared::domain::activity;
-use seckill_shared::domain::settings::NewActivity;
-use seckill_shared::testing;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -234,11 +232,10 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     };
 
     // ------------------------------------------------------------------ arrange
-    let (database_url, pool) = testing::fresh_database().await?;
-    let config = testing::config(&database_url, testing::RedisKind::Standalone);
+    let (database_url, pool) = testkit::fresh_database().await?;
+    let config = testkit::config(&database_url, testkit::RedisKind::Standalone);
     let sqs = seckill_shared::infra::sqs::sqs_client().await;
-    let queue_url = testing::fresh_queue(&sqs, 30, 5).await?;
-    let now = chrono::Utc::now();
+    let queue_url = testkit::fresh_queue(&sqs, 30, 5).await?;
     // The events name activity 1: the first row of a fresh database once its ids start at 1
     // (a test database's start at a random place). Open now, so the purchase event meets an
     // open window.
@@ -247,21 +244,12 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
         .await?;
     let sale = activity::insert(
         &pool,
-        &NewActivity {
-            title: "lambda invoke sale".into(),
-            total_stock: 10,
-            per_order_limit: 1,
-            start_at: now - chrono::Duration::minutes(1),
-            end_at: now + chrono::Duration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("lambda invoke sale")
+            .stock(10)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     assert_eq!(sale.id, 1, "the events reference activity 1");

@@ -5,18 +5,15 @@
 //! the database refuses its token. The outermost release ends the lock even when Redis counts
 //! a hold the holder never knew of, and a nested release delivered twice never ends it.
 
-use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity;
-use seckill_shared::domain::settings::NewActivity;
-use seckill_shared::on_both_redis;
 use seckill_shared::protocol::lock;
 use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::scripts;
-use seckill_shared::testing;
-use seckill_shared::testing::LockHold;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
 use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::LockHold;
+use testkit::RedisKind;
+use testkit::TestEnv;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -25,24 +22,14 @@ fn ms(n: u64) -> Duration {
 /// A test env and an activity row (not loaded into Redis: the lock is all these tests use).
 async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
     let env = TestEnv::new(kind).await?;
-    let now = Utc::now();
     let a = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "lock test".into(),
-            total_stock: 10,
-            per_order_limit: 1,
-            start_at: now - ChronoDuration::minutes(1),
-            end_at: now + ChronoDuration::hours(1),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("lock test")
+            .stock(10)
+            .limit(1)
+            .build()
+            .settings()?,
     )
     .await?;
     Ok((env, a.id))
@@ -93,7 +80,7 @@ async fn nested_holds_keep_the_lock_until_the_last_release_under_one_token(
     assert_eq!((&first.owner, &second.owner), (&outer.owner, &outer.owner));
     let owner = outer.owner.clone();
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 3, outer.token)
     );
     assert_eq!(fence_counter(&env, id).await?, issued);
@@ -102,12 +89,12 @@ async fn nested_holds_keep_the_lock_until_the_last_release_under_one_token(
     // Act + Assert: each nested release gives back one hold; the key stays with the outer one.
     assert!(second.release().await?);
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 2, outer.token)
     );
     assert!(first.release().await?);
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 1, outer.token)
     );
     assert!(is_busy(&env, id).await);
@@ -116,7 +103,7 @@ async fn nested_holds_keep_the_lock_until_the_last_release_under_one_token(
     // The outermost release works as before: the lock goes, the next holder gets a new token.
     let token = outer.token;
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     let next = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
     assert!(next.token > token, "{} > {token}", next.token);
     assert!(next.release().await?);
@@ -136,11 +123,11 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
     let _ = outer.reenter().await?;
     let owner = outer.owner.clone();
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 3, outer.token)
     );
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
 
     // The same when the outer guard is dropped too: its background release gives back all.
     let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
@@ -148,7 +135,7 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
     drop(outer);
     let mut gone = false;
     for _ in 0..100 {
-        if testing::lock_hold(&env.redis, id).await?.is_none() {
+        if testkit::lock_hold(&env.redis, id).await?.is_none() {
             gone = true;
             break;
         }
@@ -187,7 +174,7 @@ async fn an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of(
     let owner = outer.owner.clone();
     reenter_unanswered(&env, id, &owner).await?;
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 2, outer.token)
     );
 
@@ -195,7 +182,7 @@ async fn an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of(
     assert!(outer.release().await?);
 
     // Assert: the lock is gone at once, not left behind until its lease runs out.
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     assert!(!is_busy(&env, id).await);
     Ok(())
 }
@@ -218,12 +205,12 @@ async fn a_nested_release_delivered_twice_leaves_the_outer_hold(
     // Assert: the outer holder still holds the lock it works under.
     assert_eq!(answer, 2, "a nested release never ends the lock");
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 1, outer.token)
     );
     assert!(is_busy(&env, id).await);
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
 on_both_redis!(a_nested_release_delivered_twice_leaves_the_outer_hold);
@@ -235,7 +222,7 @@ async fn a_release_without_a_mode_is_an_error_and_keeps_every_hold(
     let (env, id) = setup(kind).await?;
     let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
     let nested = outer.reenter().await?;
-    let before = testing::lock_hold(&env.redis, id).await?;
+    let before = testkit::lock_hold(&env.redis, id).await?;
     assert_eq!(before, hold(&outer.owner, 2, outer.token));
 
     // Act: the owner's release script called with no mode, and with one it does not know.
@@ -253,11 +240,11 @@ async fn a_release_without_a_mode_is_an_error_and_keeps_every_hold(
             error.to_string().contains("mode must be"),
             "{mode:?}: {error}"
         );
-        assert_eq!(testing::lock_hold(&env.redis, id).await?, before);
+        assert_eq!(testkit::lock_hold(&env.redis, id).await?, before);
     }
     assert!(nested.release().await?);
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
 on_both_redis!(a_release_without_a_mode_is_an_error_and_keeps_every_hold);
@@ -267,7 +254,7 @@ async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Re
     let (env, id) = setup(kind).await?;
     let outer = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(100)).await?;
     let nested = outer.reenter().await?;
-    let before = testing::lock_hold(&env.redis, id).await?;
+    let before = testkit::lock_hold(&env.redis, id).await?;
     assert_eq!(before, hold(&outer.owner, 2, outer.token));
 
     // Act: releases by owners that do not hold it, once and repeatedly.
@@ -278,11 +265,11 @@ async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Re
     }
 
     // Assert: not one hold given back, the lease untouched, the holder still the only one.
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, before);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, before);
     assert!(is_busy(&env, id).await);
     assert!(nested.release().await?);
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
 on_both_redis!(a_release_by_a_non_owner_changes_nothing);
@@ -300,7 +287,7 @@ async fn the_hold_count_survives_renewals(kind: RedisKind) -> anyhow::Result<()>
     // Assert: still held, both holds counted.
     assert!(!outer.is_lost());
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 2, outer.token)
     );
 
@@ -309,11 +296,11 @@ async fn the_hold_count_survives_renewals(kind: RedisKind) -> anyhow::Result<()>
     tokio::time::sleep(ms(600)).await;
     assert!(!outer.is_lost());
     assert_eq!(
-        testing::lock_hold(&env.redis, id).await?,
+        testkit::lock_hold(&env.redis, id).await?,
         hold(&owner, 1, outer.token)
     );
     assert!(outer.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
 on_both_redis!(the_hold_count_survives_renewals);
@@ -331,14 +318,14 @@ async fn a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next
 
     // A re-entry after the lease ran out does not take the free lock with A's old token.
     assert!(matches!(a.reenter().await, Err(LockError::Lost)));
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
 
     // B takes the lock and writes.
     let b = lock::acquire(&env.redis, &env.pool, id, ms(5000), ms(1000)).await?;
     assert!(b.token > a.token);
     fenced_write(&env, id, b.token).await?;
     let b_holds = hold(&b.owner, 1, b.token);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, b_holds);
 
     // Act: A resumes, unaware, and releases its nested hold, then tries its fenced write.
     let nested_ours = a_nested.release().await?;
@@ -347,15 +334,15 @@ async fn a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next
 
     // Assert: B's lock is untouched (not decremented, not deleted), A's write is refused.
     assert!(!nested_ours);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, b_holds);
     assert!(
         matches!(write, Err(LockError::StaleToken { token, seen }) if token == a_token && seen == b.token),
         "{write:?}"
     );
     assert!(!a.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, b_holds);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, b_holds);
     assert!(b.release().await?);
-    assert_eq!(testing::lock_hold(&env.redis, id).await?, None);
+    assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
 on_both_redis!(

@@ -6,33 +6,27 @@
 //! the database must answer (before preheat, unknown ids), the tests count its transactions
 //! or close its pool between two requests to show the answer came from the container's cache.
 
-mod common;
-
 use axum::http::StatusCode;
 use axum::Router;
-use common::{call_with_headers, dead_pool};
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
-use seckill_entry::{router, EntryState};
 use seckill_shared::domain::activity;
-use seckill_shared::domain::settings::NewActivity;
 use seckill_shared::http::auth::ADMIN_SCOPE;
 use seckill_shared::infra::sqs::OrderQueue;
-use seckill_shared::on_both_redis;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::testing::call;
-use seckill_shared::testing::request;
-use seckill_shared::testing::PrivateRedis;
-use seckill_shared::testing::RedisKind;
-use seckill_shared::testing::TestEnv;
-use seckill_shared::Context;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
+use testkit::call;
+use testkit::on_both_redis;
+use testkit::request;
+use testkit::PrivateRedis;
+use testkit::RedisKind;
+use testkit::TestEnv;
+use testkit::{call_with_headers, dead_pool};
 
 /// The entry function on the test's Redis and queue, with `pool` as its database.
 fn entry_with_pool(env: &TestEnv, pool: PgPool) -> Router {
-    let deps = Context::new(env.config.clone(), pool, env.redis.clone());
-    router(EntryState::new(deps, env.queue.clone()))
+    env.entry_router_with(|c| c.pool = pool)
 }
 
 /// `GET /activities/{id}`: status, `Cache-Control`, body.
@@ -101,7 +95,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     let sale = env.open_sale(5, 1).await?;
     // The viewer never reaches the database: what it shows after the change came from Redis.
     let viewer = entry_with_pool(&env, dead_pool());
-    let admin = admin::router(admin::AdminState::new(env.context()));
+    let admin = env.admin_router();
     assert_eq!(view(&viewer, sale.id).await.2["title"], "test sale");
 
     let now = chrono::Utc::now();
@@ -148,21 +142,16 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
     let now = chrono::Utc::now();
     let later = activity::insert(
         &env.pool,
-        &NewActivity {
-            title: "next week's sale".into(),
-            total_stock: 30,
-            per_order_limit: 1,
-            start_at: now + chrono::Duration::days(7),
-            end_at: now + chrono::Duration::days(8),
-            buckets: None,
-            admission: None,
-            draw_window_ms: None,
-            per_user_rate_per_sec: None,
-            price_minor: 1_999,
-            currency: "usd".into(),
-            max_entrants: None,
-        }
-        .settings()?,
+        &testkit::sale()
+            .title("next week's sale")
+            .stock(30)
+            .limit(1)
+            .window(
+                now + chrono::Duration::days(7),
+                now + chrono::Duration::days(8),
+            )
+            .build()
+            .settings()?,
     )
     .await?;
     let pool = own_pool(&env)?;
@@ -283,8 +272,10 @@ async fn health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_de
         } else {
             env.queue.clone()
         };
-        let deps = Context::new(env.config.clone(), pool, redis);
-        let app = router(EntryState::new(deps, queue));
+        let app = env.entry_router_on(queue, |c| {
+            c.pool = pool;
+            c.redis = redis;
+        });
 
         let (status, headers, body) =
             call_with_headers(&app, request("GET", "/health", None, None)).await;
@@ -454,10 +445,7 @@ async fn the_deep_check_is_answered_from_the_last_one_for_a_few_seconds() -> any
     let mut config = env.config.clone();
     config.redis = seckill_shared::infra::config::RedisTopology::Standalone(private.url().into());
     let redis = Redis::connect(&config).await?;
-    let app = router(EntryState::new(
-        Context::new(env.config.clone(), env.pool.clone(), redis),
-        env.queue.clone(),
-    ));
+    let app = env.entry_router_with(|c| c.redis = redis);
     let deep = || call_with_headers(&app, request("GET", "/health/deep", None, None));
     assert_eq!(deep().await.0, StatusCode::OK);
 

@@ -6,9 +6,9 @@
 
 use seckill_devserver::{DevConfig, DevServer};
 use seckill_shared::http::auth::{mint, JwtVerifier, ADMIN_SCOPE};
-use seckill_shared::testing::{RedisKind, TestEnv};
 use serde_json::Value;
 use std::time::Duration;
+use testkit::{RedisKind, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -6,7 +6,7 @@ use std::fmt::Write;
 pub fn table(s: &mut String, e: &EntryResults) {
     let _ = writeln!(
         s,
-        "Entry function (building one API Gateway-shaped request with `testing::request`: {:.2} µs single-threaded; timed only in the \"+ request build\" rows)\n",
+        "Entry function (building one API Gateway-shaped request with `testkit::request`: {:.2} µs single-threaded; timed only in the \"+ request build\" rows)\n",
         e.request_build_us
     );
     s.push_str("| loop | concurrency | requests/s | p50 ms | p99 ms | Redis cmds/request |\n|---|---:|---:|---:|---:|---:|\n");

@@ -30,8 +30,8 @@ use crate::infra::secret::SecretUrl;
 use sqlx::PgPool;
 use std::time::Duration;
 use values::{
-    at_least_one, empty_or_non_blank_url, positive_millis, secs, user_db_rate,
-    view_cache_millis, whole,
+    at_least_one, empty_or_non_blank_url, positive_millis, secs, user_db_rate, view_cache_millis,
+    whole,
 };
 
 mod edge;

@@ -8,6 +8,7 @@ use crate::load::{self, LoadReport};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use testkit::invariants::Units;
 
 /// What the stores say after the sale.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -278,14 +279,18 @@ pub(super) fn build_report(
 
 /// Whether every unit is accounted for, and the sum that says so: Redis stock (over all
 /// buckets) + pending reservations + units in transfer between buckets + confirmed units =
-/// total stock, and PostgreSQL's remaining = total - confirmed.
+/// total stock, and PostgreSQL's remaining = total - confirmed. The verdict is the test kit's
+/// invariant checker's, on the figures read back.
 fn conservation(store: &StoreFacts) -> (bool, String) {
-    let total = store.db_total_stock;
-    let redis_stock = store.redis_stock.unwrap_or(0);
-    let left = redis_stock + store.pending_qty + store.transfer_qty + store.units_sold;
-    let ok = store.redis_stock.is_some()
-        && left == total
-        && store.db_remaining_stock == total - store.units_sold;
+    let units = Units {
+        total: store.db_total_stock,
+        redis_stock: store.redis_stock,
+        pending: store.pending_qty,
+        in_transfer: store.transfer_qty,
+        sold: store.units_sold,
+        db_remaining: store.db_remaining_stock,
+    };
+    let ok = units.conservation().is_none() && units.database_agrees().is_none();
     // A sale with one bucket never transfers: its sum keeps to the three terms.
     let transfers = if store.buckets.len() > 1 || store.transfer_qty != 0 {
         format!(" + in transfer {}", store.transfer_qty)
@@ -299,10 +304,10 @@ fn conservation(store: &StoreFacts) -> (bool, String) {
             .map_or_else(|| "missing".to_string(), |s| s.to_string()),
         store.pending_qty,
         store.units_sold,
-        left,
-        total,
+        units.accounted(),
+        units.total,
         store.db_remaining_stock,
-        total - store.units_sold
+        units.total - store.units_sold
     );
     (ok, sum)
 }

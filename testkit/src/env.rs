@@ -1,0 +1,212 @@
+//! A test's own services: a fresh database, a fresh Redis key prefix on the chosen Redis and a
+//! fresh queue with its dead-letter queue, so tests run in parallel and never need FLUSHALL.
+
+use seckill_shared::infra::config::{Config, RedisTopology};
+use seckill_shared::infra::sqs::{self, OrderQueue};
+use seckill_shared::store::conn::Redis;
+use seckill_shared::Context;
+use sqlx::{Connection, PgConnection, PgPool};
+use std::time::Duration;
+
+/// Which Redis a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedisKind {
+    /// 127.0.0.1:6379 (`REDIS_URL`).
+    Standalone,
+    /// The 3-master cluster on 7001-7003 (`REDIS_CLUSTER_URLS`).
+    Cluster,
+}
+
+/// A variable of the local stack: scripts/env.sh is the one place that sets them.
+pub(crate) fn local_env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: `source scripts/env.sh` (make does)"))
+}
+
+fn server_url() -> String {
+    local_env("DATABASE_URL")
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    match url.rfind('/') {
+        Some(i) if url[..i].contains("://") && url[i + 1..].chars().all(|c| c != '@') => {
+            let rest = &url[i + 1..];
+            let query = rest.find('?').map(|q| &rest[q..]).unwrap_or("");
+            format!("{}/{name}{query}", &url[..i])
+        }
+        _ => format!("{url}/{name}"),
+    }
+}
+
+/// A fresh, migrated database named `seckill_test_<uuid>`. Returns its URL and a pool.
+pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
+    let url = empty_database().await?;
+    let pool = seckill_shared::infra::db::pool_options()
+        .max_connections(16)
+        .connect(&url)
+        .await?;
+    seckill_shared::infra::db::migrate(&pool).await?;
+    // Pause points are scoped by activity id in one process: two tests running side by side
+    // (a sale's standalone and cluster variant) must not both have sale 1. Each database's ids
+    // start at their own random place, above the few-digit ids tests use for an unknown sale
+    // and below the ones they use as unknown past every sale.
+    let start: i64 = rand::random_range(10_000_000..900_000_000);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "alter table activities alter column id restart with {start}"
+    )))
+    .execute(&pool)
+    .await?;
+    Ok((url, pool))
+}
+
+/// A fresh database named `seckill_test_<uuid>` with nothing in it (no migration run):
+/// for a test of the migration itself, which must not depend on what another checkout's
+/// migrations left in a shared database. Returns its URL.
+pub async fn empty_database() -> anyhow::Result<String> {
+    let base = server_url();
+    let name = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&with_database(&base, "postgres")).await?;
+    // A database name cannot be a bind parameter: the statement is built at runtime, which
+    // `sqlx::query!` (a checked literal) cannot take.
+    // The name is ours (a UUID), never user input.
+    sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
+        .execute(&mut admin)
+        .await?;
+    admin.close().await?;
+    Ok(with_database(&base, &name))
+}
+
+/// A config for one test: its database, a fresh key prefix, the chosen Redis.
+pub fn config(database_url: &str, kind: RedisKind) -> Config {
+    let mut config = Config::from_env().expect("test environment parses");
+    config.database_url = database_url.into();
+    // Under `seckill:`, the key pattern of the functions' Redis ACL users, so a test may run a
+    // function logged in as its user ([`crate::local_redis_login`]).
+    config.key_prefix = format!(
+        "seckill:t{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    config.redis = match kind {
+        RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL").into()),
+        RedisKind::Cluster => RedisTopology::Cluster(
+            local_env("REDIS_CLUSTER_URLS")
+                .split(',')
+                .map(seckill_shared::infra::secret::SecretUrl::from)
+                .collect(),
+        ),
+    };
+    // Tests run many things at once on 2 cores: be patient with real services. Crowd tests are
+    // about correctness, not latency: a 503 from a Redis call that waited behind a busy core is
+    // not what they test. Tests of the timeout itself set their own (hundreds of ms).
+    config.redis_timeout = Duration::from_secs(10);
+    config.sqs_timeout = Duration::from_secs(10);
+    config.db_max_connections = 8;
+    config
+}
+
+/// Creates a fresh queue (and its DLQ, with the given `maxReceiveCount`) on the emulator.
+pub async fn fresh_queue(
+    client: &aws_sdk_sqs::Client,
+    visibility_timeout_secs: u32,
+    max_receive_count: u32,
+) -> anyhow::Result<String> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let name = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await?;
+    let dlq_url = dlq.queue_url().unwrap_or_default().to_string();
+    let attrs = client
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(A::QueueArn)
+        .send()
+        .await?;
+    let dlq_arn = attrs
+        .attributes()
+        .and_then(|a| a.get(&A::QueueArn))
+        .cloned()
+        .unwrap_or_default();
+    let queue = client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(A::VisibilityTimeout, visibility_timeout_secs.to_string())
+        .attributes(
+            A::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count.to_string()})
+                .to_string(),
+        )
+        .send()
+        .await?;
+    Ok(queue.queue_url().unwrap_or_default().to_string())
+}
+
+/// The URL of a queue's dead-letter queue created by [`fresh_queue`].
+pub fn dlq_url(queue_url: &str) -> String {
+    format!("{queue_url}-dlq")
+}
+
+/// Everything a test needs, against the real services. Each function's handle is built from
+/// it in one place, [`crate::functions`] (`env.consumer()`, `env.entry_router()`, ...).
+#[derive(Clone)]
+pub struct TestEnv {
+    pub config: Config,
+    pub pool: PgPool,
+    pub redis: Redis,
+    pub sqs: aws_sdk_sqs::Client,
+    pub queue: OrderQueue,
+}
+
+impl TestEnv {
+    pub async fn new(kind: RedisKind) -> anyhow::Result<Self> {
+        let (url, pool) = fresh_database().await?;
+        let mut config = config(&url, kind);
+        let redis = Redis::connect(&config).await?;
+        let sqs = sqs::sqs_client().await;
+        let queue_url = fresh_queue(&sqs, 30, 5).await?;
+        config.order_queue_url = queue_url.clone();
+        let queue = OrderQueue::new(sqs.clone(), queue_url, config.sqs_timeout);
+        Ok(Self {
+            config,
+            pool,
+            redis,
+            sqs,
+            queue,
+        })
+    }
+
+    /// What a function's state is built from: this env's config, database and Redis. Only
+    /// the kit's [`crate::functions`] builds on it, so how a function connects stays there.
+    pub(crate) fn context(&self) -> Context {
+        Context::new(self.config.clone(), self.pool.clone(), self.redis.clone())
+    }
+
+    /// Receives every message currently visible on the test's queue (up to `max`).
+    pub async fn drain_messages(
+        &self,
+        max: usize,
+    ) -> anyhow::Result<Vec<aws_sdk_sqs::types::Message>> {
+        let mut out = Vec::new();
+        let mut empty_polls = 0;
+        while out.len() < max && empty_polls < 2 {
+            let resp = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue.url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await?;
+            let msgs = resp.messages.unwrap_or_default();
+            if msgs.is_empty() {
+                empty_polls += 1;
+            } else {
+                empty_polls = 0;
+            }
+            out.extend(msgs);
+        }
+        Ok(out)
+    }
+}

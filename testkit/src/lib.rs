@@ -1,0 +1,84 @@
+//! The test kit: what every test of seckill stands on, against the real local services.
+//!
+//! # Layout
+//!
+//! - [`env`]: a test's own services: a fresh database, Redis key prefix and queue
+//!   ([`TestEnv`]), on a standalone Redis or the cluster ([`RedisKind`]).
+//! - [`functions`]: each function's handle built from a [`TestEnv`], in one place
+//!   (`env.entry_router()`, `env.consumer()`, `env.reconcile()`, `env.preheat()`,
+//!   `env.admin_state()`, ...), and each function's Redis login.
+//! - [`sales`]: [`sale`], a builder of the admin's `NewActivity`, and the env's ways of
+//!   creating and loading a sale.
+//! - [`http`]: requests as API Gateway delivers them, a router called in process, a purchase,
+//!   a status, a payment through the provider.
+//! - [`steps`]: the protocol's steps a test sets a state up with (a purchase, a reservation, an
+//!   order committed, a payment), each the production function that reaches it.
+//! - [`reads`]: what tests assert on (a snapshot, the stock, the rows, the lock's holder).
+//! - [`faults`]: what a crash, a loss or time leaves, made by hand, and pools that break or
+//!   count.
+//! - [`private_redis`]: a redis-server of the test's own, to pause, flush or restart.
+//! - [`invariants`]: the one checker of a sale's books (conservation, no oversell, the users,
+//!   one live order per user).
+//!
+//! It is not in the product: the functions do not depend on it, and it does not turn on the
+//! `failpoints` feature of seckill-shared (the tests crate does, for itself), so a tool built
+//! on it (the benchmark, the demo) compiles no pause point in.
+
+pub mod env;
+pub mod faults;
+pub mod functions;
+pub mod http;
+pub mod invariants;
+pub mod private_redis;
+pub mod reads;
+pub mod sales;
+pub mod steps;
+
+pub use env::{config, dlq_url, empty_database, fresh_database, fresh_queue, RedisKind, TestEnv};
+pub use faults::{
+    after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, end_sale_in_db,
+    lose_field, lose_sale, set_db_stock,
+};
+pub use functions::{local_redis_login, redis_acl_users};
+pub use http::{
+    buy, call, call_with_headers, my_status, pay_through_provider, provider_event, request,
+};
+pub use private_redis::PrivateRedis;
+pub use reads::{
+    db_remaining, draw_entry_rows, field, is_participant, lock_hold, order_rows, orders_in_db,
+    redis_stock, snapshot, LockHold,
+};
+pub use sales::{load_without_db, sale, SaleBuilder};
+pub use steps::{commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool};
+
+/// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`
+/// fails it.
+pub trait Outcome {
+    fn check(self);
+}
+
+impl<E: std::fmt::Debug> Outcome for Result<(), E> {
+    fn check(self) {
+        if let Err(e) = self {
+            panic!("test failed: {e:?}");
+        }
+    }
+}
+
+/// Runs each `async fn(RedisKind)` as two tests, `<name>::standalone` and `<name>::cluster`,
+/// so every Redis-facing behaviour is proven on a single server and on Redis Cluster.
+#[macro_export]
+macro_rules! on_both_redis {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn standalone() {
+                $crate::Outcome::check(super::$name($crate::RedisKind::Standalone).await)
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn cluster() {
+                $crate::Outcome::check(super::$name($crate::RedisKind::Cluster).await)
+            }
+        }
+    )*};
+}

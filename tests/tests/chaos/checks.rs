@@ -1,0 +1,283 @@
+//! The checks at quiescence, per sale: the books (the kit's invariant checker), an empty ledger,
+//! the draw's outcomes, every 202 resolved, and no order behind any other answer.
+
+use crate::world::{lock, Attempt, Chaos};
+use crate::{ALLOWED_FAILURE_REASONS, GIVE_BACK_WAIT};
+use seckill_shared::domain::order;
+use seckill_shared::store;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+use testkit::invariants::{some, Books};
+use uuid::Uuid;
+
+/// An orders row, as the checks read it.
+struct Row {
+    id: i64,
+    user_id: String,
+    quantity: i64,
+    status: String,
+    reason: Option<String>,
+}
+
+fn is_live(status: &str) -> bool {
+    matches!(status, "confirmed" | "paid")
+}
+
+impl Chaos {
+    /// Every check of one sale at quiescence.
+    pub async fn check_sale(&self, id: i64) -> anyhow::Result<()> {
+        // The books: conservation, the database's remaining stock, no oversell, the users,
+        // one live order per user.
+        let books = Books::read(&self.patient.redis, &self.env.pool, id).await?;
+        for v in books.violations() {
+            self.broke(id, v);
+        }
+        self.check_ledger_empty(id, &books);
+        let rows = self.rows(id).await?;
+        let attempts: Vec<Attempt> = lock(&self.attempts)
+            .iter()
+            .filter(|a| a.activity_id == id)
+            .cloned()
+            .collect();
+        let pool = if self.draws.contains_key(&id) {
+            self.check_draw(id, &rows).await?
+        } else {
+            HashMap::new()
+        };
+        let accepted = self.check_accepted_requests_resolved(id, &attempts, &rows, &pool);
+        self.check_no_order_behind_another_answer(id, &attempts, &accepted, &rows);
+        self.count(|r| {
+            for row in rows.values() {
+                let label = match &row.reason {
+                    Some(reason) => format!("{} {reason}", row.status),
+                    None => row.status.clone(),
+                };
+                *r.rows.entry(label).or_default() += 1;
+            }
+        });
+        Ok(())
+    }
+
+    /// Nothing in flight once all is quiet: every reservation became an order or was given
+    /// back, every cancel finished, every check of reconcile's ended.
+    fn check_ledger_empty(&self, id: i64, books: &Books) {
+        if books.ledger().next().is_none() {
+            return;
+        }
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for e in books.ledger() {
+            *kinds.entry(format!("{:?}", e.kind)).or_default() += 1;
+        }
+        let entries: Vec<String> = books
+            .ledger()
+            .map(|e| format!("{}:{:?}:{}x{}", e.user_id, e.kind, e.id, e.quantity))
+            .collect();
+        self.violate(
+            "ledger_empty",
+            Some(id),
+            format!(
+                "entries {kinds:?} ({} units reserved) left in the ledger {GIVE_BACK_WAIT:?} \
+                 after the queue drained: {}",
+                books.units().pending,
+                some(&entries)
+            ),
+        );
+    }
+
+    async fn rows(&self, id: i64) -> anyhow::Result<HashMap<Uuid, Row>> {
+        Ok(order::of_activity(&self.env.pool, id)
+            .await?
+            .into_iter()
+            .map(|o| {
+                let row = Row {
+                    id: o.id,
+                    user_id: o.user_id,
+                    quantity: o.quantity,
+                    status: o.status.to_string(),
+                    reason: o.failure_reason.map(|r| r.to_string()),
+                };
+                (o.request_id, row)
+            })
+            .collect())
+    }
+
+    /// Every 202 ends in an order (live or cancelled since) or a failure with an allowed reason,
+    /// for the user and quantity asked. Returns the request ids answered 202.
+    /// A draw sale after its draw: drawn, every winner's request an order (or an allowed
+    /// failure), no loser's, and no loser holding any live order. Answers the pool by request
+    /// id.
+    async fn check_draw(
+        &self,
+        id: i64,
+        rows: &HashMap<Uuid, Row>,
+    ) -> anyhow::Result<HashMap<Uuid, store::values::PoolEntry>> {
+        let drawn = store::draw::draw(&self.patient.redis, id, Duration::MAX).await?;
+        if !drawn.is_done() {
+            self.violate(
+                "draw_ran",
+                Some(id),
+                format!("the draw has not run: {drawn:?}"),
+            );
+        }
+        let pool = store::draw::pool(&self.patient.redis, id).await?;
+        let live_users: HashSet<&str> = rows
+            .values()
+            .filter(|r| is_live(&r.status))
+            .map(|r| r.user_id.as_str())
+            .collect();
+        let (mut winners_without, mut losers_with) = (Vec::new(), Vec::new());
+        for (user, e) in &pool {
+            let row = rows.get(&e.request_id);
+            if e.won && row.is_none() {
+                winners_without.push(format!("{user} ({})", e.request_id));
+            }
+            if !e.won && (row.is_some() || live_users.contains(user.as_str())) {
+                losers_with.push(format!("{user} ({})", e.request_id));
+            }
+        }
+        if !winners_without.is_empty() || !losers_with.is_empty() {
+            self.violate(
+                "draw_outcomes",
+                Some(id),
+                format!(
+                    "{} winner(s) without an orders row: {}; {} loser(s) with an order: {}",
+                    winners_without.len(),
+                    some(&winners_without),
+                    losers_with.len(),
+                    some(&losers_with)
+                ),
+            );
+        }
+        let unsent = store::draw::unsent(&self.patient.redis, id).await?;
+        if unsent > 0 {
+            self.violate(
+                "draw_sent",
+                Some(id),
+                format!("{unsent} winner(s) left unsent"),
+            );
+        }
+        self.count(|r| {
+            r.draw_entrants += pool.len() as u64;
+            r.draw_winners += pool.iter().filter(|(_, e)| e.won).count() as u64;
+        });
+        Ok(pool.into_iter().map(|(_, e)| (e.request_id, e)).collect())
+    }
+
+    fn check_accepted_requests_resolved(
+        &self,
+        id: i64,
+        attempts: &[Attempt],
+        rows: &HashMap<Uuid, Row>,
+        pool: &HashMap<Uuid, store::values::PoolEntry>,
+    ) -> HashSet<Uuid> {
+        let mut accepted = HashSet::new();
+        let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());
+        // The users one of whose queued entries the draw decided (an order, or passed over).
+        let decided: HashSet<&str> = attempts
+            .iter()
+            .filter(|a| a.status == 202 && a.queued)
+            .filter(|a| {
+                a.request_id
+                    .is_some_and(|id| rows.contains_key(&id) || pool.contains_key(&id))
+            })
+            .map(|a| a.user.as_str())
+            .collect();
+        for a in attempts.iter().filter(|a| a.status == 202) {
+            let Some(request_id) = a.request_id else {
+                wrong.push(format!("a 202 to {} without a requestId", a.user));
+                continue;
+            };
+            accepted.insert(request_id);
+            let Some(row) = rows.get(&request_id) else {
+                // A queued entry the draw passed over holds nothing: it reads `not_drawn`. One
+                // Redis forgot before it was put back, whose user then entered again (and was
+                // queued: nothing of hers was in the pool), is stood for by her newer entry,
+                // with the same ticket: the draw decided that one.
+                let passed_over = pool.get(&request_id).is_some_and(|e| !e.won);
+                let superseded = decided.contains(a.user.as_str());
+                if !(a.queued && (passed_over || superseded)) {
+                    unresolved.push(request_id);
+                }
+                continue;
+            };
+            let allowed = match row.status.as_str() {
+                "confirmed" | "paid" | "cancelled" => true,
+                "failed" => row
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| ALLOWED_FAILURE_REASONS.contains(&r)),
+                _ => false,
+            };
+            if !allowed || row.user_id != a.user || row.quantity != a.quantity {
+                wrong.push(format!(
+                    "{request_id} ({} x{}) ended as order {} ({} x{}) {} {:?}",
+                    a.user, a.quantity, row.id, row.user_id, row.quantity, row.status, row.reason
+                ));
+            }
+        }
+        if !unresolved.is_empty() || !wrong.is_empty() {
+            self.violate(
+                "accepted_requests_resolved",
+                Some(id),
+                format!(
+                    "{} request(s) answered 202 have no orders row: {}; {} ended wrongly: {}",
+                    unresolved.len(),
+                    some(&unresolved),
+                    wrong.len(),
+                    some(&wrong)
+                ),
+            );
+        }
+        accepted
+    }
+
+    /// A 503 means nothing happened: an order that came to be (live, or cancelled since) stems
+    /// from a 202. A 503 does not name its request id, so an order whose request id no buyer
+    /// was answered 202 for is one behind another answer; a 503 that does carry one is checked
+    /// directly.
+    fn check_no_order_behind_another_answer(
+        &self,
+        id: i64,
+        attempts: &[Attempt],
+        accepted: &HashSet<Uuid>,
+        rows: &HashMap<Uuid, Row>,
+    ) {
+        let refused_ids: HashSet<Uuid> = attempts
+            .iter()
+            .filter(|a| a.status != 202)
+            .filter_map(|a| a.request_id)
+            .collect();
+        let mut behind: Vec<String> = rows
+            .iter()
+            .filter(|(rid, r)| {
+                matches!(r.status.as_str(), "confirmed" | "paid" | "cancelled")
+                    && (!accepted.contains(*rid) || refused_ids.contains(*rid))
+            })
+            .map(|(rid, r)| {
+                // What that user was told instead, for the same quantity: 5xx, or no answer.
+                let failed_answers = attempts
+                    .iter()
+                    .filter(|a| a.user == r.user_id && a.quantity == r.quantity)
+                    .filter(|a| a.status == 0 || a.status >= 500)
+                    .count();
+                format!(
+                    "order {} ({} x{}, {}, request {rid}; {failed_answers} 5xx/unanswered \
+                     clicks of that user for x{})",
+                    r.id, r.user_id, r.quantity, r.status, r.quantity
+                )
+            })
+            .collect();
+        behind.sort();
+        if !behind.is_empty() {
+            self.violate(
+                "unavailable_means_nothing",
+                Some(id),
+                format!(
+                    "{} order(s) exist for requests not answered 202: {}",
+                    behind.len(),
+                    some(&behind)
+                ),
+            );
+        }
+    }
+}

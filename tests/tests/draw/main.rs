@@ -1,0 +1,38 @@
+//! Draw admission against real Redis (standalone and cluster), PostgreSQL and the SQS
+//! emulator: the pool and its one entry per user, the draw's fairness against first come,
+//! first served, a crash between the draw and the sends, reconcile against a late send, the
+//! stock the pool left, and the per-user purchase rate.
+//!
+//! [`fairness`] and a draw anyone can check, the [`pool`], the [`sends`] after a draw, an entry
+//! answered 503 ([`unavailable`]), and the [`rules`] of admission.
+
+mod fairness;
+mod pool;
+mod rules;
+mod sends;
+mod unavailable;
+
+use seckill_shared::domain::purchase::Attempt;
+use seckill_shared::protocol::purchase::{self, Outcome};
+use seckill_shared::store;
+use testkit::TestEnv;
+use uuid::Uuid;
+
+/// One attempt as the entry makes it, without HTTP: for the crowds of the fairness test.
+async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
+    let mut buy = Attempt {
+        request_id: Uuid::now_v7(),
+        activity_id,
+        user_id: user.to_string(),
+        quantity: 1,
+        buckets: 1,
+    };
+    purchase::enter(
+        &env.redis,
+        &seckill_shared::protocol::buckets::Hints::none(),
+        &mut buy,
+        store::purchase::far_deadline(),
+    )
+    .await
+    .expect("redis answers")
+}

@@ -1,0 +1,165 @@
+//! After the draw: every winner gets an order after a crash between the draw and the sends,
+//! reconcile gives back nothing of a draw whose sends are late, and a sale loaded again after its
+//! draw draws nobody again.
+
+use crate::enter;
+use crate::fairness::tickets;
+use axum::http::StatusCode;
+use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::infra::pause;
+use seckill_shared::store::draw;
+use seckill_shared::store::draw::Drawn;
+use std::time::Duration;
+use testkit::invariants;
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::TestEnv;
+use testkit::{
+    after_grace, age_reservations, buy, close_draw_window, consume_queue, order_rows, snapshot,
+};
+
+on_both_redis!(
+    a_sale_reloaded_after_its_draw_draws_nobody_again,
+    every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends,
+    reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
+);
+
+/// A crash after the draw, before its sends (the entry that ran it dies): the outbox keeps
+/// the winners, and reconcile, run once the draw's reservations are past the grace period,
+/// sends them instead of giving their units back. Every winner gets an order; the units
+/// balance.
+async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_sale(5, 1).await?;
+    for i in 0..8 {
+        assert_eq!(
+            buy(&app, &a, &format!("e{i}"), None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, a.id).await;
+    let crash = pause::arm_failure("entry.draw.before_send", a.id, 1);
+    assert_eq!(buy(&app, &a, "late", None).await.0, StatusCode::CONFLICT);
+    assert_eq!(crash.hits(), 1, "the draw ran and its sends were skipped");
+    assert_eq!(consume_queue(&env).await?, 0, "no winner sent");
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 5);
+
+    let grace = env.config.reconcile_grace;
+    age_reservations(&env, a.id, grace + Duration::from_secs(60)).await;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.winners_sent, r.compensated), (5, 0), "{r:?}");
+    assert_eq!(draw::unsent(&env.redis, a.id).await?, 0);
+    assert_eq!(consume_queue(&env).await?, 5);
+    let confirmed = order_rows(&env, a.id).await;
+    assert_eq!(
+        confirmed
+            .iter()
+            .filter(|o| o.status == OrderStatus::Confirmed)
+            .count(),
+        5
+    );
+    invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
+/// A drainer paused between taking its batch (the reservations restamped) and sending it,
+/// while reconcile runs past the grace period of the draw: reconcile finds the lease held
+/// and the winners in the outbox, and gives back nothing. The drainer then sends, and every
+/// winner is confirmed.
+async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_sale(4, 1).await?;
+    for i in 0..6 {
+        assert_eq!(
+            buy(&app, &a, &format!("e{i}"), None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, a.id).await;
+    let paused = pause::arm("draw.drain.after_take", a.id);
+    let late = {
+        let app = app.clone();
+        let a = a.clone();
+        tokio::spawn(async move { buy(&app, &a, "late", None).await })
+    };
+    assert!(
+        paused.reached_within(Duration::from_secs(10)).await,
+        "the drainer took its batch"
+    );
+
+    let report = env
+        .reconcile()
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!((r.compensated, r.winners_sent), (0, 0), "{r:?}");
+    assert_eq!(
+        snapshot(&env, a.id).await.pending_count(),
+        4,
+        "the winners keep their units"
+    );
+
+    paused.resume();
+    let (status, _) = late.await?;
+    assert_eq!(status, StatusCode::CONFLICT, "4 units, 4 winners: sold out");
+    assert_eq!(consume_queue(&env).await?, 4);
+    let rows = order_rows(&env, a.id).await;
+    assert_eq!(
+        rows.iter()
+            .filter(|o| o.status == OrderStatus::Confirmed)
+            .count(),
+        4,
+        "{rows:?}"
+    );
+    invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
+/// A drawn sale whose meta Redis lost is reloaded from the database with its draw's state
+/// gone too (pool, tickets, outbox): the draw cannot run a second time over the old entries,
+/// and no loser told `not_drawn` becomes a winner.
+async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_sale(2, 1).await?;
+    for i in 0..10 {
+        enter(&env, a.id, &format!("e{i}")).await;
+    }
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let losers: Vec<String> = draw::pool(&env.redis, a.id)
+        .await?
+        .into_iter()
+        .filter(|(_, e)| !e.won)
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(losers.len(), 8);
+
+    testkit::lose_sale(&env.redis, a.id).await?;
+    seckill_shared::protocol::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
+        .await?;
+    assert!(draw::pool(&env.redis, a.id).await?.is_empty());
+    assert!(tickets(&env, a.id).await.is_empty());
+    close_draw_window(&env, a.id).await;
+    let again = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    assert_eq!(
+        again,
+        Drawn::Now {
+            winners: 0,
+            units: 0,
+            entrants: 0
+        }
+    );
+    for loser in &losers {
+        assert!(draw::pool_entry(&env.redis, a.id, loser)
+            .await?
+            .is_none_or(|e| !e.won));
+    }
+    Ok(())
+}

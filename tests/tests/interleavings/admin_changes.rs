@@ -1,0 +1,212 @@
+//! An admin's change of a running sale against preheat and reconcile: an extension keeps the
+//! sale's buyers, a lower that preheat races, a commit whose reply was lost, a lower that never
+//! committed.
+
+use crate::{joined, within, world, World};
+use axum::http::StatusCode;
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::domain::activity;
+use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::infra::pause;
+use seckill_shared::store::meta;
+use seckill_shared::store::view;
+use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::TestEnv;
+
+on_both_redis!(
+    extending_a_running_sale_keeps_its_buyers_and_reservations_alive,
+    preheat_racing_an_admin_lower_loads_what_the_database_holds,
+    an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis,
+    a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat,
+    a_preheat_during_a_lower_never_undoes_its_meta,
+);
+
+/// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
+/// included: otherwise they vanish at the old end + buffer and earlier buyers may buy again.
+async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    w.confirmed("alice", 1).await?;
+    let (status, _) = w.buy("bob", 1).await; // stays pending
+    assert_eq!(status, StatusCode::ACCEPTED);
+
+    let new_end = w.sale.end_at + ChronoDuration::hours(6);
+    let patch = ActivityPatch {
+        end_at: Some(new_end),
+        ..ActivityPatch::default()
+    };
+    admin::update_activity(&w.admin(), w.id(), &patch).await?;
+
+    let buffer = ChronoDuration::from_std(w.env.config.expiry_buffer)?;
+    let must_live_ms = (new_end + buffer - Utc::now()).num_milliseconds() - 60_000;
+    let keys = w.env.redis.keys(w.id());
+    for key in [&keys.meta, &keys.users, &keys.ledger] {
+        let ttl: i64 = w.env.redis.cmd(redis::cmd("PTTL").arg(key)).await?;
+        assert!(
+            ttl >= must_live_ms,
+            "{key} expires in {ttl} ms, before the new end + buffer"
+        );
+    }
+    Ok(())
+}
+
+/// Preheat read the row, then an admin lowered the stock and committed, then preheat loads:
+/// Redis must end with what the database holds, never the stale higher stock.
+async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let now = Utc::now();
+    // Starts soon: inside the preheat lead, not loaded yet.
+    let a = activity::insert(
+        &env.pool,
+        &testkit::sale()
+            .title("soon")
+            .stock(10)
+            .limit(1)
+            .window(
+                now + ChronoDuration::minutes(10),
+                now + ChronoDuration::hours(1),
+            )
+            .build()
+            .settings()?,
+    )
+    .await?;
+    let w = World::new(env, a);
+
+    let paused = pause::arm("preheat.before_load", w.id());
+    let preheat = w.preheat();
+    let loading = tokio::spawn(async move { preheat.run(Utc::now()).await });
+    within("preheat's read", paused.reached()).await?;
+
+    let state = w.admin();
+    let id = w.id();
+    let lower = tokio::spawn(async move {
+        let patch = ActivityPatch {
+            total_stock: Some(6),
+            ..ActivityPatch::default()
+        };
+        admin::update_activity(&state, id, &patch).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    paused.resume();
+    joined("preheat", loading).await?;
+    joined("the admin lower", lower).await?;
+
+    let row = w.db_row().await?;
+    assert_eq!(row.total_stock, 6);
+    assert_eq!(
+        view::stock(&w.env.redis, w.id()).await?,
+        Some(row.remaining_stock)
+    );
+    Ok(())
+}
+
+/// A lower commits in the database but the connection drops before COMMIT's answer: the
+/// admin must not give Redis its units back on a guess.
+async fn an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let _lost = pause::arm_failure("admin.commit.lost_reply", w.id(), 1);
+    let patch = ActivityPatch {
+        total_stock: Some(6),
+        ..ActivityPatch::default()
+    };
+    let answer = admin::update_activity(&w.admin(), w.id(), &patch).await;
+    let row = w.db_row().await?;
+    assert_eq!(row.total_stock, 6, "the commit went through");
+    assert_eq!(
+        view::stock(&w.env.redis, w.id()).await?,
+        Some(row.remaining_stock),
+        "answered {answer:?}"
+    );
+    w.assert_conserved().await
+}
+
+/// A lower writes its meta and version to Redis, then the connection drops with COMMIT unsent
+/// and the read-back fails too: the admin cannot tell whether the change is in, so Redis keeps
+/// the lowered stock and the new meta of a version the database never got. Preheat puts the
+/// row's meta back (a version ahead of the row is not current), reconcile the stock.
+async fn a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
+    let patch = ActivityPatch {
+        total_stock: Some(6),
+        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
+        ..ActivityPatch::default()
+    };
+    let answer = admin::update_activity(&w.admin(), w.id(), &patch).await;
+    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
+    let row = w.db_row().await?;
+    assert_eq!(
+        (row.total_stock, row.config_version, row.end_at),
+        (10, before.config_version, before.end_at),
+        "nothing committed"
+    );
+    let version = || meta::loaded_version(&w.env.redis, w.id());
+    assert_eq!(version().await?, Some(before.config_version + 1));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
+
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.refreshed_ids, vec![w.id()]);
+    assert_eq!(version().await?, Some(before.config_version));
+    assert_eq!(
+        view::view(&w.env.redis, w.id())
+            .await?
+            .map(|v| v.end_at.timestamp_millis()),
+        Some(before.end_at.timestamp_millis()),
+        "the row's window is back"
+    );
+    w.reconcile().run(Utc::now()).await?;
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
+    w.assert_conserved().await
+}
+
+/// A lower stops after writing its meta and version to Redis, before its commit; preheat runs
+/// and finds Redis a version ahead of the row. It must not put the row's meta back under the
+/// lower's feet: the lock is held, so preheat reports the sale busy, and after the commit
+/// Redis and the row agree.
+async fn a_preheat_during_a_lower_never_undoes_its_meta(kind: RedisKind) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let end_at = before.end_at + chrono::Duration::minutes(30);
+    let paused = pause::arm("admin.lower.before_commit", w.id());
+    let lower = {
+        let (admin, id) = (w.admin(), w.id());
+        let patch = ActivityPatch {
+            total_stock: Some(6),
+            end_at: Some(end_at),
+            ..ActivityPatch::default()
+        };
+        tokio::spawn(async move { admin::update_activity(&admin, id, &patch).await })
+    };
+    assert!(
+        paused
+            .reached_within(std::time::Duration::from_secs(10))
+            .await
+    );
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.busy_ids, vec![w.id()], "{report:?}");
+    let version = || meta::loaded_version(&w.env.redis, w.id());
+    assert_eq!(version().await?, Some(before.config_version + 1));
+    paused.resume();
+    let updated = lower.await?.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    assert_eq!(updated.config_version, before.config_version + 1);
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.already_loaded_ids, vec![w.id()], "{report:?}");
+    assert_eq!(
+        view::view(&w.env.redis, w.id())
+            .await?
+            .map(|v| v.end_at.timestamp_millis()),
+        Some(end_at.timestamp_millis())
+    );
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
+    w.assert_conserved().await
+}

@@ -1,0 +1,161 @@
+//! Reconcile within its run budget on huge sales: each sale takes its share and the next its turn,
+//! a chunk settled after its read gives nothing back, the orphan check goes on where the last run
+//! stopped.
+
+use crate::env;
+use chrono::Utc;
+use seckill_shared::store;
+use seckill_shared::store::ledger;
+use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::TestEnv;
+use testkit::{after_grace, consume, db_remaining, is_participant, redis_stock, reserve, snapshot};
+use uuid::Uuid;
+
+on_both_redis!(
+    a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
+    the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,
+    a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back,
+);
+
+/// Reconcile with a run budget of 1 ms: each walk of the first sale does its one chunk, and
+/// the sales after it wait for the next run.
+fn reconcile_in_a_hurry(env: &TestEnv) -> reconcile::Reconcile {
+    env.reconcile_with(|c| c.config.reconcile_budget = Duration::from_millis(1))
+}
+
+/// A sale whose ledger holds 2,500 stale reservations (more than one snapshot step reads, so
+/// the ledger is read in chunks) and, after it, a sale with one. With a run budget of 1 ms,
+/// the first sale's repairs stop after a chunk and the second waits; the next run checks the
+/// second first (it was never checked), and later runs finish the first. Every unit comes
+/// back once.
+async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const STALE: usize = 2_500;
+    let env = env(kind).await?;
+    let big = env.open_sale(STALE as i64, 1).await?;
+    let small = env.open_sale(5, 1).await?;
+    for i in 0..STALE {
+        reserve(&env, big.id, &format!("u{i:05}"), 1).await;
+    }
+    reserve(&env, small.id, "alone", 1).await;
+    let snap = snapshot(&env, big.id).await;
+    assert_eq!(
+        (snap.ledger_size, snap.ledger.len()),
+        (STALE as i64, STALE),
+        "read in chunks, each entry once"
+    );
+
+    let job = reconcile_in_a_hurry(&env);
+    let at = after_grace(env.config.reconcile_grace);
+    let first = job.run(at).await?;
+    let b = first.activity(big.id).expect("the big sale came first");
+    assert!(b.out_of_time, "{b:?}");
+    assert!(
+        (1..STALE).contains(&b.compensated),
+        "one HSCAN chunk (about {}), not all: {}",
+        ledger::LEDGER_INLINE,
+        b.compensated
+    );
+    assert!(!b.ledger_counted, "too large to count in one step");
+    assert_eq!(first.deferred_ids, vec![small.id]);
+
+    let second = job.run(at).await?;
+    assert_eq!(
+        second.activities.first().map(|r| r.activity_id),
+        Some(small.id),
+        "the sale left out goes first"
+    );
+    assert_eq!(second.activity(small.id).unwrap().compensated, 1);
+
+    let mut compensated = b.compensated + second.activity(big.id).map_or(0, |r| r.compensated);
+    for _ in 0..20 {
+        if compensated == STALE {
+            break;
+        }
+        let run = job.run(at).await?;
+        compensated += run.activity(big.id).map_or(0, |r| r.compensated);
+    }
+    assert_eq!(compensated, STALE);
+    assert_eq!(snapshot(&env, big.id).await.ledger_size, 0);
+    assert_eq!(
+        store::view::stock(&env.redis, big.id).await?,
+        Some(STALE as i64)
+    );
+    assert_eq!(store::view::stock(&env.redis, small.id).await?, Some(5));
+    Ok(())
+}
+
+/// A ledger too large for the snapshot's one step (1,200 reservations, past the grace period
+/// with no order yet): reconcile reads a chunk of it and stops before repairing it; meanwhile
+/// the consumer commits every order and settles its entry. Resumed, the chunk's entries are
+/// decided by their rows: nothing is given back, and Redis and the database agree.
+async fn a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const BUYERS: usize = 1_200;
+    let env = env(kind).await?;
+    let a = env.open_sale(1_500, 1).await?;
+    let mut reserved = Vec::new();
+    for i in 0..BUYERS {
+        let user = format!("u{i:05}");
+        let rid = reserve(&env, a.id, &user, 1).await.attempt.request_id;
+        reserved.push((user, rid));
+    }
+    let paused = seckill_shared::infra::pause::arm("reconcile.ledger.after_chunk", a.id);
+    let run = {
+        let job = env.reconcile();
+        let at = after_grace(env.config.reconcile_grace);
+        tokio::spawn(async move { job.run(at).await })
+    };
+    assert!(paused.reached_within(Duration::from_secs(20)).await);
+    for (user, rid) in &reserved {
+        consume(&env, a.id, user, *rid, 1).await?;
+    }
+    paused.resume();
+    let report = run.await??;
+    let r = report.activity(a.id).expect("checked");
+    assert_eq!(r.compensated, 0, "{r:?}");
+    assert_eq!(redis_stock(&env, a.id).await, Some(300));
+    assert_eq!(db_remaining(&env, a.id).await, 300);
+    assert_eq!(snapshot(&env, a.id).await.ledger_size, 0);
+    Ok(())
+}
+
+/// 2,500 users in `users` with nothing behind them. With a run budget of 1 ms the orphan check
+/// walks `users` a chunk per run and goes on from its cursor the next run: no run drops
+/// them all, and together the runs drop each once, keeping the buyer with an order.
+async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const GHOSTS: usize = 2_500;
+    let env = env(kind).await?;
+    let a = env.open_sale(10, 5).await?;
+    let rid = reserve(&env, a.id, "buyer", 1).await.attempt.request_id;
+    consume(&env, a.id, "buyer", rid, 1).await?;
+    let k = env.redis.keys(a.id);
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&k.users);
+    for i in 0..GHOSTS {
+        hset.arg(format!("ghost{i:05}"))
+            .arg(Uuid::new_v4().to_string());
+    }
+    let _: i64 = env.redis.cmd(&hset).await?;
+
+    let job = reconcile_in_a_hurry(&env);
+    let mut dropped = Vec::new();
+    for _ in 0..20 {
+        let run = job.run(Utc::now()).await?;
+        let r = run.activity(a.id).expect("checked");
+        dropped.push(r.users_dropped);
+        if r.participants == 1 {
+            break;
+        }
+    }
+    assert!(dropped.len() > 1, "one run did all: {dropped:?}");
+    assert_eq!(dropped.iter().sum::<usize>(), GHOSTS, "{dropped:?}");
+    assert!(is_participant(&env, a.id, "buyer").await, "holds an order");
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Preheat: twice leaves a loaded sale unchanged, never resets the stock while purchases run, and
+//! reloads a running sale missing from Redis.
+
+use crate::{env, insert_activity};
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::store::purchase;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use testkit::on_both_redis;
+use testkit::RedisKind;
+use testkit::{is_participant, redis_stock, reserve};
+use uuid::Uuid;
+
+on_both_redis!(
+    preheat_twice_leaves_a_loaded_sale_unchanged,
+    preheat_concurrent_with_purchases_never_resets_stock,
+    preheat_reloads_a_running_sale_missing_from_redis,
+);
+
+async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        20,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = env.preheat();
+
+    let first = job.run(Utc::now()).await?;
+    assert_eq!(first.loaded_ids, vec![a.id]);
+    reserve(&env, a.id, "alice", 3).await;
+
+    let second = job.run(Utc::now()).await?;
+    assert_eq!(second.loaded, 0);
+    assert_eq!(second.already_loaded_ids, vec![a.id]);
+    assert!(second.errors.is_empty());
+    // The database still says 20 (no consumer ran): a reset would have put 20 back.
+    assert_eq!(redis_stock(&env, a.id).await, Some(17));
+    assert!(is_participant(&env, a.id, "alice").await);
+    Ok(())
+}
+
+async fn preheat_concurrent_with_purchases_never_resets_stock(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = Arc::new(env(kind).await?);
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        300,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = Arc::new(env.preheat());
+    job.run(Utc::now()).await?;
+
+    let done = Arc::new(AtomicBool::new(false));
+    let preheaters: Vec<_> = (0..2)
+        .map(|_| {
+            let (job, done) = (job.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut runs = 0;
+                while !done.load(Ordering::SeqCst) || runs == 0 {
+                    let report = job.run(Utc::now()).await?;
+                    assert_eq!(report.loaded, 0, "a loaded sale was loaded again");
+                    runs += 1;
+                }
+                anyhow::Ok(runs)
+            })
+        })
+        .collect();
+    let buyers: Vec<_> = (0..200)
+        .map(|i| {
+            let env = env.clone();
+            tokio::spawn(async move {
+                let d = testkit::purchase(
+                    &env.redis,
+                    a.id,
+                    &format!("u{i}"),
+                    1,
+                    Uuid::new_v4(),
+                    purchase::far_deadline(),
+                )
+                .await?;
+                anyhow::Ok(d.is_ok())
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for b in buyers {
+        accepted += i64::from(b.await??);
+    }
+    done.store(true, Ordering::SeqCst);
+    let mut runs = 0;
+    for p in preheaters {
+        runs += p.await??;
+    }
+
+    assert!(runs >= 2, "preheat ran {runs} times");
+    assert_eq!(accepted, 200);
+    assert_eq!(redis_stock(&env, a.id).await, Some(300 - accepted));
+    Ok(())
+}
+
+async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let running = env.open_sale(10, 1).await?;
+    let soon = insert_activity(
+        &env,
+        5,
+        now + ChronoDuration::minutes(10),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let later = insert_activity(
+        &env,
+        5,
+        now + ChronoDuration::hours(5),
+        now + ChronoDuration::hours(6),
+    )
+    .await?;
+    // The cache lost the running sale (failover, flush, eviction).
+    let k = env.redis.keys(running.id);
+    let _: i64 = env.redis.cmd(redis::cmd("DEL").arg(&k.meta)).await?;
+
+    let report = env.preheat().run(Utc::now()).await?;
+
+    assert_eq!(report.loaded_ids, vec![running.id, soon.id]);
+    assert!(!report.already_loaded_ids.contains(&later.id));
+    assert_eq!(redis_stock(&env, running.id).await, Some(10));
+    assert_eq!(redis_stock(&env, soon.id).await, Some(5));
+    assert_eq!(redis_stock(&env, later.id).await, None);
+    // Every loaded key expires exactly at the sale's end plus the buffer.
+    for a in [&running, &soon] {
+        let k = env.redis.keys(a.id);
+        let expected = a.expire_at(env.config.expiry_buffer).timestamp_millis();
+        for key in [&k.meta, &k.users, &k.ledger] {
+            let at: i64 = env.redis.cmd(redis::cmd("PEXPIRETIME").arg(key)).await?;
+            assert_eq!(at, expected, "{key}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! A payment started at the provider and its signed webhook: the price times the quantity, a
+//! missing, wrong or stale signature refused, a wrong amount or an unknown payment refused, each
+//! event decided once however often it arrives, and an event met by a dead database paid on its
+//! redelivery.
+
+use crate::{amount, world};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use chrono::Utc;
+use seckill_shared::domain::status::OrderStatus;
+use testkit::{self, call};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_is_started_for_the_price_times_the_quantity_and_pays_nothing(
+) -> anyhow::Result<()> {
+    let w = world().await;
+    let id = w.confirmed("alice", 2).await;
+
+    let (status, started) = w.start_pay(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert_eq!(amount(&started), 2 * w.sale.price_minor);
+    assert_eq!(started["currency"], "usd");
+    assert_eq!(started["provider"], "local");
+    assert_eq!(started["status"], "requires_payment");
+    let payment_id = started["paymentId"].as_str().unwrap();
+    assert_eq!(
+        started["completeUrl"].as_str(),
+        Some(format!("/payments/local/{payment_id}/complete").as_str())
+    );
+    assert_eq!(
+        w.status(id).await,
+        OrderStatus::Confirmed,
+        "starting pays nothing"
+    );
+    let (status, body) = w.start_pay(id, "mallory").await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_wrong_or_stale_signature_is_refused_and_changes_nothing() -> anyhow::Result<()> {
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let (_, started) = w.start_pay(id, "alice").await;
+    let good = w.event("evt_1", &started, amount(&started));
+    let (parts, body) = good.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20).await?;
+    let header = parts.headers["stripe-signature"].to_str()?.to_string();
+    let post = |signature: Option<&str>, body: &[u8]| {
+        let mut req = Request::post("/payments/webhook").header("content-type", "application/json");
+        if let Some(s) = signature {
+            req = req.header("stripe-signature", s);
+        }
+        req.body(Body::from(body.to_vec())).unwrap()
+    };
+    let now = Utc::now().timestamp();
+    let wrong_secret =
+        testkit::provider_event("whsec_other", "evt_1", &started, amount(&started), now);
+    let stale =
+        testkit::provider_event(&w.secret(), "evt_1", &started, amount(&started), now - 301);
+    let tampered = String::from_utf8(body.to_vec())?
+        .replace(&format!("\"amount\":{}", amount(&started)), "\"amount\":1");
+    assert_ne!(tampered.as_bytes(), &body[..]);
+
+    for (what, req) in [
+        ("no signature", post(None, &body)),
+        ("garbage signature", post(Some("t=1,v1=zz"), &body)),
+        ("another secret", wrong_secret),
+        ("signed 301 s ago", stale),
+        ("a changed body", post(Some(&header), tampered.as_bytes())),
+    ] {
+        let (status, answer) = w.deliver(req).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("bad_request")),
+            "{what}: {answer}"
+        );
+    }
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
+    assert_eq!(w.events().await, 0);
+
+    let (status, answer) = w.deliver(post(Some(&header), &body)).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("paid")),
+        "{answer}"
+    );
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrong_amount_or_an_unknown_payment_is_refused_and_changes_nothing() -> anyhow::Result<()>
+{
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let (_, started) = w.start_pay(id, "alice").await;
+
+    let (status, answer) = w
+        .deliver(w.event("evt_low", &started, amount(&started) - 1))
+        .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{answer}"
+    );
+    let mut other_currency = started.clone();
+    other_currency["currency"] = "eur".into();
+    let (status, _) = w
+        .deliver(w.event("evt_eur", &other_currency, amount(&started)))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let mut unknown = started.clone();
+    unknown["paymentId"] = "pi_local_999999".into();
+    let (status, answer) = w
+        .deliver(w.event("evt_unknown", &unknown, amount(&started)))
+        .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let mut other_order = started.clone();
+    other_order["orderId"] = (id + 1000).into();
+    let (status, _) = w
+        .deliver(w.event("evt_other", &other_order, amount(&started)))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
+    assert_eq!(w.events().await, 0, "no refused event is recorded");
+    Ok(())
+}
+
+/// The provider redelivers an event until it gets a 2xx, and may deliver it twice at once:
+/// each event id is decided by exactly one delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_event_is_decided_once_however_often_and_concurrently_it_arrives() -> anyhow::Result<()>
+{
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let (_, started) = w.start_pay(id, "alice").await;
+
+    let answers = futures::future::join_all(
+        (0..8).map(|_| w.deliver(w.event("evt_twice", &started, amount(&started)))),
+    )
+    .await;
+
+    for (status, answer) in &answers {
+        assert_eq!(
+            (*status, answer["outcome"].as_str()),
+            (StatusCode::OK, Some("paid")),
+            "{answer}"
+        );
+    }
+    let decided = answers
+        .iter()
+        .filter(|(_, a)| a["replayed"] == false)
+        .count();
+    assert_eq!(decided, 1, "{answers:?}");
+    assert_eq!(w.events().await, 1);
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
+    Ok(())
+}
+
+/// The database out of reach when the event arrives: 503 and nothing recorded, so the
+/// provider delivers it again; the redelivery, once the database is back, pays the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::Result<()> {
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let (_, started) = w.start_pay(id, "alice").await;
+    let down = w.env.entry_router_with(|c| c.pool = testkit::dead_pool());
+
+    let (status, body) = call(&down, w.event("evt_outage", &started, amount(&started))).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        (w.status(id).await, w.events().await),
+        (OrderStatus::Confirmed, 0)
+    );
+    let (status, answer) = w
+        .deliver(w.event("evt_outage", &started, amount(&started)))
+        .await;
+    assert_eq!(
+        (
+            status,
+            answer["outcome"].as_str(),
+            answer["replayed"].as_bool()
+        ),
+        (StatusCode::OK, Some("paid"), Some(false))
+    );
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
+    Ok(())
+}
