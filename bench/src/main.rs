@@ -25,7 +25,6 @@
 //! - [`binaries`]: release binary sizes and time to ready.
 //! - [`report`]: the table, RESULTS.md and results.json.
 
-mod accepted;
 mod alloc;
 mod binaries;
 mod buckets;
@@ -33,15 +32,16 @@ mod consumer;
 mod costs;
 mod draw;
 mod entry;
-mod http;
 mod memory;
 mod polls;
 mod reconcile;
 mod report;
+mod results;
 mod scripts;
 mod strategies;
 mod util;
 
+use results::{Results, Sizes};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -108,78 +108,6 @@ fn parse_args() -> Args {
     Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
-/// The sizes of one run.
-#[derive(Clone, Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Sizes {
-    pub attempts: usize,
-    pub kill_attempts: usize,
-    pub concurrency: usize,
-    pub db_pool: u32,
-    pub rejections: usize,
-    pub sold_out: usize,
-    pub http: usize,
-    pub sqs_sends: usize,
-    pub sqs_concurrency: usize,
-    pub consumer_orders: usize,
-    pub consumer_instances: usize,
-    pub consumer_connections: u32,
-    pub memory_users: Vec<usize>,
-    pub init_repeats: usize,
-    /// Orders in the table while `GET …/orders/me` is polled.
-    pub poll_orders: usize,
-    pub polls: usize,
-    /// The buckets section's hot sale: its stock, the attempts (one user each) per bucket
-    /// count, and the counts.
-    pub bucket_stock: i64,
-    pub bucket_attempts: usize,
-    pub bucket_counts: Vec<u32>,
-    /// Entrants of the draw section's sales, and the largest the whole-pool draw runs at.
-    pub draw_entrants: Vec<usize>,
-    pub draw_baseline_max: usize,
-    /// Reservations in the reconcile section's ledger (half of them stale).
-    pub reconcile_ledger: usize,
-}
-
-impl Sizes {
-    fn new(args: &Args) -> Self {
-        let q = args.quick;
-        let attempts = args.attempts.unwrap_or(if q { 3_000 } else { 20_000 });
-        Self {
-            attempts,
-            kill_attempts: attempts.min(if q { 1_000 } else { 5_000 }),
-            concurrency: args.concurrency,
-            db_pool: 16,
-            rejections: if q { 10_000 } else { 100_000 },
-            sold_out: if q { 20_000 } else { 200_000 },
-            http: if q { 3_000 } else { 20_000 },
-            sqs_sends: if q { 40 } else { 300 },
-            sqs_concurrency: 16,
-            consumer_orders: if q { 400 } else { 4_000 },
-            consumer_instances: 4,
-            consumer_connections: 4,
-            memory_users: if q {
-                vec![10_000, 100_000]
-            } else {
-                vec![100_000, 1_000_000]
-            },
-            init_repeats: if q { 1 } else { 3 },
-            poll_orders: if q { 100_000 } else { 1_000_000 },
-            polls: if q { 5_000 } else { 50_000 },
-            bucket_stock: if q { 300 } else { 3_000 },
-            bucket_attempts: if q { 3_000 } else { 30_000 },
-            bucket_counts: vec![1, 3, 8],
-            draw_entrants: if q {
-                vec![10_000]
-            } else {
-                vec![10_000, 100_000, 1_000_000]
-            },
-            draw_baseline_max: 100_000,
-            reconcile_ledger: if q { 10_000 } else { 100_000 },
-        }
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     // The local defaults of scripts/env.sh, for a run outside `make` (never AWS itself).
     for (k, v) in [
@@ -209,24 +137,8 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args))
 }
 
-/// Everything one run measured.
-#[derive(Default, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Results {
-    pub rows: Vec<strategies::Row>,
-    pub scripts: Vec<scripts::ScriptRow>,
-    pub buckets: Vec<buckets::BucketRow>,
-    pub entry: Option<entry::EntryResults>,
-    pub consumer: Option<consumer::ConsumerResults>,
-    pub polls: Option<polls::PollResults>,
-    pub draw: Vec<draw::DrawRow>,
-    pub reconcile: Vec<reconcile::ReconcileRow>,
-    pub memory: Vec<memory::MemoryRow>,
-    pub binaries: Vec<binaries::BinaryRow>,
-}
-
 async fn run(args: Args) -> anyhow::Result<()> {
-    let sizes = Sizes::new(&args);
+    let sizes = Sizes::new(args.quick, args.attempts, args.concurrency);
     let started = chrono::Utc::now();
     let wall = std::time::Instant::now();
     let machine = report::Machine::probe().await;
@@ -293,7 +205,7 @@ impl Stores {
     /// Closes the pool and drops the run's database; answers Redis's figures from the start.
     async fn tear_down(self) -> (Option<i64>, String) {
         self.pool.close().await;
-        if let Err(e) = drop_database(&self.database_url).await {
+        if let Err(e) = util::drop_database(&self.database_url).await {
             eprintln!("could not drop the bench database: {e:#}");
         }
         self.clients_at_start
@@ -561,27 +473,4 @@ impl Drop for QuietStdout {
             }
         }
     }
-}
-
-/// Drops one of the bench's own databases (its name is a UUID this run created).
-pub(crate) async fn drop_database(url: &str) -> anyhow::Result<()> {
-    use sqlx::Connection;
-    let (base, name) = url
-        .rsplit_once('/')
-        .ok_or_else(|| anyhow::anyhow!("unexpected database url"))?;
-    let name = name.split('?').next().unwrap_or(name);
-    anyhow::ensure!(
-        name.starts_with("seckill_test_"),
-        "not a bench database: {name}"
-    );
-    let mut con = sqlx::PgConnection::connect(&format!("{base}/postgres")).await?;
-    // A database name cannot be a bind parameter: the statement is built at runtime, which
-    // `sqlx::query!` (a checked literal) cannot take.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "drop database if exists {name} with (force)"
-    )))
-    .execute(&mut con)
-    .await?;
-    con.close().await?;
-    Ok(())
 }

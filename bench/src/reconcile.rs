@@ -131,7 +131,7 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
     .await;
     let _ = util::delete_prefix(&mut admin, &config.key_prefix).await;
     pool.close().await;
-    if let Err(e) = crate::drop_database(&database_url).await {
+    if let Err(e) = crate::util::drop_database(&database_url).await {
         eprintln!("could not drop the reconcile section's database: {e}");
     }
     result

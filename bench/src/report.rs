@@ -22,7 +22,7 @@ mod strategies;
 
 pub use machine::{redis_clients, Machine};
 
-use crate::{Results, Sizes};
+use crate::results::{Results, Sizes};
 use serde_json::{json, Value};
 use std::fmt::Write;
 

@@ -408,6 +408,29 @@ impl Pinger {
     }
 }
 
+/// Drops one of the bench's own databases (its name is a UUID this run created).
+pub async fn drop_database(url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let (base, name) = url
+        .rsplit_once('/')
+        .ok_or_else(|| anyhow::anyhow!("unexpected database url"))?;
+    let name = name.split('?').next().unwrap_or(name);
+    anyhow::ensure!(
+        name.starts_with("seckill_test_"),
+        "not a bench database: {name}"
+    );
+    let mut con = sqlx::PgConnection::connect(&format!("{base}/postgres")).await?;
+    // A database name cannot be a bind parameter: the statement is built at runtime, which
+    // `sqlx::query!` (a checked literal) cannot take.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name} with (force)"
+    )))
+    .execute(&mut con)
+    .await?;
+    con.close().await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,9 @@
 use super::round;
 use crate::buckets::BucketRow;
 use crate::entry::EntryResults;
+use crate::results::Results;
 use crate::scripts::ScriptRow;
 use crate::strategies::Row;
-use crate::Results;
 use serde_json::{json, Map, Value};
 use std::fmt::Write;
 

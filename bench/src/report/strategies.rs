@@ -1,7 +1,7 @@
 //! The stock-deduction table: one row per strategy and workload.
 
+use crate::results::Sizes;
 use crate::strategies::Row;
-use crate::Sizes;
 use std::fmt::Write;
 
 pub fn table(s: &mut String, rows: &[Row], sizes: &Sizes) {

@@ -11,9 +11,9 @@ use crate::costs::{Cost, Variant};
 use crate::entry::{EntryResults, Measure, PublicView};
 use crate::memory::MemoryRow;
 use crate::polls::PollResults;
+use crate::results::{Results, Sizes};
 use crate::scripts::ScriptRow;
 use crate::strategies::{KillRun, Row};
-use crate::{Results, Sizes};
 use std::path::PathBuf;
 
 fn machine() -> Machine {

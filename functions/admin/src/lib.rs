@@ -19,42 +19,19 @@ use seckill_shared::http::auth::Admin;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{with_fallbacks, JsonBody};
 use seckill_shared::protocol;
-use seckill_shared::{ApiError, Config, Context};
+use seckill_shared::ApiError;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+mod state;
 
 pub mod ops;
 pub mod stats;
 pub mod update;
 
+pub use state::AdminState;
 pub use stats::{activity_detail, ActivityDetail, Page, Stats};
 pub use update::{update_activity, update_with_guard};
-
-/// What every handler needs, built once per cold start: the config and the clients, which
-/// the protocol's admin steps take as they are.
-#[derive(Clone)]
-pub struct AdminState {
-    context: Context,
-}
-
-impl AdminState {
-    pub fn new(context: Context) -> Self {
-        Self { context }
-    }
-
-    /// Connects Redis (bounded) and a lazy pool, as a cold start does.
-    pub async fn connect(config: Config) -> anyhow::Result<Self> {
-        Ok(Self::new(Context::connect(config).await?))
-    }
-}
-
-impl std::ops::Deref for AdminState {
-    type Target = Context;
-
-    fn deref(&self) -> &Context {
-        &self.context
-    }
-}
 
 /// The admin routes, for `lambda_http::run` and the local dev server alike. Unknown routes
 /// answer 404 and wrong methods 405, both as error JSON; with the edge on, a request without
@@ -104,8 +81,4 @@ async fn create(
 /// preheat lead ([`protocol::admin::create`]).
 pub async fn create_activity(state: &AdminState, new: &NewActivity) -> Result<Activity, ApiError> {
     Ok(protocol::admin::create(state, new).await?)
-}
-
-pub(crate) fn not_found(id: i64) -> ApiError {
-    ApiError::NotFound(format!("activity {id} does not exist"))
 }

@@ -15,7 +15,7 @@
 //!
 //! Nothing here is on a purchase's path: it reads the queue, one small table, and atomics.
 
-use crate::AdminState;
+use crate::state::AdminState;
 use aws_sdk_sqs::types::QueueAttributeName;
 use axum::extract::State;
 use axum::{Extension, Json};

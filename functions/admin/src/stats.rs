@@ -1,7 +1,7 @@
 //! A sale as stored with its live stats (the database, every bucket of Redis, the drift), and
 //! a page of sales.
 
-use crate::{not_found, AdminState};
+use crate::state::{not_found, AdminState};
 use axum::extract::{Query, State};
 use axum::Json;
 use seckill_shared::domain::activity::{self, Activity};

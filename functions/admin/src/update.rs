@@ -2,7 +2,7 @@
 //! makes the change ([`seckill_shared::protocol::admin`]: a lower takes from Redis before the
 //! commit, a raise commits first); this handler answers it. docs/invariants.md, "Admin".
 
-use crate::AdminState;
+use crate::state::AdminState;
 use axum::extract::State;
 use axum::Json;
 use seckill_shared::domain::activity::Activity;

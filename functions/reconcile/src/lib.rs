@@ -31,12 +31,12 @@ mod release;
 mod report;
 mod stock;
 
+use report::all_loaded;
+
 pub use report::{
     drift, is_stale, stale_entries, ActivityReport, ReconcileFailure, ReconcileReport, StockCheck,
+    FUNCTION,
 };
-
-/// The function name used in metrics.
-pub const FUNCTION: &str = "reconcile";
 
 /// The job's clients and settings, built once per cold start.
 pub struct Reconcile {
@@ -278,9 +278,4 @@ impl Walk {
         r.out_of_time |= stop;
         stop
     }
-}
-
-/// Whether every bucket is loaded.
-fn all_loaded(snaps: &[(Bucket, Snapshot)]) -> bool {
-    snaps.iter().all(|(_, s)| s.loaded)
 }

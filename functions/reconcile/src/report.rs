@@ -1,7 +1,6 @@
 //! What one run found and did: the Lambda's JSON result, one log line and one EMF line per
 //! sale, and the stats row reconcile keeps per sale.
 
-use crate::FUNCTION;
 use chrono::{DateTime, Utc};
 use seckill_shared::infra::metrics;
 use seckill_shared::store::keys::Bucket;
@@ -10,6 +9,9 @@ use seckill_shared::store::values::LedgerEntry;
 use serde::Serialize;
 use serde_json::json;
 use std::time::Duration;
+
+/// The function name used in metrics.
+pub const FUNCTION: &str = "reconcile";
 
 /// What one run did, returned as the Lambda's JSON result.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -214,7 +216,7 @@ impl ActivityReport {
         self.participants = snaps.iter().map(|(_, s)| s.participants).sum();
         self.pending_qty = snaps.iter().map(|(_, s)| s.pending_quantity()).sum();
         self.transfer_qty = snaps.iter().map(|(_, s)| s.transfer_quantity()).sum();
-        self.redis_stock = crate::all_loaded(snaps).then(|| stock_sum(snaps));
+        self.redis_stock = all_loaded(snaps).then(|| stock_sum(snaps));
         self.ledger_counted = snaps.iter().all(|(_, s)| s.complete);
         let total = total_stock;
         self.drift = match self.redis_stock {
@@ -268,6 +270,11 @@ pub(crate) fn quiet(snaps: &[(Bucket, Snapshot)]) -> bool {
 /// The stock of all buckets together.
 pub(crate) fn stock_sum(snaps: &[(Bucket, Snapshot)]) -> i64 {
     snaps.iter().filter_map(|(_, s)| s.stock).sum()
+}
+
+/// Whether every bucket is loaded.
+pub(crate) fn all_loaded(snaps: &[(Bucket, Snapshot)]) -> bool {
+    snaps.iter().all(|(_, s)| s.loaded)
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! ledger is quiet, and only if no script moved the stock since it was read (the stock
 //! sequence). docs/invariants.md, "Reconcile", the database's count and the stock fix.
 
-use crate::report::{quiet, stock_sum};
-use crate::{all_loaded, Reconcile, StockCheck};
+use crate::report::{all_loaded, quiet, stock_sum};
+use crate::{Reconcile, StockCheck};
 use anyhow::Context as _;
 use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::domain::order;

@@ -1,11 +1,13 @@
 //! The entry's purchase counters (and its per-user database rate's refusals): aggregated in memory and written as one EMF line at most
 //! every [`Counters::FLUSH_EVERY`], so a flood of refusals costs an atomic increment each.
 
-use crate::FUNCTION;
 use seckill_shared::infra::metrics;
 use seckill_shared::Refusal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The name this function reports its metrics under.
+pub const FUNCTION: &str = "seckill-entry";
 
 /// Purchase counters, aggregated in memory and written as one EMF line at most every
 /// [`Counters::FLUSH_EVERY`] (by whichever request notices), so a flood of refusals costs an

@@ -36,13 +36,11 @@ pub mod payments;
 pub mod purchase;
 pub mod view;
 
+pub use counters::FUNCTION;
 pub use health::{DeepHealth, Health};
 pub use orders::MyOrder;
 pub use purchase::PurchaseBody;
 pub use view::PublicActivity;
-
-/// The name this function reports its metrics under.
-pub const FUNCTION: &str = "seckill-entry";
 
 /// Everything a request needs, built once per container. Cheap to clone (one `Arc`).
 #[derive(Clone)]

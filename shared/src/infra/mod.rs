@@ -1,7 +1,7 @@
 //! Infrastructure: what a function needs from its surroundings, and nothing of the sale.
 //!
 //! - [`config`]: the typed settings (clap, each from its environment variable), parsed once;
-//!   [`redis_topology`]: where Redis is (one server or a cluster).
+//!   [`config::RedisTopology`]: where Redis is (one server or a cluster).
 //! - [`secret`]: secrets that redact themselves (`Debug` never prints one).
 //! - [`aws_secrets`]: credentials read from Secrets Manager at a cold start (AWS only).
 //! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
@@ -18,7 +18,6 @@ pub mod db;
 pub mod metrics;
 pub mod pause;
 pub mod payments;
-pub mod redis_topology;
 pub mod secret;
 pub mod sqs;
 pub mod telemetry;

@@ -8,6 +8,7 @@
 //! proves it did not commit. A new bucket count unloads the old layout before the commit.
 //! docs/invariants.md, "Admin".
 
+use crate::context::Context;
 use crate::domain::activity::{self, Activity};
 use crate::domain::draw;
 use crate::domain::order;
@@ -19,7 +20,6 @@ use crate::store::buckets;
 use crate::store::conn::StoreError;
 use crate::store::keys::Bucket;
 use crate::store::meta::{self, Adjust, SaleMeta};
-use crate::Context;
 use chrono::Utc;
 
 /// Why a change was refused, or could not finish.

@@ -25,10 +25,10 @@
 use crate::infra::aws_secrets::{self, DatabaseSecret};
 use crate::infra::db::{self, CaBundle};
 use crate::infra::payments::PaymentSettings;
-pub use crate::infra::redis_topology::RedisTopology;
 use crate::infra::secret::SecretUrl;
 use sqlx::PgPool;
 use std::time::Duration;
+pub use topology::RedisTopology;
 use values::{
     at_least_one, empty_or_non_blank_url, positive_millis, secs, user_db_rate, view_cache_millis,
     whole,
@@ -38,6 +38,7 @@ mod edge;
 mod secret_refs;
 #[cfg(test)]
 mod tests;
+mod topology;
 mod values;
 
 pub use edge::EdgeOrigin;

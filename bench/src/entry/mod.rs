@@ -3,73 +3,29 @@
 //! over HTTP on the dev server's app, and accepted purchases (with the SQS send) against a bare
 //! SendMessage loop on the same emulator.
 
+mod accepted;
+mod fixture;
+mod http;
+
+use fixture::{Bench, BODY};
+pub use fixture::{Measure, PublicView, Sizes};
+
 use crate::strategies::open_activity;
 use crate::util::{self, Outcome, Run};
 use axum::body::Body;
 use axum::http::Request;
-use axum::Router;
 use seckill_entry::EntryState;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{self, Code};
 use seckill_shared::store::scripts;
-use seckill_shared::{Config, Context, Refusal};
+use seckill_shared::{Context, Refusal};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use uuid::Uuid;
-
-pub(crate) const BODY: &str = r#"{"quantity":1}"#;
-
-/// One measured loop.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Measure {
-    pub what: String,
-    pub attempts: usize,
-    pub concurrency: usize,
-    pub per_s: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    /// Redis commands the server executed per attempt (INFO commandstats delta), where
-    /// measured.
-    pub redis_commands_per_attempt: Option<f64>,
-    pub errors: u64,
-}
-
-impl Measure {
-    pub(crate) fn from_run(
-        what: &str,
-        run: &Run,
-        concurrency: usize,
-        commands: Option<u64>,
-    ) -> Self {
-        run.warn_errors(what);
-        let m = Self {
-            what: what.to_string(),
-            attempts: run.attempts,
-            concurrency,
-            per_s: run.per_sec(),
-            p50_ms: run.p50_ms(),
-            p99_ms: run.p99_ms(),
-            redis_commands_per_attempt: commands.map(|c| c as f64 / run.attempts as f64),
-            errors: run.counts.errors,
-        };
-        eprintln!(
-            "  {:<44} {:>9.0}/s  p50 {:.3} ms  p99 {:.3} ms{}",
-            m.what,
-            m.per_s,
-            m.p50_ms,
-            m.p99_ms,
-            m.redis_commands_per_attempt
-                .map(|c| format!("  cmds/attempt {c:.2}"))
-                .unwrap_or_default()
-        );
-        m
-    }
-}
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -104,45 +60,6 @@ pub struct EntryResults {
     pub entry_overhead_us: f64,
     /// What each candidate on the refusal path costs (see `costs`).
     pub costs: Vec<crate::costs::Cost>,
-}
-
-/// `GET /activities/{id}` on the dev server, against sold-out purchases on the same server at
-/// the same concurrency, and the database transactions the view row caused.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PublicView {
-    pub view: Measure,
-    pub sold_out: Measure,
-    pub view_vs_sold_out: f64,
-    /// `xact_commit + xact_rollback` of the bench's database (pg_stat_database) over the view
-    /// row, less the reads of the counter itself.
-    pub db_transactions: i64,
-    pub db_transactions_per_request: f64,
-    /// `GET /activities/{id}` of a different id above the highest one per request, and the
-    /// database transactions that row caused.
-    pub unknown: Measure,
-    pub unknown_db_transactions: i64,
-    pub unknown_db_transactions_per_request: f64,
-}
-
-pub struct Sizes {
-    pub concurrency: usize,
-    pub rejections: usize,
-    pub sold_out: usize,
-    pub http: usize,
-    pub sqs_sends: usize,
-    pub sqs_concurrency: usize,
-}
-
-/// The entry state and what the section needs around it.
-pub(crate) struct Bench {
-    pub(crate) config: Config,
-    pub(crate) redis: Redis,
-    pub(crate) router: Router,
-    pub(crate) client: redis::Client,
-    pub(crate) admin: redis::aio::MultiplexedConnection,
-    pub(crate) users: Arc<Vec<String>>,
-    pub(crate) purchase_sha: String,
 }
 
 pub async fn run(
@@ -181,7 +98,7 @@ pub async fn run(
     let result = sections(&b, &sqs, &queue_url, sizes).await;
     let mut con = b.admin.clone();
     util::delete_prefix(&mut con, &b.config.key_prefix).await?;
-    crate::accepted::delete_queue(&sqs, &queue_url).await;
+    accepted::delete_queue(&sqs, &queue_url).await;
     result
 }
 
@@ -205,17 +122,16 @@ async fn sections(
     .await?;
 
     // 3. HTTP on the dev server's app (authorizer middleware + routers), with a trivial route.
-    let (http_entry, http_trivial) =
-        match crate::http::http(b, open_id, rejected.users, sizes).await {
-            Ok((e, t)) => (Some(e), Some(t)),
-            Err(e) => {
-                eprintln!("  ! HTTP section failed: {e:#}");
-                (None, None)
-            }
-        };
+    let (http_entry, http_trivial) = match http::http(b, open_id, rejected.users, sizes).await {
+        Ok((e, t)) => (Some(e), Some(t)),
+        Err(e) => {
+            eprintln!("  ! HTTP section failed: {e:#}");
+            (None, None)
+        }
+    };
 
     // 4. The public view over HTTP, against the sold-out flood over HTTP.
-    let view = match crate::http::public_view(b, sizes).await {
+    let view = match http::public_view(b, sizes).await {
         Ok(v) => Some(v),
         Err(e) => {
             eprintln!("  ! public view section failed: {e:#}");
@@ -224,14 +140,14 @@ async fn sections(
     };
 
     // 5. Accepted purchases with their SQS send, against bare sends on the same emulator.
-    let (accepted_router, sqs_bare_send) =
-        match crate::accepted::accepted(b, sqs, queue_url, sizes).await {
-            Ok((a, s)) => (Some(a), Some(s)),
-            Err(e) => {
-                eprintln!("  ! accepted/SQS section failed: {e:#}");
-                (None, None)
-            }
-        };
+    let (accepted_router, sqs_bare_send) = match accepted::accepted(b, sqs, queue_url, sizes).await
+    {
+        Ok((a, s)) => (Some(a), Some(s)),
+        Err(e) => {
+            eprintln!("  ! accepted/SQS section failed: {e:#}");
+            (None, None)
+        }
+    };
 
     Ok(EntryResults {
         request_build_us,

@@ -1,8 +1,8 @@
 //! Where Redis is: one server, or the seed nodes of a cluster, parsed from `REDIS_URL` and
-//! `REDIS_CLUSTER` as a part of [`crate::infra::config::Config`].
+//! `REDIS_CLUSTER` as a part of [`super::Config`].
 
+use super::values::non_blank;
 use crate::infra::aws_secrets::RedisLogin;
-use crate::infra::config::non_blank;
 use crate::infra::secret::SecretUrl;
 
 /// Where Redis is: one server, or the seed nodes of a cluster. Parsed from `REDIS_URL` (one URL,

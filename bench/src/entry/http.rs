@@ -2,7 +2,7 @@
 //! `make serve` runs): purchases against a trivial route behind the same middleware, and the
 //! public view against the sold-out flood, with the database transactions the view caused.
 
-use crate::entry::{Bench, Measure, PublicView, Sizes, BODY};
+use super::fixture::{Bench, Measure, PublicView, Sizes, BODY};
 use crate::strategies::open_activity;
 use crate::util::{self, Outcome};
 use axum::routing::get;
@@ -113,7 +113,7 @@ pub(crate) async fn public_view(b: &Bench, sizes: &Sizes) -> anyhow::Result<Publ
     let (database_url, pool) = testkit::fresh_database().await?;
     let measured = public_view_on(b, sizes, &database_url, &pool).await;
     pool.close().await;
-    crate::drop_database(&database_url).await?;
+    crate::util::drop_database(&database_url).await?;
     measured
 }
 

@@ -1,7 +1,7 @@
 //! Accepted purchases through the entry's router, each with its SQS send, against a bare
 //! SendMessage loop of the same size on the same emulator.
 
-use crate::entry::{Bench, Measure, Sizes, BODY};
+use super::fixture::{Bench, Measure, Sizes, BODY};
 use crate::strategies::open_activity;
 use crate::util::{self, Outcome};
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
