@@ -186,8 +186,8 @@ struct Ctx {
     users: Arc<Vec<String>>,
     started: Instant,
     /// µs from `started` to the latest sale, and the highest attempt index that bought.
-    last_sale_us: AtomicU64,
-    last_sale_index: AtomicUsize,
+    last_activity_us: AtomicU64,
+    last_activity_index: AtomicUsize,
 }
 
 async fn measure(
@@ -199,18 +199,18 @@ async fn measure(
     sizes: &Sizes,
     count: u32,
 ) -> anyhow::Result<BucketRow> {
-    let sale = open_sale(config, redis, pool, sizes.stock, count).await?;
+    let activity = open_activity(config, redis, pool, sizes.stock, count).await?;
     let before = nodes.commandstats().await?;
     // The clock starts with the crowd (`run_tasks` starts its own a moment later).
     let ctx = Arc::new(Ctx {
         redis: redis.clone(),
         hints: seckill_shared::protocol::buckets::Hints::new(),
-        activity_id: sale.id,
+        activity_id: activity.id,
         count,
         users: users.clone(),
         started: Instant::now(),
-        last_sale_us: AtomicU64::new(0),
-        last_sale_index: AtomicUsize::new(0),
+        last_activity_us: AtomicU64::new(0),
+        last_activity_index: AtomicUsize::new(0),
     });
     let c = ctx.clone();
     let run = util::run_tasks(sizes.concurrency, sizes.attempts, move |i| {
@@ -221,7 +221,7 @@ async fn measure(
     let after = nodes.commandstats().await?;
     run.warn_errors(&format!("{count} bucket(s)"));
 
-    let held = nodes.buckets_held(sale.id, count).await?;
+    let held = nodes.buckets_held(activity.id, count).await?;
     let per_node: Vec<(u64, u64)> = before
         .iter()
         .zip(&after)
@@ -244,13 +244,13 @@ async fn measure(
         .collect();
 
     let (mut stock_left, mut in_transfer, mut reserved) = (0, 0, 0);
-    for (_, snap) in buckets::snapshots(redis, sale.id, count).await? {
+    for (_, snap) in buckets::snapshots(redis, activity.id, count).await? {
         stock_left += snap.stock.unwrap_or(0);
         in_transfer += snap.transfer_quantity();
         reserved += snap.pending_quantity();
     }
     let attempts = sizes.attempts as f64;
-    let sold_out_after = Duration::from_micros(ctx.last_sale_us.load(Ordering::Relaxed));
+    let sold_out_after = Duration::from_micros(ctx.last_activity_us.load(Ordering::Relaxed));
     Ok(BucketRow {
         buckets: count,
         attempts: sizes.attempts,
@@ -261,7 +261,7 @@ async fn measure(
         p50_ms: run.p50_ms(),
         p99_ms: run.p99_ms(),
         sold_out_after_s: sold_out_after.as_secs_f64(),
-        selling_attempts_per_s: (ctx.last_sale_index.load(Ordering::Relaxed) + 1) as f64
+        selling_attempts_per_s: (ctx.last_activity_index.load(Ordering::Relaxed) + 1) as f64
             / sold_out_after.as_secs_f64().max(1e-9),
         nodes: shares,
         script_calls_per_attempt: scripts as f64 / attempts,
@@ -279,7 +279,7 @@ async fn measure(
 
 /// A sale open now with its stock in `count` buckets, loaded as preheat loads it (the
 /// database row, the lock, every bucket).
-async fn open_sale(
+async fn open_activity(
     config: &Config,
     redis: &Redis,
     pool: &PgPool,
@@ -288,7 +288,7 @@ async fn open_sale(
 ) -> anyhow::Result<Activity> {
     let row = activity::insert(
         pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title(format!("bench buckets x{count}"))
             .stock(stock)
             .limit(1)
@@ -319,8 +319,8 @@ async fn attempt(c: &Ctx, i: usize) -> Outcome {
     match purchase::enter(&c.redis, &c.hints, &mut buy, far_deadline()).await {
         Ok(Decided::Reserved(_)) => {
             let at = c.started.elapsed().as_micros() as u64;
-            c.last_sale_us.fetch_max(at, Ordering::Relaxed);
-            c.last_sale_index.fetch_max(i, Ordering::Relaxed);
+            c.last_activity_us.fetch_max(at, Ordering::Relaxed);
+            c.last_activity_index.fetch_max(i, Ordering::Relaxed);
             Outcome::Sold
         }
         Ok(Decided::Refused(Refusal::SoldOut { .. })) => Outcome::Refused,

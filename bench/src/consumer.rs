@@ -93,7 +93,7 @@ async fn new_activity(
 ) -> anyhow::Result<seckill_shared::domain::activity::Activity> {
     Ok(activity::insert(
         pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("bench consumer")
             .stock(stock as i64)
             .limit(1)

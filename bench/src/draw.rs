@@ -99,9 +99,9 @@ async fn one_size(
     sizes: &Sizes,
 ) -> anyhow::Result<Vec<DrawRow>> {
     let now = chrono::Utc::now();
-    let sale = activity::insert(
+    let activity = activity::insert(
         pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title(format!("bench draw {n}"))
             .stock(STOCK)
             .limit(1)
@@ -115,11 +115,11 @@ async fn one_size(
             .settings()?,
     )
     .await?;
-    load::load_under_lock(redis, pool, config, sale.id).await?;
+    load::load_under_lock(redis, pool, config, activity.id).await?;
     eprintln!("  {n} entrants: entering through purchase.lua ...");
     let entered = {
         let redis = redis.clone();
-        let id = sale.id;
+        let id = activity.id;
         util::run_tasks(sizes.concurrency, n, move |i| {
             let redis = redis.clone();
             async move {
@@ -141,7 +141,7 @@ async fn one_size(
         .await
     };
     entered.warn_errors("draw entries");
-    let k = redis.keys(sale.id);
+    let k = redis.keys(activity.id);
     let usage = |key: &str| {
         let mut c = redis::cmd("MEMORY");
         c.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
@@ -161,7 +161,7 @@ async fn one_size(
     let mut rows = Vec::new();
     if n <= sizes.baseline_max {
         // The same pool under another sale's keys (one hash tag: the copies share a slot).
-        let twin = redis.keys(sale.id + 1_000_000);
+        let twin = redis.keys(activity.id + 1_000_000);
         for (from, to) in [
             (&k.meta, &twin.meta),
             (&k.users, &twin.users),
@@ -202,7 +202,7 @@ async fn one_size(
         let mut winners = 0;
         loop {
             calls += 1;
-            match draw::draw(redis, sale.id, Duration::ZERO).await? {
+            match draw::draw(redis, activity.id, Duration::ZERO).await? {
                 Drawn::Running { winners: w, .. } => winners += w,
                 Drawn::Now { winners: w, .. } => return anyhow::Ok((calls, winners + w)),
                 other => anyhow::bail!("the draw answered {other:?}"),
@@ -218,7 +218,7 @@ async fn one_size(
          select $1, 'entrant-' || lpad(i::text, 7, '0'), gen_random_uuid(), 1
          from generate_series(0, $2 - 1) as i",
     )
-    .bind(sale.id)
+    .bind(activity.id)
     .bind(n as i64)
     .execute(pool)
     .await?;
@@ -226,15 +226,18 @@ async fn one_size(
         "  {n} entries kept in {:.1} s",
         kept.elapsed().as_secs_f64()
     );
-    testkit::lose_sale(redis, sale.id).await?;
+    testkit::lose_activity(redis, activity.id).await?;
     let sha = seckill_shared::store::scripts::POOL_RESTORE
         .get_hash()
         .to_string();
     let measured = measure(client, admin, &sha, || async {
-        load::load_under_lock(redis, pool, config, sale.id).await?;
+        load::load_under_lock(redis, pool, config, activity.id).await?;
         loop {
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            if drawing::rebuild(redis, pool, sale.id, deadline).await?.done {
+            if drawing::rebuild(redis, pool, activity.id, deadline)
+                .await?
+                .done
+            {
                 break;
             }
         }

@@ -71,9 +71,9 @@ async fn measure(
     pool: &PgPool,
     sizes: &Sizes,
 ) -> anyhow::Result<PollResults> {
-    let sale = activity::insert(
+    let activity = activity::insert(
         pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("bench order polling")
             .stock(sizes.orders as i64)
             .limit(1)
@@ -82,7 +82,7 @@ async fn measure(
     )
     .await?;
     let t = Instant::now();
-    fill_orders(pool, sale.id, sizes.orders).await?;
+    fill_orders(pool, activity.id, sizes.orders).await?;
     let insert_seconds = t.elapsed().as_secs_f64();
     eprintln!(
         "  {} orders inserted in {insert_seconds:.1} s",
@@ -99,7 +99,7 @@ async fn measure(
     let state = EntryState::new(Context::new(config.clone(), pool.clone(), redis), queue);
     let router = seckill_entry::router(state);
     let n = sizes.orders;
-    let path = Arc::new(format!("/activities/{}/orders/me", sale.id));
+    let path = Arc::new(format!("/activities/{}/orders/me", activity.id));
     let run = util::run_tasks(sizes.concurrency, sizes.polls, move |i| {
         let (router, path) = (router.clone(), path.clone());
         async move {
@@ -125,8 +125,8 @@ async fn measure(
     run.warn_errors("order polling");
 
     let statement = shipped_statement()?;
-    let (db_execution_ms, plan_indexes) = explain(pool, &statement, sale.id, n).await?;
-    let db_round_trip_ms = round_trip(pool, sale.id, n).await?;
+    let (db_execution_ms, plan_indexes) = explain(pool, &statement, activity.id, n).await?;
+    let db_round_trip_ms = round_trip(pool, activity.id, n).await?;
     eprintln!(
         "  {:>9.0} polls/s  p50 {:.3} ms  db execution {db_execution_ms:.3} ms  round trip {db_round_trip_ms:.3} ms  plan {plan_indexes:?}",
         run.per_sec(),

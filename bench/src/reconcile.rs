@@ -68,9 +68,9 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
     let result = async {
         let n = sizes.ledger;
         let now = chrono::Utc::now();
-        let sale = activity::insert(
+        let activity = activity::insert(
             &pool,
-            &testkit::sale()
+            &testkit::new_activity()
                 .title(format!("bench reconcile {n}"))
                 .stock(n as i64 + 10)
                 .limit(1)
@@ -83,15 +83,15 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
                 .settings()?,
         )
         .await?;
-        load::load_under_lock(&redis, &pool, &config, sale.id).await?;
+        load::load_under_lock(&redis, &pool, &config, activity.id).await?;
         let stale = n / 2;
         eprintln!(
             "  {n} reservations ({stale} to become stale): entering through purchase.lua ..."
         );
-        reserve(&redis, sale.id, 0, stale, sizes.concurrency).await;
+        reserve(&redis, activity.id, 0, stale, sizes.concurrency).await;
         let stale_until = chrono::Utc::now();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        reserve(&redis, sale.id, stale, n - stale, sizes.concurrency).await;
+        reserve(&redis, activity.id, stale, n - stale, sizes.concurrency).await;
         // A moment past the grace period of every entry of the first half, and of none of the
         // second half's.
         let at = stale_until
@@ -99,7 +99,7 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
             + chrono::Duration::milliseconds(5);
 
         let mut rows = Vec::new();
-        let k = redis.keys(sale.id);
+        let k = redis.keys(activity.id);
         let script = redis::Script::new(WHOLE_LEDGER);
         let mut con = client.get_multiplexed_async_connection().await?;
         con.set_response_timeout(Duration::from_secs(120));
@@ -120,7 +120,7 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
         let m = measure(client, &mut admin, RUN_THRESHOLD_US, || async {
             let report = job.run(at).await?;
             let r = report
-                .activity(sale.id)
+                .activity(activity.id)
                 .ok_or_else(|| anyhow::anyhow!("the run did not check the sale: {report:?}"))?;
             anyhow::Ok((r.compensated, r.out_of_time))
         })

@@ -14,7 +14,7 @@ use std::time::Duration;
 /// Redis loses a sale, as after a restart with no data: its meta (with the stock), users,
 /// ledger and a draw sale's pool, tickets and outbox go (the lock and the fencing counter
 /// stay).
-pub async fn lose_sale(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
+pub async fn lose_activity(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
     let k = redis.keys(activity_id);
     let _: i64 = redis
         .cmd(
@@ -55,7 +55,7 @@ pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i64) {
 }
 
 /// Moves the sale's window into the past (an hour ago it ended), in the database only.
-pub async fn end_sale_in_db(env: &TestEnv, activity_id: i64) {
+pub async fn end_activity_in_db(env: &TestEnv, activity_id: i64) {
     sqlx::query!(
         "update activities set start_at = now() - interval '2 hours',
              end_at = now() - interval '1 hour' where id = $1",

@@ -24,6 +24,7 @@
 //! `failpoints` feature of seckill-shared (the tests crate does, for itself), so a tool built
 //! on it (the benchmark, the demo) compiles no pause point in.
 
+pub mod activities;
 pub mod env;
 pub mod faults;
 pub mod functions;
@@ -31,13 +32,13 @@ pub mod http;
 pub mod invariants;
 pub mod private_redis;
 pub mod reads;
-pub mod sales;
 pub mod steps;
 
+pub use activities::{load_without_db, new_activity, ActivityBuilder};
 pub use env::{config, dlq_url, empty_database, fresh_database, fresh_queue, RedisKind, TestEnv};
 pub use faults::{
-    after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, end_sale_in_db,
-    lose_field, lose_sale, set_db_stock,
+    after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, end_activity_in_db,
+    lose_activity, lose_field, set_db_stock,
 };
 pub use functions::{local_redis_login, redis_acl_users};
 pub use http::{
@@ -48,7 +49,6 @@ pub use reads::{
     db_remaining, draw_entry_rows, field, is_participant, lock_hold, order_rows, orders_in_db,
     redis_stock, snapshot, LockHold,
 };
-pub use sales::{load_without_db, sale, SaleBuilder};
 pub use steps::{commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool};
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`

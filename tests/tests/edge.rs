@@ -42,10 +42,10 @@ fn via(value: &str, mut req: Request<Body>) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let app = entry(&env, |_| {});
     let buy = || {
-        let path = format!("/activities/{}/orders", sale.id);
+        let path = format!("/activities/{}/orders", activity.id);
         request("POST", &path, Some(("alice", "")), Some("{}"))
     };
 
@@ -62,7 +62,7 @@ async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> any
         );
     }
     assert_eq!(
-        redis_stock(&env, sale.id).await,
+        redis_stock(&env, activity.id).await,
         Some(5),
         "nothing was sold"
     );

@@ -96,13 +96,13 @@ fn orders(a: &Activity) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
 
     let (status, body) = http(
         &server,
         "POST",
-        &orders(&sale),
+        &orders(&activity),
         Some(&bearer("alice", "")),
         r#"{"quantity": 1}"#,
     )
@@ -122,13 +122,13 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(order.user_id, "alice", "identity comes from the token");
-    assert_eq!(order.activity_id, sale.id);
+    assert_eq!(order.activity_id, activity.id);
     assert_eq!(order.quantity, 1);
 
     let (status, mine) = http(
         &server,
         "GET",
-        &format!("{}/me", orders(&sale)),
+        &format!("{}/me", orders(&activity)),
         Some(&bearer("alice", "")),
         "",
     )
@@ -150,17 +150,24 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purchase_without_a_token_is_unauthorized() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
 
-    let (status, body) = http(&server, "POST", &orders(&sale), None, r#"{"quantity":1}"#).await;
+    let (status, body) = http(
+        &server,
+        "POST",
+        &orders(&activity),
+        None,
+        r#"{"quantity":1}"#,
+    )
+    .await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"], "unauthorized");
     // A user id in the body is no identity either.
     let (status, _) = http(
         &server,
         "POST",
-        &orders(&sale),
+        &orders(&activity),
         None,
         r#"{"quantity":1,"userId":"mallory"}"#,
     )
@@ -173,7 +180,7 @@ async fn purchase_without_a_token_is_unauthorized() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
 
     let forged = format!("Bearer {}", mint("some-other-secret", "alice", "", 600)?);
@@ -188,7 +195,7 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
         let (status, body) = http(
             &server,
             "POST",
-            &orders(&sale),
+            &orders(&activity),
             Some(auth),
             r#"{"quantity":1}"#,
         )
@@ -197,7 +204,7 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
         assert_eq!(body["error"], "unauthorized");
     }
     // Nothing was reserved by any of them.
-    let stock = seckill_shared::store::view::stock(&env.redis, sale.id).await?;
+    let stock = seckill_shared::store::view::stock(&env.redis, activity.id).await?;
     assert_eq!(stock, Some(5));
     server.shutdown().await?;
     Ok(())

@@ -242,9 +242,9 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     sqlx::query("alter table activities alter column id restart with 1")
         .execute(&pool)
         .await?;
-    let sale = activity::insert(
+    let activity = activity::insert(
         &pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("lambda invoke sale")
             .stock(10)
             .limit(1)
@@ -252,7 +252,7 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
             .settings()?,
     )
     .await?;
-    assert_eq!(sale.id, 1, "the events reference activity 1");
+    assert_eq!(activity.id, 1, "the events reference activity 1");
 
     let env = [
         ("DATABASE_URL", database_url.clone()),

@@ -24,7 +24,7 @@ async fn setup(kind: RedisKind) -> anyhow::Result<(TestEnv, i64)> {
     let env = TestEnv::new(kind).await?;
     let a = activity::insert(
         &env.pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("lock test")
             .stock(10)
             .limit(1)

@@ -50,13 +50,13 @@ async fn a_loaded_sale_is_viewed_with_its_live_stock_and_no_database(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let sale = env.open_sale(7, 2).await?;
+    let activity = env.open_activity(7, 2).await?;
     let app = entry_with_pool(&env, dead_pool());
 
-    let (status, cache_control, shown) = view(&app, sale.id).await;
+    let (status, cache_control, shown) = view(&app, activity.id).await;
     assert_eq!(status, StatusCode::OK, "{shown}");
     assert_eq!(cache_control, CACHE_SHOWN);
-    assert_eq!(shown["id"], sale.id);
+    assert_eq!(shown["id"], activity.id);
     assert_eq!(shown["title"], "test sale");
     assert_eq!(shown["remainingStock"], 7);
     assert_eq!(shown["state"], "running");
@@ -64,21 +64,21 @@ async fn a_loaded_sale_is_viewed_with_its_live_stock_and_no_database(
         shown["startAt"]
             .as_str()
             .map(|t| parse_time(t).timestamp_millis()),
-        Some(sale.start_at.timestamp_millis())
+        Some(activity.start_at.timestamp_millis())
     );
 
     // A purchase (which needs no database either) moves Redis's stock; the view follows it
     // once the container's copy lapsed.
     let buy = request(
         "POST",
-        &format!("/activities/{}/orders", sale.id),
+        &format!("/activities/{}/orders", activity.id),
         Some(("alice", "")),
         Some(r#"{"quantity":2}"#),
     );
     let (status, _, body) = call_with_headers(&app, buy).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     past_the_cache(&env).await;
-    let answers = futures::future::join_all((0..200).map(|_| view(&app, sale.id))).await;
+    let answers = futures::future::join_all((0..200).map(|_| view(&app, activity.id))).await;
     for (status, cache_control, shown) in answers {
         assert_eq!(status, StatusCode::OK, "{shown}");
         assert_eq!(cache_control, CACHE_SHOWN);
@@ -92,11 +92,11 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     // The viewer never reaches the database: what it shows after the change came from Redis.
     let viewer = entry_with_pool(&env, dead_pool());
     let admin = env.admin_router();
-    assert_eq!(view(&viewer, sale.id).await.2["title"], "test sale");
+    assert_eq!(view(&viewer, activity.id).await.2["title"], "test sale");
 
     let now = chrono::Utc::now();
     let start_at = now + chrono::Duration::minutes(10);
@@ -109,7 +109,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     .to_string();
     let put = request(
         "PUT",
-        &format!("/admin/activities/{}", sale.id),
+        &format!("/admin/activities/{}", activity.id),
         Some(("root", ADMIN_SCOPE)),
         Some(&patch),
     );
@@ -117,7 +117,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     assert_eq!(status, StatusCode::OK, "{body}");
 
     past_the_cache(&env).await;
-    let (status, _, shown) = view(&viewer, sale.id).await;
+    let (status, _, shown) = view(&viewer, activity.id).await;
     assert_eq!(status, StatusCode::OK, "{shown}");
     assert_eq!(shown["title"], "renamed sale");
     assert_eq!(shown["state"], "upcoming", "the new window, from the meta");
@@ -142,7 +142,7 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
     let now = chrono::Utc::now();
     let later = activity::insert(
         &env.pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("next week's sale")
             .stock(30)
             .limit(1)
@@ -372,16 +372,16 @@ async fn random_ids_above_the_highest_sale_cost_no_database_read_each(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let database = env.config.database_url.expose().to_string();
     env.pool.close().await;
     let before = activity_reads(&database).await?;
     let pool = own_pool(&env)?;
     let app = entry_with_pool(&env, pool.clone());
 
-    let ids: Vec<i64> = (1..=300).map(|n| sale.id + 1_000 * n + n % 7).collect();
+    let ids: Vec<i64> = (1..=300).map(|n| activity.id + 1_000 * n + n % 7).collect();
     let answers = futures::future::join_all(ids.iter().map(|id| view(&app, *id))).await;
-    let (status, _, body) = view(&app, sale.id).await;
+    let (status, _, body) = view(&app, activity.id).await;
     assert_eq!(
         status,
         StatusCode::OK,

@@ -188,7 +188,7 @@ async fn health_tells_the_server_clock_and_is_never_cached() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
     let admin = mint(SECRET, "ops", ADMIN_SCOPE, 600)?;
     let alice = mint(SECRET, "alice", "", 600)?;
@@ -207,7 +207,7 @@ async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Res
         "{ops}"
     );
 
-    let orders = format!("/activities/{}/orders", sale.id);
+    let orders = format!("/activities/{}/orders", activity.id);
     let (status, _, _) = http(&server, "POST", &orders, Some(&alice), "{}").await;
     assert_eq!(status, 202);
     let (status, _, _) = http(&server, "POST", &orders, Some(&alice), "{}").await;
@@ -236,8 +236,8 @@ async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Res
     let checks = ops["reconcile"].as_array().expect("reconcile rows");
     let check = checks
         .iter()
-        .find(|c| c["activityId"] == sale.id)
-        .unwrap_or_else(|| panic!("reconcile checked sale {}: {ops}", sale.id));
+        .find(|c| c["activityId"] == activity.id)
+        .unwrap_or_else(|| panic!("reconcile checked sale {}: {ops}", activity.id));
     assert_eq!(check["drift"], 0, "{check}");
     assert!(
         check["repairs"].is_i64() && check["checkedAt"].is_string(),
@@ -260,10 +260,10 @@ async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_buyer_pays_through_the_local_provider() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let sale = env.open_sale(5, 1).await?;
+    let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
     let alice = mint(SECRET, "alice", "", 600)?;
-    let orders = format!("/activities/{}/orders", sale.id);
+    let orders = format!("/activities/{}/orders", activity.id);
     let (status, _, _) = http(&server, "POST", &orders, Some(&alice), "{}").await;
     assert_eq!(status, 202);
     let me = format!("{orders}/me");

@@ -126,7 +126,7 @@ async fn public_view_on(
     let secret = "bench-secret-local-only";
     let row = seckill_shared::domain::activity::insert(
         pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("bench public view")
             .stock(1_000_000)
             .limit(1)

@@ -202,8 +202,8 @@ struct Rejections {
 async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Rejections> {
     let (c, n) = (sizes.concurrency, sizes.rejections);
     let users = b.users.len().min(10_000);
-    let sale = open_activity(open_id, 1_000_000);
-    testkit::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    let activity = open_activity(open_id, 1_000_000);
+    testkit::load_without_db(&b.redis, &activity, Duration::from_secs(3600)).await?;
     buy_for(b, open_id, users).await?;
     // Warm-up (discarded): the router's connection, the script cache, runtime threads.
     let warm = n.min(10_000);
@@ -256,8 +256,8 @@ const SOLD_OUT_ID: i64 = 2;
 async fn sold_out(b: &Bench, sizes: &Sizes) -> anyhow::Result<SoldOut> {
     let (c, n, users) = (sizes.concurrency, sizes.sold_out, b.users.len());
     let id = SOLD_OUT_ID;
-    let sale = open_activity(id, 0);
-    testkit::load_without_db(&b.redis, &sale, Duration::from_secs(3600)).await?;
+    let activity = open_activity(id, 0);
+    testkit::load_without_db(&b.redis, &activity, Duration::from_secs(3600)).await?;
     let what = "entry in-process, sold out (cache warm)";
     let code = Refusal::SoldOut { stock_left: 0 }.code();
     let router = router_loop(b, what, id, users, n, c, code, ROUND_IN_MEMORY).await?;

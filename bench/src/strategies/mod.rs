@@ -266,7 +266,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
         Strategy::DbOnly => {
             let a = activity::insert(
                 &env.pool,
-                &testkit::sale()
+                &testkit::new_activity()
                     .title("bench db-only")
                     .stock(wl.stock)
                     .limit(1)

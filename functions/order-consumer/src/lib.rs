@@ -219,14 +219,14 @@ impl Consumer {
             .into_iter()
             .partition(|i| i.message.kind == MessageKind::Entry);
         pending = rest;
-        let mut by_sale: std::collections::BTreeMap<i64, Vec<Item>> = Default::default();
+        let mut by_activity: std::collections::BTreeMap<i64, Vec<Item>> = Default::default();
         for item in entries {
-            by_sale
+            by_activity
                 .entry(item.message.attempt.activity_id)
                 .or_default()
                 .push(item);
         }
-        for (activity_id, items) in by_sale {
+        for (activity_id, items) in by_activity {
             let messages: Vec<&OrderMessage> = items.iter().map(|i| &i.message).collect();
             let keep = consume::keep_entries(&self.pool, &self.redis, activity_id, &messages);
             let kept = before_stop(stop, async { Ok::<_, ConsumeError>(keep.await?) })

@@ -28,7 +28,7 @@ use seckill_shared::domain::status::ActivityState;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::ActivityId;
 use seckill_shared::store::conn::Redis;
-use seckill_shared::store::view::{self, SaleView};
+use seckill_shared::store::view::{self, ActivityView};
 use seckill_shared::ApiError;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -200,7 +200,7 @@ async fn read(
     }))
 }
 
-fn from_redis(view: SaleView) -> Fields {
+fn from_redis(view: ActivityView) -> Fields {
     Fields {
         title: view.title,
         start_at: view.start_at,

@@ -19,7 +19,7 @@ use crate::protocol::lock::{self, LockError, LockGuard};
 use crate::store::buckets;
 use crate::store::conn::StoreError;
 use crate::store::keys::Bucket;
-use crate::store::meta::{self, Adjust, SaleMeta};
+use crate::store::meta::{self, ActivityMeta, Adjust};
 use chrono::Utc;
 
 /// Why a change was refused, or could not finish.
@@ -128,7 +128,7 @@ async fn adjust(
     guard: &LockGuard,
     buckets: u32,
     delta: i64,
-    meta: &SaleMeta,
+    meta: &ActivityMeta,
     change: &str,
 ) -> Result<(Adjust, Plan), ChangeError> {
     let (redis, owner, id) = (&ctx.redis, &guard.owner, guard.activity_id);
@@ -155,7 +155,7 @@ async fn take_from_buckets(
     guard: &LockGuard,
     buckets: u32,
     units: i64,
-    current: &SaleMeta,
+    current: &ActivityMeta,
     change: &str,
 ) -> Result<(Adjust, Plan), ChangeError> {
     let (redis, owner, id) = (&ctx.redis, &guard.owner, guard.activity_id);
@@ -199,7 +199,7 @@ async fn take_from_buckets(
 }
 
 /// Gives every bucket of `plan` back what the plan took (or takes back what it added).
-async fn revert(ctx: &Context, guard: &LockGuard, plan: &Plan, meta: &SaleMeta, change: &str) {
+async fn revert(ctx: &Context, guard: &LockGuard, plan: &Plan, meta: &ActivityMeta, change: &str) {
     for (i, (bucket, added)) in plan.iter().enumerate() {
         if *added == 0 {
             continue;
@@ -246,14 +246,14 @@ impl Update {
     }
 
     /// The meta Redis gets with the change.
-    fn new_meta(&self, ctx: &Context) -> SaleMeta {
-        SaleMeta::of(&self.after, self.version, ctx.config.expiry_buffer)
+    fn new_meta(&self, ctx: &Context) -> ActivityMeta {
+        ActivityMeta::of(&self.after, self.version, ctx.config.expiry_buffer)
     }
 
     /// The meta Redis had before it, to give Redis back what a failed lower took.
-    fn old_meta(&self, ctx: &Context) -> SaleMeta {
+    fn old_meta(&self, ctx: &Context) -> ActivityMeta {
         let before = &self.before;
-        SaleMeta::of(
+        ActivityMeta::of(
             &before.settings(),
             before.config_version,
             ctx.config.expiry_buffer,

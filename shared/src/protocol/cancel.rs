@@ -166,7 +166,7 @@ async fn announce(
             // in progress would write a stock read before this commit, and the unit would be
             // lost to Redis. A running sale missing from Redis is reloaded within a reconcile
             // run; until then the cancel is retried.
-            if !sale_is_over(pool, activity_id, now).await? {
+            if !activity_is_over(pool, activity_id, now).await? {
                 return Ok(Err(CancelOutcome::Busy));
             }
             Ok(Ok(None))
@@ -252,7 +252,7 @@ async fn status_of(pool: &PgPool, order_id: i64) -> Result<OrderStatus, CancelEr
 }
 
 /// Whether the sale has ended: no loader loads it again, so its Redis state is not needed.
-async fn sale_is_over(
+async fn activity_is_over(
     pool: &PgPool,
     activity_id: i64,
     now: DateTime<Utc>,

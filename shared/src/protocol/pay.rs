@@ -95,22 +95,22 @@ pub async fn start(
             currency: p.currency.clone(),
         },
         None => {
-            let Some(sale) = activity::get(pool, order.activity_id).await? else {
+            let Some(activity) = activity::get(pool, order.activity_id).await? else {
                 return Ok(Started::NotPayable(format!(
                     "order {} has no sale",
                     order.id
                 )));
             };
-            if sale.price_minor <= 0 {
+            if activity.price_minor <= 0 {
                 return Ok(Started::NotPayable(format!(
                     "sale {} has no price yet",
-                    sale.id
+                    activity.id
                 )));
             }
             PaymentRequest {
                 order_id: order.id,
-                amount_minor: sale.price_minor * order.quantity,
-                currency: sale.currency,
+                amount_minor: activity.price_minor * order.quantity,
+                currency: activity.currency,
             }
         }
     };

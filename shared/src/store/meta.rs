@@ -121,7 +121,7 @@ pub enum Adjust {
 
 /// The activity's meta as `adjust.lua` writes it to Redis.
 #[derive(Clone, Debug)]
-pub struct SaleMeta {
+pub struct ActivityMeta {
     /// Shown by the public view, which reads it from the meta.
     pub title: String,
     pub total: i64,
@@ -142,12 +142,12 @@ pub struct SaleMeta {
     pub max_entrants: i64,
 }
 
-impl SaleMeta {
+impl ActivityMeta {
     /// The meta of a sale with these settings at config `version`, its keys expiring `buffer`
     /// after its end.
     pub fn of(settings: &Settings, version: i64, buffer: Duration) -> Self {
         let buffer = chrono::Duration::from_std(buffer).unwrap_or(chrono::Duration::hours(2));
-        SaleMeta {
+        ActivityMeta {
             title: settings.title.clone(),
             total: settings.total_stock,
             per_order_limit: settings.per_order_limit,
@@ -171,7 +171,7 @@ pub async fn adjust(
     at: impl Into<Bucket>,
     owner: &str,
     delta: i64,
-    meta: &SaleMeta,
+    meta: &ActivityMeta,
     change: &str,
 ) -> Result<Adjust, StoreError> {
     let k = redis.bucket_keys(at.into());

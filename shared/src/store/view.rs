@@ -24,7 +24,7 @@ pub async fn stock_and_seq(redis: &Redis, at: Bucket) -> Result<(i64, i64), Stor
 
 /// What the public view shows of a loaded sale, as its meta holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SaleView {
+pub struct ActivityView {
     pub title: String,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
@@ -70,7 +70,7 @@ const VIEW_FIELDS: [&str; 13] = [
 /// in a bucketed sale one HGET of each other bucket's stock. `None` when Redis does not hold
 /// the whole view: the sale is not loaded (before preheat, after its keys expired), or its
 /// meta was written before the meta carried the title and the price.
-pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, StoreError> {
+pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<ActivityView>, StoreError> {
     let k = redis.keys(activity_id);
     let mut cmd = redis::cmd("HMGET");
     cmd.arg(&k.meta).arg(&VIEW_FIELDS[..]);
@@ -119,7 +119,7 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<SaleView>, S
         }
         _ => None,
     };
-    Ok(Some(SaleView {
+    Ok(Some(ActivityView {
         title,
         start_at,
         end_at,

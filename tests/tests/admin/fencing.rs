@@ -30,7 +30,7 @@ async fn paused_holder_is_fenced_out_after_its_lease_expires(
 ) -> anyhow::Result<()> {
     // Arrange: a running sale; A takes the lock with a short lease.
     let (env, state) = setup(kind, 300, 1000).await;
-    let a = env.open_sale(100, 5).await?;
+    let a = env.open_activity(100, 5).await?;
     let mut holder_a = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(1000)).await?;
     // A "pauses" (GC, CPU starvation): in a paused process nothing runs, its watchdog
     // included, so nothing renews the lease.
@@ -77,7 +77,7 @@ async fn paused_holder_is_fenced_out_after_its_lease_expires(
 
 async fn a_raw_fenced_write_with_a_lower_token_is_refused(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 5000, 1000).await;
-    let a = env.open_sale(10, 1).await?;
+    let a = env.open_activity(10, 1).await?;
     let mut tx = env.pool.begin().await?;
     lock::fenced_update(&mut tx, a.id, 7).await?;
     tx.commit().await?;
@@ -105,7 +105,7 @@ async fn wiped_token_counter_still_issues_tokens_above_the_database(
 ) -> anyhow::Result<()> {
     // Arrange: three fenced writes move the DB's token up.
     let (env, state) = setup(kind, 5000, 1000).await;
-    let a = env.open_sale(50, 1).await?;
+    let a = env.open_activity(50, 1).await?;
     for i in 0..3 {
         update_activity(&state, a.id, &patch(json!({"title": format!("v{i}")}))).await?;
     }
@@ -137,7 +137,7 @@ async fn wiped_token_counter_still_issues_tokens_above_the_database(
 async fn concurrent_admin_updates_apply_in_token_order(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a short wait so some admins really get `busy`.
     let (env, state) = setup(kind, 2000, 150).await;
-    let a = env.open_sale(100, 2).await.unwrap();
+    let a = env.open_activity(100, 2).await.unwrap();
     let app = router(state);
     let path = format!("/admin/activities/{}", a.id);
 
@@ -216,7 +216,7 @@ async fn only_the_owner_releases_and_renewals_outlive_the_ttl(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
-    let a = env.open_sale(10, 1).await?;
+    let a = env.open_activity(10, 1).await?;
     let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await?;
 
     // A non-owner's release changes nothing.
@@ -243,7 +243,7 @@ async fn only_the_owner_releases_and_renewals_outlive_the_ttl(
 
 async fn work_is_abandoned_when_the_lease_is_taken_over(kind: RedisKind) -> anyhow::Result<()> {
     let (env, _state) = setup(kind, 300, 100).await;
-    let a = env.open_sale(10, 1).await?;
+    let a = env.open_activity(10, 1).await?;
     let guard = lock::acquire(&env.redis, &env.pool, a.id, ms(300), ms(100)).await?;
     // Someone breaks the lock from outside (an operator, or an expiry we missed).
     let _: i64 = env

@@ -28,7 +28,7 @@ async fn live_stock_changes_conserve_stock_with_concurrent_buyers(
 ) -> anyhow::Result<()> {
     // Arrange: a running sale of 200, 300 buyers of one unit each.
     let (env, state) = setup(kind, 2000, 2000).await;
-    let a = env.open_sale(200, 1).await.unwrap();
+    let a = env.open_activity(200, 1).await.unwrap();
     let buyers: Vec<_> = (0..300)
         .map(|i| {
             let redis = env.redis.clone();
@@ -181,7 +181,7 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow
     // Arrange: a running sale, and a database that refuses one particular update (a real
     // failure inside the transaction, after Redis was already lowered).
     let (env, state) = setup(kind, 2000, 1000).await;
-    let a = env.open_sale(20, 1).await?;
+    let a = env.open_activity(20, 1).await?;
     for stmt in [
         "create function refuse_13() returns trigger language plpgsql as $$
          begin

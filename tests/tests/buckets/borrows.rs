@@ -46,7 +46,7 @@ async fn empty_home(env: &TestEnv, a: &Activity, index: u32) -> anyhow::Result<S
 async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() -> anyhow::Result<()>
 {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let a = env.open_activity_in_buckets(9, 1, 3).await?;
     let user = empty_home(&env, &a, 0).await?;
     let before: i64 = stocks(&env, &a).await.iter().sum();
 
@@ -101,7 +101,7 @@ async fn a_crash_between_the_two_steps_of_a_borrow_is_repaired_by_reconcile() ->
 async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_once(
 ) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(CLUSTER).await?);
-    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let a = env.open_activity_in_buckets(9, 1, 3).await?;
     let user = empty_home(&env, &a, 1).await?;
     let total_left: i64 = stocks(&env, &a).await.iter().sum();
 
@@ -140,7 +140,7 @@ async fn a_slow_borrower_and_reconcile_finishing_its_transfer_credit_the_units_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(6, 1, 3).await?;
+    let a = env.open_activity_in_buckets(6, 1, 3).await?;
     // The buyer's home is empty: their unit is borrowed from another bucket.
     let user = empty_home(&env, &a, 2).await?;
     let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
@@ -194,7 +194,7 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(12, 1, 3).await?;
+    let a = env.open_activity_in_buckets(12, 1, 3).await?;
     let mut all = Bucket::all(a.id, 3);
     let (home, donor) = (all.next().unwrap(), all.next().unwrap());
     let id = Uuid::new_v4();
@@ -223,7 +223,7 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
 async fn a_unit_given_back_to_a_donor_already_asked_is_found_by_the_sale_wide_check(
 ) -> anyhow::Result<()> {
     let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
-    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    let a = env.open_activity_in_buckets(3, 1, 3).await?;
     let mut held = Vec::new();
     for i in 0..3 {
         let user = &users_at_home(a.id, 3, i, 1, "first")[0];

@@ -35,7 +35,7 @@ async fn an_admin_lower_of_a_mostly_sold_bucketed_sale_takes_from_the_buckets_th
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
     let admin = env.admin_state();
-    let a = env.open_sale_in_buckets(30, 1, 3).await?;
+    let a = env.open_activity_in_buckets(30, 1, 3).await?;
     // 25 of 30 sold, the 5 left unevenly: all of bucket 0's units went.
     let mut messages = Vec::new();
     for u in users_at_home(a.id, 3, 0, 10, "zero") {
@@ -108,7 +108,7 @@ async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
     let admin = env.admin_state();
     let start = Utc::now() + chrono::Duration::minutes(5);
     let a = env
-        .sale_in_buckets(12, 1, start, start + chrono::Duration::hours(1), 3)
+        .activity_in_buckets(12, 1, start, start + chrono::Duration::hours(1), 3)
         .await?;
     assert_eq!(stocks(&env, &a).await, vec![4, 4, 4]);
     let patch = ActivityPatch {
@@ -148,7 +148,7 @@ async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
     );
 
     // Once the sale runs, the count is fixed.
-    let running = env.open_sale_in_buckets(12, 1, 3).await?;
+    let running = env.open_activity_in_buckets(12, 1, 3).await?;
     let refused = admin::update_activity(&admin, running.id, &patch).await;
     assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
     assert_eq!(
@@ -162,7 +162,7 @@ async fn the_bucket_count_changes_only_before_the_start_and_reloads_the_layout(
 async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole_sale(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(10, 2, 3).await?;
+    let a = env.open_activity_in_buckets(10, 2, 3).await?;
     let view = view::view(&env.redis, a.id).await?.expect("loaded");
     assert_eq!(view.stock, 10);
     let m = attempt(&env, &a, "viewer", 2, 1).await?.expect("bought");
@@ -193,7 +193,7 @@ async fn the_public_view_adds_up_the_buckets_and_a_lost_bucket_reloads_the_whole
 async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_another_bucket(
 ) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(CLUSTER).await?);
-    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let a = env.open_activity_in_buckets(9, 1, 3).await?;
     let user = users_at_home(a.id, 3, 2, 1, "canceller")[0].clone();
     let m = attempt(&env, &a, &user, 1, 3).await?.expect("bought");
     commit_all(&env, std::slice::from_ref(&m)).await;
@@ -243,7 +243,7 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
 async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stamped(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(9, 1, 3).await?;
+    let a = env.open_activity_in_buckets(9, 1, 3).await?;
     let ttl = Duration::from_millis(300);
     let mut stale =
         seckill_shared::protocol::lock::acquire(&env.redis, &env.pool, a.id, ttl, ttl).await?;
@@ -252,7 +252,7 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
     let next =
         seckill_shared::protocol::lock::acquire(&env.redis, &env.pool, a.id, ttl * 10, ttl).await?;
     let bucket = Bucket::all(a.id, 3).nth(2).unwrap();
-    let meta = meta::SaleMeta {
+    let meta = meta::ActivityMeta {
         title: a.title.clone(),
         total: 9,
         per_order_limit: 1,
@@ -284,7 +284,7 @@ async fn a_holder_whose_lease_ran_out_cannot_write_a_bucket_the_next_holder_stam
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stamp_of_an_older_token_never_replaces_a_newer_one() -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    let a = env.open_activity_in_buckets(3, 1, 3).await?;
     let stamp = env
         .redis
         .bucket_keys(Bucket::all(a.id, 3).nth(1).unwrap())

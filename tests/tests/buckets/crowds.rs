@@ -17,7 +17,7 @@ use testkit::TestEnv;
 
 async fn sells_exactly_the_stock_to_a_crowd_ten_times_over(count: u32) -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(150, 1, count).await?;
+    let a = env.open_activity_in_buckets(150, 1, count).await?;
     let users: Vec<String> = (0..1500).map(|i| format!("crowd-{i}")).collect();
     // Every user twice: one order per user must hold though they spread over the buckets.
     let (accepted, refused) = crowd(&env, &a, &users, 2).await;
@@ -50,7 +50,7 @@ async fn eight_buckets_sell_exactly_the_stock_to_a_crowd_ten_times_over() -> any
 async fn skewed_buyers_empty_their_home_bucket_early_and_still_buy_every_unit() -> anyhow::Result<()>
 {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(90, 1, 3).await?;
+    let a = env.open_activity_in_buckets(90, 1, 3).await?;
     // 900 buyers, 720 of them at home in bucket 0, which holds a third of the stock.
     let mut users = users_at_home(a.id, 3, 0, 720, "hot");
     users.extend(users_at_home(a.id, 3, 1, 90, "warm"));
@@ -82,7 +82,7 @@ async fn skewed_buyers_empty_their_home_bucket_early_and_still_buy_every_unit() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_last_unit_anywhere_is_found_by_a_buyer_of_any_bucket() -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(3, 2, 3).await?;
+    let a = env.open_activity_in_buckets(3, 2, 3).await?;
     // Sell bucket 0 and 1 dry with their own buyers, leave one unit in bucket 2.
     for (index, tag) in [(0, "zero"), (1, "one")] {
         let user = users_at_home(a.id, 3, index, 1, tag)[0].clone();
@@ -114,7 +114,7 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
     use testkit::call;
     use testkit::request;
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(4, 1, 3).await?;
+    let a = env.open_activity_in_buckets(4, 1, 3).await?;
     let app = env.entry_router();
     let path = format!("/activities/{}/orders", a.id);
     let buyers: Vec<String> = (0..3)
@@ -167,7 +167,7 @@ async fn the_entry_sells_a_bucketed_sale_over_http_and_each_buyer_finds_their_or
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refusal_of_a_sold_out_bucketed_sale_costs_about_one_script_call() -> anyhow::Result<()> {
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(3, 1, 3).await?;
+    let a = env.open_activity_in_buckets(3, 1, 3).await?;
     for i in 0..3 {
         let user = &users_at_home(a.id, 3, i, 1, "first")[0];
         assert!(attempt(&env, &a, user, 1, 3).await?.is_ok());
@@ -211,7 +211,7 @@ async fn a_crowd_over_http_buys_every_unit_of_a_bucketed_sale_without_a_503() ->
 {
     use axum::http::StatusCode;
     let env = TestEnv::new(CLUSTER).await?;
-    let a = env.open_sale_in_buckets(300, 1, 3).await?;
+    let a = env.open_activity_in_buckets(300, 1, 3).await?;
     let app = env.entry_router();
     let requests: Vec<String> = (0..2)
         .flat_map(|_| (0..1500).map(|i| format!("crowd-{i}")))

@@ -26,7 +26,7 @@ pub async fn buyer(c: Arc<Chaos>, index: u64, budget: u64, gap: Duration) -> any
         if c.stopped() {
             break;
         }
-        let activity_id = c.pick_sale(&mut rng);
+        let activity_id = c.pick_activity(&mut rng);
         let user = c.users.choose(&mut rng).context("users")?.clone();
         let quantity = rng.random_range(1..=PER_ORDER_LIMIT);
         let attempt = c.purchase(activity_id, user, quantity).await;
@@ -90,7 +90,7 @@ impl Chaos {
 pub async fn lost_replies(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(300);
     while c.nap(rng.random_range(200..1200)).await {
-        let id = c.pick_sale(&mut rng);
+        let id = c.pick_activity(&mut rng);
         let n: u32 = rng.random_range(1..=3);
         let armed = pause::arm_failure("queue.send.lost_reply", id, n);
         // Held until it fired n times, or for at most 1.5 s.

@@ -25,7 +25,7 @@ fn is_live(status: &str) -> bool {
 
 impl Chaos {
     /// Every check of one sale at quiescence.
-    pub async fn check_sale(&self, id: i64) -> anyhow::Result<()> {
+    pub async fn check_activity(&self, id: i64) -> anyhow::Result<()> {
         // The books: conservation, the database's remaining stock, no oversell, the users,
         // one live order per user.
         let books = Books::read(&self.patient.redis, &self.env.pool, id).await?;

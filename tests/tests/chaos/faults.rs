@@ -59,7 +59,7 @@ pub async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
         None => {
             // A bucketed sale may lose one bucket alone (its shard restarted empty).
             let one = rng.random_bool(0.5);
-            for &id in &c.sales {
+            for &id in &c.activities {
                 let all: Vec<Bucket> = c.buckets_of(id).collect();
                 let lost = if one && all.len() > 1 {
                     vec![all[rng.random_range(0..all.len())]]
@@ -117,7 +117,7 @@ pub async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
                 return Ok(());
             }
             // A paused server times the call out: this loss is skipped then.
-            if testkit::lose_sale(&c.patient.redis, id).await.is_ok() {
+            if testkit::lose_activity(&c.patient.redis, id).await.is_ok() {
                 c.count(|r| {
                     r.keys_lost += 1;
                     r.draw_keys_lost += 1;
@@ -135,7 +135,7 @@ pub async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
 pub async fn lost_fields(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(1100);
     while c.nap(rng.random_range(300..1200)).await {
-        let id = c.pick_sale(&mut rng);
+        let id = c.pick_activity(&mut rng);
         let all: Vec<Bucket> = c.buckets_of(id).collect();
         let bucket = all[rng.random_range(0..all.len())];
         let k = c.patient.redis.bucket_keys(bucket);

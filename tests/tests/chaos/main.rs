@@ -324,8 +324,8 @@ async fn run_seed(v: Variant, seed: u64, phase: Duration) -> anyhow::Result<Vec<
         chaos.final_reconcile().await?;
     }
     chaos.wait_for_give_backs().await?;
-    for &id in &chaos.sales {
-        chaos.check_sale(id).await?;
+    for &id in &chaos.activities {
+        chaos.check_activity(id).await?;
     }
     chaos.print_report();
     let mut findings = chaos.findings();

@@ -29,7 +29,7 @@ pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
             c.release_unpaid(&mut rng).await;
             continue;
         }
-        let id = c.pick_sale(&mut rng);
+        let id = c.pick_activity(&mut rng);
         let confirmed: Vec<i64> = sqlx::query_scalar(
             "select id from orders where activity_id = $1 and status = 'confirmed' order by id",
         )
@@ -133,7 +133,7 @@ pub async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
     let state = c.patient.admin_state();
     let mut rng = c.rng(500);
     while c.nap(rng.random_range(300..1000)).await {
-        let id = c.pick_sale(&mut rng);
+        let id = c.pick_activity(&mut rng);
         let current = activity::get(&c.env.pool, id)
             .await?
             .with_context(|| format!("sale {id} is gone from the database"))?;

@@ -111,7 +111,7 @@ impl Chaos {
         let until = Instant::now() + GIVE_BACK_WAIT;
         loop {
             let mut busy = false;
-            for &id in &self.sales {
+            for &id in &self.activities {
                 for (_, snap) in self.snapshots(id).await? {
                     busy |= !snap.ledger.is_empty();
                 }

@@ -11,7 +11,7 @@ use testkit::invariants::{self};
 pub async fn watcher(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(700);
     while c.nap(rng.random_range(30..100)).await {
-        for &id in &c.sales {
+        for &id in &c.activities {
             c.sample(id).await?;
         }
     }

@@ -45,7 +45,7 @@ pub struct Chaos {
     pub patient: TestEnv,
     pub private: Option<PrivateRedis>,
     pub router: axum::Router,
-    pub sales: Vec<i64>,
+    pub activities: Vec<i64>,
     /// Each sale's bucket count (1: one bucket).
     buckets: HashMap<i64, u32>,
     /// The draw sales and their draw window.
@@ -133,7 +133,7 @@ impl Chaos {
         let mut layout = seeded(seed, 11);
         // Some one-bucket sales admit by draw (their own stream too).
         let mut admission = seeded(seed, 12);
-        let mut sales = Vec::new();
+        let mut activities = Vec::new();
         let mut buckets = HashMap::new();
         let mut draws = HashMap::new();
         for &stock in &stocks {
@@ -145,14 +145,14 @@ impl Chaos {
             let window = (count == 1 && admission.random_bool(0.6))
                 .then(|| phase.mul_f64(admission.random_range(0.25..0.6)));
             let id = match window {
-                Some(window) => draw_sale(&env, stock, window).await?,
+                Some(window) => draw_activity(&env, stock, window).await?,
                 None => {
-                    env.open_sale_in_buckets(stock, PER_ORDER_LIMIT, count)
+                    env.open_activity_in_buckets(stock, PER_ORDER_LIMIT, count)
                         .await?
                         .id
                 }
             };
-            sales.push(id);
+            activities.push(id);
             buckets.insert(id, count);
             if let Some(window) = window {
                 draws.insert(id, window);
@@ -173,7 +173,7 @@ impl Chaos {
             patient,
             private,
             router,
-            sales,
+            activities,
             buckets,
             draws,
             stocks,
@@ -196,7 +196,7 @@ impl Chaos {
             String::new()
         };
         let draws: Vec<String> = self
-            .sales
+            .activities
             .iter()
             .filter_map(|id| {
                 self.draws
@@ -209,9 +209,9 @@ impl Chaos {
              {:?}, {} users, {} attempts, {phase:?} of actors{grace}",
             self.seed,
             self.variant,
-            self.sales,
+            self.activities,
             self.stocks,
-            self.sales.iter().map(|id| self.buckets[id]).collect::<Vec<_>>(),
+            self.activities.iter().map(|id| self.buckets[id]).collect::<Vec<_>>(),
             draws,
             self.users.len(),
             self.attempts_budget
@@ -252,10 +252,10 @@ impl Chaos {
     }
 
     /// The first sale gets most of the traffic.
-    pub fn pick_sale(&self, rng: &mut StdRng) -> i64 {
-        match self.sales.get(1) {
+    pub fn pick_activity(&self, rng: &mut StdRng) -> i64 {
+        match self.activities.get(1) {
             Some(&second) if rng.random_bool(0.3) => second,
-            _ => self.sales[0],
+            _ => self.activities[0],
         }
     }
 
@@ -289,7 +289,7 @@ impl Chaos {
         lock(&self.findings)
             .iter()
             .map(|f| {
-                let sale = f
+                let activity = f
                     .activity_id
                     .map(|id| format!(" sale {id}"))
                     .unwrap_or_default();
@@ -299,7 +299,7 @@ impl Chaos {
                     String::new()
                 };
                 format!(
-                    "seed={} [{}] check {}{sale}: {}{times}",
+                    "seed={} [{}] check {}{activity}: {}{times}",
                     self.seed, self.variant, f.check, f.detail
                 )
             })
@@ -397,11 +397,11 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
 }
 
 /// A draw sale opening now, its pool open for `window`, loaded into Redis.
-async fn draw_sale(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
+async fn draw_activity(env: &TestEnv, stock: i64, window: Duration) -> anyhow::Result<i64> {
     let now = Utc::now();
     let a = env
         .load_new(
-            &testkit::sale()
+            &testkit::new_activity()
                 .title("chaos draw")
                 .stock(stock)
                 .limit(PER_ORDER_LIMIT)

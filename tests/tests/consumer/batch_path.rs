@@ -2,7 +2,7 @@
 //! database cannot cover the whole batch or a user would hold two orders, and is measured against
 //! the per-message baseline.
 
-use crate::{event, event_of, open_sale, record, record_of, rows};
+use crate::{event, event_of, open_activity, record, record_of, rows};
 use aws_lambda_events::event::sqs::SqsMessage;
 use futures::StreamExt;
 use seckill_shared::domain::purchase::OrderMessage;
@@ -46,7 +46,7 @@ async fn final_state(env: &TestEnv, activity_id: i64) -> Final {
 /// message, a reservation reconcile already gave back, and a poison message.
 async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let a = open_sale(&env, 100, 3).await;
+    let a = open_activity(&env, 100, 3).await;
     let c = env.consumer().with_batch_writes(batch_writes);
     let mut messages = Vec::new();
     for i in 0..10 {
@@ -114,7 +114,7 @@ async fn batch_path_commits_a_mixed_batch_exactly_like_the_per_message_path() ->
 /// Six reservations, but the database has only four units left.
 async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStats) {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let mut messages = Vec::new();
     for i in 0..6 {
         messages.push(reserve(&env, a.id, &format!("s{i}"), 1).await);
@@ -172,7 +172,7 @@ async fn batch_path_falls_back_when_the_database_cannot_cover_the_whole_batch() 
 /// One user of the batch already holds an order the database knows and Redis forgot.
 async fn second_order_in_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let c = env.consumer().with_batch_writes(batch_writes);
     let first = reserve(&env, a.id, "p0", 1).await;
     c.handle_message(&first).await.unwrap();
@@ -233,7 +233,7 @@ async fn batch_path_throughput_against_per_message_baseline() -> anyhow::Result<
     let mut rates = Vec::new();
     for batch_writes in [false, true] {
         let env = TestEnv::new(RedisKind::Standalone).await?;
-        let a = open_sale(&env, ORDERS as i64, 1).await;
+        let a = open_activity(&env, ORDERS as i64, 1).await;
         let messages: Vec<OrderMessage> = futures::stream::iter(0..ORDERS)
             .map(|i| {
                 let env = &env;

@@ -2,7 +2,7 @@
 //! queue), an unreachable database reports every message and loses nothing.
 
 use crate::{
-    count_status, deliver_once, event, event_of, failed_ids, open_sale, queue_is_empty, record,
+    count_status, deliver_once, event, event_of, failed_ids, open_activity, queue_is_empty, record,
     record_of, rows,
 };
 use aws_lambda_events::event::sqs::SqsMessage;
@@ -27,7 +27,7 @@ async fn poison_message_is_reported_alone_and_the_others_commit(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let good: Vec<OrderMessage> =
         futures::future::join_all((0..3).map(|i| reserve(&env, a.id, ["ann", "ben", "cat"][i], 1)))
             .await;
@@ -65,7 +65,7 @@ async fn poison_message_on_the_real_queue_ends_in_the_dead_letter_queue(
     let env = TestEnv::new(kind).await?;
     let url = testkit::fresh_queue(&env.sqs, 1, 2).await?;
     let queue = OrderQueue::new(env.sqs.clone(), url.clone(), Duration::from_secs(10));
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     for user in ["ann", "ben"] {
         queue
             .send(&reserve(&env, a.id, user, 1).await, a.id)
@@ -117,7 +117,7 @@ async fn unreachable_database_reports_every_message_and_loses_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let messages = vec![
         reserve(&env, a.id, "ann", 1).await,
         reserve(&env, a.id, "ben", 1).await,

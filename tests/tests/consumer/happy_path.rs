@@ -2,7 +2,7 @@
 //! orders sent through the real queue, and a crowd of 500 attempts through the purchase, the queue
 //! and the consumer selling exactly the stock.
 
-use crate::{count_status, drain, event_of, fixture, open_sale, queue_is_empty, rows};
+use crate::{count_status, drain, event_of, fixture, open_activity, queue_is_empty, rows};
 use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::status::OrderStatus;
@@ -30,7 +30,7 @@ fn the_fixture_event_carries_valid_order_messages() {
 
 async fn batch_of_reservations_becomes_confirmed_orders(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 100, 2).await;
+    let a = open_activity(&env, 100, 2).await;
     let mut messages = Vec::new();
     for i in 0..10 {
         messages.push(reserve(&env, a.id, &format!("user-{i}"), 1 + i % 2).await);
@@ -69,7 +69,7 @@ async fn orders_sent_through_the_real_queue_commit_and_leave_it_empty(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     for i in 0..5 {
         let m = reserve(&env, a.id, &format!("q-{i}"), 1).await;
         env.queue.send(&m, m.attempt.activity_id).await?;
@@ -102,7 +102,7 @@ async fn crowd_of_500_attempts_sells_exactly_the_stock(kind: RedisKind) -> anyho
     const USERS: usize = 200;
     const ATTEMPTS: usize = 500;
     let env = TestEnv::new(kind).await.unwrap();
-    let a = open_sale(&env, STOCK, 1).await;
+    let a = open_activity(&env, STOCK, 1).await;
     // The crowd's own Redis handle, patient: this test is about the consumer, and a purchase
     // that times out on a busy machine may still have run (the entry's job to handle).
     let mut patient = env.config.clone();

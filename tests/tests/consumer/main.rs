@@ -174,6 +174,6 @@ async fn queue_is_empty(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> bool {
             == Some("0")
 }
 
-async fn open_sale(env: &TestEnv, stock: i64, limit: i64) -> Activity {
-    env.open_sale(stock, limit).await.expect("sale created")
+async fn open_activity(env: &TestEnv, stock: i64, limit: i64) -> Activity {
+    env.open_activity(stock, limit).await.expect("sale created")
 }

@@ -1,7 +1,7 @@
 //! Idempotency: a message delivered N times (in a row, at once, while the first transaction waits,
 //! after a batch ran out of time) yields one order and no compensation.
 
-use crate::{count_status, event_of, no_compensation, open_sale, rows};
+use crate::{count_status, event_of, no_compensation, open_activity, rows};
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol::consume::Decision;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -21,7 +21,7 @@ async fn message_delivered_three_times_creates_one_order_and_no_compensation(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let c = env.consumer();
 
@@ -47,7 +47,7 @@ async fn message_delivered_twice_at_once_creates_one_order_and_no_compensation(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let n = reserve(&env, a.id, "bob", 1).await;
     let c = env.consumer();
@@ -95,7 +95,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     let before = snapshot(&env, a.id).await;
     let c = env.consumer();
@@ -145,7 +145,7 @@ async fn redelivery_while_the_first_transaction_waits_creates_one_order(
 #[tokio::test]
 async fn a_batch_out_of_time_starts_nothing_and_its_redelivery_commits_it() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let mut messages = Vec::new();
     for user in ["alice", "bob", "carol"] {
         messages.push(reserve(&env, a.id, user, 1).await);
@@ -178,7 +178,7 @@ async fn a_batch_stuck_at_its_stop_answers_in_time_and_its_redelivery_commits_it
 ) -> anyhow::Result<()> {
     for batch_writes in [true, false] {
         let env = TestEnv::new(RedisKind::Standalone).await?;
-        let a = open_sale(&env, 10, 1).await;
+        let a = open_activity(&env, 10, 1).await;
         let mut messages = Vec::new();
         for user in ["alice", "bob", "carol"] {
             messages.push(reserve(&env, a.id, user, 1).await);

@@ -1,7 +1,7 @@
 //! Business refusals: compensate first, then record, then ack (the database sold out, a user who
 //! already holds an order, a reservation reconcile gave back).
 
-use crate::{count_status, event_of, no_compensation, open_sale, rows, Row};
+use crate::{count_status, event_of, no_compensation, open_activity, rows, Row};
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::giveback;
@@ -20,7 +20,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 5, 1).await;
+    let a = open_activity(&env, 5, 1).await;
     let messages = vec![
         reserve(&env, a.id, "ann", 1).await,
         reserve(&env, a.id, "ben", 1).await,
@@ -84,7 +84,7 @@ async fn user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let c = env.consumer();
     let first = reserve(&env, a.id, "alice", 1).await;
     assert_eq!(
@@ -132,7 +132,7 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = open_sale(&env, 10, 1).await;
+    let a = open_activity(&env, 10, 1).await;
     let m = reserve(&env, a.id, "alice", 1).await;
     // Reconcile's give-back: the claim, then the units.
     let given = giveback::give_back(

@@ -47,7 +47,7 @@ fn chi_square(ranks: &[i64]) -> f64 {
 /// A draw sale of STOCK units with ENTRANTS entrants, arriving one after the other: the arrival
 /// rank of each winner after its draw (each sale has its own ticket secret).
 async fn winners_of_a_draw(env: &TestEnv) -> anyhow::Result<Vec<i64>> {
-    let a = env.draw_sale(STOCK, 1).await?;
+    let a = env.draw_activity(STOCK, 1).await?;
     for i in 0..ENTRANTS {
         let entered = enter(env, a.id, &format!("u{i}")).await;
         assert_eq!(entered, Outcome::Queued { rank: i as i64 + 1 });
@@ -82,7 +82,7 @@ async fn winners_of_a_draw(env: &TestEnv) -> anyhow::Result<Vec<i64>> {
 async fn the_draw_gives_no_advantage_to_early_arrivals_where_first_come_gives_them_all() {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
 
-    let fcfs = env.open_sale(STOCK, 1).await.unwrap();
+    let fcfs = env.open_activity(STOCK, 1).await.unwrap();
     let mut fcfs_ranks = Vec::new();
     for i in 0..ENTRANTS {
         match enter(&env, fcfs.id, &format!("u{i}")).await {
@@ -190,7 +190,7 @@ async fn the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(40, 1).await?;
+    let a = env.draw_activity(40, 1).await?;
     let before = public_draw(&app, &a).await;
     let commitment = before["commitment"]
         .as_str()

@@ -42,7 +42,7 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(10, 2).await?;
+    let a = env.draw_activity(10, 2).await?;
 
     let (status, body) = buy(&app, &a, "alice", Some(r#"{"quantity": 2}"#)).await;
     assert_eq!(
@@ -121,7 +121,7 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(3, 1).await?;
+    let a = env.draw_activity(3, 1).await?;
     let users: Vec<String> = (0..8).map(|i| format!("entrant-{i}")).collect();
     for u in &users {
         assert_eq!(buy(&app, &a, u, None).await.0, StatusCode::ACCEPTED);
@@ -166,7 +166,7 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     assert_eq!(buy(&app, &a, "alice", None).await.0, StatusCode::ACCEPTED);
     close_draw_window(&env, a.id).await;
     let paused = pause::arm("entry.my_order.after_pool_read", a.id);
@@ -203,7 +203,7 @@ async fn a_full_pool_refuses_the_next_entrant_and_changes_nothing(
     let app = env.entry_router();
     let now = chrono::Utc::now();
     let new = |max_entrants: i64| {
-        testkit::sale()
+        testkit::new_activity()
             .title("small pool")
             .stock(2)
             .limit(1)
@@ -299,7 +299,7 @@ async fn no_entry_after_the_first_draw_step_whatever_the_clock(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(2 * draw::STEP_TICKETS as i64, 1).await?;
+    let a = env.draw_activity(2 * draw::STEP_TICKETS as i64, 1).await?;
     for i in 0..3 * draw::STEP_TICKETS {
         enter(&env, a.id, &format!("e{i}")).await;
     }
@@ -334,7 +334,7 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
     let entrants = 3 * draw::STEP_TICKETS + 17;
     // Stock for more than one step's tickets: the draw needs several steps.
     let stock = (2 * draw::STEP_TICKETS) as i64;
-    let a = env.draw_sale(stock, 1).await?;
+    let a = env.draw_activity(stock, 1).await?;
     let users: Vec<String> = (0..entrants).map(|i| format!("e{i:04}")).collect();
     for user in &users {
         assert!(matches!(

@@ -31,7 +31,7 @@ async fn attempts_past_the_per_user_rate_are_429_and_change_nothing(
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let new = |rate: Option<i64>| {
-        testkit::sale()
+        testkit::new_activity()
             .title("rate")
             .stock(100)
             .limit(1)
@@ -157,7 +157,7 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
     .await;
     assert_eq!(status, StatusCode::CREATED);
 
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let path = format!("/admin/activities/{}", a.id);
     for change in [r#"{"admission": "fcfs"}"#, r#"{"drawWindowMs": 1000}"#] {
         let (status, answer) = call(&admin, request("PUT", &path, ops, Some(change))).await;
@@ -195,7 +195,7 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let path = format!("/admin/activities/{}", a.id);
     let admin = env.admin_router();
     let ops = Some(("ops", "seckill:admin"));

@@ -33,7 +33,7 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     for i in 0..8 {
         assert_eq!(
             buy(&app, &a, &format!("e{i}"), None).await.0,
@@ -75,7 +75,7 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(4, 1).await?;
+    let a = env.draw_activity(4, 1).await?;
     for i in 0..6 {
         assert_eq!(
             buy(&app, &a, &format!("e{i}"), None).await.0,
@@ -127,7 +127,7 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
 /// and no loser told `not_drawn` becomes a winner.
 async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(2, 1).await?;
+    let a = env.draw_activity(2, 1).await?;
     for i in 0..10 {
         enter(&env, a.id, &format!("e{i}")).await;
     }
@@ -141,7 +141,7 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
         .collect();
     assert_eq!(losers.len(), 8);
 
-    testkit::lose_sale(&env.redis, a.id).await?;
+    testkit::lose_activity(&env.redis, a.id).await?;
     seckill_shared::protocol::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
         .await?;
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());

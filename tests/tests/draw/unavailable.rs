@@ -37,7 +37,7 @@ on_both_redis!(
 async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let (status, body) = buy(&app, &a, "alice", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -73,7 +73,7 @@ async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let dead = env.entry_router_with(|c| c.pool = testkit::dead_pool());
     let lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let (status, body) = buy(&dead, &a, "alice", None).await;
@@ -97,7 +97,7 @@ async fn a_draw_entry_answered_503_with_the_database_down_leaves_the_pool(
 async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Result<()> {
     use seckill_shared::protocol::draw::leave_unanswered;
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let mut claims = Vec::new();
     for user in ["u1", "u2", "u3", "u4"] {
         let entry = testkit::reserve_in_pool(&env, a.id, user).await;
@@ -145,7 +145,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(1, 1).await?;
+    let a = env.draw_activity(1, 1).await?;
     let _lost = pause::arm_failure("entry.purchase.reply_lost", a.id, 1);
     let paused = pause::arm("entry.unanswered.after_claim", a.id);
     let alice = {
@@ -193,7 +193,7 @@ async fn a_draw_between_a_503s_claim_and_its_give_back_holds_nothing(
 /// another attempt. A retry cannot improve the odds.
 async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let first = Uuid::now_v7();
     let mut attempt = Attempt {
         request_id: first,
@@ -220,7 +220,7 @@ async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Res
         assert_eq!(tickets(&env, a.id).await["alice"], ticket);
     }
     // Another sale, another secret: another ticket (2^-52 to be equal by chance).
-    let b = env.draw_sale(5, 1).await?;
+    let b = env.draw_activity(5, 1).await?;
     enter(&env, b.id, "alice").await;
     assert_ne!(tickets(&env, b.id).await["alice"], ticket);
     Ok(())

@@ -20,7 +20,7 @@ use seckill_shared::store::draw::{self};
 use seckill_shared::store::view;
 use std::collections::{BTreeMap, BTreeSet};
 use testkit::{buy, close_draw_window, consume_queue, my_status, order_rows};
-use testkit::{lose_sale, TestEnv};
+use testkit::{lose_activity, TestEnv};
 
 /// `n` entrants `prefix0..` through the entry's router, each answered 202 `queued`.
 async fn entrants(app: &Router, a: &Activity, prefix: &str, n: usize) -> Vec<String> {
@@ -46,7 +46,7 @@ async fn closed_window(
     stock: i64,
     n: usize,
 ) -> anyhow::Result<(Activity, Vec<String>)> {
-    let a = env.draw_sale(stock, 1).await?;
+    let a = env.draw_activity(stock, 1).await?;
     let users = entrants(app, &a, "e", n).await;
     consume_queue(env).await?;
     close_draw_window(env, a.id).await;
@@ -55,7 +55,7 @@ async fn closed_window(
 
 /// Redis loses the sale and the next load (preheat's, reconcile's) loads it from scratch.
 async fn lose_and_reload(env: &TestEnv, a: &Activity) {
-    lose_sale(&env.redis, a.id).await.unwrap();
+    lose_activity(&env.redis, a.id).await.unwrap();
     load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
         .await
         .unwrap();
@@ -132,7 +132,7 @@ async fn winners_in_pool(env: &TestEnv, a: &Activity) -> BTreeSet<String> {
 }
 
 /// The sale's keys as they are now (`DUMP`), to go back to.
-async fn dump_sale(env: &TestEnv, a: &Activity) -> Vec<(String, Option<Vec<u8>>)> {
+async fn dump_activity(env: &TestEnv, a: &Activity) -> Vec<(String, Option<Vec<u8>>)> {
     let k = env.redis.keys(a.id);
     let mut out = Vec::new();
     for key in [&k.meta, &k.users, &k.ledger, &k.pool, &k.outbox, &k.tickets] {
@@ -144,7 +144,7 @@ async fn dump_sale(env: &TestEnv, a: &Activity) -> Vec<(String, Option<Vec<u8>>)
 
 /// Puts the sale's keys back to a [`dump_sale`], as a replica promoted without the writes
 /// since would hold them.
-async fn restore_sale(env: &TestEnv, dump: &[(String, Option<Vec<u8>>)]) {
+async fn restore_activity(env: &TestEnv, dump: &[(String, Option<Vec<u8>>)]) {
     for (key, value) in dump {
         match value {
             Some(v) => {

@@ -29,7 +29,7 @@ on_both_redis!(
 /// waits, and reconcile's next run finishes the rebuild before it runs the draw.
 async fn reconcile_finishes_a_rebuild_a_load_left(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let n = drawing::REBUILD_CHUNK + 50;
     let users = keep_entries(&env, &a, n).await;
     let cut = pause::arm_failure("draw.rebuild.between_chunks", a.id, 1);
@@ -65,7 +65,7 @@ async fn a_user_who_entered_again_during_a_rebuild_goes_back_once(
 ) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let users = keep_entries(&env, &a, drawing::REBUILD_CHUNK + 50).await;
     let late = users.last().unwrap().clone();
     let paused = pause::arm("draw.rebuild.between_chunks", a.id);
@@ -127,7 +127,7 @@ async fn keep_entries(env: &TestEnv, a: &Activity, n: usize) -> Vec<String> {
 async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(3, 1).await?;
+    let a = env.draw_activity(3, 1).await?;
     let failed = pause::arm_failure("entry.enter.send", a.id, 1);
     let (status, body) = buy(&app, &a, "alice", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -178,7 +178,7 @@ async fn an_entry_answered_503_is_never_put_back(kind: RedisKind) -> anyhow::Res
 async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
     let app = env.entry_router();
-    let a = env.draw_sale(3, 1).await?;
+    let a = env.draw_activity(3, 1).await?;
     entrants(&app, &a, "e", 1).await;
     let paused = pause::arm("consumer.entry.after_commit", a.id);
     let consuming = {
@@ -206,7 +206,7 @@ async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> a
 async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> anyhow::Result<()> {
     let env = Arc::new(TestEnv::new(kind).await?);
     let app = env.entry_router();
-    let a = env.draw_sale(5, 1).await?;
+    let a = env.draw_activity(5, 1).await?;
     let n = drawing::REBUILD_CHUNK + 50;
     let users = keep_entries(&env, &a, n).await;
     let answered_503 = users.last().unwrap().clone();

@@ -3,8 +3,8 @@
 //! a lower while the sale is lost, a record of a draw lost meanwhile.
 
 use crate::{
-    closed_window, dump_sale, entrants, every_entrant_ends_drawn_or_not, lose_and_reload,
-    lowest_tickets, restore_sale, winners_in_pool,
+    closed_window, dump_activity, entrants, every_entrant_ends_drawn_or_not, lose_and_reload,
+    lowest_tickets, restore_activity, winners_in_pool,
 };
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::domain::status::OrderStatus;
@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use testkit::on_both_redis;
 use testkit::{close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
-use testkit::{lose_sale, RedisKind, TestEnv};
+use testkit::{lose_activity, RedisKind, TestEnv};
 
 on_both_redis!(
     entries_survive_a_loss_inside_the_window,
@@ -36,7 +36,7 @@ on_both_redis!(
 async fn entries_survive_a_loss_inside_the_window(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
-    let a = env.draw_sale(3, 1).await?;
+    let a = env.draw_activity(3, 1).await?;
     let mut users = entrants(&app, &a, "kept", 6).await;
     assert_eq!(consume_queue(&env).await?, 0);
     assert_eq!(draw_entry_rows(&env, a.id).await, 6);
@@ -146,13 +146,13 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
-    let before = dump_sale(&env, &a).await;
+    let before = dump_activity(&env, &a).await;
 
     assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
     let first = winners_in_pool(&env, &a).await;
     assert_eq!(consume_queue(&env).await?, 3);
 
-    restore_sale(&env, &before).await;
+    restore_activity(&env, &before).await;
     assert!(
         winners_in_pool(&env, &a).await.is_empty(),
         "the draw's writes are lost"
@@ -176,14 +176,14 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let (a, _) = closed_window(&env, &app, 2, 5).await?;
-    let before = dump_sale(&env, &a).await;
+    let before = dump_activity(&env, &a).await;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
     assert!(drawing::record(&env.redis, &env.pool, a.id)
         .await?
         .is_some());
     let first = winners_in_pool(&env, &a).await;
 
-    restore_sale(&env, &before).await;
+    restore_activity(&env, &before).await;
     // One of the recorded winners is out of the pool this time.
     let gone = first.iter().next().unwrap().clone();
     let k = env.redis.keys(a.id);
@@ -242,7 +242,7 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
         ..ActivityPatch::default()
     };
     admin::update_activity(&admin, a.id, &total(4)).await?;
-    lose_sale(&env.redis, a.id).await?;
+    lose_activity(&env.redis, a.id).await?;
 
     let refused = admin::update_activity(&admin, a.id, &total(2)).await;
     assert!(refused.is_err(), "the winners' units are not for sale");

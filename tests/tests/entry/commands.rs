@@ -98,9 +98,9 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
             Window::NotStarted => (now + hour, now + hour * 2),
             Window::Ended => (now - hour * 2, now - hour),
         };
-        let a = env.sale(case.stock, 2, start, end).await?;
+        let a = env.activity(case.stock, 2, start, end).await?;
         if matches!(case.window, Window::NotLoaded) {
-            testkit::lose_sale(&env.redis, a.id).await?;
+            testkit::lose_activity(&env.redis, a.id).await?;
         }
         let request_id = Uuid::new_v4();
         let earlier = match case.before {

@@ -29,7 +29,7 @@ async fn purchase_script_runs_on_any_topology_without_crossslot(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 2).await?;
+    let a = env.open_activity(5, 2).await?;
 
     let decision = testkit::purchase(
         &env.redis,
@@ -53,7 +53,7 @@ async fn five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(50, 1).await?;
+    let a = env.open_activity(50, 1).await?;
     let app = env.entry_router();
 
     let results = futures::future::join_all((0..500).map(|i| {
@@ -97,7 +97,7 @@ async fn ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await.unwrap();
-    let a = env.open_sale(100, 1).await.unwrap();
+    let a = env.open_activity(100, 1).await.unwrap();
     let app = env.entry_router();
     let done = Arc::new(AtomicBool::new(false));
     let lowest = Arc::new(AtomicI64::new(i64::MAX));
@@ -166,7 +166,7 @@ async fn one_user_sending_100_requests_in_parallel_gets_exactly_one_202(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(10, 1).await?;
+    let a = env.open_activity(10, 1).await?;
     let app = env.entry_router();
 
     let results = futures::future::join_all((0..100).map(|_| {

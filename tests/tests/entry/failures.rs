@@ -41,7 +41,7 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 2).await?;
+    let a = env.open_activity(5, 2).await?;
     let broken = env.entry_router_on(dead_queue(&env), |_| {});
 
     let started = Instant::now();
@@ -69,7 +69,7 @@ async fn crash_between_script_and_send_leaves_the_reservation_in_the_ledger(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 3).await?;
+    let a = env.open_activity(5, 3).await?;
     let request_id = Uuid::new_v4();
 
     // The script ran; the process "died" before sending.
@@ -116,7 +116,7 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
-    let a = env.open_sale(5, 1).await?;
+    let a = env.open_activity(5, 1).await?;
     let app = env.entry_router();
 
     private.signal("-STOP");

@@ -32,7 +32,7 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
     let private = PrivateRedis::start().await;
     let ttl = Duration::from_millis(1500);
     let env = private.env(Duration::from_secs(2), ttl).await;
-    let a = env.open_sale(1, 1).await?;
+    let a = env.open_activity(1, 1).await?;
     let app = env.entry_router();
     let (status, accepted) = buy(&app, &a, "winner", None).await;
     assert_eq!(status, StatusCode::ACCEPTED);
@@ -90,7 +90,7 @@ async fn one_user_looping_database_routes_gets_429_past_the_rate_without_reachin
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 1).await?;
+    let a = env.open_activity(5, 1).await?;
     let (pool, taken) = counting_pool(&env);
     let app = env.entry_router_with(|c| {
         // 2 a second: 4 in a window of 2 s.
@@ -165,7 +165,7 @@ async fn a_repeated_none_is_answered_from_memory_and_our_own_purchase_shows_at_o
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 1).await?;
+    let a = env.open_activity(5, 1).await?;
     let (pool, taken) = counting_pool(&env);
     let app = env.entry_router_with(|c| c.pool = pool);
     let me = |user: &str| {
@@ -223,7 +223,7 @@ async fn a_none_read_before_our_purchase_is_not_kept_after_it(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 1).await?;
+    let a = env.open_activity(5, 1).await?;
     let app = env.entry_router();
     let path = format!("/activities/{}/orders/me", a.id);
     let paused = pause::arm("entry.my_order.before_remember_none", a.id);

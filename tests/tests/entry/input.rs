@@ -23,7 +23,7 @@ async fn user_id_in_the_body_is_ignored_in_favour_of_the_token(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(5, 2).await?;
+    let a = env.open_activity(5, 2).await?;
 
     let (status, body) = buy(
         &env.entry_router(),
@@ -54,7 +54,7 @@ async fn every_bad_input_gets_its_documented_4xx_and_changes_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let app = env.entry_router();
     let orders = orders_path(&a);
     let huge = format!(r#"{{"quantity":1,"userId":"{}"}}"#, "x".repeat(5000));
@@ -127,7 +127,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
     let env = TestEnv::new(kind).await?;
     let now = chrono::Utc::now();
     let hour = chrono::Duration::hours(1);
-    let upcoming = env.sale(5, 1, now + hour, now + hour * 2).await?;
+    let upcoming = env.activity(5, 1, now + hour, now + hour * 2).await?;
     let app = env.entry_router();
 
     let (status, body) = buy(&app, &upcoming, "alice", None).await;
@@ -139,7 +139,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
     // An activity that ended: in the DB and loaded with a past window.
     let ended = activity::insert(
         &env.pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("over")
             .stock(5)
             .limit(1)
@@ -159,7 +159,7 @@ async fn refusals_of_the_window_map_to_their_409s(kind: RedisKind) -> anyhow::Re
 
 async fn public_view_shows_live_stock_from_redis(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.open_sale(7, 2).await?;
+    let a = env.open_activity(7, 2).await?;
     let app = env.entry_router();
     assert_eq!(
         buy(&app, &a, "alice", Some(r#"{"quantity":2}"#)).await.0,

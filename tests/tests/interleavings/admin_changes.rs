@@ -33,7 +33,7 @@ async fn extending_a_running_sale_keeps_its_buyers_and_reservations_alive(
     let (status, _) = w.buy("bob", 1).await; // stays pending
     assert_eq!(status, StatusCode::ACCEPTED);
 
-    let new_end = w.sale.end_at + ChronoDuration::hours(6);
+    let new_end = w.activity.end_at + ChronoDuration::hours(6);
     let patch = ActivityPatch {
         end_at: Some(new_end),
         ..ActivityPatch::default()
@@ -63,7 +63,7 @@ async fn preheat_racing_an_admin_lower_loads_what_the_database_holds(
     // Starts soon: inside the preheat lead, not loaded yet.
     let a = activity::insert(
         &env.pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("soon")
             .stock(10)
             .limit(1)

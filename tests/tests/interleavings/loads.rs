@@ -40,7 +40,7 @@ async fn a_sale_created_inside_the_preheat_lead_is_buyable_at_once(
     let state = env.admin_state();
     let created = admin::create_activity(
         &state,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("flash")
             .stock(5)
             .limit(1)
@@ -79,7 +79,7 @@ async fn a_published_sale_not_in_redis_answers_its_state_never_404(
     for (start, end, status, code) in windows {
         let a = activity::insert(
             &env.pool,
-            &testkit::sale()
+            &testkit::new_activity()
                 .title("not loaded")
                 .stock(5)
                 .limit(1)

@@ -50,24 +50,24 @@ const GRACE: Duration = Duration::from_secs(5);
 struct World {
     env: TestEnv,
     app: Router,
-    sale: Activity,
+    activity: Activity,
 }
 
 async fn world(kind: RedisKind, stock: i64) -> anyhow::Result<World> {
     let mut env = TestEnv::new(kind).await?;
     env.config.reconcile_grace = GRACE;
-    let sale = env.open_sale(stock, 5).await?;
-    Ok(World::new(env, sale))
+    let activity = env.open_activity(stock, 5).await?;
+    Ok(World::new(env, activity))
 }
 
 impl World {
-    fn new(env: TestEnv, sale: Activity) -> Self {
+    fn new(env: TestEnv, activity: Activity) -> Self {
         let app = env.entry_router();
-        Self { env, app, sale }
+        Self { env, app, activity }
     }
 
     fn id(&self) -> i64 {
-        self.sale.id
+        self.activity.id
     }
 
     fn consumer(&self) -> Consumer {
@@ -195,7 +195,7 @@ impl World {
 
     /// Redis loses the sale, as after a restart with no data.
     async fn unload(&self) -> anyhow::Result<()> {
-        testkit::lose_sale(&self.env.redis, self.id()).await
+        testkit::lose_activity(&self.env.redis, self.id()).await
     }
 
     async fn db_row(&self) -> anyhow::Result<Activity> {

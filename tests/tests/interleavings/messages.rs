@@ -201,8 +201,8 @@ async fn a_redis_stall_leaves_no_phantom_reservation() -> anyhow::Result<()> {
     let env = private
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
-    let sale = env.open_sale(100, 1).await?;
-    let w = World::new(env, sale);
+    let activity = env.open_activity(100, 1).await?;
+    let w = World::new(env, activity);
     // A refused purchase loads the script, as the first clicks of a sale do.
     let (_, body) = w.buy("warm-up", 2).await;
     assert_eq!(body["error"], "quantity_exceeds_limit");
@@ -255,8 +255,8 @@ async fn a_send_error_after_the_consumer_committed_never_answers_503() -> anyhow
         .env(Duration::from_millis(300), Duration::from_secs(1))
         .await;
     env.config.reconcile_grace = GRACE;
-    let sale = env.open_sale(10, 5).await?;
-    let w = World::new(env, sale);
+    let activity = env.open_activity(10, 5).await?;
+    let w = World::new(env, activity);
 
     let _lost = pause::arm_failure("queue.send.lost_reply", w.id(), 1);
     let entry_paused = pause::arm("entry.after_send_error", w.id());

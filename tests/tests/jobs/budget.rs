@@ -35,8 +35,8 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
 ) -> anyhow::Result<()> {
     const STALE: usize = 2_500;
     let env = env(kind).await?;
-    let big = env.open_sale(STALE as i64, 1).await?;
-    let small = env.open_sale(5, 1).await?;
+    let big = env.open_activity(STALE as i64, 1).await?;
+    let small = env.open_activity(5, 1).await?;
     for i in 0..STALE {
         reserve(&env, big.id, &format!("u{i:05}"), 1).await;
     }
@@ -97,7 +97,7 @@ async fn a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back(
 ) -> anyhow::Result<()> {
     const BUYERS: usize = 1_200;
     let env = env(kind).await?;
-    let a = env.open_sale(1_500, 1).await?;
+    let a = env.open_activity(1_500, 1).await?;
     let mut reserved = Vec::new();
     for i in 0..BUYERS {
         let user = format!("u{i:05}");
@@ -132,7 +132,7 @@ async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
 ) -> anyhow::Result<()> {
     const GHOSTS: usize = 2_500;
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "buyer", 1).await.attempt.request_id;
     consume(&env, a.id, "buyer", rid, 1).await?;
     let k = env.redis.keys(a.id);

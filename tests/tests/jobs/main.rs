@@ -39,7 +39,7 @@ async fn insert_activity(
 ) -> anyhow::Result<Activity> {
     Ok(activity::insert(
         &env.pool,
-        &testkit::sale()
+        &testkit::new_activity()
             .title("job test")
             .stock(stock)
             .limit(5)

@@ -109,7 +109,7 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
 async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
     let now = Utc::now();
-    let running = env.open_sale(10, 1).await?;
+    let running = env.open_activity(10, 1).await?;
     let soon = insert_activity(
         &env,
         5,

@@ -17,7 +17,7 @@ on_both_redis!(
 
 async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
@@ -67,8 +67,8 @@ async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_or
     // Well before the sales' end (in an hour): a cancel of an ended sale changes the database
     // alone, and sale A must stay one that runs.
     env.config.payment_timeout = Duration::from_secs(60);
-    let a = env.open_sale(10, 5).await?;
-    let b = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
+    let b = env.open_activity(10, 5).await?;
     let mut stuck = Vec::new();
     for i in 0..4 {
         let user = format!("a{i}");
@@ -77,7 +77,7 @@ async fn the_payment_timeout_releases_every_sale_while_one_cannot_release_its_or
     }
     let rid = reserve(&env, b.id, "bob", 1).await.attempt.request_id;
     let bobs = consume(&env, b.id, "bob", rid, 1).await?;
-    testkit::lose_sale(&env.redis, a.id).await?;
+    testkit::lose_activity(&env.redis, a.id).await?;
     let job = env.reconcile();
     let past_timeout = Utc::now() + ChronoDuration::seconds(61);
 

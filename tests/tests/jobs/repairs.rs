@@ -39,7 +39,7 @@ async fn stale_reservation_is_given_back_after_the_grace_period_only(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let job = env.reconcile();
     // The script ran; the order message was never sent.
     reserve(&env, a.id, "alice", 2).await;
@@ -72,7 +72,7 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 3).await.attempt.request_id;
     // The consumer committed and crashed before dropping the ledger entry.
     commit_order(&env, a.id, "alice", rid, 3).await?;
@@ -93,7 +93,7 @@ async fn reservation_whose_order_exists_is_dropped_without_stock_change(
 
 async fn user_in_the_set_with_nothing_behind_it_is_removed(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "buyer", 1).await.attempt.request_id;
     consume(&env, a.id, "buyer", rid, 1).await?;
     reserve(&env, a.id, "pending", 1).await;
@@ -125,7 +125,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     consume(&env, a.id, "alice", rid, 2).await?;
     let job = env.reconcile();
@@ -206,7 +206,7 @@ async fn stale_cancel_entries_are_finished_or_dropped_by_what_the_database_says(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let now_ms = Utc::now().timestamp_millis();
     // alice's cancel committed in the database, then the process died before cancel_finish.
     let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
@@ -269,7 +269,7 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
@@ -323,7 +323,7 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
 
 async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let rid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     consume(&env, a.id, "alice", rid, 1).await?;
     let rid = reserve(&env, a.id, "bob", 2).await.attempt.request_id;

@@ -31,7 +31,7 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     const WAVES: usize = 8;
     const WAVE: usize = 50;
     let env = Arc::new(env(kind).await?);
-    let a = env.open_sale(STOCK, 2).await?;
+    let a = env.open_activity(STOCK, 2).await?;
     let id = a.id;
     let buying = Arc::new(AtomicBool::new(true));
     let done = Arc::new(AtomicBool::new(false));

@@ -10,7 +10,7 @@ use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
-use testkit::end_sale_in_db;
+use testkit::end_activity_in_db;
 use testkit::on_both_redis;
 use testkit::RedisKind;
 use uuid::Uuid;
@@ -168,7 +168,7 @@ async fn a_retried_cancel_finishes_what_a_crash_left_half_done(
     let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
     let cancel_id = Uuid::now_v7();
     let attempt = store::cancel::CancelAttempt {
-        activity_id: w.sale.id,
+        activity_id: w.activity.id,
         user_id: "alice",
         order_id: id,
         request_id: order.request_id,
@@ -205,7 +205,7 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
-    testkit::lose_sale(&w.env.redis, w.sale.id).await?;
+    testkit::lose_activity(&w.env.redis, w.activity.id).await?;
 
     // While the sale runs, Redis lost it and a reload is due: the cancel waits for it.
     let (status, body) = w.cancel(id, "alice").await;
@@ -216,7 +216,7 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database(
     assert_eq!(w.db_stock().await, 8);
 
     // Ended: no loader loads it again, and the database alone changes.
-    end_sale_in_db(&w.env, w.sale.id).await;
+    end_activity_in_db(&w.env, w.activity.id).await;
     let (status, body) = w.cancel(id, "alice").await;
 
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -238,14 +238,14 @@ async fn a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing(
     let order = order::get(&w.env.pool, id).await?.unwrap();
     let stock = w.db_stock().await;
 
-    let paused = seckill_shared::infra::pause::arm("cancel.after_begin", w.sale.id);
+    let paused = seckill_shared::infra::pause::arm("cancel.after_begin", w.activity.id);
     let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
     let canceller = tokio::spawn(async move {
         protocol::cancel::cancel_order(&pool, &redis, &o, chrono::Utc::now()).await
     });
     tokio::time::timeout(std::time::Duration::from_secs(30), paused.reached()).await?;
     let mut conn = w.env.pool.acquire().await?;
-    seckill_shared::domain::activity::bump_load_epoch(&mut conn, w.sale.id).await?;
+    seckill_shared::domain::activity::bump_load_epoch(&mut conn, w.activity.id).await?;
     drop(conn);
     paused.resume();
     let outcome = canceller.await??;
@@ -272,7 +272,7 @@ async fn a_cancel_of_an_order_whose_field_redis_lost_completes(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 2).await;
-    assert!(testkit::lose_field(&w.env.redis, w.sale.id, "alice").await?);
+    assert!(testkit::lose_field(&w.env.redis, w.activity.id, "alice").await?);
 
     let (status, body) = w.cancel(id, "alice").await;
 

@@ -27,14 +27,14 @@ use uuid::Uuid;
 struct World {
     env: TestEnv,
     app: Router,
-    sale: Activity,
+    activity: Activity,
 }
 
 async fn world(kind: RedisKind, stock: i64) -> World {
     let env = TestEnv::new(kind).await.unwrap();
-    let sale = env.open_sale(stock, 5).await.unwrap();
+    let activity = env.open_activity(stock, 5).await.unwrap();
     let app = env.entry_router();
-    World { env, app, sale }
+    World { env, app, activity }
 }
 
 impl World {
@@ -43,11 +43,14 @@ impl World {
     async fn confirmed(&self, user: &str, qty: i64) -> i64 {
         let request_id = self.reserve(user, qty).await;
         let id = self.commit(user, qty, request_id).await;
-        assert!(
-            ledger::settle(&self.env.redis, self.sale.id, user, &request_id.to_string())
-                .await
-                .unwrap()
-        );
+        assert!(ledger::settle(
+            &self.env.redis,
+            self.activity.id,
+            user,
+            &request_id.to_string()
+        )
+        .await
+        .unwrap());
         id
     }
 
@@ -55,7 +58,7 @@ impl World {
         let request_id = Uuid::new_v4();
         let d = testkit::purchase(
             &self.env.redis,
-            self.sale.id,
+            self.activity.id,
             user,
             qty,
             request_id,
@@ -68,7 +71,7 @@ impl World {
     }
 
     async fn commit(&self, user: &str, qty: i64, request_id: Uuid) -> i64 {
-        commit_order(&self.env, self.sale.id, user, request_id, qty)
+        commit_order(&self.env, self.activity.id, user, request_id, qty)
             .await
             .unwrap()
     }
@@ -93,23 +96,23 @@ impl World {
     }
 
     async fn buy(&self, user: &str) -> (StatusCode, Value) {
-        self.post(&format!("/activities/{}/orders", self.sale.id), user)
+        self.post(&format!("/activities/{}/orders", self.activity.id), user)
             .await
     }
 
     async fn me(&self, user: &str) -> Value {
-        let path = format!("/activities/{}/orders/me", self.sale.id);
+        let path = format!("/activities/{}/orders/me", self.activity.id);
         let (status, body) = call(&self.app, request("GET", &path, Some((user, "")), None)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body
     }
 
     async fn redis(&self) -> Snapshot {
-        snapshot(&self.env, self.sale.id).await
+        snapshot(&self.env, self.activity.id).await
     }
 
     async fn db_stock(&self) -> i64 {
-        db_remaining(&self.env, self.sale.id).await
+        db_remaining(&self.env, self.activity.id).await
     }
 
     async fn status(&self, order_id: i64) -> OrderStatus {

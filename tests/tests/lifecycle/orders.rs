@@ -47,7 +47,7 @@ async fn owner_pays_once_and_paying_again_is_idempotent(kind: RedisKind) -> anyh
     assert_eq!(status, StatusCode::OK, "{started}");
     assert_eq!(
         (started["status"].as_str(), started["amountMinor"].as_i64()),
-        (Some("requires_payment"), Some(w.sale.price_minor))
+        (Some("requires_payment"), Some(w.activity.price_minor))
     );
     let (_, again) = w.start_pay(id, "alice").await;
     assert_eq!(
@@ -147,7 +147,13 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
     assert_eq!(me["requestId"], request_id.to_string());
 
     let id = w.commit("alice", 2, request_id).await;
-    ledger::settle(&w.env.redis, w.sale.id, "alice", &request_id.to_string()).await?;
+    ledger::settle(
+        &w.env.redis,
+        w.activity.id,
+        "alice",
+        &request_id.to_string(),
+    )
+    .await?;
     // The reservation was made as another container makes it: this container's first "none"
     // may be answered from its memory for a second (docs/invariants.md, the status read).
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
@@ -169,7 +175,7 @@ async fn my_order_follows_a_purchase_from_none_to_paid(kind: RedisKind) -> anyho
     let refused = OrderMessage {
         attempt: Attempt {
             request_id: Uuid::new_v4(),
-            activity_id: w.sale.id,
+            activity_id: w.activity.id,
             user_id: "bob".into(),
             quantity: 1,
             buckets: 1,
@@ -211,7 +217,7 @@ async fn a_buyers_order_lookup_reads_the_buyer_index_not_every_order_of_the_sale
 ) -> anyhow::Result<()> {
     // Arrange: a sale with many orders of other buyers (failed requests of a sold-out crowd).
     let env = TestEnv::new(RedisKind::Standalone).await?;
-    let a = env.open_sale(10, 1).await?;
+    let a = env.open_activity(10, 1).await?;
     sqlx::query(
         "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
          select gen_random_uuid(), $1, 'crowd-' || g, 1, 'failed', 'sold_out'

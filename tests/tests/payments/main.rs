@@ -25,24 +25,24 @@ use testkit::{consume, db_remaining, redis_stock, reserve};
 struct World {
     env: TestEnv,
     app: Router,
-    sale: Activity,
+    activity: Activity,
 }
 
 async fn world() -> World {
     let env = TestEnv::new(RedisKind::Standalone).await.unwrap();
-    let sale = env.open_sale(10, 5).await.unwrap();
+    let activity = env.open_activity(10, 5).await.unwrap();
     let app = env.entry_router();
-    World { env, app, sale }
+    World { env, app, activity }
 }
 
 impl World {
     /// An order the consumer confirmed for `user`, `qty` units.
     async fn confirmed(&self, user: &str, qty: i64) -> i64 {
-        let rid = reserve(&self.env, self.sale.id, user, qty)
+        let rid = reserve(&self.env, self.activity.id, user, qty)
             .await
             .attempt
             .request_id;
-        consume(&self.env, self.sale.id, user, rid, qty)
+        consume(&self.env, self.activity.id, user, rid, qty)
             .await
             .unwrap()
     }
@@ -85,8 +85,8 @@ impl World {
 
     async fn stocks(&self) -> (i64, Option<i64>) {
         (
-            db_remaining(&self.env, self.sale.id).await,
-            redis_stock(&self.env, self.sale.id).await,
+            db_remaining(&self.env, self.activity.id).await,
+            redis_stock(&self.env, self.activity.id).await,
         )
     }
 }

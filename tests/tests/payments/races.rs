@@ -83,7 +83,7 @@ async fn a_payment_landing_inside_a_cancel_wins_and_the_cancel_gives_nothing_bac
     let stocks = w.stocks().await;
     let order = order::get(&w.env.pool, id).await?.unwrap();
 
-    let paused = pause::arm("cancel.after_begin", w.sale.id);
+    let paused = pause::arm("cancel.after_begin", w.activity.id);
     let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
     let canceller =
         tokio::spawn(async move { cancel::cancel_order(&pool, &redis, &o, Utc::now()).await });
@@ -105,7 +105,7 @@ async fn a_payment_landing_inside_a_cancel_wins_and_the_cancel_gives_nothing_bac
     );
     assert_eq!(w.status(id).await, OrderStatus::Paid);
     assert_eq!(w.stocks().await, stocks, "no unit came back");
-    let snap = snapshot(&w.env, w.sale.id).await;
+    let snap = snapshot(&w.env, w.activity.id).await;
     assert!(
         snap.ledger.is_empty(),
         "the cancel's announcement is withdrawn: {snap:?}"
@@ -124,7 +124,7 @@ async fn a_cancel_racing_a_locked_payment_waits_and_gives_nothing_back() -> anyh
     let stocks = w.stocks().await;
     let order = order::get(&w.env.pool, id).await?.unwrap();
 
-    let paused = pause::arm("pay.settle_locked", w.sale.id);
+    let paused = pause::arm("pay.settle_locked", w.activity.id);
     let event = w.event("evt_locked", &started, amount(&started));
     let app = w.app.clone();
     let webhook = tokio::spawn(async move { call(&app, event).await });
@@ -148,7 +148,7 @@ async fn a_cancel_racing_a_locked_payment_waits_and_gives_nothing_back() -> anyh
     );
     assert_eq!(w.status(id).await, OrderStatus::Paid);
     assert_eq!(w.stocks().await, stocks);
-    assert!(snapshot(&w.env, w.sale.id).await.ledger.is_empty());
+    assert!(snapshot(&w.env, w.activity.id).await.ledger.is_empty());
     Ok(())
 }
 

@@ -137,7 +137,7 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
     let w = world().await;
     let id = w.confirmed("alice", 3).await;
     let intent = serde_json::json!({
-        "id": "pi_3Recorded", "object": "payment_intent", "amount": 3 * w.sale.price_minor,
+        "id": "pi_3Recorded", "object": "payment_intent", "amount": 3 * w.activity.price_minor,
         "currency": "usd", "status": "requires_payment_method",
         "client_secret": "pi_3Recorded_secret_abc",
     });
@@ -171,7 +171,7 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
     for r in &seen {
         assert_eq!(r.authorization, "Bearer sk_test_recorded");
         assert_eq!(r.idempotency_key, format!("seckill-order-{id}"));
-        assert_eq!(r.form["amount"], (3 * w.sale.price_minor).to_string());
+        assert_eq!(r.form["amount"], (3 * w.activity.price_minor).to_string());
         assert_eq!(r.form["currency"], "usd");
         assert_eq!(r.form["metadata[order_id]"], id.to_string());
     }

@@ -19,7 +19,7 @@ async fn a_payment_is_started_for_the_price_times_the_quantity_and_pays_nothing(
     let (status, started) = w.start_pay(id, "alice").await;
 
     assert_eq!(status, StatusCode::OK, "{started}");
-    assert_eq!(amount(&started), 2 * w.sale.price_minor);
+    assert_eq!(amount(&started), 2 * w.activity.price_minor);
     assert_eq!(started["currency"], "usd");
     assert_eq!(started["provider"], "local");
     assert_eq!(started["status"], "requires_payment");

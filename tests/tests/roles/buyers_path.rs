@@ -18,7 +18,7 @@ use testkit::{consume, db_remaining, reserve, set_db_stock};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
     let env = new_env().await;
-    let a = env.open_sale(10, 2).await?;
+    let a = env.open_activity(10, 2).await?;
     let login = login_as(&env, "seckill_entry").await;
     let entry = env.entry_router_with(|c| login.on(c));
     let buy = |user: &'static str| {
@@ -114,7 +114,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> {
     let env = new_env().await;
-    let a = env.open_sale(10, 2).await?;
+    let a = env.open_activity(10, 2).await?;
     let paid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "alice", paid, 1).await?;
     testkit::pay(&env.pool, paid, env.config.payment_timeout)
@@ -179,7 +179,7 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Result<()> {
     let env = new_env().await;
-    let a = env.open_sale(3, 1).await?;
+    let a = env.open_activity(3, 1).await?;
     let messages: Vec<OrderMessage> =
         futures::future::join_all(["alice", "bob", "carol"].map(|u| reserve(&env, a.id, u, 1)))
             .await;
@@ -196,7 +196,7 @@ async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Res
 
     // Two orders of one sale that both fit go through the batch path, which reads their
     // ledger entries in one HMGET: a user without it would fall back one by one, silently.
-    let b = env.open_sale(2, 1).await?;
+    let b = env.open_activity(2, 1).await?;
     for user in ["dave", "erin"] {
         let m = reserve(&env, b.id, user, 1).await;
         env.queue.send(&m, b.id).await?;

@@ -28,13 +28,13 @@ async fn the_preheat_role_loads_sales_and_rebuilds_a_lost_one() -> anyhow::Resul
         now + ChronoDuration::hours(1),
     )
     .await;
-    let running = env.open_sale(5, 1).await?;
+    let running = env.open_activity(5, 1).await?;
     let rid = reserve(&env, running.id, "alice", 1)
         .await
         .attempt
         .request_id;
     consume(&env, running.id, "alice", rid, 1).await?;
-    testkit::lose_sale(&env.redis, running.id).await?;
+    testkit::lose_activity(&env.redis, running.id).await?;
     let login = login_as(&env, "seckill_preheat").await;
     let preheat = env.preheat_with(|c| login.on(c));
 
@@ -89,7 +89,7 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     let mut env = new_env().await;
     env.config.reconcile_grace = Duration::from_secs(5);
     env.config.payment_timeout = Duration::from_secs(3600);
-    let a = env.open_sale(10, 5).await?;
+    let a = env.open_activity(10, 5).await?;
     let unpaid = reserve(&env, a.id, "alice", 2).await.attempt.request_id;
     let unpaid = consume(&env, a.id, "alice", unpaid, 2).await?;
     let stale = reserve(&env, a.id, "bob", 1).await.attempt.request_id;

@@ -96,19 +96,20 @@ impl DemoOptions {
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     opts.check()?;
     let stage = Stage::set_up(&opts).await?;
-    let sale = open_sale(&stage, &opts).await?;
-    let activity_id = sale.id;
-    let (plan, load, sampler) = let_crowd_in(&stage, &opts, &sale).await?;
-    let offset = admission::opening_offset(&load, sale.start_at);
+    let activity = open_activity(&stage, &opts).await?;
+    let activity_id = activity.id;
+    let (plan, load, sampler) = let_crowd_in(&stage, &opts, &activity).await?;
+    let offset = admission::opening_offset(&load, activity.start_at);
     let (draw, arrivals) = match opts.admission {
         Admission::Draw => {
-            let (report, entrants) = admission::settle(&stage, &opts, &sale, &plan, &load).await?;
+            let (report, entrants) =
+                admission::settle(&stage, &opts, &activity, &plan, &load).await?;
             (Some(report), entrants)
         }
         Admission::Fcfs => (None, admission::first_come(&plan, &load, offset)),
     };
     let winners = draw.as_ref().map_or(0, |d| d.winners);
-    let (drained, drain_secs) = drain(&stage, &opts, &sale, &load, winners).await?;
+    let (drained, drain_secs) = drain(&stage, &opts, &activity, &load, winners).await?;
     let samples = sampler.stop().await;
     let (reconcile, store) = read_back(stage, activity_id).await?;
     let arrivals = arrivals_of(&opts, arrivals);
@@ -172,7 +173,7 @@ impl Stage {
 }
 
 /// The sale the admin created.
-struct Sale {
+struct CreatedActivity {
     id: i64,
     start_at: DateTime<Utc>,
     /// Its bucket count, as the created activity says.
@@ -180,7 +181,7 @@ struct Sale {
 }
 
 /// An admin creates the sale, opening a few seconds from now; answers once it is preheated.
-async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
+async fn open_activity(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<CreatedActivity> {
     let Stage { base, http, .. } = stage;
     let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
     let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
@@ -209,7 +210,7 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
     );
     wait_for_preheat(http, base, id).await?;
     say(opts, "preheated into Redis");
-    Ok(Sale {
+    Ok(CreatedActivity {
         id,
         start_at,
         buckets,
@@ -222,9 +223,9 @@ async fn open_sale(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<Sale> {
 async fn let_crowd_in(
     stage: &Stage,
     opts: &DemoOptions,
-    sale: &Sale,
+    activity: &CreatedActivity,
 ) -> anyhow::Result<(Plan, LoadReport, StockSampler)> {
-    let activity_id = sale.id;
+    let activity_id = activity.id;
     let plan = Plan::crowd(&CrowdSpec {
         activity_id,
         users: opts.users,
@@ -236,10 +237,10 @@ async fn let_crowd_in(
         user_prefix: format!("demo{activity_id}-user"),
     })?;
 
-    let fire_at_utc = sale.start_at - chrono::Duration::from_std(opts.early)?;
+    let fire_at_utc = activity.start_at - chrono::Duration::from_std(opts.early)?;
     let wait = (fire_at_utc - Utc::now()).to_std().unwrap_or_default();
     let fire_at = Instant::now() + wait;
-    let sampler = StockSampler::start(stage.redis.clone(), activity_id, sale.buckets, fire_at);
+    let sampler = StockSampler::start(stage.redis.clone(), activity_id, activity.buckets, fire_at);
     tokio::time::sleep_until(fire_at.into()).await;
     say(
         opts,
@@ -266,7 +267,7 @@ async fn let_crowd_in(
 async fn drain(
     stage: &Stage,
     opts: &DemoOptions,
-    sale: &Sale,
+    activity: &CreatedActivity,
     load: &LoadReport,
     winners: u64,
 ) -> anyhow::Result<(bool, f64)> {
@@ -280,7 +281,7 @@ async fn drain(
     let drained = wait_for_drain(
         &stage.pool,
         &stage.redis,
-        sale,
+        activity,
         accepted,
         opts.drain_timeout,
     )
@@ -521,7 +522,7 @@ async fn sample_stock(
 async fn wait_for_drain(
     pool: &PgPool,
     redis: &Redis,
-    sale: &Sale,
+    activity: &CreatedActivity,
     accepted: u64,
     timeout: Duration,
 ) -> anyhow::Result<bool> {
@@ -529,9 +530,9 @@ async fn wait_for_drain(
     let mut last = -1_i64;
     let mut stable_since = Instant::now();
     loop {
-        let snaps = buckets::snapshots(redis, sale.id, sale.buckets).await?;
+        let snaps = buckets::snapshots(redis, activity.id, activity.buckets).await?;
         // Every status counts: the row is the request's decided fate.
-        let settled = order::tally(pool, sale.id).await?.rows;
+        let settled = order::tally(pool, activity.id).await?.rows;
         if settled != last {
             last = settled;
             stable_since = Instant::now();

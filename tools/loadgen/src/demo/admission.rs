@@ -11,7 +11,7 @@
 //! alone (each buyer's first answer after the opening), so the chart shows the contrast: its
 //! winners are the earliest arrivals.
 
-use super::{say, DemoOptions, Sale, Stage};
+use super::{say, CreatedActivity, DemoOptions, Stage};
 use crate::chart::{self, Entrant, Slice};
 use crate::load::{LoadReport, Plan};
 use anyhow::Context;
@@ -228,11 +228,11 @@ pub fn opening_offset(load: &LoadReport, start_at: DateTime<Utc>) -> f64 {
 pub(super) async fn settle(
     stage: &Stage,
     opts: &DemoOptions,
-    sale: &Sale,
+    activity: &CreatedActivity,
     plan: &Plan,
     load: &LoadReport,
 ) -> anyhow::Result<(DrawReport, Vec<Entrant>)> {
-    let closes = sale.start_at + chrono::Duration::from_std(opts.draw_window)?;
+    let closes = activity.start_at + chrono::Duration::from_std(opts.draw_window)?;
     if let Ok(wait) = (closes - Utc::now()).to_std() {
         say(
             opts,
@@ -243,7 +243,7 @@ pub(super) async fn settle(
         );
         tokio::time::sleep(wait).await;
     }
-    let pool = seckill_shared::store::draw::pool(&stage.redis, sale.id)
+    let pool = seckill_shared::store::draw::pool(&stage.redis, activity.id)
         .await
         .context("reading the draw's pool")?;
     let index: HashMap<&str, usize> = plan
@@ -271,12 +271,12 @@ pub(super) async fn settle(
             tokens.len()
         ),
     );
-    let polled = poll_until_final(stage, sale.id, &tokens, opts.drain_timeout).await;
+    let polled = poll_until_final(stage, activity.id, &tokens, opts.drain_timeout).await;
     // Read again: the draw ran meanwhile and marked its winners.
-    let pool = seckill_shared::store::draw::pool(&stage.redis, sale.id)
+    let pool = seckill_shared::store::draw::pool(&stage.redis, activity.id)
         .await
         .context("reading the draw's pool")?;
-    let at = queued_at(plan, load, opening_offset(load, sale.start_at));
+    let at = queued_at(plan, load, opening_offset(load, activity.start_at));
     let mut entrants: Vec<Entrant> = pool
         .iter()
         .map(|(user, e)| Entrant {

@@ -13,9 +13,9 @@ use std::time::Duration;
 /// A sale as an admin creates it (`POST /admin/activities`), open now: "test sale", 10 units,
 /// one a purchase, started a minute ago, ending in an hour, 19.99 USD; every optional field
 /// left out (the defaults production fills in), until a setter says otherwise.
-pub fn sale() -> SaleBuilder {
+pub fn new_activity() -> ActivityBuilder {
     let now = Utc::now();
-    SaleBuilder(NewActivity {
+    ActivityBuilder(NewActivity {
         title: "test sale".into(),
         total_stock: 10,
         per_order_limit: 1,
@@ -33,9 +33,9 @@ pub fn sale() -> SaleBuilder {
 
 /// The fields of a [`NewActivity`], set one by one ([`sale`]).
 #[derive(Clone, Debug)]
-pub struct SaleBuilder(NewActivity);
+pub struct ActivityBuilder(NewActivity);
 
-impl SaleBuilder {
+impl ActivityBuilder {
     pub fn title(mut self, title: impl Into<String>) -> Self {
         self.0.title = title.into();
         self
@@ -97,19 +97,19 @@ impl SaleBuilder {
 
 impl TestEnv {
     /// Creates an activity in the database and preheats it into Redis.
-    pub async fn sale(
+    pub async fn activity(
         &self,
         stock: i64,
         limit: i64,
         start_at: DateTime<Utc>,
         end_at: DateTime<Utc>,
     ) -> anyhow::Result<Activity> {
-        self.sale_in_buckets(stock, limit, start_at, end_at, 1)
+        self.activity_in_buckets(stock, limit, start_at, end_at, 1)
             .await
     }
 
     /// [`Self::sale`] with its stock in `buckets` buckets.
-    pub async fn sale_in_buckets(
+    pub async fn activity_in_buckets(
         &self,
         stock: i64,
         limit: i64,
@@ -118,7 +118,7 @@ impl TestEnv {
         buckets: u32,
     ) -> anyhow::Result<Activity> {
         // No rate: these sales test other rules, and a test's crowd may be one user.
-        let new = sale()
+        let new = new_activity()
             .stock(stock)
             .limit(limit)
             .window(start_at, end_at)
@@ -138,10 +138,10 @@ impl TestEnv {
 
     /// A draw sale whose pool is open now: started a second ago, its draw window the longest
     /// (tests close it with [`crate::close_draw_window`]), ends in an hour.
-    pub async fn draw_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
+    pub async fn draw_activity(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
         let now = Utc::now();
         // No rate: these sales test other rules, and a test's crowd may be one user.
-        let new = sale()
+        let new = new_activity()
             .title("test draw")
             .stock(stock)
             .limit(limit)
@@ -155,19 +155,19 @@ impl TestEnv {
     }
 
     /// A sale that is open now (started a minute ago, ends in an hour).
-    pub async fn open_sale(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
-        self.open_sale_in_buckets(stock, limit, 1).await
+    pub async fn open_activity(&self, stock: i64, limit: i64) -> anyhow::Result<Activity> {
+        self.open_activity_in_buckets(stock, limit, 1).await
     }
 
     /// [`Self::open_sale`] with its stock in `buckets` buckets.
-    pub async fn open_sale_in_buckets(
+    pub async fn open_activity_in_buckets(
         &self,
         stock: i64,
         limit: i64,
         buckets: u32,
     ) -> anyhow::Result<Activity> {
         let now = Utc::now();
-        self.sale_in_buckets(
+        self.activity_in_buckets(
             stock,
             limit,
             now - ChronoDuration::minutes(1),
