@@ -156,13 +156,13 @@ impl Reconcile {
         let id = a.id;
         let mut r = ActivityReport::new(id);
 
-        // 0. A draw sale: its draw, if due and not run, and its winners' messages. Before the
+        // The draw part (a draw sale): its draw, if due and not run, and its winners' messages. Before the
         // snapshot, so that the ledger it reads shows every sent reservation restamped.
         if a.draw_end_ms() > 0 {
             self.draw_and_send(a, &mut r).await?;
         }
 
-        // 1. Snapshot; a running sale missing from Redis is loaded now.
+        // The snapshot; a running sale missing from Redis is loaded now.
         let snaps = self.snapshot_loading(a, now, &mut r).await?;
 
         if all_loaded(&snaps) {
@@ -172,25 +172,25 @@ impl Reconcile {
             let favoured = now.timestamp().div_euclid(60).rem_euclid(count);
             for (bucket, snap) in &snaps {
                 let start = Walk::new(deadline, i64::from(bucket.index) == favoured);
-                // 2. Stale ledger entries, and transfers between buckets left half done.
+                // The ledger's repairs: stale entries, and transfers between buckets left half done.
                 self.repair_ledger(*bucket, snap, now, start, &mut r)
                     .await?;
-                // 3. Users with nothing behind them.
+                // The orphan check: users with nothing behind them.
                 r.users_dropped += self.drop_orphan_users(*bucket, now, start, &mut r).await?;
             }
-            // 3. The other way: holders of a live order whose field Redis lost.
+            // The lost fields, the other way: holders of a live order whose field Redis lost.
             let start = Walk::new(deadline, true);
             r.fields_restored = self.restore_lost_fields(a, now, start, &mut r).await?;
         }
 
-        // 4. The database against itself.
+        // The database's count: the database against itself.
         let (sold, db_remaining, fixed_from) = self.check_database(id).await?;
         r.db_stock_fixed_from = fixed_from;
 
-        // 5. Redis stock from the database, only when the ledger is quiet.
+        // The stock fix: Redis stock from the database, only when the ledger is quiet.
         r.stock_check = self.correct_stock(a).await?;
 
-        // 6. The numbers, as they stand after the repairs.
+        // The numbers, as they stand after the repairs.
         let snaps = self.snapshots(a).await?;
         r.count(&snaps, a.total_stock, sold, db_remaining);
         self.persist(&r).await?;
