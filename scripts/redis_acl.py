@@ -29,6 +29,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
@@ -41,12 +42,11 @@ KEY_PATTERN = "seckill:*"
 # Redis 7.0/7.1 (ElastiCache's redis7) do not know it, and redis-rs ignores its refusal.
 BASE = ("EVALSHA", "SCRIPT|LOAD", "PING", "CLUSTER|SLOTS")
 
-# Per function (its binary's name): its Redis user, the scripts it runs, and the commands it
-# sends itself. The binaries test (tests/tests/binaries.rs) checks that no built binary carries
+# Per function (its binary's name): the scripts it runs, and the commands it sends itself; its
+# user's name is functions/shape.toml's `redis_user`. The binaries test (tests/tests/binaries.rs) checks that no built binary carries
 # a script its user does not list.
 USERS: dict[str, dict] = {
     "seckill-entry": {
-        "user": "seckill-entry",
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
             "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
@@ -57,13 +57,11 @@ USERS: dict[str, dict] = {
         "commands": ["HGET", "HMGET", "HGETALL", "HSCAN"],
     },
     "order-consumer": {
-        "user": "seckill-consumer",
         "scripts": ["give_back.lua", "settle.lua", "pool_restore.lua"],
         # The home buckets' stock of a batch's sales.
         "commands": ["HMGET"],
     },
     "preheat": {
-        "user": "seckill-preheat",
         "scripts": [
             "preheat.lua", "rebuild_users.lua", "unload.lua", "pool_restore.lua",
             "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
@@ -71,7 +69,6 @@ USERS: dict[str, dict] = {
         "commands": ["HGET", "HMGET", "HEXISTS"],
     },
     "reconcile": {
-        "user": "seckill-reconcile",
         "scripts": [
             "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "mark_lost.lua",
             "restore_user.lua", "give_back.lua", "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
@@ -83,14 +80,19 @@ USERS: dict[str, dict] = {
         "commands": ["HGET", "HMGET", "HEXISTS", "HGETALL", "HKEYS", "HSCAN"],
     },
     "admin": {
-        "user": "seckill-admin",
         "scripts": [
             "adjust.lua", "preheat.lua", "rebuild_users.lua", "unload.lua", "snapshot.lua",
             "pool_restore.lua", "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],
-        "commands": ["HGET", "HMGET", "HEXISTS"],
+        # The sale's detail: a bucket's ledger walked by HSCAN once it is too large to read in
+        # one step.
+        "commands": ["HGET", "HMGET", "HEXISTS", "HSCAN"],
     },
 }
+
+SHAPE = LUA.parent / "functions" / "shape.toml"
+for _function, _spec in USERS.items():
+    _spec["user"] = tomllib.loads(SHAPE.read_text())[_function]["redis_user"]
 
 CALL = re.compile(r"""redis\.p?call\(\s*['"]([A-Za-z]+)['"]""")
 

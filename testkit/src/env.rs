@@ -2,10 +2,13 @@
 //! fresh queue with its dead-letter queue, so tests run in parallel and never need FLUSHALL.
 
 use seckill_shared::infra::config::{Config, RedisTopology};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::infra::sqs::{self, OrderQueue};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::Context;
 use sqlx::{Connection, PgConnection, PgPool};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which Redis a test runs against.
@@ -81,7 +84,7 @@ pub fn config(database_url: &str, kind: RedisKind) -> Config {
     let mut config = Config::from_env().expect("test environment parses");
     config.database_url = database_url.into();
     // Under `seckill:`, the key pattern of the functions' Redis ACL users, so a test may run a
-    // function logged in as its user ([`crate::local_redis_login`]).
+    // function logged in as its user ([`seckill_shared::infra::shape::local_redis_login`]).
     config.key_prefix = format!(
         "seckill:t{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -148,8 +151,10 @@ pub fn dlq_url(queue_url: &str) -> String {
     format!("{queue_url}-dlq")
 }
 
-/// Everything a test needs, against the real services. Each function's handle is built from
-/// it in one place, [`crate::functions`] (`env.consumer()`, `env.entry_router()`, ...).
+/// Everything a test needs, against the real services. `pool` and `redis` are the database
+/// owner's and Redis's default user's: the test's fixtures and reads. Each function's handle is
+/// built in one place, [`crate::functions`] (`env.consumer()`, `env.entry_router()`, ...), on
+/// the function's own logins ([`FunctionLogins`]), as it runs in AWS.
 #[derive(Clone)]
 pub struct TestEnv {
     pub config: Config,
@@ -157,7 +162,48 @@ pub struct TestEnv {
     pub redis: Redis,
     pub sqs: aws_sdk_sqs::Client,
     pub queue: OrderQueue,
+    pub(crate) logins: FunctionLogins,
 }
+
+/// Each function's connections, as its own database role and Redis ACL user
+/// ([`Function::local_config`]), made from the env's config when the env is made or
+/// [`TestEnv::reconnect`]ed.
+#[derive(Clone)]
+pub struct FunctionLogins(Arc<BTreeMap<Function, (PgPool, Redis)>>);
+
+impl FunctionLogins {
+    async fn connect(config: &Config) -> anyhow::Result<Self> {
+        let mut logins = BTreeMap::new();
+        for function in Function::ALL {
+            if function.shape().role.is_none() {
+                continue;
+            }
+            let mut config = function.local_config(config)?;
+            // The pool a deployed container of the function holds (DB_MAX_CONNECTIONS' default):
+            // the roles' connection limits are sized by it.
+            config.db_max_connections = DEPLOYED_POOL;
+            let pool = config.database_pool_lazy()?;
+            let redis = Redis::connect(&config).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "{} logs in to Redis as {:?} ({e}): bash scripts/stack.sh creates the users",
+                    function.binary(),
+                    function.shape().redis_user
+                )
+            })?;
+            logins.insert(function, (pool, redis));
+        }
+        Ok(Self(Arc::new(logins)))
+    }
+
+    pub(crate) fn of(&self, function: Function) -> &(PgPool, Redis) {
+        self.0
+            .get(&function)
+            .unwrap_or_else(|| panic!("{function:?} has no login"))
+    }
+}
+
+/// Connections a deployed function's pool holds (shared::Config's default DB_MAX_CONNECTIONS).
+const DEPLOYED_POOL: u32 = 4;
 
 impl TestEnv {
     pub async fn new(kind: RedisKind) -> anyhow::Result<Self> {
@@ -168,19 +214,34 @@ impl TestEnv {
         let queue_url = fresh_queue(&sqs, 30, 5).await?;
         config.order_queue_url = queue_url.clone();
         let queue = OrderQueue::new(sqs.clone(), queue_url, config.sqs_timeout);
+        let logins = FunctionLogins::connect(&config).await?;
         Ok(Self {
             config,
             pool,
             redis,
             sqs,
             queue,
+            logins,
         })
     }
 
-    /// What a function's state is built from: this env's config, database and Redis. Only
-    /// the kit's [`crate::functions`] builds on it, so how a function connects stays there.
-    pub(crate) fn context(&self) -> Context {
-        Context::new(self.config.clone(), self.pool.clone(), self.redis.clone())
+    /// Connects again after a change of [`TestEnv::config`]'s Redis (its servers, its
+    /// timeout): the env's own handle and every function's logins.
+    pub async fn reconnect(&mut self) -> anyhow::Result<()> {
+        self.redis = Redis::connect(&self.config).await?;
+        self.logins = FunctionLogins::connect(&self.config).await?;
+        Ok(())
+    }
+
+    /// What `function`'s state is built from: this env's config as the function logs in with
+    /// it, its role's pool and its Redis user's connection. Only the kit's
+    /// [`crate::functions`] builds on it, so how a function connects stays there.
+    pub(crate) fn context(&self, function: Function) -> Context {
+        let config = function
+            .local_config(&self.config)
+            .expect("a local config of the function");
+        let (pool, redis) = self.logins.of(function);
+        Context::new(config, pool.clone(), redis.clone())
     }
 
     /// Receives every message currently visible on the test's queue (up to `max`).

@@ -1,5 +1,6 @@
 //! Each function's handle, built from a [`TestEnv`] in this one place: the entry's and the
-//! admin's routers, the consumer, preheat and reconcile, each on the env's [`Context`].
+//! admin's routers, the consumer, preheat and reconcile, each as it runs in AWS, logged in as
+//! its own database role and Redis ACL user (functions/shape.toml).
 //!
 //! A test that runs a function on something else (a dead pool, a Redis that times out, a
 //! role's login) says what it changes with the `_with` form, which adjusts the function's
@@ -12,14 +13,14 @@ use order_consumer::Consumer;
 use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::EntryState;
-use seckill_shared::infra::aws_secrets::RedisLogin;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::Context;
 
 impl TestEnv {
-    /// The context one function's handle is built on, after `adjust`.
-    fn function_context(&self, adjust: impl FnOnce(&mut Context)) -> Context {
-        let mut context = self.context();
+    /// The context `function`'s handle is built on (its role, its Redis user), after `adjust`.
+    fn function_context(&self, function: Function, adjust: impl FnOnce(&mut Context)) -> Context {
+        let mut context = self.context(function);
         adjust(&mut context);
         context
     }
@@ -36,7 +37,10 @@ impl TestEnv {
 
     /// The entry function's router sending to `queue`, on a context `adjust` changed.
     pub fn entry_router_on(&self, queue: OrderQueue, adjust: impl FnOnce(&mut Context)) -> Router {
-        seckill_entry::router(EntryState::new(self.function_context(adjust), queue))
+        seckill_entry::router(EntryState::new(
+            self.function_context(Function::Entry, adjust),
+            queue,
+        ))
     }
 
     /// The order consumer.
@@ -46,7 +50,7 @@ impl TestEnv {
 
     /// [`Self::consumer`] on a context `adjust` changed.
     pub fn consumer_with(&self, adjust: impl FnOnce(&mut Context)) -> Consumer {
-        Consumer::new(self.function_context(adjust))
+        Consumer::new(self.function_context(Function::Consumer, adjust))
     }
 
     /// The scheduled reconcile job.
@@ -56,7 +60,7 @@ impl TestEnv {
 
     /// [`Self::reconcile`] on a context `adjust` changed.
     pub fn reconcile_with(&self, adjust: impl FnOnce(&mut Context)) -> Reconcile {
-        Reconcile::new(self.function_context(adjust))
+        Reconcile::new(self.function_context(Function::Reconcile, adjust))
     }
 
     /// The scheduled preheat job.
@@ -66,7 +70,7 @@ impl TestEnv {
 
     /// [`Self::preheat`] on a context `adjust` changed.
     pub fn preheat_with(&self, adjust: impl FnOnce(&mut Context)) -> Preheat {
-        Preheat::new(self.function_context(adjust))
+        Preheat::new(self.function_context(Function::Preheat, adjust))
     }
 
     /// The admin function's state (what its handlers take, for a test that calls them
@@ -77,7 +81,7 @@ impl TestEnv {
 
     /// [`Self::admin_state`] on a context `adjust` changed.
     pub fn admin_state_with(&self, adjust: impl FnOnce(&mut Context)) -> AdminState {
-        AdminState::new(self.function_context(adjust))
+        AdminState::new(self.function_context(Function::Admin, adjust))
     }
 
     /// The admin function's router.
@@ -89,16 +93,6 @@ impl TestEnv {
     pub fn admin_router_with(&self, adjust: impl FnOnce(&mut Context)) -> Router {
         admin::router(self.admin_state_with(adjust))
     }
-}
-
-/// The local login of a function's Redis ACL user (`seckill-entry`, ...): scripts/stack.sh
-/// creates each user of scripts/redis_acl.py on every local server, with the password
-/// `local-<user>`.
-pub fn local_redis_login(user: &str) -> RedisLogin {
-    RedisLogin::parse(
-        &serde_json::json!({"username": user, "token": format!("local-{user}")}).to_string(),
-    )
-    .expect("a login")
 }
 
 /// Each function's Redis ACL user as scripts/redis_acl.py declares it: binary name ->

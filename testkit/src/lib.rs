@@ -40,7 +40,7 @@ pub use faults::{
     after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, end_activity_in_db,
     lose_activity, lose_field, set_db_stock,
 };
-pub use functions::{local_redis_login, redis_acl_users};
+pub use functions::redis_acl_users;
 pub use http::{
     buy, call, call_with_headers, my_status, pay_through_provider, provider_event, request,
 };
@@ -49,6 +49,7 @@ pub use reads::{
     db_remaining, draw_entry_rows, field, is_participant, lock_hold, order_rows, orders_in_db,
     redis_stock, snapshot, LockHold,
 };
+pub use seckill_shared::infra::shape::local_redis_login;
 pub use steps::{commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool};
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`

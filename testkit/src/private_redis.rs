@@ -3,7 +3,6 @@
 
 use crate::env::{RedisKind, TestEnv};
 use seckill_shared::infra::config::RedisTopology;
-use seckill_shared::store::conn::Redis;
 use std::time::Duration;
 
 /// A redis-server the test started, killed when dropped.
@@ -100,6 +99,24 @@ impl PrivateRedis {
             .sum()
     }
 
+    /// The functions' Redis ACL users on this server, as scripts/stack.sh creates them on the
+    /// local stack's (`scripts/redis_acl.py apply`).
+    async fn add_function_users(&self) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = tokio::process::Command::new("python3")
+            .arg(root.join("scripts/redis_acl.py"))
+            .arg("apply")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .output()
+            .await
+            .expect("python3 runs scripts/redis_acl.py");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A test env whose Redis is this server (its own prefix, database and queue as usual).
     pub async fn env(&self, redis_timeout: Duration, sold_out_ttl: Duration) -> TestEnv {
         let mut env = TestEnv::new(RedisKind::Standalone)
@@ -108,9 +125,8 @@ impl PrivateRedis {
         env.config.redis = RedisTopology::Standalone(self.url().into());
         env.config.redis_timeout = redis_timeout;
         env.config.sold_out_cache_ttl = sold_out_ttl;
-        env.redis = Redis::connect(&env.config)
-            .await
-            .expect("private redis connects");
+        self.add_function_users().await;
+        env.reconnect().await.expect("private redis connects");
         env
     }
 }

@@ -289,33 +289,42 @@ pub async fn live_holders_after(
         .collect())
 }
 
-/// Marks a `confirmed` order paid, at `now`; `None` when it is not (any more) confirmed.
-/// Only a provider's verified event calls it (`protocol::pay::settle`).
+/// Marks a `confirmed` order paid by its started payment `provider_payment_id` of `provider`,
+/// at `now` (the database function `pay_confirmed_order`, the entry role's one way to pay an
+/// order); false when it is not (any more) confirmed or has no such payment under way. Only a
+/// provider's verified event calls it (`protocol::pay::settle`).
 pub async fn mark_paid(
     conn: &mut PgConnection,
     order_id: i64,
+    provider: &str,
+    provider_payment_id: &str,
     now: DateTime<Utc>,
-) -> Result<Option<Order>, sqlx::Error> {
-    order_rows!(
-        "update orders set status = 'paid', paid_at = $2, updated_at = $2
-         where id = $1 and status = 'confirmed'
-         returning ",
-        "",
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select pay_confirmed_order($1, $2, $3, $4) as "paid!""#,
         order_id,
+        provider,
+        provider_payment_id,
         now
     )
-    .fetch_optional(conn)
+    .fetch_one(conn)
     .await
 }
 
-/// The order, locked until the transaction ends (a cancel's conditional update waits).
-pub async fn get_for_update(
+/// The order, locked until the transaction ends (a cancel's conditional update waits): the
+/// database function `lock_order_for_payment`, which the entry role may call though it may
+/// lock no order row itself.
+pub async fn get_for_payment(
     conn: &mut PgConnection,
     id: i64,
 ) -> Result<Option<Order>, sqlx::Error> {
-    order_rows!("select ", " from orders where id = $1 for update", id)
-        .fetch_optional(conn)
-        .await
+    order_rows!(
+        "select ",
+        " from orders where id = (select id from lock_order_for_payment($1))",
+        id
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// An unpaid order's place in the payment timeout's walk: its `(created_at, id)`.

@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: the typed settings (clap, each from its environment variable), parsed once;
 //!   [`config::RedisTopology`]: where Redis is (one server or a cluster).
+//! - [`shape`]: how each function is deployed (its Timeout, role and Redis user).
 //! - [`secret`]: secrets that redact themselves (`Debug` never prints one).
 //! - [`aws_secrets`]: credentials read from Secrets Manager at a cold start (AWS only).
 //! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
@@ -19,5 +20,6 @@ pub mod metrics;
 pub mod pause;
 pub mod payments;
 pub mod secret;
+pub mod shape;
 pub mod sqs;
 pub mod telemetry;

@@ -207,16 +207,17 @@ pub async fn settle(
             currency: payment.currency,
         }));
     }
-    let order = order::get_for_update(&mut tx, payment.order_id)
+    let order = order::get_for_payment(&mut tx, payment.order_id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     pause::point("pay.settle_locked", order.activity_id).await;
     let outcome = match order.status {
         OrderStatus::Paid => Outcome::AlreadyPaid,
         OrderStatus::Confirmed if now < payment_deadline(&order, timeout) => {
-            order::mark_paid(&mut tx, order.id, now)
-                .await?
-                .ok_or(sqlx::Error::RowNotFound)?;
+            let marked = order::mark_paid(&mut tx, order.id, provider, &paid.id, now).await?;
+            if !marked {
+                return Err(sqlx::Error::RowNotFound);
+            }
             payment::mark_succeeded(&mut tx, order.id, now).await?;
             Outcome::Paid
         }

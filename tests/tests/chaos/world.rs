@@ -21,7 +21,6 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::buckets;
-use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::ledger;
 use std::collections::HashMap;
@@ -118,11 +117,9 @@ impl Chaos {
         if variant.reconcile {
             config.reconcile_grace = Duration::from_millis(rng.random_range(1000..=2000));
         }
-        let patient = TestEnv {
-            redis: Redis::connect(&config).await?,
-            config,
-            ..env.clone()
-        };
+        let mut patient = env.clone();
+        patient.config = config;
+        patient.reconnect().await?;
 
         let mut stocks = vec![rng.random_range(20..=60)];
         if rng.random_bool(0.5) {
@@ -384,7 +381,7 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
             let mut env = TestEnv::new(RedisKind::Cluster).await?;
             env.config.redis_timeout = ENTRY_REDIS_TIMEOUT_CLUSTER;
             env.config.sold_out_cache_ttl = SOLD_OUT_CACHE_TTL;
-            env.redis = Redis::connect(&env.config).await?;
+            env.reconnect().await?;
             (None, env)
         }
     };

@@ -146,8 +146,9 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
     refused(&entry, "update orders set quantity = 5").await;
     refused(&entry, "update orders set user_id = 'mallory'").await;
     refused(&entry, "select * from activity_stats").await;
-    // Row-level security: no order but a `failed` claim, no settled order but a confirmed
-    // one paid or cancelled.
+    // Row-level security: no order but a `failed` claim; no order row changed but through
+    // the database functions of a cancel and of a provider's payment (a paid order is not the
+    // entry's to change, nor a confirmed one its to mark paid).
     refused(
         &entry,
         "insert into orders (request_id, activity_id, user_id, quantity, status) \
@@ -159,14 +160,26 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
         "update orders set status = 'failed' where status = 'confirmed'",
     )
     .await;
-    let reopened = sqlx::raw_sql("update orders set status = 'confirmed' where status = 'paid'")
-        .execute(&entry)
+    refused(
+        &entry,
+        "update orders set status = 'confirmed' where status = 'paid'",
+    )
+    .await;
+    refused(
+        &entry,
+        "update orders set status = 'paid' where status = 'confirmed'",
+    )
+    .await;
+    refused(&entry, "select * from orders for update").await;
+    let unpaid: i64 = sqlx::query_scalar("select id from orders where user_id = 'bob'")
+        .fetch_one(&env.pool)
         .await?;
-    assert_eq!(
-        reopened.rows_affected(),
-        0,
-        "a paid order is not the entry's to change"
-    );
+    let marked: bool =
+        sqlx::query_scalar("select pay_confirmed_order($1, 'local', 'no such payment', now())")
+            .bind(unpaid)
+            .fetch_one(&entry)
+            .await?;
+    assert!(!marked, "an order with no payment under way is not paid");
     assert_eq!(
         order::get(&env.pool, paid).await?.unwrap().status,
         OrderStatus::Paid

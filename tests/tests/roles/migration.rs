@@ -39,7 +39,8 @@ async fn migrating_again_and_in_parallel_keeps_one_set_of_roles() -> anyhow::Res
     for env in &envs {
         db::migrate(&env.pool).await?;
         let roles: Vec<String> = sqlx::query_scalar(
-            "select rolname::text from pg_roles where rolname like 'seckill\\_%' order by 1",
+            "select rolname::text from pg_roles where rolname like 'seckill\\_%' and rolcanlogin \
+             order by 1",
         )
         .fetch_all(&env.pool)
         .await?;
@@ -47,5 +48,27 @@ async fn migrating_again_and_in_parallel_keeps_one_set_of_roles() -> anyhow::Res
         want.sort();
         assert_eq!(roles, want);
     }
+    Ok(())
+}
+
+/// The owner of the functions through which the entry changes an order (`seckill_definer`)
+/// logs in never and holds no attribute, and `orders` keeps its row-level security for its
+/// owner too: a path of the owner that slips into a function is refused its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_functions_owner_never_logs_in_and_orders_force_their_policies() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let (login, attributes): (bool, bool) = sqlx::query_as(
+        "select rolcanlogin, rolsuper or rolcreatedb or rolcreaterole or rolreplication \
+             or rolbypassrls
+         from pg_roles where rolname = 'seckill_definer'",
+    )
+    .fetch_one(&env.pool)
+    .await?;
+    assert_eq!((login, attributes), (false, false));
+    let forced: bool =
+        sqlx::query_scalar("select relforcerowsecurity from pg_class where relname = 'orders'")
+            .fetch_one(&env.pool)
+            .await?;
+    assert!(forced);
     Ok(())
 }

@@ -248,7 +248,7 @@ async fn many_databases_migrated_at_once_on_a_new_server_share_one_set_of_role_b
     }
     let rows: Vec<(String, i32, Vec<String>)> = sqlx::query_as(
         "select rolname::text, rolconnlimit, coalesce(rolconfig, '{}') from pg_roles
-         where rolname like 'seckill\\_%' order by 1",
+         where rolname like 'seckill\\_%' and rolcanlogin order by 1",
     )
     .fetch_all(&mut conn)
     .await?;

@@ -1,0 +1,131 @@
+//! The shape each function is deployed with, read from `functions/shape.toml` (compiled in):
+//! its Lambda Timeout, the database role and the Redis ACL user it logs in as, and the order
+//! consumer's event source. template.yaml states the same values (scripts/check-template.py
+//! holds the two together); the dev server and the tests run each function by it, as its role
+//! and its Redis user, each invocation stopped at its Timeout.
+
+use crate::infra::aws_secrets::RedisLogin;
+use crate::infra::config::Config;
+use crate::infra::secret::SecretUrl;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// One deployed function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Function {
+    Entry,
+    Consumer,
+    Preheat,
+    Reconcile,
+    Admin,
+    Migrate,
+}
+
+impl Function {
+    /// Every function, in the order of `functions/shape.toml`.
+    pub const ALL: [Function; 6] = [
+        Function::Entry,
+        Function::Consumer,
+        Function::Preheat,
+        Function::Reconcile,
+        Function::Admin,
+        Function::Migrate,
+    ];
+
+    /// Its binary, as template.yaml's `Binary` names it (and the metrics' function name).
+    pub fn binary(self) -> &'static str {
+        match self {
+            Function::Entry => "seckill-entry",
+            Function::Consumer => "order-consumer",
+            Function::Preheat => "preheat",
+            Function::Reconcile => "reconcile",
+            Function::Admin => "admin",
+            Function::Migrate => "seckill-migrate",
+        }
+    }
+
+    /// How it is deployed.
+    pub fn shape(self) -> &'static Shape {
+        SHAPES
+            .get(self.binary())
+            .unwrap_or_else(|| panic!("functions/shape.toml has no [{}]", self.binary()))
+    }
+
+    /// Its config on the local stack: `base` (the database owner's and Redis's default user's,
+    /// as scripts/env.sh gives them) logged in as the function's database role and Redis ACL
+    /// user, with the credentials the local stack creates (the roles log in by the loopback's
+    /// trust, the Redis users with `local-<user>`: scripts/stack/redis.sh), as each function's
+    /// secrets log it in in AWS. A function with no role (migrate) keeps the owner's.
+    pub fn local_config(self, base: &Config) -> anyhow::Result<Config> {
+        let shape = self.shape();
+        let mut config = base.clone();
+        if let Some(role) = &shape.role {
+            let mut url = url::Url::parse(config.database_url.expose())?;
+            url.set_username(role)
+                .map_err(|()| anyhow::anyhow!("the database URL takes no user"))?;
+            url.set_password(None)
+                .map_err(|()| anyhow::anyhow!("the database URL takes no password"))?;
+            config.database_url = SecretUrl::from(url.to_string());
+        }
+        if let Some(user) = &shape.redis_user {
+            config.redis = config.redis.with_login(&local_redis_login(user))?;
+        }
+        Ok(config)
+    }
+}
+
+/// The local login of a function's Redis ACL user: scripts/stack/redis.sh creates each user
+/// of scripts/redis_acl.py on every local server with the password `local-<user>`.
+pub fn local_redis_login(user: &str) -> RedisLogin {
+    let login = serde_json::json!({"username": user, "token": format!("local-{user}")});
+    RedisLogin::parse(&login.to_string()).expect("a login")
+}
+
+/// One function's table of `functions/shape.toml`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    pub timeout_secs: u64,
+    /// The PostgreSQL role it logs in as (none: the master user, which only migrate uses).
+    pub role: Option<String>,
+    /// The Redis ACL user it logs in as (none: it does not use Redis).
+    pub redis_user: Option<String>,
+    /// The order consumer's event source: messages a batch, seconds it waits to fill one, and
+    /// the most instances SQS runs at once.
+    pub batch_size: Option<usize>,
+    pub batching_window_secs: Option<u64>,
+    pub maximum_concurrency: Option<usize>,
+}
+
+impl Shape {
+    /// The Lambda Timeout: the invocation is stopped there.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+}
+
+static SHAPES: LazyLock<BTreeMap<String, Shape>> = LazyLock::new(|| {
+    toml::from_str(include_str!("../../../functions/shape.toml"))
+        .expect("functions/shape.toml reads as one table per function")
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_has_its_table_and_no_table_is_another_s() {
+        let named: Vec<&str> = Function::ALL.iter().map(|f| f.binary()).collect();
+        let tables: Vec<&str> = SHAPES.keys().map(String::as_str).collect();
+        let mut sorted = named.clone();
+        sorted.sort();
+        assert_eq!(tables, sorted);
+        for f in Function::ALL {
+            assert!(f.shape().timeout_secs > 0, "{f:?}");
+            assert_eq!(f.shape().role.is_none(), f == Function::Migrate, "{f:?}");
+        }
+        assert_eq!(Function::Consumer.shape().batch_size, Some(10));
+    }
+}
