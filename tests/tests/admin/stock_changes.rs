@@ -218,3 +218,34 @@ async fn a_failed_db_write_gives_redis_its_units_back(kind: RedisKind) -> anyhow
     assert_eq!(redis_stock(&env, a.id).await, Some(12));
     Ok(())
 }
+
+/// A sale's detail (`GET /admin/activities/{id}`, the operator page's chart) reads a bucket's
+/// ledger of more than one step's entries by HSCAN: the admin function, logged in as its own
+/// Redis user, may.
+async fn a_sales_detail_reads_a_ledger_larger_than_one_step(kind: RedisKind) -> anyhow::Result<()> {
+    let (env, _) = setup(kind, 5_000, 1_000).await;
+    let pending = ledger::LEDGER_INLINE + 20;
+    let a = env.open_activity(pending as i64 + 10, 1).await?;
+    let far = purchase::far_deadline();
+    for i in 0..pending {
+        let user = format!("u{i}");
+        let reserved = testkit::purchase(&env.redis, a.id, &user, 1, Uuid::now_v7(), far).await?;
+        assert!(reserved.is_ok(), "{reserved:?}");
+    }
+
+    let (status, shown) = call(
+        &env.admin_router(),
+        request(
+            "GET",
+            &format!("/admin/activities/{}", a.id),
+            Some(ADMIN),
+            None,
+        ),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["stats"]["pendingCount"], json!(pending), "{shown}");
+    Ok(())
+}
+on_both_redis!(a_sales_detail_reads_a_ledger_larger_than_one_step);
