@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .database import DB_ROLE_OF_BINARY
+from .shape import DB_ROLE_OF_BINARY
 from .model import REPO, Template, num
 from .report import check
 

@@ -9,6 +9,7 @@ from .access import MIN_PASSWORD_LENGTH, secret_reads
 from .model import Template, as_list, param_ref, refs_in, target_of
 from .origin_secret import origin_secrets
 from .report import check
+from .shape import DB_ROLE_OF_BINARY
 
 
 def check_database(t: Template) -> None:
@@ -22,15 +23,6 @@ def check_database(t: Template) -> None:
               f"{name}: DeletionPolicy and UpdateReplacePolicy Snapshot")
 
 
-# The PostgreSQL login role each function's binary uses (the roles' migration creates them);
-# the migrate binary alone logs in as the master and sets the roles' passwords.
-DB_ROLE_OF_BINARY = {
-    "seckill-entry": "seckill_entry",
-    "order-consumer": "seckill_consumer",
-    "preheat": "seckill_preheat",
-    "reconcile": "seckill_reconcile",
-    "admin": "seckill_admin",
-}
 MIGRATE_BINARY = "seckill-migrate"
 
 

@@ -22,6 +22,7 @@ from .model import REGION, SAMPLE_CERTIFICATE, SAMPLE_DOMAIN, Template
 from .network import check_egress
 from .origin_secret import check_origin_secret
 from .report import check, failures
+from .shape import check_shape
 from .routes import check_admin_routes, check_deep_health, check_route_auth, check_route_throttles
 from .stage import check_log_groups, check_stage
 
@@ -29,6 +30,7 @@ from .stage import check_log_groups, check_stage
 def run_checks(t: Template) -> list[str]:
     failures.clear()
     check_functions(t)
+    check_shape(t)
     check_queue_and_consumer(t)
     check_concurrency(t)
     check_route_throttles(t)

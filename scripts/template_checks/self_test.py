@@ -123,6 +123,12 @@ def bot_control_always(t: Template) -> None:
 
 # (what is broken, how, a phrase every failing check of the broken copy must contain)
 BREAKAGES = [
+    ("preheat's Timeout is not the shape's",
+     lambda t: props(t, "PreheatFunction").update(Timeout=29),
+     "PreheatFunction: Timeout 29"),
+    ("the consumer's batch is not the shape's",
+     lambda t: events_of(t, "OrderConsumerFunction")["Orders"]["Properties"].update(BatchSize=5),
+     "OrderConsumerFunction.Orders: BatchSize"),
     ("a function's Redis user may run every command",
      lambda t: props(t, "RedisConsumerUser").update(AccessString="on ~* +@all"),
      "RedisConsumerUser: AccessString"),
@@ -417,9 +423,10 @@ BREAKAGES = [
      storefront_on(lambda t: drop_behaviour(t, "/health")),
      "GET /health (default)"),
     # ---- time budgets and the roles' connection limits
+    # Both the time budgets and the shape the dev server and the tests run it by.
     ("the entry's Timeout is 5 s again",
      lambda t: props(t, "SeckillEntryFunction").update(Timeout=5),
-     "SeckillEntryFunction: time budget"),
+     "SeckillEntryFunction: "),
     ("the entry waits the default 3 s for its pooled connection",
      lambda t: props(t, "SeckillEntryFunction")["Environment"]["Variables"].pop("DB_ACQUIRE_TIMEOUT_MS"),
      "SeckillEntryFunction: time budget"),

@@ -44,8 +44,12 @@ fn with_database(url: &str, name: &str) -> String {
 /// A fresh, migrated database named `seckill_test_<uuid>`. Returns its URL and a pool.
 pub async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
     let url = empty_database().await?;
+    // The owner connects to migrate and to set fixtures up, and lets its connections go soon
+    // after: while the functions run, only their roles are connected.
     let pool = seckill_shared::infra::db::pool_options()
         .max_connections(16)
+        .min_connections(0)
+        .idle_timeout(Duration::from_secs(1))
         .connect(&url)
         .await?;
     seckill_shared::infra::db::migrate(&pool).await?;
@@ -227,6 +231,15 @@ impl TestEnv {
 
     /// Connects again after a change of [`TestEnv::config`]'s Redis (its servers, its
     /// timeout): the env's own handle and every function's logins.
+    /// The operator's view of the stores while the functions run: the admin function's logins
+    /// (its role reads every sale and its orders' status and units; its Redis user reads the
+    /// meta). A check that samples a run reads through it, so that only the functions' roles
+    /// and users are connected while the functions run.
+    pub fn observer(&self) -> (&PgPool, &Redis) {
+        let (pool, redis) = self.logins.of(Function::Admin);
+        (pool, redis)
+    }
+
     pub async fn reconnect(&mut self) -> anyhow::Result<()> {
         self.redis = Redis::connect(&self.config).await?;
         self.logins = FunctionLogins::connect(&self.config).await?;

@@ -12,6 +12,7 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures::StreamExt;
 use seckill_shared::domain::purchase::{MessageKind, OrderMessage};
 use seckill_shared::infra::metrics;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::consume::{self, DecideError, Decided, Decision};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
@@ -66,6 +67,18 @@ pub fn deadline_of(deadline_epoch_ms: u64) -> Option<Instant> {
         .map_or(0, |d| d.as_millis() as u64);
     let left = deadline_epoch_ms.checked_sub(now_ms).filter(|ms| *ms > 0)?;
     Some(Instant::now() + Duration::from_millis(left))
+}
+
+/// The deadline of an invocation that starts now: the function's Lambda Timeout away.
+fn invoked_now() -> Instant {
+    Instant::now() + Function::Consumer.shape().timeout()
+}
+
+/// When a batch of an invocation that ends at `deadline` stops.
+fn stop_before(deadline: Instant) -> Instant {
+    deadline
+        .checked_sub(STOP_BEFORE_DEADLINE)
+        .unwrap_or(deadline)
 }
 
 /// `work` if it finishes before `stop` (and is started only before it); `None` otherwise,
@@ -145,22 +158,21 @@ impl Consumer {
     }
 
     /// Handles one SQS batch and answers with the ids of the messages to redeliver (partial
-    /// batch failure). After the batch fast path, the remaining messages are processed
-    /// concurrently, at most one per pooled connection; each one's outcome depends only on the
-    /// database and its own ledger entry, so the order in which they finish does not matter.
-    /// Emits one metrics line for the batch.
+    /// batch failure), as an invocation that starts now: by the function's Lambda Timeout
+    /// (functions/shape.toml), the deadline Lambda would give it. After the batch fast path,
+    /// the remaining messages are processed concurrently, at most one per pooled connection;
+    /// each one's outcome depends only on the database and its own ledger entry, so the order
+    /// in which they finish does not matter. Emits one metrics line for the batch.
     pub async fn handle_batch(&self, event: SqsEvent) -> SqsBatchResponse {
-        self.handle_batch_until(event, None).await
+        self.handle_batch_by(event, invoked_now()).await
     }
 
     /// [`Consumer::handle_batch`] within an invocation that ends at `deadline` (the Lambda
     /// context's): the batch stops [`STOP_BEFORE_DEADLINE`] before it, and the messages not
     /// finished by then are reported for redelivery.
     pub async fn handle_batch_by(&self, event: SqsEvent, deadline: Instant) -> SqsBatchResponse {
-        let stop = deadline
-            .checked_sub(STOP_BEFORE_DEADLINE)
-            .unwrap_or(deadline);
-        self.handle_batch_until(event, Some(stop)).await
+        self.handle_batch_until(event, Some(stop_before(deadline)))
+            .await
     }
 
     async fn handle_batch_until(&self, event: SqsEvent, stop: Option<Instant>) -> SqsBatchResponse {
@@ -184,7 +196,8 @@ impl Consumer {
 
     /// [`Consumer::handle_batch`] without the metrics line, returning the counters as well.
     pub async fn handle_batch_with_stats(&self, event: SqsEvent) -> (SqsBatchResponse, BatchStats) {
-        self.handle_batch_with_stats_until(event, None).await
+        let stop = stop_before(invoked_now());
+        self.handle_batch_with_stats_until(event, Some(stop)).await
     }
 
     /// The batch, with no work done past `stop` (none: no bound).

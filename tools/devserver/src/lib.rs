@@ -279,9 +279,8 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     let loopback = dev.addr.ip().to_canonical().is_loopback();
     router = web::storefront(router, dev.jwt_secret.expose_secret(), loopback);
     if loopback {
-        let pool = dev.config.database_pool_lazy()?;
         let secret = dev.config.payments.webhook_secret.clone();
-        router = provider::local_provider(router, pool, secret);
+        router = provider::local_provider(router, functions.entry_pool.clone(), secret);
     }
     if dev.max_in_flight > 0 {
         let turns = Arc::new(Semaphore::new(dev.max_in_flight));

@@ -22,6 +22,7 @@ use seckill_devserver::DevConfig;
 use seckill_shared::domain::order;
 use seckill_shared::domain::settings::{self, Admission};
 use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::Config;
@@ -132,7 +133,8 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     Ok(report)
 }
 
-/// The dev server the crowd calls, and the demo's own clients of the stores.
+/// The dev server the crowd calls, and the demo's own clients of the stores (the operator's:
+/// the admin function's logins).
 struct Stage {
     server: seckill_devserver::DevServer,
     base: String,
@@ -159,8 +161,12 @@ impl Stage {
         let base = server.url();
         say(opts, &format!("dev server on {base}"));
 
-        let pool = config.database_pool().await?;
-        let redis = Redis::connect(&config).await?;
+        // The demo watches the sale and reads what came of it as the operator does: with the
+        // admin function's logins, so that only the functions' roles and users are connected
+        // while the crowd runs.
+        let operator = Function::Admin.local_config(&config)?;
+        let pool = operator.database_pool().await?;
+        let redis = Redis::connect(&operator).await?;
         let http = reqwest::Client::new();
         Ok(Self {
             server,
