@@ -36,6 +36,10 @@ def check_shape(t: Template) -> None:
         timeout = t.number(t.prop(fn, "Timeout"))
         check(timeout == s["timeout_secs"],
               f"{name}: Timeout {timeout} is functions/shape.toml's {s['timeout_secs']}")
+        if "db_max_connections" in s:
+            pool = t.number(parameter_default(t, t.env(fn).get("DB_MAX_CONNECTIONS")))
+            check(pool == s["db_max_connections"],
+                  f"{name}: DB_MAX_CONNECTIONS {pool} is functions/shape.toml's {s['db_max_connections']}")
         for ev_name, ev in (fn.get("Properties", {}).get("Events") or {}).items():
             if ev.get("Type") != "SQS":
                 continue

@@ -92,6 +92,9 @@ pub struct Shape {
     pub role: Option<String>,
     /// The Redis ACL user it logs in as (none: it does not use Redis).
     pub redis_user: Option<String>,
+    /// The database pool one instance holds (`DB_MAX_CONNECTIONS`); its role's connection
+    /// limit is sized by it.
+    pub db_max_connections: Option<u32>,
     /// The order consumer's event source: messages a batch, seconds it waits to fill one, and
     /// the most instances SQS runs at once.
     pub batch_size: Option<usize>,

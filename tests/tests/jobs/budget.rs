@@ -51,7 +51,9 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
     let job = reconcile_in_a_hurry(&env);
     let at = after_grace(env.config.reconcile_grace);
     let first = job.run(at).await?;
-    let b = first.activity(big.id).expect("the big sale came first");
+    let b = first
+        .activity(big.id)
+        .unwrap_or_else(|| panic!("the big sale came first: {first:?}"));
     assert!(b.out_of_time, "{b:?}");
     assert!(
         (1..STALE).contains(&b.compensated),
