@@ -48,14 +48,14 @@ pub async fn lose_field(redis: &Redis, at: impl Into<Bucket>, user: &str) -> any
 
 /// Drift by hand: the database's remaining stock set behind every actor's back (reconcile's
 /// own repair statement).
-pub async fn set_db_stock(env: &TestEnv, activity_id: i64, remaining: i64) {
+pub async fn set_db_stock_by_hand(env: &TestEnv, activity_id: i64, remaining: i64) {
     activity::set_remaining_stock(&env.pool, activity_id, remaining)
         .await
         .unwrap();
 }
 
 /// Moves the sale's window into the past (an hour ago it ended), in the database only.
-pub async fn end_activity_in_db(env: &TestEnv, activity_id: i64) {
+pub async fn end_activity_by_hand(env: &TestEnv, activity_id: i64) {
     sqlx::query!(
         "update activities set start_at = now() - interval '2 hours',
              end_at = now() - interval '1 hour' where id = $1",

@@ -14,7 +14,7 @@ use testkit::call;
 use testkit::on_both_redis;
 use testkit::request;
 use testkit::RedisKind;
-use testkit::{redis_stock, set_db_stock};
+use testkit::{redis_stock, set_db_stock_by_hand};
 use uuid::Uuid;
 
 on_both_redis!(
@@ -150,7 +150,7 @@ async fn lowering_below_db_sold_is_refused_even_when_not_loaded(
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let id = created["id"].as_i64().unwrap();
-    set_db_stock(&env, id, 4).await;
+    set_db_stock_by_hand(&env, id, 4).await;
 
     let err = update_activity(&state, id, &patch(json!({"totalStock": 5})))
         .await

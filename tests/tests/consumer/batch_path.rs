@@ -12,7 +12,7 @@ use seckill_shared::protocol::giveback;
 use std::time::Instant;
 use testkit::RedisKind;
 use testkit::TestEnv;
-use testkit::{db_remaining, reserve, set_db_stock, snapshot};
+use testkit::{db_remaining, reserve, set_db_stock_by_hand, snapshot};
 
 /// What a scenario leaves behind, without the random request ids: the rows as
 /// (user, quantity, status, reason), DB remaining stock, Redis stock, participants, ledger size.
@@ -119,7 +119,7 @@ async fn short_database(batch_writes: bool) -> (Final, order_consumer::BatchStat
     for i in 0..6 {
         messages.push(reserve(&env, a.id, &format!("s{i}"), 1).await);
     }
-    set_db_stock(&env, a.id, 4).await;
+    set_db_stock_by_hand(&env, a.id, 4).await;
     let c = env.consumer().with_batch_writes(batch_writes);
 
     let (resp, stats) = c.handle_batch_with_stats(event_of(&messages)).await;

@@ -8,7 +8,7 @@ use seckill_shared::protocol::giveback;
 use testkit::on_both_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
-use testkit::{db_remaining, is_participant, reserve, set_db_stock, snapshot};
+use testkit::{db_remaining, is_participant, reserve, set_db_stock_by_hand, snapshot};
 
 on_both_redis!(
     database_sold_out_compensates_redis_in_full_and_records_the_failure,
@@ -27,7 +27,7 @@ async fn database_sold_out_compensates_redis_in_full_and_records_the_failure(
         reserve(&env, a.id, "cat", 1).await,
     ];
     // Redis drifted: it believes in 5 units, the database has 1 left.
-    set_db_stock(&env, a.id, 1).await;
+    set_db_stock_by_hand(&env, a.id, 1).await;
     let c = env.consumer();
 
     let resp = c.handle_batch(event_of(&messages)).await;

@@ -137,7 +137,7 @@ async fn a_second_delivery_cannot_commit_what_the_first_gave_back(
     assert_eq!(status, StatusCode::ACCEPTED);
     let message = w.messages().await?.pop().expect("alice's message");
     // The database has no stock left for alice (as after an admin lower in between).
-    testkit::set_db_stock(&w.env, w.id(), 0).await;
+    testkit::set_db_stock_by_hand(&w.env, w.id(), 0).await;
 
     let second_paused = pause::arm("consumer.before_write", w.id());
     let consumer = w.consumer();

@@ -21,7 +21,7 @@ use testkit::on_both_redis;
 use testkit::RedisKind;
 use testkit::{
     after_grace, commit_order, consume, db_remaining, is_participant, redis_stock, reserve,
-    set_db_stock, snapshot,
+    set_db_stock_by_hand, snapshot,
 };
 use uuid::Uuid;
 
@@ -194,7 +194,7 @@ async fn redis_stock_off_by_n_is_corrected_only_when_the_ledger_is_quiet(
     assert_eq!(at, a.expire_at(env.config.expiry_buffer).timestamp_millis());
 
     // The database drifted from its own orders: fixed first, then Redis follows.
-    set_db_stock(&env, a.id, 9).await;
+    set_db_stock_by_hand(&env, a.id, 9).await;
     let r = job.run(Utc::now()).await?;
     assert_eq!(r.activity(a.id).unwrap().db_stock_fixed_from, Some(9));
     assert_eq!(db_remaining(&env, a.id).await, 8);

@@ -10,7 +10,7 @@ use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
-use testkit::end_activity_in_db;
+use testkit::end_activity_by_hand;
 use testkit::on_both_redis;
 use testkit::RedisKind;
 use uuid::Uuid;
@@ -216,7 +216,7 @@ async fn cancel_after_the_sale_left_redis_changes_only_the_database(
     assert_eq!(w.db_stock().await, 8);
 
     // Ended: no loader loads it again, and the database alone changes.
-    end_activity_in_db(&w.env, w.activity.id).await;
+    end_activity_by_hand(&w.env, w.activity.id).await;
     let (status, body) = w.cancel(id, "alice").await;
 
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -10,7 +10,7 @@ use seckill_shared::infra::sqs::OrderQueue;
 use std::time::Duration;
 use testkit::call;
 use testkit::request;
-use testkit::{consume, db_remaining, reserve, set_db_stock};
+use testkit::{consume, db_remaining, reserve, set_db_stock_by_hand};
 
 /// The entry (internet-facing) as `seckill_entry`: a purchase, the buyer's order, a pay, a
 /// cancel, the public view, and the `failed` claim after a send that failed; the consumer as
@@ -197,7 +197,7 @@ async fn the_consumer_role_confirms_orders_and_records_refusals() -> anyhow::Res
         futures::future::join_all(["alice", "bob", "carol"].map(|u| reserve(&env, a.id, u, 1)))
             .await;
     // The database has one unit fewer than Redis: the third order is refused there.
-    set_db_stock(&env, a.id, 2).await;
+    set_db_stock_by_hand(&env, a.id, 2).await;
     for m in &messages {
         env.queue.send(m, m.attempt.activity_id).await?;
     }

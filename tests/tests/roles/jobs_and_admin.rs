@@ -14,7 +14,7 @@ use std::time::Duration;
 use testkit::call;
 use testkit::request;
 use testkit::TestEnv;
-use testkit::{after_grace, consume, db_remaining, reserve, set_db_stock};
+use testkit::{after_grace, consume, db_remaining, reserve, set_db_stock_by_hand};
 
 /// Preheat as `seckill_preheat`: loads a sale it finds due (fencing token and load epoch
 /// recorded), and rebuilds a lost sale's buyers from the live orders.
@@ -108,7 +108,7 @@ async fn the_reconcile_role_repairs_releases_and_records() -> anyhow::Result<()>
     let bob = order::by_request(&env.pool, stale).await?.unwrap();
     assert_eq!(bob.status, OrderStatus::Failed);
 
-    set_db_stock(&env, a.id, 3).await;
+    set_db_stock_by_hand(&env, a.id, 3).await;
     let report = job.run(Utc::now()).await?;
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!(report.activity(a.id).unwrap().db_stock_fixed_from, Some(3));
