@@ -52,7 +52,7 @@ cargo build -q -p seckill-devserver --bin seckill-devserver
 
 psql_pg -c "create database \"$DB\"" >/dev/null
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
-export SECKILL_KEY_PREFIX="browser$RUN_ID"
+export SECKILL_KEY_PREFIX="seckill:browser$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
 export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
 # Reconcile every 2 s so the operator page has reconcile rows to show.

@@ -42,7 +42,7 @@ prepare_run
 start_run_devserver
 
 log "signing $ENTRANTS user tokens"
-"$BIN/seckill-token" --users "$ENTRANTS" --prefix "$PREFIX-u" --ttl-secs 3600 >"$WORK/tokens.txt"
+"$BIN/seckill-token" --users "$ENTRANTS" --prefix "${PREFIX#seckill:}-u" --ttl-secs 3600 >"$WORK/tokens.txt"
 TRIGGER_TOKEN="$(head -1 "$WORK/tokens.txt")"
 ADMIN_TOKEN="$("$BIN/seckill-token" --user draw-admin --admin --ttl-secs 3600)"
 

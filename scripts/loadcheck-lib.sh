@@ -7,8 +7,9 @@
 #   source scripts/loadcheck-lib.sh NAME        (NAME: wrk, draw)
 #
 # with REPO and PROFILE (the dev server's cargo profile) set. It names the run: RUN_ID, DB
-# (seckill_NAME_<id>), PREFIX (NAME<id>), QUEUE (NAME-<id>), WORK (target/NAME-check), LOG (the
-# dev server's log in WORK) and FAUXQS, and defines
+# (seckill_NAME_<id>), PREFIX (seckill:NAME<id>: under the functions' Redis users' key
+# pattern), QUEUE (NAME-<id>), WORK (target/NAME-check), LOG (the dev server's log in WORK) and
+# FAUXQS, and defines
 #
 #   log, die              lines tagged [NAME-check] on stderr; die exits 1
 #   psql_pg, psql_run     psql as postgres on the local server; psql_run on the run's database
@@ -28,7 +29,7 @@
 LOADCHECK="$1"
 RUN_ID="$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
 DB="seckill_${LOADCHECK}_$RUN_ID"
-PREFIX="$LOADCHECK$RUN_ID"
+PREFIX="seckill:$LOADCHECK$RUN_ID"
 QUEUE="$LOADCHECK-$RUN_ID"
 WORK="$REPO/target/$LOADCHECK-check"
 LOG="$WORK/devserver.log"

@@ -59,7 +59,7 @@ cargo build -q -p seckill-devserver --bins
 
 psql_pg -c "create database \"$DB\"" >/dev/null
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
-export SECKILL_KEY_PREFIX="fuzz$RUN_ID"
+export SECKILL_KEY_PREFIX="seckill:fuzz$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
 export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
 # One token fuzzes every route as fast as it can: the per-user database rate would answer most

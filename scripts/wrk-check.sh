@@ -54,7 +54,7 @@ curl -sf --max-time 2 "$URL/activities/$ACTIVITY" | grep -q '"remainingStock":[0
     || die "sale $ACTIVITY is not loaded into Redis"
 
 log "signing $TOKENS user tokens"
-"$BIN/seckill-token" --users "$TOKENS" --prefix "$PREFIX-u" --ttl-secs 3600 >"$WORK/tokens.txt"
+"$BIN/seckill-token" --users "$TOKENS" --prefix "${PREFIX#seckill:}-u" --ttl-secs 3600 >"$WORK/tokens.txt"
 
 log "sale $ACTIVITY ($TOKENS units); wrk -t$THREADS -c$CONNECTIONS -d$DURATION --timeout $WRK_TIMEOUT"
 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --timeout "$WRK_TIMEOUT" --latency \
