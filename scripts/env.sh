@@ -26,6 +26,11 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 : "${ORDER_QUEUE_URL:=http://127.0.0.1:4566/123456789012/seckill-orders}"
 : "${ORDER_DLQ_URL:=http://127.0.0.1:4566/123456789012/seckill-orders-dlq}"
 
+# A function binary run locally (`cargo lambda watch`, the tests' Lambda runtime runs) logs in
+# as its own database role and Redis ACL user, the local stack's stand-in for the secrets each
+# function reads in AWS (functions/shape.toml names them).
+: "${SECKILL_LOCAL_LOGINS:=true}"
+
 # HS256 secret the dev server verifies user tokens with (local only; AWS uses the JWT authorizer)
 : "${SECKILL_JWT_SECRET:=local-dev-secret-change-me}"
 
@@ -44,7 +49,7 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS VALKEY_URL \
     AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY \
     AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL \
-    SECKILL_JWT_SECRET PAYMENT_PROVIDER PAYMENT_WEBHOOK_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY
+    SECKILL_LOCAL_LOGINS SECKILL_JWT_SECRET PAYMENT_PROVIDER PAYMENT_WEBHOOK_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY
 
 # The project's Python tools (moto_server, cfn-lint; cargo-lambda and sam after `make tools-lambda`),
 # appended so that the machine's own tools keep precedence.

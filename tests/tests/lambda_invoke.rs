@@ -257,6 +257,8 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
     let env = [
         ("DATABASE_URL", database_url.clone()),
         ("SECKILL_KEY_PREFIX", config.key_prefix.clone()),
+        // Each binary logs in as its function's role and Redis user, as its secrets do in AWS.
+        ("SECKILL_LOCAL_LOGINS", "true".into()),
         ("ORDER_QUEUE_URL", queue_url.clone()),
         (
             "REDIS_URL",

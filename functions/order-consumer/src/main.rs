@@ -5,7 +5,7 @@
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use order_consumer::Consumer;
-use seckill_shared::Config;
+use seckill_shared::infra::shape::Function;
 
 /// mimalloc: a request's few dozen small allocations cost about half what they do with the
 /// system allocator (`make bench`, "the whole router" row).
@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     seckill_shared::infra::telemetry::init();
-    let config = Config::load().await?;
+    let config = Function::Consumer.load_config().await?;
     let consumer = Consumer::connect(config).await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let consumer = consumer.clone();

@@ -4,12 +4,12 @@
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use preheat::Preheat;
-use seckill_shared::Config;
+use seckill_shared::infra::shape::Function;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     seckill_shared::infra::telemetry::init();
-    let config = Config::load().await?;
+    let config = Function::Preheat.load_config().await?;
     let job = Preheat::connect(config).await?;
     let job = &job;
     lambda_runtime::run(service_fn(

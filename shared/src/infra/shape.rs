@@ -76,6 +76,23 @@ impl Function {
     }
 }
 
+impl Function {
+    /// This function's config as its binary starts: [`Config::load`] (in AWS, its own secrets
+    /// log it in as its role and Redis user), and locally, with `SECKILL_LOCAL_LOGINS=true`
+    /// (scripts/env.sh: the local stack's stand-in for those secrets), [`Function::local_config`].
+    pub async fn load_config(self) -> anyhow::Result<Config> {
+        let config = Config::load().await?;
+        match std::env::var(LOCAL_LOGINS).as_deref() {
+            Ok("true") => self.local_config(&config),
+            Ok("false") | Err(_) => Ok(config),
+            Ok(other) => anyhow::bail!("{LOCAL_LOGINS} is true or false, not {other:?}"),
+        }
+    }
+}
+
+/// Whether a binary run locally logs in as its function's role and Redis user.
+pub const LOCAL_LOGINS: &str = "SECKILL_LOCAL_LOGINS";
+
 /// The local login of a function's Redis ACL user: scripts/stack/redis.sh creates each user
 /// of scripts/redis_acl.py on every local server with the password `local-<user>`.
 pub fn local_redis_login(user: &str) -> RedisLogin {
