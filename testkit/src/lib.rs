@@ -49,7 +49,9 @@ pub use reads::{
     db_remaining, draw_entry_rows, field, is_participant, lock_hold, order_rows, orders_in_db,
     redis_stock, snapshot, LockHold,
 };
-pub use steps::{commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool};
+pub use steps::{
+    commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool, restore_entrants,
+};
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`
 /// fails it.

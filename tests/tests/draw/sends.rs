@@ -1,5 +1,6 @@
 //! After the draw: the purchase that ran it sends nothing and reconcile sends every winner,
-//! past the grace period too; reconcile gives back nothing of a draw whose sends are late; a sale loaded again after its
+//! past the grace period too; a status read of a huge draw's entrant stays a cheap read;
+//! reconcile gives back nothing of a draw whose sends are late; a sale loaded again after its
 //! draw draws nobody again.
 
 use crate::enter;
@@ -17,8 +18,10 @@ use testkit::TestEnv;
 use testkit::{
     after_grace, age_reservations, buy, close_draw_window, consume_queue, order_rows, snapshot,
 };
+use testkit::{counting_pool, my_status, restore_entrants};
 
 on_both_redis!(
+    a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
     a_sale_reloaded_after_its_draw_draws_nobody_again,
     the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner,
     reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
@@ -71,6 +74,52 @@ async fn the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner(
         5
     );
     invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
+/// A draw of 30,000 winners, done and not sent (its pool filled in bulk through the consumer's
+/// restore script; the draw run as a purchase after the window runs it). A queued entrant the
+/// draw passed over, and a winner, ask for their status: each answer comes from Redis alone,
+/// promptly, with no connection taken from the database: the entry records no draw and sends
+/// no winner (its role may not record, and a request does not wait for 30,000 sends); the
+/// outcome stays unrecorded and every winner in the outbox for reconcile.
+async fn a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const WINNERS: usize = 30_000;
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_activity(WINNERS as i64, 1).await?;
+    restore_entrants(&env, a.id, "e", WINNERS + 10).await;
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let pool = draw::pool(&env.redis, a.id).await?;
+    let loser = pool.iter().find(|(_, e)| !e.won).map(|(u, _)| u.clone());
+    let winner = pool.iter().find(|(_, e)| e.won).map(|(u, _)| u.clone());
+    let (loser, winner) = (loser.expect("a loser"), winner.expect("a winner"));
+    let (counted, taken) = counting_pool(&env);
+    let app = env.entry_router_with(|c| c.pool = counted);
+
+    let started = std::time::Instant::now();
+    assert_eq!(my_status(&app, &a, &loser).await, "not_drawn");
+    assert_eq!(my_status(&app, &a, &winner).await, "pending");
+    let took = started.elapsed();
+    assert_eq!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no database work"
+    );
+    assert!(took < Duration::from_secs(1), "two reads took {took:?}");
+    assert_eq!(
+        draw::unsent(&env.redis, a.id).await?,
+        WINNERS as i64,
+        "nothing sent"
+    );
+    let outcomes: i64 =
+        sqlx::query_scalar("select count(*) from draw_outcomes where activity_id = $1")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(outcomes, 0, "nothing recorded");
     Ok(())
 }
 
