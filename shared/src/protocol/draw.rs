@@ -262,7 +262,7 @@ pub async fn drain_until(
         } else {
             for (i, chunk) in messages.chunks(10).enumerate() {
                 // Out of time: the rest of the batch stays in the outbox for the next drainer
-                // (a send per round at least, so every drainer moves the outbox on).
+                // (the first send whatever the time, so every drainer moves the outbox on).
                 if (round > 1 || i > 0) && until.is_some_and(|until| Instant::now() >= until) {
                     break;
                 }
