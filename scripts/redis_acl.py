@@ -49,12 +49,12 @@ USERS: dict[str, dict] = {
         "user": "seckill-entry",
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
-            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
-            "outbox_done.lua", "pool_leave.lua", "user_rate.lua",
+            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "pool_leave.lua",
+            "user_rate.lua",
         ],
-        # The public view, a user's ledger entry and pool entry, the buckets' stock, a draw's
-        # outbox read whole for its record.
-        "commands": ["HGET", "HMGET", "HGETALL", "HSCAN"],
+        # The public view, a user's ledger entry and pool entry, the buckets' stock. (A draw's
+        # record and sends are reconcile's: the entry only steps the draw.)
+        "commands": ["HGET", "HMGET", "HGETALL"],
     },
     "order-consumer": {
         "user": "seckill-consumer",
