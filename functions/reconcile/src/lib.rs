@@ -83,7 +83,7 @@ impl Reconcile {
 
     /// One reconcile pass at `now` (a parameter so tests can step past the grace period and the
     /// payment timeout without sleeping), whose deadline is the configured budget from now: the
-    /// form the tests and the dev server call. [`Self::run_by`].
+    /// form the tests and the dev server call. See [`Self::run_by`].
     pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<ReconcileReport> {
         self.run_by(now, Instant::now() + self.config.reconcile_budget)
             .await
