@@ -43,18 +43,18 @@ KEY_PATTERN = "seckill:*"
 BASE = ("EVALSHA", "SCRIPT|LOAD", "PING", "CLUSTER|SLOTS")
 
 # Per function (its binary's name): the scripts it runs, and the commands it sends itself; its
-# user's name is functions/shape.toml's `redis_user`. The binaries test (tests/tests/binaries.rs) checks that no built binary carries
-# a script its user does not list.
+# user's name is functions/shape.toml's `redis_user`. The binaries test
+# (tests/tests/binaries.rs) checks that no built binary carries a script its user does not list.
 USERS: dict[str, dict] = {
     "seckill-entry": {
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
-            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "outbox_take.lua",
-            "outbox_done.lua", "pool_leave.lua", "user_rate.lua",
+            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "pool_leave.lua",
+            "user_rate.lua",
         ],
-        # The public view, a user's ledger entry and pool entry, the buckets' stock, a draw's
-        # outbox read whole for its record.
-        "commands": ["HGET", "HMGET", "HGETALL", "HSCAN"],
+        # The public view, a user's ledger entry and pool entry, the buckets' stock. (A draw's
+        # record and sends are reconcile's: the entry only steps the draw.)
+        "commands": ["HGET", "HMGET", "HGETALL"],
     },
     "order-consumer": {
         "scripts": ["give_back.lua", "settle.lua", "pool_restore.lua"],

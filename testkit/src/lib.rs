@@ -50,7 +50,9 @@ pub use reads::{
     redis_stock, snapshot, LockHold,
 };
 pub use seckill_shared::infra::shape::local_redis_login;
-pub use steps::{commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool};
+pub use steps::{
+    commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool, restore_entrants,
+};
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`
 /// fails it.

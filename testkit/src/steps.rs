@@ -5,6 +5,7 @@
 use crate::env::TestEnv;
 use chrono::Utc;
 use seckill_shared::domain::activity;
+use seckill_shared::domain::draw::Entry;
 use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::refusal::Refusal;
@@ -12,6 +13,7 @@ use seckill_shared::infra::payments::{self, LocalProvider, PaymentRequest, Provi
 use seckill_shared::protocol::pay::{self, Settled, Started};
 use seckill_shared::protocol::purchase as protocol;
 use seckill_shared::store::conn::{Redis, StoreError};
+use seckill_shared::store::draw::{self, Restore, RestoreCursor};
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase::{self, Reservation};
 use sqlx::PgPool;
@@ -115,6 +117,39 @@ pub async fn reserve_in_pool(env: &TestEnv, activity_id: i64, user: &str) -> Att
         "{user}: {decision:?}"
     );
     attempt
+}
+
+/// `n` entrants (`<prefix>0..`, one unit each) put into a draw sale's pool in bulk, the way
+/// the consumer puts a kept entry back (`lua/pool_restore.lua`, with its ticket), in calls of
+/// 1,000: a crowd of tens of thousands in seconds. Only Redis holds them (no `draw_entries`
+/// row: a loss of the sale's keys loses them). The window must still be open. Returns them.
+pub async fn restore_entrants(
+    env: &TestEnv,
+    activity_id: i64,
+    prefix: &str,
+    n: usize,
+) -> Vec<Entry> {
+    let entries: Vec<Entry> = (0..n)
+        .map(|i| Entry {
+            request_id: Uuid::now_v7(),
+            user_id: format!("{prefix}{i}"),
+            quantity: 1,
+        })
+        .collect();
+    for chunk in entries.chunks(1_000) {
+        let put = draw::restore(
+            &env.redis,
+            activity_id,
+            None,
+            Restore::Entries,
+            RestoreCursor::None,
+            chunk,
+        )
+        .await
+        .expect("redis answers");
+        assert_eq!(put, Some(chunk.len() as i64), "every entrant went in");
+    }
+    entries
 }
 
 /// The consumer's order transaction for a reservation, on the consumer's own statements: the

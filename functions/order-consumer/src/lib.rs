@@ -59,14 +59,9 @@ impl ConsumeError {
 
 /// The Lambda context's deadline (milliseconds since the Unix epoch) on this process's
 /// monotonic clock, for [`Consumer::handle_batch_by`]. `None` for a deadline that is not in the
-/// future: Lambda hands an invocation its deadline ahead of it, so such a value comes from a
-/// runtime that sets none (`cargo lambda watch` sends a constant 600000, in 1970).
+/// future ([`seckill_shared::infra::deadline::from_epoch_ms`]).
 pub fn deadline_of(deadline_epoch_ms: u64) -> Option<Instant> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let left = deadline_epoch_ms.checked_sub(now_ms).filter(|ms| *ms > 0)?;
-    Some(Instant::now() + Duration::from_millis(left))
+    seckill_shared::infra::deadline::from_epoch_ms(deadline_epoch_ms).map(Instant::from_std)
 }
 
 /// The deadline of an invocation that starts now: the function's Lambda Timeout away.

@@ -1,32 +1,36 @@
 //! A draw sale's part of a reconcile run, before the snapshot: the rebuild of its pool a load
-//! left unfinished, the draw nobody has run since its window closed, and the outbox's sends
-//! ([`seckill_shared::protocol::draw`]), so that the ledger the snapshot reads shows every
-//! sent reservation restamped.
+//! left unfinished, the draw nobody has finished since its window closed, and the outbox's
+//! sends ([`seckill_shared::protocol::draw::drive`]), so that the ledger the snapshot reads
+//! shows every sent reservation restamped. Reconcile is the one actor that records a draw and
+//! sends its winners; each run does what its share allows and the next goes on.
 
+use crate::budget::Share;
 use crate::{ActivityReport, Reconcile};
 use anyhow::Context as _;
 use seckill_shared::domain::activity::Activity;
-use seckill_shared::protocol::draw::{self, Trigger};
+use seckill_shared::protocol::draw;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::Drawn;
 
 impl Reconcile {
-    /// The rebuild a load left, the draw nobody has run since the window closed, the outbox's
-    /// sends; a sale whose Redis draw is not the recorded one is loaded from scratch.
+    /// The rebuild a load left, the draw's steps, the outbox's sends, within `share` (each
+    /// does its least, a chunk, a step, a round, whatever the time); a sale whose Redis draw
+    /// is not the recorded one is loaded from scratch.
     pub(crate) async fn draw_and_send(
         &self,
         a: &Activity,
+        share: Share,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         // A rebuild a load did not finish (out of its time, or an error) goes on from its
         // cursor first: the draw waits for it.
-        let deadline = std::time::Instant::now() + draw::RECONCILE_BUDGET;
-        let rebuilt = draw::rebuild(&self.redis, &self.pool, a.id, deadline)
+        let rebuilt = draw::rebuild(&self.redis, &self.pool, a.id, share.until)
             .await
             .context("failed to rebuild the draw's pool")?;
         r.pool_rebuilt = rebuilt.winners as usize + rebuilt.entries as usize;
+        r.out_of_time |= !rebuilt.done;
         let queue = self.queue().await;
-        let run = draw::run(&self.redis, &self.pool, queue, a.id, Trigger::Reconcile)
+        let run = draw::drive(&self.redis, &self.pool, queue, a.id, share.until)
             .await
             .context("failed to run the draw and its sends")?;
         if run.diverged {
@@ -56,6 +60,8 @@ impl Reconcile {
         r.draw_entrants = entrants;
         r.pool_fill_percent = entrants.map(|n| 100.0 * n as f64 / a.max_entrants.max(1) as f64);
         r.winners_sent = run.sent;
+        r.winners_unsent = run.unsent;
+        r.out_of_time |= matches!(run.drawn, Drawn::Running { .. }) || run.unsent > 0;
         Ok(())
     }
 }

@@ -52,7 +52,7 @@ impl Reconcile {
                 return Ok(());
             }
             return self
-                .repair_entries(bucket, snap, &snap.ledger, now, r)
+                .repair_entries(bucket, snap, &snap.ledger, now, &walk, r)
                 .await;
         }
         // A ledger too large for the snapshot's one step, walked a chunk at a time.
@@ -66,7 +66,8 @@ impl Reconcile {
                 .context("failed to read the ledger")?;
             // Between a chunk's read and its repairs: the consumer may settle its entries.
             pause::point("reconcile.ledger.after_chunk", bucket.activity_id).await;
-            self.repair_entries(bucket, snap, &entries, now, r).await?;
+            self.repair_entries(bucket, snap, &entries, now, &walk, r)
+                .await?;
             if next == "0" {
                 return Ok(());
             }
@@ -74,21 +75,24 @@ impl Reconcile {
         }
     }
 
-    /// The ledger's repairs for `entries` (at most [`ledger::LEDGER_INLINE`], one database query for their rows).
+    /// The ledger's repairs for `entries` (at most [`ledger::LEDGER_INLINE`], one database
+    /// query for their rows), one entry at a time until the run's hard end (the entries left
+    /// wait in the ledger for the next run).
     async fn repair_entries(
         &self,
         bucket: Bucket,
         snap: &Snapshot,
         entries: &[LedgerEntry],
         now: DateTime<Utc>,
+        walk: &Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
-        self.repair_reservations(bucket, snap, entries, now, r)
+        self.repair_reservations(bucket, snap, entries, now, walk, r)
             .await?;
         let stale = stale_entries(entries, now, self.config.reconcile_grace);
-        self.repair_cancels(bucket, &stale, now, r).await?;
-        self.drop_stale_checks(bucket, &stale, r).await?;
-        self.repair_transfers(bucket, &stale, r).await
+        self.repair_cancels(bucket, &stale, now, walk, r).await?;
+        self.drop_stale_checks(bucket, &stale, walk, r).await?;
+        self.repair_transfers(bucket, &stale, walk, r).await
     }
 
     /// The reservations among `entries` (of `snap`): applied when the database
@@ -99,6 +103,7 @@ impl Reconcile {
         snap: &Snapshot,
         entries: &[LedgerEntry],
         now: DateTime<Utc>,
+        walk: &Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         let request_ids: Vec<Uuid> = entries.iter().filter_map(|e| e.request_id()).collect();
@@ -112,6 +117,9 @@ impl Reconcile {
             .map(|o| (o.request_id, o))
             .collect();
         for e in entries.iter().filter(|e| e.kind == EntryKind::Reservation) {
+            if walk.over(r) {
+                return Ok(());
+            }
             let Some(request_id) = e.request_id() else {
                 tracing::error!(user = %e.user_id, entry_id = %e.id, "unreadable reservation entry left alone");
                 continue;
@@ -138,9 +146,13 @@ impl Reconcile {
         &self,
         donor: Bucket,
         stale: &[&LedgerEntry],
+        walk: &Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         for e in stale.iter().filter(|e| e.kind == EntryKind::Transfer) {
+            if walk.over(r) {
+                return Ok(());
+            }
             let (Some(id), Some((home, _))) = (e.transfer_id(), e.transfer) else {
                 tracing::error!(field = %e.user_id, entry_id = %e.id, "unreadable transfer entry left alone");
                 continue;
@@ -166,9 +178,13 @@ impl Reconcile {
         &self,
         bucket: Bucket,
         stale: &[&LedgerEntry],
+        walk: &Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         for e in stale.iter().filter(|e| e.kind == EntryKind::Check) {
+            if walk.over(r) {
+                return Ok(());
+            }
             if ledger::settle(&self.redis, bucket, &e.user_id, &e.id).await? {
                 tracing::warn!(user = %e.user_id, repair = "check_dropped", "crashed orphan check's mark dropped");
                 r.settled += 1;
@@ -239,6 +255,7 @@ impl Reconcile {
         bucket: Bucket,
         stale: &[&LedgerEntry],
         now: DateTime<Utc>,
+        walk: &Walk,
         r: &mut ActivityReport,
     ) -> anyhow::Result<()> {
         let cancels: Vec<&LedgerEntry> = stale
@@ -256,28 +273,37 @@ impl Reconcile {
             .into_iter()
             .collect();
         for e in cancels {
-            self.repair_cancel(bucket, e, &committed, now, r).await?;
+            if walk.over(r) {
+                return Ok(());
+            }
+            match self.repair_cancel(bucket, e, &committed, now).await? {
+                CancelRepair::Finished => r.cancels_finished += 1,
+                CancelRepair::Dropped => r.settled += 1,
+                CancelRepair::Nothing => {}
+            }
         }
         Ok(())
     }
 
-    /// One stale cancel entry. Reconcile cannot tell a crashed attempt from a slow one, so
+    /// One stale cancel entry (the ledger's repairs, and the release when the entry holds
+    /// back an unpaid order). Reconcile cannot tell a crashed attempt from a slow one, so
     /// before dropping the entry it aborts the attempt in the database (the attempt's commit
     /// then finds itself aborted); if the abort finds the order no longer confirmed, the row
     /// says whether this very attempt committed meanwhile, and then its half is finished.
-    async fn repair_cancel(
+    /// `committed`: cancel ids known to have committed (one query for a chunk; an empty set
+    /// costs the abort's statement instead).
+    pub(crate) async fn repair_cancel(
         &self,
         bucket: Bucket,
         e: &LedgerEntry,
         committed: &HashSet<Uuid>,
         now: DateTime<Utc>,
-        r: &mut ActivityReport,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<CancelRepair> {
         let age_ms = now.timestamp_millis() - e.at_ms;
         let user = e.user_id.as_str();
         let (Some(cancel_id), Some(order_id)) = (e.cancel_id(), e.order_id) else {
             tracing::error!(user, entry_id = %e.id, "unreadable cancel entry left alone");
-            return Ok(());
+            return Ok(CancelRepair::Nothing);
         };
         let finish = committed.contains(&cancel_id)
             || (!cancel::abort_cancel(&self.pool, order_id, cancel_id).await?
@@ -287,12 +313,23 @@ impl Reconcile {
         if finish {
             if let Some(qty) = ledger::cancel_finish(&self.redis, bucket, user, cancel_id).await? {
                 tracing::warn!(user, %cancel_id, quantity = qty, age_ms, repair = "cancel_finished", "committed cancel finished in redis");
-                r.cancels_finished += 1;
+                return Ok(CancelRepair::Finished);
             }
         } else if ledger::settle(&self.redis, bucket, user, &e.id).await? {
             tracing::warn!(user, %cancel_id, age_ms, repair = "cancel_dropped", "cancel that never committed aborted and dropped");
-            r.settled += 1;
+            return Ok(CancelRepair::Dropped);
         }
-        Ok(())
+        Ok(CancelRepair::Nothing)
     }
+}
+
+/// What [`Reconcile::repair_cancel`] did with a stale cancel entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CancelRepair {
+    /// The attempt had committed: its Redis half is done now.
+    Finished,
+    /// The attempt never committed: aborted in the database, its entry dropped.
+    Dropped,
+    /// Someone else got there first (the entry was gone or changed).
+    Nothing,
 }

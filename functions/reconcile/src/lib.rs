@@ -1,12 +1,14 @@
 //! Reconcile: keeps Redis honest against the database, on a schedule
-//! (docs/invariants.md, "Reconcile"). [`Reconcile::run`] first releases unpaid orders past the
-//! payment timeout ([`release`]), then for every sale running or ended within the key expiry
-//! buffer: a draw sale's due draw and sends ([`draw`]), the snapshot (a running sale Redis lost
-//! is loaded again), the ledger's repairs ([`ledger`]), orphan users ([`orphans`]) and the
-//! lost fields of live orders' holders ([`fields`]), the database against itself and Redis's
-//! stock against the database ([`stock`]), and the numbers ([`report`]). Every Redis change is
-//! one guarded script and every give-back is claimed in the database first, so it is safe
-//! while purchases run and against a second reconcile.
+//! (docs/invariants.md, "Reconcile"). [`Reconcile::run_by`] runs within a budget counted from
+//! the invocation's start and ending before its deadline ([`budget`]): first the release of
+//! unpaid orders past the payment timeout ([`release`]), then for every sale running or ended
+//! within the key expiry buffer, each in its share: a draw sale's draw part ([`draw`]: its
+//! rebuild, draw and sends), the snapshot (a running sale Redis lost is loaded again), the
+//! ledger's repairs ([`ledger`]), orphan users ([`orphans`]) and the lost fields of live
+//! orders' holders ([`fields`]), the database against itself and Redis's stock against the
+//! database ([`stock`]), and the numbers ([`report`]). Every Redis change is one guarded script
+//! and every give-back is claimed in the database first, so it is safe while purchases run,
+//! against a second reconcile, and when a run is cut short anywhere.
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -21,8 +23,9 @@ use seckill_shared::store::ledger::Snapshot;
 use seckill_shared::store::meta::PreheatOutcome;
 use seckill_shared::{Config, Context};
 use sqlx::PgPool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+mod budget;
 mod draw;
 mod fields;
 mod ledger;
@@ -31,8 +34,10 @@ mod release;
 mod report;
 mod stock;
 
+use budget::{Budget, Share};
 use report::all_loaded;
 
+pub use budget::FINISH_MARGIN;
 pub use report::{
     drift, is_stale, stale_entries, ActivityReport, ReconcileFailure, ReconcileReport, StockCheck,
     FUNCTION,
@@ -77,12 +82,31 @@ impl Reconcile {
     }
 
     /// One reconcile pass at `now` (a parameter so tests can step past the grace period and the
-    /// payment timeout without sleeping). Fails only when the list of activities cannot be
-    /// read; one activity's failure is logged and reported and does not stop the others.
-    #[tracing::instrument(skip_all, fields(now = %now))]
+    /// payment timeout without sleeping), whose deadline is the configured budget from now: the
+    /// form the tests and the dev server call. See [`Self::run_by`].
     pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<ReconcileReport> {
+        self.run_by(now, Instant::now() + self.config.reconcile_budget)
+            .await
+    }
+
+    /// One reconcile pass at `now`, in an invocation that ends at `deadline` (the Lambda
+    /// context's). The run's budget (`RECONCILE_BUDGET_MS`) counts from now and ends before the
+    /// deadline less a margin ([`FINISH_MARGIN`]) for the last call in flight and the report.
+    /// The release takes up to a quarter of it; the due sales, least recently checked first,
+    /// share what is left evenly, and a sale past the budget is not started: it is checked
+    /// first by the next run. Fails only when the list of activities cannot be read; one
+    /// activity's failure is logged and reported and does not stop the others.
+    #[tracing::instrument(skip_all, fields(now = %now))]
+    pub async fn run_by(
+        &self,
+        now: DateTime<Utc>,
+        deadline: Instant,
+    ) -> anyhow::Result<ReconcileReport> {
+        let budget = Budget::starting_now(self.config.reconcile_budget, deadline);
         let mut report = ReconcileReport::default();
-        let released = self.release_unpaid(now, &mut report).await;
+        let released = self
+            .release_unpaid_in(now, budget.release(), &mut report)
+            .await;
 
         let due = activity::due_for_reconcile(
             &self.pool,
@@ -92,27 +116,15 @@ impl Reconcile {
         )
         .await
         .context("failed to list activities due for reconcile")?;
-        // Each sale's share of what is left of the run's budget, evenly over the sales still
-        // to check, never less than MIN_SHARE (or the whole budget when it is shorter: then
-        // each walk does its one chunk); a sale past the budget waits for the next run,
-        // which checks it first (the list comes least recently checked first).
-        let started = Instant::now();
         for (i, a) in due.iter().enumerate() {
-            let left = self
-                .config
-                .reconcile_budget
-                .saturating_sub(started.elapsed());
-            if left.is_zero() {
+            let Some(share) = budget.sale(i, due.len()) else {
                 report.deferred_ids.push(a.id);
                 continue;
-            }
-            let floor = MIN_SHARE.min(self.config.reconcile_budget);
-            let share = (left / (due.len() - i) as u32).max(floor);
-            let deadline = Instant::now() + share;
+            };
             // Boxed: each activity's future is deep (many awaited Redis and SQL steps), and
             // inlined into the run's future its layout needs more than the compiler's default
             // query depth.
-            match self.reconcile_activity(a, now, deadline).boxed().await {
+            match self.reconcile_activity(a, now, share).boxed().await {
                 Ok(mut r) => {
                     r.released_unpaid = released.get(&a.id).copied().unwrap_or(0);
                     report::publish(&r);
@@ -136,6 +148,7 @@ impl Reconcile {
             activities = report.activities.len(),
             released_unpaid = report.released_unpaid,
             release_deferred = report.release_deferred,
+            release_repaired = report.release_repaired,
             deferred = report.deferred_ids.len(),
             errors = report.errors.len(),
             "reconcile finished"
@@ -143,35 +156,38 @@ impl Reconcile {
         Ok(report)
     }
 
-    /// Every check of one activity; the ledger's repairs and the orphan check per bucket. Their
-    /// walks and the lost fields' stop at `deadline` (one bucket's after a chunk at least) and go
-    /// on next run.
+    /// Every check of one activity, within its `share` of the run: the draw part takes the
+    /// first half of it; the ledger's repairs and the orphan check per bucket, and the lost
+    /// fields, stop when it is spent (one bucket's after a chunk at least) and go on next run;
+    /// the fixed steps after them (the database's count, the stock fix, the numbers) always run,
+    /// so a sale whose share ran out still records what was checked and goes behind the others.
     #[tracing::instrument(skip_all, fields(activity_id = a.id))]
     async fn reconcile_activity(
         &self,
         a: &Activity,
         now: DateTime<Utc>,
-        deadline: Instant,
+        share: Share,
     ) -> anyhow::Result<ActivityReport> {
         let id = a.id;
         let mut r = ActivityReport::new(id);
 
-        // The draw part (a draw sale): its draw, if due and not run, and its winners' messages. Before the
-        // snapshot, so that the ledger it reads shows every sent reservation restamped.
+        // The draw part (a draw sale): its rebuild, its draw if due, and its winners' messages.
+        // Before the snapshot, so that the ledger it reads shows every sent reservation
+        // restamped.
         if a.draw_end_ms() > 0 {
-            self.draw_and_send(a, &mut r).await?;
+            self.draw_and_send(a, share.first_half(), &mut r).await?;
         }
 
         // The snapshot; a running sale missing from Redis is loaded now.
         let snaps = self.snapshot_loading(a, now, &mut r).await?;
 
         if all_loaded(&snaps) {
-            // One bucket a run, in turn, starts its walks even past the deadline: every walk
+            // One bucket a run, in turn, starts its walks even past the share: every walk
             // of the sale progresses each run, by one chunk at least, not one per bucket.
             let count = i64::from(a.bucket_count());
             let favoured = now.timestamp().div_euclid(60).rem_euclid(count);
             for (bucket, snap) in &snaps {
-                let start = Walk::new(deadline, i64::from(bucket.index) == favoured);
+                let start = Walk::new(share, i64::from(bucket.index) == favoured);
                 // The ledger's repairs: stale entries, and transfers between buckets left half done.
                 self.repair_ledger(*bucket, snap, now, start, &mut r)
                     .await?;
@@ -179,7 +195,7 @@ impl Reconcile {
                 r.users_dropped += self.drop_orphan_users(*bucket, now, start, &mut r).await?;
             }
             // The lost fields, the other way: holders of a live order whose field Redis lost.
-            let start = Walk::new(deadline, true);
+            let start = Walk::new(share, true);
             r.fields_restored = self.restore_lost_fields(a, now, start, &mut r).await?;
         }
 
@@ -247,25 +263,21 @@ impl Reconcile {
     }
 }
 
-/// The least time a due sale gets of a run, however many sales share it: enough for one
-/// chunk of each walk.
-const MIN_SHARE: Duration = Duration::from_secs(1);
-
 /// When one of a sale's walks (over a bucket's ledger or `users`, or the live orders) stops.
 #[derive(Clone, Copy)]
 pub(crate) struct Walk {
-    /// The end of the sale's share of the run.
-    pub deadline: Instant,
-    /// Whether the first chunk runs even past the deadline.
+    /// The sale's share of the run.
+    pub share: Share,
+    /// Whether the first chunk runs even past the share's end (never past the run's hard end).
     pub first_anyway: bool,
     /// Whether a chunk ran already.
     pub started: bool,
 }
 
 impl Walk {
-    pub fn new(deadline: Instant, first_anyway: bool) -> Self {
+    pub fn new(share: Share, first_anyway: bool) -> Self {
         Self {
-            deadline,
+            share,
             first_anyway,
             started: false,
         }
@@ -273,9 +285,18 @@ impl Walk {
 
     /// Whether the walk stops before its next chunk; a stop is recorded in the sale's report.
     pub fn stop(&mut self, r: &mut ActivityReport) -> bool {
-        let stop = (self.started || !self.first_anyway) && Instant::now() >= self.deadline;
+        let stop =
+            self.share.over() || ((self.started || !self.first_anyway) && self.share.spent());
         self.started = true;
         r.out_of_time |= stop;
         stop
+    }
+
+    /// Whether the repairs within a chunk stop before the next entry: the run's hard end has
+    /// passed (what is left stays in the ledger for the next run).
+    pub fn over(&self, r: &mut ActivityReport) -> bool {
+        let over = self.share.over();
+        r.out_of_time |= over;
+        over
     }
 }

@@ -2,10 +2,12 @@
 //! running (or recently ended) activity and releases unpaid orders.
 //!
 //! Thin on purpose: tracing, config and clients once per cold start, then
-//! [`reconcile::Reconcile::run`].
+//! [`reconcile::Reconcile::run_by`] with the invocation's deadline (the Lambda context's),
+//! so the run's budget counts from the invocation's start and ends before Lambda's Timeout.
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use reconcile::Reconcile;
+use seckill_shared::infra::deadline;
 use seckill_shared::infra::shape::Function;
 
 #[tokio::main]
@@ -15,8 +17,13 @@ async fn main() -> Result<(), Error> {
     let job = Reconcile::connect(config).await?;
     let job = &job;
     lambda_runtime::run(service_fn(
-        move |_event: LambdaEvent<serde_json::Value>| async move {
-            let report = job.run(chrono::Utc::now()).await?;
+        move |event: LambdaEvent<serde_json::Value>| async move {
+            let now = chrono::Utc::now();
+            let report = match deadline::from_epoch_ms(event.context.deadline) {
+                Some(deadline) => job.run_by(now, deadline).await?,
+                // A runtime that sets no deadline (`cargo lambda watch`): the budget alone.
+                None => job.run(now).await?,
+            };
             Ok::<_, Error>(serde_json::to_value(report)?)
         },
     ))

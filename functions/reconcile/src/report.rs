@@ -20,8 +20,12 @@ pub struct ReconcileReport {
     pub activities: Vec<ActivityReport>,
     /// Unpaid orders cancelled by this run.
     pub released_unpaid: usize,
-    /// Unpaid orders left for the next run (the user had another entry in flight).
+    /// Unpaid orders left for the next run (the user had another entry in flight, or the
+    /// release's share ran out before them).
     pub release_deferred: usize,
+    /// Stale cancel entries (of attempts that never finished) the release met and repaired
+    /// before releasing their orders.
+    pub release_repaired: usize,
     /// Due sales this run had no time left for: the next run checks them first.
     pub deferred_ids: Vec<i64>,
     /// Activities or orders that failed this run (the next run retries them).
@@ -75,6 +79,9 @@ pub struct ActivityReport {
     pub drawn: bool,
     /// Order messages of a draw's winners this run sent from the outbox.
     pub winners_sent: usize,
+    /// A draw's winners still in the outbox after this run's sends: the next run sends them
+    /// (never given back meanwhile: an unsent reservation is not late).
+    pub winners_unsent: i64,
     /// Entries of a draw's pool answered 503 and left there, taken out by this run.
     pub pool_left: usize,
     /// Entries and winners of a draw's pool put back from the database by this run (a
@@ -99,8 +106,9 @@ pub struct ActivityReport {
     pub users_dropped: usize,
     /// Holders of a live order whose field in `users` was lost, restored.
     pub fields_restored: usize,
-    /// The sale's share of the run ran out before its walks (the ledger's repairs, the orphan
-    /// check, the lost fields) reached their end: the next run goes on.
+    /// The sale's share of the run ran out before its draw part (the rebuild, the draw's steps,
+    /// the sends) or its walks (the ledger's repairs, the orphan check, the lost fields)
+    /// reached their end: the next run goes on.
     pub out_of_time: bool,
     /// The database's remaining stock before this run fixed it, when it was wrong.
     pub db_stock_fixed_from: Option<i64>,
@@ -176,6 +184,7 @@ impl ActivityReport {
             preheated: false,
             drawn: false,
             winners_sent: 0,
+            winners_unsent: 0,
             pool_left: 0,
             pool_rebuilt: 0,
             draw_reloaded: false,

@@ -106,7 +106,8 @@ pub(crate) async fn my_order(
             break;
         }
         // A draw sale's entrant: `queued` until the draw, `not_drawn` after it if the draw
-        // passed them over. Asking runs a draw that is due and sends what its outbox holds.
+        // passed them over. Asking runs the steps of a draw that is due (Redis only: the
+        // outcome's record and the winners' sends are reconcile's).
         let Some(entry) = pool::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
             break;
         };
@@ -123,14 +124,7 @@ pub(crate) async fn my_order(
         let status = if drawn {
             BuyerStatus::NotDrawn
         } else {
-            let run = draw::run(
-                &s.redis,
-                &s.pool,
-                &s.queue,
-                activity_id,
-                Trigger::StatusRead,
-            );
-            match run.await?.drawn {
+            match draw::nudge(&s.redis, &s.pool, activity_id, Trigger::StatusRead).await? {
                 // Still drawing (in the background now): not decided for this entrant yet.
                 Drawn::Open { .. } | Drawn::Running { .. } | Drawn::Restoring { .. } => {
                     BuyerStatus::Queued

@@ -304,14 +304,12 @@ fn answer(request_id: Uuid, status: BuyerStatus) -> Response {
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-/// A draw sale whose window has closed: its draw's steps for as long as a request may wait,
-/// then its winners' sends (one round; the rest, of the steps and the sends, in the
-/// background), before this purchase asks again. A draw that cannot run is a 503, with
-/// nothing reserved.
+/// A draw sale whose window has closed: its draw's steps for as long as a request may wait
+/// (the rest in the background), before this purchase asks again. The winners' sends are
+/// reconcile's. A draw that cannot run is a 503, with nothing reserved.
 async fn run_draw(state: &EntryState, activity_id: i64) -> Result<Drawn, ApiError> {
     let s = &state.inner;
-    let run = draw::run(&s.redis, &s.pool, &s.queue, activity_id, Trigger::Purchase).await?;
-    Ok(run.drawn)
+    Ok(draw::nudge(&s.redis, &s.pool, activity_id, Trigger::Purchase).await?)
 }
 
 /// Runs the purchase with the caller's deadline. A Redis error or timeout is a 503, and since

@@ -7,6 +7,7 @@
 //! - [`aws_secrets`]: credentials read from Secrets Manager at a cold start (AWS only).
 //! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
 //! - [`sqs`]: the SQS client and the order queue, with bounded sends.
+//! - [`deadline`]: an invocation's deadline, from the Lambda context to this process's clock.
 //! - [`metrics`]: CloudWatch Embedded Metric Format lines.
 //! - [`payments`]: the payment provider, its webhook signature and its events.
 //! - [`telemetry`]: tracing, set up once per process.
@@ -16,6 +17,7 @@
 pub mod aws_secrets;
 pub mod config;
 pub mod db;
+pub mod deadline;
 pub mod metrics;
 pub mod pause;
 pub mod payments;

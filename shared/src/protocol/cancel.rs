@@ -54,9 +54,35 @@ pub enum CancelOutcome {
     Busy,
 }
 
+/// Who cancels, which sets what the attempt does when another entry of the buyer is in
+/// flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Canceller {
+    /// The owner's request: another attempt at the same order (a double click, the payment
+    /// timeout racing the owner) is a moment from its commit, so the attempt waits up to
+    /// [`OTHER_ATTEMPT_WAIT`] for it and answers `AlreadyCancelled`.
+    Owner,
+    /// Reconcile's payment timeout: never waits. An order whose buyer has another entry in
+    /// flight is `Busy` at once and comes back on the release's next lap; a wait here would
+    /// spend the run's budget on attempts that crashed (their entries wait for reconcile).
+    PaymentTimeout,
+}
+
+/// Cancels a `confirmed` order exactly once, as its owner: [`cancel_as`] with
+/// [`Canceller::Owner`].
+pub async fn cancel_order(
+    pool: &PgPool,
+    redis: &Redis,
+    order: &Order,
+    now: DateTime<Utc>,
+) -> Result<CancelOutcome, CancelError> {
+    cancel_as(pool, redis, order, now, Canceller::Owner).await
+}
+
 /// Cancels a `confirmed` order exactly once: stock back to the DB and to Redis, the user's
 /// quota freed so they may buy again. The caller has checked who may cancel (owner, or
-/// reconcile's payment timeout); `order` is a recent read of the row, the database decides.
+/// reconcile's payment timeout: `by`); `order` is a recent read of the row, the database
+/// decides.
 ///
 /// Steps (see the module docs for why in this order), under a fresh cancel id:
 /// 1. `cancel::begin` announces the attempt in the ledger (`Busy` ->
@@ -69,12 +95,13 @@ pub enum CancelOutcome {
 /// If the database says the order was no longer `confirmed`, this attempt drops its own entry
 /// and changes nothing else: already cancelled -> `AlreadyCancelled`; paid / failed ->
 /// `NotCancellable`.
-#[tracing::instrument(skip_all, fields(order_id = order.id, activity_id = order.activity_id))]
-pub async fn cancel_order(
+#[tracing::instrument(skip_all, fields(order_id = order.id, activity_id = order.activity_id, ?by))]
+pub async fn cancel_as(
     pool: &PgPool,
     redis: &Redis,
     order: &Order,
     now: DateTime<Utc>,
+    by: Canceller,
 ) -> Result<CancelOutcome, CancelError> {
     if let Some(outcome) = already_final(redis, order).await? {
         return Ok(outcome);
@@ -88,7 +115,7 @@ pub async fn cancel_order(
         quantity: order.quantity,
         cancel_id: Uuid::now_v7(),
     };
-    let epoch = match announce(pool, redis, order, &attempt, now).await? {
+    let epoch = match announce(pool, redis, order, &attempt, now, by).await? {
         Ok(epoch) => epoch,
         Err(answer) => return Ok(answer),
     };
@@ -147,6 +174,7 @@ async fn announce(
     order: &Order,
     attempt: &CancelAttempt<'_>,
     now: DateTime<Utc>,
+    by: Canceller,
 ) -> Result<Result<Option<i64>, CancelOutcome>, CancelError> {
     let activity_id = attempt.activity_id;
     let now_ms = now.timestamp_millis();
@@ -158,7 +186,7 @@ async fn announce(
     let (begin, epoch) = announced;
     pause::point("cancel.after_begin", activity_id).await;
     match begin {
-        CancelBegin::Busy => Ok(Err(other_attempt(pool, redis, order).await?)),
+        CancelBegin::Busy => Ok(Err(other_attempt(pool, redis, order, by).await?)),
         CancelBegin::Recorded => Ok(Ok(Some(epoch))),
         CancelBegin::NotHeld => Ok(Err(not_held(pool, order).await?)),
         CancelBegin::NotLoaded => {
@@ -263,13 +291,15 @@ async fn activity_is_over(
 
 /// Another entry of the user was in flight. When it is another attempt to cancel this very
 /// order (a double click, the payment timeout racing the owner), its outcome is a moment away:
-/// wait for the row to say cancelled and answer `AlreadyCancelled`. Anything else, or an
-/// attempt that does not commit in time (it may have crashed; reconcile drops its entry), is
-/// `Busy`: never take over another attempt's entry.
+/// the owner waits for the row to say cancelled and answers `AlreadyCancelled`; the payment
+/// timeout does not wait. Anything else, or an attempt that does not commit in time (it may
+/// have crashed; reconcile drops its entry), is `Busy`: never take over another attempt's
+/// entry.
 async fn other_attempt(
     pool: &PgPool,
     redis: &Redis,
     order: &Order,
+    by: Canceller,
 ) -> Result<CancelOutcome, CancelError> {
     let cancelled = || async {
         Ok::<_, CancelError>(status_of(pool, order.id).await? == OrderStatus::Cancelled)
@@ -277,6 +307,9 @@ async fn other_attempt(
     // The other attempt may have finished (and its entry gone) since our announcement failed.
     if cancelled().await? {
         return Ok(CancelOutcome::AlreadyCancelled);
+    }
+    if by == Canceller::PaymentTimeout {
+        return Ok(CancelOutcome::Busy);
     }
     let entry = ledger::entry(redis, order.home(), &order.user_id).await?;
     if !entry.is_some_and(|e| e.kind == EntryKind::Cancel && e.order_id == Some(order.id)) {
@@ -297,8 +330,8 @@ async fn other_attempt(
     Ok(CancelOutcome::Busy)
 }
 
-/// How long a cancel waits for another attempt at the same order to commit.
-const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long an owner's cancel waits for another attempt at the same order to commit.
+pub const OTHER_ATTEMPT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the cancel's transaction did.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,10 +1,12 @@
-//! A draw sale's draw and its sends, as one sequence every trigger runs ([`run`]): the
-//! entries answered 503 leave the pool, the draw runs if it is due, its outcome is recorded in
-//! the database, and the outbox's winners are sent at least once ([`drain`]: record, take,
-//! send, done). Nothing waits on a schedule: the first purchase after the window, a pool
-//! entrant asking for their status, and reconcile each trigger it. A load from scratch
-//! rebuilds the pool from the database first ([`rebuild`]). docs/invariants.md, "Draw
-//! admission".
+//! A draw sale's draw and its sends. One actor drives a draw to its end: reconcile's run
+//! ([`drive`]): the entries answered 503 leave the pool, the draw runs if it is due, its
+//! outcome is recorded in the database, and the outbox's winners are sent at least once
+//! ([`drain`]: record, take, send, done), each bounded by the sale's share of the run and
+//! resumed by the next. A request only nudges it ([`nudge`]): the first purchase after the
+//! window and a pool entrant asking for their status run the draw's Redis steps for a moment,
+//! and never record or send (the entry's database role cannot record, and a request must not
+//! wait for the sends). A load from scratch rebuilds the pool from the database first
+//! ([`rebuild`]). docs/invariants.md, "Draw admission".
 
 use crate::domain::draw::{self as kept, Recorded};
 use crate::domain::order;
@@ -14,7 +16,7 @@ use crate::infra::sqs::{OrderQueue, QueueError};
 use crate::store::conn::{Redis, StoreError};
 use crate::store::draw::{self, Drawn, Restore, RestoreCursor, Take, Taken};
 use sqlx::PgPool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,20 +32,18 @@ pub enum DrawError {
     Diverged { unrecorded: usize },
 }
 
-/// Who runs the sequence, which sets what it can afford.
+/// Which request nudges a draw, which sets what it may afford.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
-    /// A purchase told `draw_due`, answering its request: the 503 entries leave first, one
-    /// round of sends now and the rest in the background.
+    /// A purchase told `draw_due`, answering its request: the 503 entries leave first (one
+    /// bounded read of the claims), then the draw's steps.
     Purchase,
-    /// A queued entrant's status read, answering its request: no database read (a crowd
-    /// polls), one round of sends now and the rest in the background.
+    /// A queued entrant's status read, answering its request: the draw's steps, no database
+    /// work (a crowd polls).
     StatusRead,
-    /// Reconcile's run: the 503 entries leave first, every send now.
-    Reconcile,
 }
 
-/// What one [`run`] did.
+/// What one [`drive`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrawRun {
     pub drawn: Drawn,
@@ -51,37 +51,31 @@ pub struct DrawRun {
     pub left: usize,
     /// Winners' order messages the queue confirmed.
     pub sent: usize,
+    /// Winners still in the outbox after this run's sends (0 while the draw is not done):
+    /// the next run sends them.
+    pub unsent: i64,
     /// Redis holds a draw whose winners are not the recorded outcome's: nothing was sent, and
     /// the sale must be loaded from scratch (which puts the recorded outcome back).
     pub diverged: bool,
 }
 
-/// The draw of sale `activity_id` if it is due, between its neighbours (see the module docs).
-/// A failed send leaves its winners in the outbox for the next drainer (it is logged, not an
-/// error); a draw that cannot run is.
-pub async fn run(
+/// A request's nudge to the draw of sale `activity_id`: the draw's steps for
+/// [`REQUEST_BUDGET`] if it is due (the rest of them in the background), nothing else. It
+/// neither records the outcome nor sends a winner: reconcile's next run does ([`drive`]); a
+/// winner reads `pending` from their reservation meanwhile. A purchase first takes the entries
+/// answered 503 out of the pool (a failure there is logged: the draw goes on without it).
+pub async fn nudge(
     redis: &Redis,
     db: &PgPool,
-    queue: &OrderQueue,
     activity_id: i64,
     trigger: Trigger,
-) -> Result<DrawRun, DrawError> {
-    let left = match trigger {
-        Trigger::StatusRead => 0,
-        Trigger::Purchase => match leave_unanswered(redis, db, activity_id).await {
-            Ok(left) => left,
-            Err(e) => {
-                tracing::warn!(activity_id, error = %e, "entries answered 503 not taken out of the pool");
-                0
-            }
-        },
-        Trigger::Reconcile => leave_unanswered(redis, db, activity_id).await?,
-    };
-    let budget = match trigger {
-        Trigger::Reconcile => RECONCILE_BUDGET,
-        Trigger::Purchase | Trigger::StatusRead => REQUEST_BUDGET,
-    };
-    let drawn = draw::draw(redis, activity_id, budget).await?;
+) -> Result<Drawn, DrawError> {
+    if trigger == Trigger::Purchase {
+        if let Err(e) = leave_unanswered(redis, db, activity_id).await {
+            tracing::warn!(activity_id, error = %e, "entries answered 503 not taken out of the pool");
+        }
+    }
+    let drawn = draw::draw(redis, activity_id, REQUEST_BUDGET).await?;
     match drawn {
         Drawn::Now {
             winners,
@@ -98,29 +92,62 @@ pub async fn run(
         ),
         // What this request could not finish goes on in the background (and else at the next
         // trigger: each step is atomic and the cursor is in Redis).
-        Drawn::Running { .. } if trigger != Trigger::Reconcile => {
-            finish_later(redis, db, queue, activity_id)
-        }
+        Drawn::Running { .. } => finish_later(redis, activity_id),
         _ => {}
+    }
+    Ok(drawn)
+}
+
+/// Reconcile's part in a draw sale, until `until` (the end of the sale's share of the run):
+/// the entries answered 503 leave the pool, the draw's steps if it is due, then the
+/// outbox's sends, in rounds of [`TAKE`] while time is left ([`drain_until`]). Each part does
+/// its least (a step, a round) whatever the time; what is left, draw steps or unsent winners,
+/// the next run goes on with. A failed send leaves its winners in the outbox for the next run
+/// (it is logged, not an error); a draw that cannot run is.
+pub async fn drive(
+    redis: &Redis,
+    db: &PgPool,
+    queue: &OrderQueue,
+    activity_id: i64,
+    until: Instant,
+) -> Result<DrawRun, DrawError> {
+    let left = leave_unanswered(redis, db, activity_id).await?;
+    let drawn = draw::draw(
+        redis,
+        activity_id,
+        until.saturating_duration_since(Instant::now()),
+    )
+    .await?;
+    if let Drawn::Now {
+        winners,
+        units,
+        entrants,
+    } = drawn
+    {
+        tracing::warn!(
+            activity_id,
+            winners,
+            units,
+            entrants,
+            repair = "drawn",
+            "draw ran"
+        );
     }
     let mut report = DrawRun {
         drawn,
         left,
         sent: 0,
+        unsent: 0,
         diverged: false,
     };
-    // A crash between the draw and the sends: the outbox keeps the winners.
-    if trigger == Trigger::Purchase && pause::fail("entry.draw.before_send", activity_id) {
+    if !drawn.is_done() {
         return Ok(report);
     }
-    if !drawn.is_done() || draw::unsent(redis, activity_id).await? == 0 {
+    report.unsent = draw::unsent(redis, activity_id).await?;
+    if report.unsent == 0 {
         return Ok(report);
     }
-    let rounds = match trigger {
-        Trigger::Reconcile => usize::MAX,
-        Trigger::Purchase | Trigger::StatusRead => 1,
-    };
-    match drain(redis, db, queue, activity_id, rounds).await {
+    match drain_until(redis, db, queue, activity_id, usize::MAX, Some(until)).await {
         Ok(d) => {
             report.sent = d.sent;
             if d.sent > 0 {
@@ -131,43 +158,24 @@ pub async fn run(
                     "draw winners sent"
                 );
             }
-            if d.left > 0 && !d.busy && rounds == 1 {
-                drain_later(redis, db, queue, activity_id);
-            }
         }
         Err(DrawError::Diverged { .. }) => report.diverged = true,
         Err(e) => {
             tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
         }
     }
+    report.unsent = draw::unsent(redis, activity_id).await?;
     Ok(report)
 }
 
-/// The draw's steps a request left for later, then its sends, in the background.
-fn finish_later(redis: &Redis, db: &PgPool, queue: &OrderQueue, activity_id: i64) {
-    let (redis, db, queue) = (redis.clone(), db.clone(), queue.clone());
+/// The draw's steps a request left for later, in the background; in Lambda they run while
+/// the container serves invocations, and what they leave the next nudge or reconcile's run
+/// goes on with. No sends: those are reconcile's.
+fn finish_later(redis: &Redis, activity_id: i64) {
+    let redis = redis.clone();
     tokio::spawn(async move {
-        match draw::draw(&redis, activity_id, Duration::MAX).await {
-            Ok(drawn) if drawn.is_done() => {
-                if let Err(e) = drain(&redis, &db, &queue, activity_id, usize::MAX).await {
-                    tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(activity_id, error = %e, "draw not finished; the next trigger goes on")
-            }
-        }
-    });
-}
-
-/// The sends a request left for later, in the background; what is left then (a failure, a
-/// container frozen between invocations) the next drainer or reconcile sends.
-fn drain_later(redis: &Redis, db: &PgPool, queue: &OrderQueue, activity_id: i64) {
-    let (redis, db, queue) = (redis.clone(), db.clone(), queue.clone());
-    tokio::spawn(async move {
-        if let Err(e) = drain(&redis, &db, &queue, activity_id, usize::MAX).await {
-            tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them");
+        if let Err(e) = draw::draw(&redis, activity_id, Duration::MAX).await {
+            tracing::warn!(activity_id, error = %e, "draw not finished; the next trigger goes on");
         }
     });
 }
@@ -177,7 +185,8 @@ fn drain_later(redis: &Redis, db: &PgPool, queue: &OrderQueue, activity_id: i64)
 pub struct Drained {
     /// Order messages the queue confirmed.
     pub sent: usize,
-    /// Outbox entries left (their sends failed, or came in meanwhile).
+    /// Outbox entries left (their sends failed, came in meanwhile, or the drainer's time or
+    /// rounds ran out).
     pub left: i64,
     /// Another drainer held the lease: this one sent nothing.
     pub busy: bool,
@@ -186,8 +195,6 @@ pub struct Drained {
 /// How long a request (a purchase told `draw_due`, a status read) runs the draw's steps before
 /// it answers; the rest runs in the background.
 const REQUEST_BUDGET: Duration = Duration::from_millis(250);
-/// How long one reconcile run gives one sale's draw, and one sale's rebuild of its pool.
-pub const RECONCILE_BUDGET: Duration = Duration::from_secs(10);
 
 /// Winners taken from the outbox per round.
 pub const TAKE: usize = 100;
@@ -195,17 +202,32 @@ pub const TAKE: usize = 100;
 const LEASE: Duration = Duration::from_secs(10);
 
 /// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
-/// up to `rounds` rounds of [`TAKE`] (the caller answering a request bounds it; a background
-/// task or reconcile does not), and drops those the queue confirmed. Before the first send of
-/// a draw its outcome goes into the database ([`record`]). A send that fails leaves its
-/// winners in the outbox for the next drainer (the error says so); no unit is given back for
-/// it.
+/// up to `rounds` rounds of [`TAKE`], and drops those the queue confirmed: [`drain_until`]
+/// with no time limit.
 pub async fn drain(
     redis: &Redis,
     db: &PgPool,
     queue: &OrderQueue,
     activity_id: i64,
     rounds: usize,
+) -> Result<Drained, DrawError> {
+    drain_until(redis, db, queue, activity_id, rounds, None).await
+}
+
+/// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
+/// up to `rounds` rounds of [`TAKE`] (`SendMessageBatch` calls of 10), no call started after
+/// `until` but the first one, and drops those the queue confirmed; what was taken and not
+/// sent stays in the outbox. Before the first send of a draw its outcome
+/// goes into the database ([`record`]). A send that fails leaves its winners in the outbox
+/// for the next drainer (the error says so); no unit is given back for it, nor for a winner
+/// left for the next run.
+pub async fn drain_until(
+    redis: &Redis,
+    db: &PgPool,
+    queue: &OrderQueue,
+    activity_id: i64,
+    rounds: usize,
+    until: Option<Instant>,
 ) -> Result<Drained, DrawError> {
     let token = Uuid::new_v4().to_string();
     let mut report = Drained::default();
@@ -238,7 +260,12 @@ pub async fn drain(
         if pause::fail("draw.drain.after_take", activity_id) {
             failure = Some(QueueError::Timeout(queue.timeout));
         } else {
-            for chunk in messages.chunks(10) {
+            for (i, chunk) in messages.chunks(10).enumerate() {
+                // Out of time: the rest of the batch stays in the outbox for the next drainer
+                // (the first send whatever the time, so every drainer moves the outbox on).
+                if (round > 1 || i > 0) && until.is_some_and(|until| Instant::now() >= until) {
+                    break;
+                }
                 match queue.send_batch(chunk, activity_id).await {
                     Ok(ok) => sent.extend(ok.into_iter().map(|i| chunk[i].attempt.request_id)),
                     Err(e) => {
@@ -251,7 +278,8 @@ pub async fn drain(
         let last = messages.is_empty()
             || failure.is_some()
             || sent.len() < messages.len()
-            || round == rounds.max(1);
+            || round == rounds.max(1)
+            || until.is_some_and(|until| Instant::now() >= until);
         report.left = draw::done(redis, activity_id, &token, last, &sent).await?;
         report.sent += sent.len();
         if let Some(e) = failure {
@@ -349,7 +377,7 @@ pub async fn rebuild(
     redis: &Redis,
     db: &PgPool,
     activity_id: i64,
-    deadline: std::time::Instant,
+    deadline: Instant,
 ) -> Result<Rebuilt, DrawError> {
     let mut report = Rebuilt::default();
     let Some((mut at, epoch)) = draw::restore_at(redis, activity_id).await? else {
@@ -374,7 +402,7 @@ pub async fn rebuild(
         }
     }
     loop {
-        if std::time::Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             return Ok(report);
         }
         let rows = kept::entries_after(db, activity_id, at, REBUILD_CHUNK as i64).await?;

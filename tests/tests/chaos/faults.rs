@@ -91,9 +91,10 @@ pub async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Loses each draw sale's keys once more, 0-300 ms after its draw is done (before its
-/// record, between the record and the sends, or during them): the load that follows finds the
-/// recorded outcome (or none, and the draw runs again over the kept entries).
+/// Loses each draw sale's keys once more, 0-1.5 s after its draw is done (before its
+/// record, between the record and the sends, or during them: reconcile's next run, which
+/// records and sends, comes within 0.5-1.5 s): the load that follows finds the recorded
+/// outcome (or none, and the draw runs again over the kept entries).
 pub async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(1200);
     let mut left: Vec<i64> = c.draws.keys().copied().collect();
@@ -113,7 +114,7 @@ pub async fn draw_key_loss(c: Arc<Chaos>) -> anyhow::Result<()> {
                 continue;
             }
             left.swap_remove(i);
-            if !c.nap(rng.random_range(0..300)).await {
+            if !c.nap(rng.random_range(0..1500)).await {
                 return Ok(());
             }
             // A paused server times the call out: this loss is skipped then.

@@ -19,8 +19,8 @@
 //!   and now and then one buyer's field in `users` is lost while the sale stays loaded (a
 //!   failover that dropped the last writes; only a field whose user has no entry in flight);
 //! - in a draw sale (some one-bucket sales admit by draw, with a window of a quarter to
-//!   three fifths of the phase), buyers queue in the pool, and whoever comes after the window
-//!   (a buyer, reconcile) runs the draw and sends its winners;
+//!   three fifths of the phase), buyers queue in the pool, whoever comes after the window (a
+//!   buyer, reconcile) runs the draw's steps, and reconcile records it and sends its winners;
 //! - a watcher: Redis stock never negative, the database never oversold.
 //!
 //! Then quiescence: actors stopped, Redis resumed, the queue drained without faults (past the
@@ -30,9 +30,8 @@
 //! 202 resolved to an order or an allowed failure (a 202 `queued` also to a pool entry the
 //! draw passed over, whatever keys were lost: the database keeps the entries and the draw's
 //! outcome), every drawn winner's request to an order and no loser's, and no order behind any
-//! other answer. A draw sale's queued users ask for
-//! their status once the actors stop, as they would: that runs a draw not run yet and sends
-//! what its outbox holds.
+//! other answer. Once the actors stop, each draw sale's draw is finished and its outbox sent
+//! as reconcile's draw part does (with reconcile off, in place of the runs that would come).
 //!
 //! A failure names its seed. The choices are seeded; the interleavings are real concurrency,
 //! so a replay makes the same choices, not always the same interleaving:

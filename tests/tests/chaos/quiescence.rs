@@ -1,6 +1,6 @@
-//! Quiescence: the queue drained without faults, the draws finished as their queued users finish
-//! them, the final reconcile passes, the give-backs awaited; and a passed seed's database and
-//! queue dropped.
+//! Quiescence: the draws finished and their winners sent as reconcile's draw part does, the
+//! queue drained without faults, the final reconcile passes, the give-backs awaited; and a
+//! passed seed's database and queue dropped.
 
 use crate::world::{Chaos, Delivery};
 use crate::{
@@ -55,27 +55,28 @@ impl Chaos {
         Ok(())
     }
 
-    /// What a draw sale's queued users do once the actors stop: ask for their status, which
-    /// runs the draw if nobody ran it and sends what the outbox holds (sends that fail are
-    /// tried again, as the next asker would). Bounded: what is left shows in the checks.
+    /// What reconcile's draw part does for each draw sale once the actors stop (with reconcile
+    /// off, it stands in for the runs that would come: the entry never sends a winner): the
+    /// draw run if nobody finished it, and what its outbox holds sent (sends that fail are
+    /// tried again, as the next run would). Bounded: what is left shows in the checks.
     pub async fn finish_draws(&self) {
         for &id in self.draws.keys() {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
                 let done = async {
-                    let drawn = store::draw::draw(&self.patient.redis, id, Duration::MAX).await?;
-                    if matches!(drawn, Drawn::Open { .. }) {
-                        return anyhow::Ok(false);
-                    }
-                    let _ = protocol::draw::drain(
+                    let run = protocol::draw::drive(
                         &self.patient.redis,
                         &self.env.pool,
                         &self.env.queue,
                         id,
-                        usize::MAX,
+                        Instant::now() + Duration::from_secs(5),
                     )
-                    .await;
-                    Ok(store::draw::unsent(&self.patient.redis, id).await? == 0)
+                    .await?;
+                    if matches!(run.drawn, Drawn::Open { .. }) {
+                        return anyhow::Ok(false);
+                    }
+                    Ok(run.drawn.is_done()
+                        && store::draw::unsent(&self.patient.redis, id).await? == 0)
                 };
                 match done.await {
                     Ok(true) => break,

@@ -34,9 +34,9 @@ on_both_redis!(
 
 /// The pool: one entry per user (a second attempt is `already_purchased`, the same request
 /// run twice is `queued` again), a wrong quantity refused as ever, no stock taken. After
-/// the window: a queued user asking for their status runs the draw; with fewer entrants than
-/// units every entrant wins and the rest is sold first come, first served; the draw run again
-/// changes nothing.
+/// the window: a queued user asking for their status runs the draw (and sends nothing:
+/// reconcile's next run sends the winners); with fewer entrants than units every entrant wins
+/// and the rest is sold first come, first served; the draw run again changes nothing.
 async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -85,6 +85,13 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     assert_eq!(my_status(&app, &a, "alice").await, "pending");
     assert_eq!(my_status(&app, &a, "carol").await, "pending");
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(7));
+    assert_eq!(
+        draw::unsent(&env.redis, a.id).await?,
+        2,
+        "a status read sends nothing"
+    );
+    let sent = env.reconcile().run(chrono::Utc::now()).await?;
+    assert_eq!(sent.activity(a.id).unwrap().winners_sent, 2);
     assert_eq!(consume_queue(&env).await?, 2);
     assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
 
@@ -114,8 +121,9 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
 }
 
 /// More entrants than units: the losers read `not_drawn`, final (their purchase after the
-/// draw is refused), the winners get their orders. The first purchase after the window runs
-/// the draw and is itself served first come, first served.
+/// draw is refused), the winners get their orders once reconcile's next run sent them. The
+/// first purchase after the window runs the draw and is itself served first come, first
+/// served.
 async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -133,6 +141,12 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
         (StatusCode::CONFLICT, Some("sold_out")),
         "{body}"
     );
+    assert_eq!(
+        draw::unsent(&env.redis, a.id).await?,
+        3,
+        "the purchase sends nothing"
+    );
+    env.reconcile().run(chrono::Utc::now()).await?;
     assert_eq!(consume_queue(&env).await?, 3);
     let mut statuses = Vec::new();
     for u in &users {

@@ -1,5 +1,6 @@
-//! After the draw: every winner gets an order after a crash between the draw and the sends,
-//! reconcile gives back nothing of a draw whose sends are late, and a sale loaded again after its
+//! After the draw: the purchase that ran it sends nothing and reconcile sends every winner,
+//! past the grace period too; a status read of a huge draw's entrant stays a cheap read;
+//! reconcile gives back nothing of a draw whose sends are late; a sale loaded again after its
 //! draw draws nobody again.
 
 use crate::enter;
@@ -17,18 +18,20 @@ use testkit::TestEnv;
 use testkit::{
     after_grace, age_reservations, buy, close_draw_window, consume_queue, order_rows, snapshot,
 };
+use testkit::{counting_pool, my_status, restore_entrants};
 
 on_both_redis!(
+    a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
     a_sale_reloaded_after_its_draw_draws_nobody_again,
-    every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends,
+    the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner,
     reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
 );
 
-/// A crash after the draw, before its sends (the entry that ran it dies): the outbox keeps
-/// the winners, and reconcile, run once the draw's reservations are past the grace period,
-/// sends them instead of giving their units back. Every winner gets an order; the units
-/// balance.
-async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends(
+/// The first purchase after the window runs the draw and sends nothing (the entry neither
+/// records the outcome nor sends: reconcile does): the outbox keeps the winners, and
+/// reconcile, run once the draw's reservations are past the grace period, sends them instead
+/// of giving their units back. Every winner gets an order; the units balance.
+async fn the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -41,9 +44,13 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
         );
     }
     close_draw_window(&env, a.id).await;
-    let crash = pause::arm_failure("entry.draw.before_send", a.id, 1);
     assert_eq!(buy(&app, &a, "late", None).await.0, StatusCode::CONFLICT);
-    assert_eq!(crash.hits(), 1, "the draw ran and its sends were skipped");
+    assert!(
+        draw::draw(&env.redis, a.id, Duration::ZERO)
+            .await?
+            .is_done(),
+        "the purchase drew"
+    );
     assert_eq!(consume_queue(&env).await?, 0, "no winner sent");
     assert_eq!(draw::unsent(&env.redis, a.id).await?, 5);
 
@@ -51,7 +58,11 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
     age_reservations(&env, a.id, grace + Duration::from_secs(60)).await;
     let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
-    assert_eq!((r.winners_sent, r.compensated), (5, 0), "{r:?}");
+    assert_eq!(
+        (r.winners_sent, r.winners_unsent, r.compensated),
+        (5, 0, 0),
+        "{r:?}"
+    );
     assert_eq!(draw::unsent(&env.redis, a.id).await?, 0);
     assert_eq!(consume_queue(&env).await?, 5);
     let confirmed = order_rows(&env, a.id).await;
@@ -66,10 +77,56 @@ async fn every_winner_gets_an_order_after_a_crash_between_the_draw_and_the_sends
     Ok(())
 }
 
-/// A drainer paused between taking its batch (the reservations restamped) and sending it,
-/// while reconcile runs past the grace period of the draw: reconcile finds the lease held
-/// and the winners in the outbox, and gives back nothing. The drainer then sends, and every
-/// winner is confirmed.
+/// A draw of 30,000 winners, done and not sent (its pool filled in bulk through the consumer's
+/// restore script; the draw run as a purchase after the window runs it). A queued entrant the
+/// draw passed over, and a winner, ask for their status: each answer comes from Redis alone,
+/// promptly, with no connection taken from the database: the entry records no draw and sends
+/// no winner (its role may not record, and a request does not wait for 30,000 sends); the
+/// outcome stays unrecorded and every winner in the outbox for reconcile.
+async fn a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const WINNERS: usize = 30_000;
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_activity(WINNERS as i64, 1).await?;
+    restore_entrants(&env, a.id, "e", WINNERS + 10).await;
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let pool = draw::pool(&env.redis, a.id).await?;
+    let loser = pool.iter().find(|(_, e)| !e.won).map(|(u, _)| u.clone());
+    let winner = pool.iter().find(|(_, e)| e.won).map(|(u, _)| u.clone());
+    let (loser, winner) = (loser.expect("a loser"), winner.expect("a winner"));
+    let (counted, taken) = counting_pool(&env);
+    let app = env.entry_router_with(|c| c.pool = counted);
+
+    let started = std::time::Instant::now();
+    assert_eq!(my_status(&app, &a, &loser).await, "not_drawn");
+    assert_eq!(my_status(&app, &a, &winner).await, "pending");
+    let took = started.elapsed();
+    assert_eq!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no database work"
+    );
+    assert!(took < Duration::from_secs(1), "two reads took {took:?}");
+    assert_eq!(
+        draw::unsent(&env.redis, a.id).await?,
+        WINNERS as i64,
+        "nothing sent"
+    );
+    let outcomes: i64 =
+        sqlx::query_scalar("select count(*) from draw_outcomes where activity_id = $1")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(outcomes, 0, "nothing recorded");
+    Ok(())
+}
+
+/// Reconcile's drain paused between taking its batch (the reservations restamped) and
+/// sending it, while a second reconcile runs past the grace period of the draw: the second
+/// finds the lease held and the winners in the outbox, and gives back nothing. The first then
+/// sends, and every winner is confirmed.
 async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -83,11 +140,12 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
         );
     }
     close_draw_window(&env, a.id).await;
+    let (status, _) = buy(&app, &a, "late", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "4 units, 4 winners: sold out");
     let paused = pause::arm("draw.drain.after_take", a.id);
-    let late = {
-        let app = app.clone();
-        let a = a.clone();
-        tokio::spawn(async move { buy(&app, &a, "late", None).await })
+    let first = {
+        let job = env.reconcile();
+        tokio::spawn(async move { job.run(chrono::Utc::now()).await })
     };
     assert!(
         paused.reached_within(Duration::from_secs(10)).await,
@@ -107,8 +165,8 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
     );
 
     paused.resume();
-    let (status, _) = late.await?;
-    assert_eq!(status, StatusCode::CONFLICT, "4 units, 4 winners: sold out");
+    let sent = first.await??;
+    assert_eq!(sent.activity(a.id).unwrap().winners_sent, 4);
     assert_eq!(consume_queue(&env).await?, 4);
     let rows = order_rows(&env, a.id).await;
     assert_eq!(

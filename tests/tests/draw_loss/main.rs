@@ -61,8 +61,9 @@ async fn lose_and_reload(env: &TestEnv, a: &Activity) {
         .unwrap();
 }
 
-/// The ends every entrant reads once the winners' messages are consumed: each is `confirmed`
-/// or `not_drawn`, exactly `stock` confirmed, and the orders in the database are those.
+/// The ends every entrant reads once the draw ran (their status reads run it), reconcile's
+/// next run sent the winners and their messages are consumed: each is `confirmed` or
+/// `not_drawn`, exactly `stock` confirmed, and the orders in the database are those.
 async fn every_entrant_ends_drawn_or_not(
     env: &TestEnv,
     app: &Router,
@@ -73,6 +74,7 @@ async fn every_entrant_ends_drawn_or_not(
     for u in users {
         ends.insert(u.clone(), my_status(app, a, u).await);
     }
+    send_winners(env, a).await;
     consume_queue(env).await.unwrap();
     let mut winners = BTreeSet::new();
     for u in users {
@@ -96,6 +98,18 @@ async fn every_entrant_ends_drawn_or_not(
     assert_eq!(ordered, winners);
     assert_eq!(view::stock(&env.redis, a.id).await.unwrap(), Some(0));
     winners
+}
+
+/// Reconcile's next run, which records the draw and sends its winners (the entry does
+/// neither); the outbox is empty after it.
+async fn send_winners(env: &TestEnv, a: &Activity) {
+    let report = env.reconcile().run(chrono::Utc::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(
+        draw::unsent(&env.redis, a.id).await.unwrap(),
+        0,
+        "{report:?}"
+    );
 }
 
 /// The `n` entrants with the lowest tickets: who a draw over all of `users` picks (one unit

@@ -1,19 +1,21 @@
 //! Reconcile within its run budget on huge sales: each sale takes its share and the next its turn,
-//! a chunk settled after its read gives nothing back, the orphan check goes on where the last run
-//! stopped.
+//! a draw's sends go on over runs, a chunk settled after its read gives nothing back, the orphan
+//! check goes on where the last run stopped.
 
 use crate::env;
 use chrono::Utc;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use testkit::on_both_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{after_grace, consume, db_remaining, is_participant, redis_stock, reserve, snapshot};
+use testkit::{age_reservations, close_draw_window, fresh_queue, restore_entrants};
 use uuid::Uuid;
 
 on_both_redis!(
+    a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while_another_sale_is_repaired,
     a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
     the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,
     a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back,
@@ -23,6 +25,16 @@ on_both_redis!(
 /// the sales after it wait for the next run.
 fn reconcile_in_a_hurry(env: &TestEnv) -> reconcile::Reconcile {
     env.reconcile_with(|c| c.config.reconcile_budget = Duration::from_millis(1))
+}
+
+/// One run of `job` at `at` in an invocation whose deadline is a minute away: the budget (of
+/// 1 ms), not the deadline, is what runs out, so the first sale still does its least work.
+async fn run_in_a_hurry(
+    job: &reconcile::Reconcile,
+    at: chrono::DateTime<Utc>,
+) -> anyhow::Result<reconcile::ReconcileReport> {
+    job.run_by(at, Instant::now() + Duration::from_secs(60))
+        .await
 }
 
 /// A sale whose ledger holds 2,500 stale reservations (more than one snapshot step reads, so
@@ -50,7 +62,7 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
 
     let job = reconcile_in_a_hurry(&env);
     let at = after_grace(env.config.reconcile_grace);
-    let first = job.run(at).await?;
+    let first = run_in_a_hurry(&job, at).await?;
     let b = first
         .activity(big.id)
         .unwrap_or_else(|| panic!("the big sale came first: {first:?}"));
@@ -64,7 +76,7 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
     assert!(!b.ledger_counted, "too large to count in one step");
     assert_eq!(first.deferred_ids, vec![small.id]);
 
-    let second = job.run(at).await?;
+    let second = run_in_a_hurry(&job, at).await?;
     assert_eq!(
         second.activities.first().map(|r| r.activity_id),
         Some(small.id),
@@ -77,7 +89,7 @@ async fn a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn(
         if compensated == STALE {
             break;
         }
-        let run = job.run(at).await?;
+        let run = run_in_a_hurry(&job, at).await?;
         compensated += run.activity(big.id).map_or(0, |r| r.compensated);
     }
     assert_eq!(compensated, STALE);
@@ -149,7 +161,7 @@ async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
     let job = reconcile_in_a_hurry(&env);
     let mut dropped = Vec::new();
     for _ in 0..20 {
-        let run = job.run(Utc::now()).await?;
+        let run = run_in_a_hurry(&job, Utc::now()).await?;
         let r = run.activity(a.id).expect("checked");
         dropped.push(r.users_dropped);
         if r.participants == 1 {
@@ -159,5 +171,85 @@ async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
     assert!(dropped.len() > 1, "one run did all: {dropped:?}");
     assert_eq!(dropped.iter().sum::<usize>(), GHOSTS, "{dropped:?}");
     assert!(is_participant(&env, a.id, "buyer").await, "holds an order");
+    Ok(())
+}
+
+/// A draw sale with 30,000 winners to draw, record and send (its pool filled in bulk through
+/// the consumer's restore script, its window closed, its draw not run), and another sale with
+/// a stale reservation before every run. With a run budget of 4 s, no run passes the deadline
+/// it was given: the draw's steps, its record and the sends take the draw sale's share, what
+/// is left goes on next run, and the other sale's reservation is given back in every run. The
+/// sends go on in every run, and no winner is given back meanwhile. (The queue emulator takes
+/// 10-70 ms a `SendMessageBatch`, so six runs send a few thousand winners: the rest goes the
+/// same way, a share at a time.)
+async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while_another_sale_is_repaired(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    const WINNERS: usize = 30_000;
+    const RUNS: usize = 6;
+    const BUDGET: Duration = Duration::from_secs(4);
+    let mut env = env(kind).await?;
+    // The consumer reads none of the messages here: the sent winners' reservations must not
+    // come of age while the test runs.
+    env.config.reconcile_grace = Duration::from_secs(300);
+    let drawn = env.draw_activity(WINNERS as i64, 1).await?;
+    restore_entrants(&env, drawn.id, "e", WINNERS + 10).await;
+    close_draw_window(&env, drawn.id).await;
+    let other = env.open_activity(100, 1).await?;
+
+    let grace = env.config.reconcile_grace;
+    let mut runs = Vec::new();
+    for n in 0..RUNS {
+        reserve(&env, other.id, &format!("late{n}"), 1).await;
+        age_reservations(&env, other.id, grace + Duration::from_secs(60)).await;
+        // A queue of its own each run, gone after it (as if the consumer emptied it): the
+        // emulator slows with every message it holds.
+        let queue = fresh_queue(&env.sqs, 30, 5).await?;
+        let job = env.reconcile_with(|c| {
+            c.config.reconcile_budget = BUDGET;
+            c.config.order_queue_url = queue.clone();
+        });
+        let started = Instant::now();
+        let deadline = started + BUDGET;
+        let run = job.run_by(Utc::now(), deadline);
+        let report = tokio::time::timeout(BUDGET * 10, run)
+            .await
+            .map_err(|_| anyhow::anyhow!("run {n} went on 10 times past its deadline"))??;
+        let took = started.elapsed();
+        env.sqs.delete_queue().queue_url(&queue).send().await?;
+        assert!(took <= BUDGET, "run {n} took {took:?}: {report:?}");
+        assert!(report.errors.is_empty(), "{report:?}");
+        let d = report
+            .activity(drawn.id)
+            .expect("the draw sale is checked every run");
+        let o = report
+            .activity(other.id)
+            .expect("the other sale is checked every run");
+        assert_eq!(
+            (o.compensated, d.compensated),
+            (1, 0),
+            "run {n}: {report:?}"
+        );
+        runs.push((took, d.drawn, d.winners_sent, d.winners_unsent));
+    }
+    let sent: usize = runs.iter().map(|r| r.2).sum();
+    let unsent = store::draw::unsent(&env.redis, drawn.id).await?;
+    assert_eq!(sent + unsent as usize, WINNERS, "sent or waiting: {runs:?}");
+    assert!(
+        runs.iter().filter(|r| r.2 > 0).count() >= RUNS - 1,
+        "every run sends once the draw is recorded: {runs:?}"
+    );
+    assert!(unsent > 0, "more than a run's share: {runs:?}");
+    let recorded: i64 =
+        sqlx::query_scalar("select winners from draw_outcomes where activity_id = $1")
+            .bind(drawn.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(recorded, WINNERS as i64, "recorded once, whole");
+    assert_eq!(
+        snapshot(&env, drawn.id).await.ledger_size,
+        WINNERS as i64,
+        "every winner holds its reservation, sent or not"
+    );
     Ok(())
 }

@@ -86,12 +86,14 @@ impl Functions {
         within_timeout(Function::Preheat, self.preheat.run(now)).await
     }
 
-    /// One reconcile run, as its EventBridge schedule triggers it, stopped at its Timeout.
+    /// One reconcile run, as its EventBridge schedule triggers it: with the deadline its
+    /// invocation gets, stopped there.
     pub async fn reconcile(
         &self,
         now: DateTime<Utc>,
     ) -> anyhow::Result<reconcile::ReconcileReport> {
-        within_timeout(Function::Reconcile, self.reconcile.run(now)).await
+        let deadline = std::time::Instant::now() + Function::Reconcile.shape().timeout();
+        within_timeout(Function::Reconcile, self.reconcile.run_by(now, deadline)).await
     }
 }
 

@@ -138,10 +138,11 @@ pub struct Config {
     #[arg(long = "reconcile-grace-secs", env = "RECONCILE_GRACE_SECS",
           value_name = "RECONCILE_GRACE_SECS", value_parser = secs, default_value = "300")]
     pub reconcile_grace: Duration,
-    /// How long one reconcile run spends on the due sales: each gets an even share of what is
-    /// left (at least 1 s, or the whole budget when it is shorter), and the sales past it are
-    /// checked first by the next run. Below the function's Timeout (60 s), with room for the
-    /// payment timeout's batch before it.
+    /// How long one reconcile run spends, counted from the invocation's start (and ending
+    /// before the invocation's deadline less a margin, whatever this says): the release of
+    /// unpaid orders takes up to a quarter, the due sales an even share each of what is left
+    /// (at least 1 s, or the whole budget when it is shorter), and the sales past it are
+    /// checked first by the next run. Below the function's Timeout (60 s).
     #[arg(long = "reconcile-budget-ms", env = "RECONCILE_BUDGET_MS",
           value_name = "RECONCILE_BUDGET_MS", value_parser = positive_millis, default_value = "40000")]
     pub reconcile_budget: Duration,
