@@ -233,6 +233,13 @@ impl TestEnv {
 
     /// Connects again after a change of [`TestEnv::config`]'s Redis (its servers, its
     /// timeout): the env's own handle and every function's logins.
+    /// The database pool and the Redis connection `function` logs in with: for a test that runs
+    /// a step of the protocol itself, as the function does (a cancel as the entry, a load as
+    /// preheat), rather than through the function's handle.
+    pub fn login(&self, function: Function) -> (PgPool, Redis) {
+        self.logins.of(function).clone()
+    }
+
     /// The operator's view of the stores while the functions run: the admin function's logins
     /// (its role reads every sale and its orders' status and units; its Redis user reads the
     /// meta). A check that samples a run reads through it, so that only the functions' roles

@@ -10,13 +10,13 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::refusal::Refusal;
 use seckill_shared::infra::payments::{self, LocalProvider, PaymentRequest, Provider};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::pay::{self, Settled, Started};
 use seckill_shared::protocol::purchase as protocol;
 use seckill_shared::store::conn::{Redis, StoreError};
 use seckill_shared::store::draw::{self, Restore, RestoreCursor};
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase::{self, Reservation};
-use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -209,10 +209,13 @@ pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
 /// webhook's signature check is the HTTP layer's, tested there). The payment timeout is
 /// `timeout`. Answers what the event came to, or why the payment could not start.
 pub async fn pay(
-    pool: &PgPool,
+    env: &TestEnv,
     order_id: i64,
     timeout: Duration,
 ) -> anyhow::Result<Result<Settled, String>> {
+    // As the entry function pays: its `pay` route starts the payment, its webhook settles it.
+    let (pool, _) = env.login(Function::Entry);
+    let pool = &pool;
     let order = order::get(pool, order_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no order {order_id}"))?;

@@ -313,18 +313,20 @@ pub async fn mark_paid(
 
 /// The order, locked until the transaction ends (a cancel's conditional update waits): the
 /// database function `lock_order_for_payment`, which the entry role may call though it may
-/// lock no order row itself.
+/// lock no order row itself. The row is read by a statement of its own once the lock is held:
+/// a statement's snapshot is taken when it starts, so one that also waited for the lock (a
+/// cancel committing meanwhile) would read the row as it was before.
 pub async fn get_for_payment(
     conn: &mut PgConnection,
     id: i64,
 ) -> Result<Option<Order>, sqlx::Error> {
-    order_rows!(
-        "select ",
-        " from orders where id = (select id from lock_order_for_payment($1))",
-        id
-    )
-    .fetch_optional(conn)
-    .await
+    let locked = sqlx::query_scalar!(r#"select id as "id!" from lock_order_for_payment($1)"#, id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match locked {
+        Some(id) => get(conn, id).await,
+        None => Ok(None),
+    }
 }
 
 /// An unpaid order's place in the payment timeout's walk: its `(created_at, id)`.

@@ -8,6 +8,7 @@ use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
@@ -153,7 +154,13 @@ async fn a_cancel_and_a_re_buy_cross_buckets() -> anyhow::Result<()> {
     let before = stocks(&env, &a).await;
 
     // The cancel gives the unit and the quota back in the buyer's home bucket.
-    let cancelled = cancel::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    let cancelled = cancel::cancel_order(
+        &env.login(Function::Entry).0,
+        &env.login(Function::Entry).1,
+        &row,
+        Utc::now(),
+    )
+    .await?;
     assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
     let after = stocks(&env, &a).await;
     assert_eq!(after[2], before[2] + 1);

@@ -8,6 +8,7 @@ use seckill_shared::domain::activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::buckets;
@@ -215,7 +216,13 @@ async fn a_stock_fix_does_not_count_a_cancel_that_lands_between_its_reads_in_ano
     let row = order::by_request(&env.pool, m.attempt.request_id)
         .await?
         .unwrap();
-    let cancelled = cancel::cancel_order(&env.pool, &env.redis, &row, Utc::now()).await?;
+    let cancelled = cancel::cancel_order(
+        &env.login(Function::Entry).0,
+        &env.login(Function::Entry).1,
+        &row,
+        Utc::now(),
+    )
+    .await?;
     assert_eq!(cancelled, CancelOutcome::Cancelled { quantity: 1 });
     paused.resume();
     let report = job.await??;

@@ -13,6 +13,7 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
 use seckill_shared::domain::payment::Outcome;
 use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::protocol::pay::Settled;
@@ -30,16 +31,18 @@ pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
             continue;
         }
         let id = c.pick_activity(&mut rng);
+        // The buyer's view of her orders: as the entry reads them.
+        let (entry, _) = c.patient.login(Function::Entry);
         let confirmed: Vec<i64> = sqlx::query_scalar(
             "select id from orders where activity_id = $1 and status = 'confirmed' order by id",
         )
         .bind(id)
-        .fetch_all(&c.env.pool)
+        .fetch_all(&entry)
         .await?;
         let Some(&order_id) = confirmed.choose(&mut rng) else {
             continue;
         };
-        let Some(order) = order::get(&c.env.pool, order_id).await? else {
+        let Some(order) = order::get(&entry, order_id).await? else {
             continue;
         };
         match roll {
@@ -53,7 +56,9 @@ pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
 
 impl Chaos {
     async fn cancel(&self, order: &Order, double_click: bool) {
-        let (pool, redis) = (&self.env.pool, &self.patient.redis);
+        // As the entry's cancel route runs it.
+        let (pool, redis) = self.patient.login(Function::Entry);
+        let (pool, redis) = (&pool, &redis);
         let outcomes = if double_click {
             let (a, b) = tokio::join!(
                 cancel::cancel_order(pool, redis, order, Utc::now()),
@@ -93,12 +98,7 @@ impl Chaos {
     }
 
     async fn pay(&self, order: &Order) {
-        let paid = testkit::pay(
-            &self.env.pool,
-            order.id,
-            self.patient.config.payment_timeout,
-        )
-        .await;
+        let paid = testkit::pay(&self.patient, order.id, self.patient.config.payment_timeout).await;
         let refused = !matches!(
             paid,
             Ok(Ok(Settled::Decided {
@@ -134,7 +134,7 @@ pub async fn admin_changes(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(500);
     while c.nap(rng.random_range(300..1000)).await {
         let id = c.pick_activity(&mut rng);
-        let current = activity::get(&c.env.pool, id)
+        let current = activity::get(c.patient.observer().0, id)
             .await?
             .with_context(|| format!("sale {id} is gone from the database"))?;
         let total = current.total_stock;

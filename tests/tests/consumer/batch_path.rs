@@ -8,6 +8,7 @@ use futures::StreamExt;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::status::FailureReason;
 use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::giveback;
 use std::time::Instant;
 use testkit::RedisKind;
@@ -59,8 +60,8 @@ async fn mixed_batch(batch_writes: bool) -> (Final, order_consumer::BatchStats) 
         .unwrap();
     let gone = &messages[1];
     giveback::give_back(
-        &env.pool,
-        &env.redis,
+        &env.login(Function::Reconcile).0,
+        &env.login(Function::Reconcile).1,
         &gone.attempt,
         FailureReason::ReservationExpired,
     )

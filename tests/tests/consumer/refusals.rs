@@ -3,6 +3,7 @@
 
 use crate::{count_status, event_of, no_compensation, open_activity, rows, Row};
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::giveback;
 use testkit::on_both_redis;
@@ -136,8 +137,8 @@ async fn reservation_given_back_by_reconcile_is_never_committed_nor_given_back_a
     let m = reserve(&env, a.id, "alice", 1).await;
     // Reconcile's give-back: the claim, then the units.
     let given = giveback::give_back(
-        &env.pool,
-        &env.redis,
+        &env.login(Function::Reconcile).0,
+        &env.login(Function::Reconcile).1,
         &m.attempt,
         FailureReason::ReservationExpired,
     )

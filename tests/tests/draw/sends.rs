@@ -8,6 +8,7 @@ use crate::fairness::tickets;
 use axum::http::StatusCode;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use std::time::Duration;
@@ -200,8 +201,8 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
     assert_eq!(losers.len(), 8);
 
     testkit::lose_activity(&env.redis, a.id).await?;
-    seckill_shared::protocol::load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
-        .await?;
+    let (pool, redis) = env.login(Function::Preheat);
+    seckill_shared::protocol::load::load_under_lock(&redis, &pool, &env.config, a.id).await?;
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());
     assert!(tickets(&env, a.id).await.is_empty());
     close_draw_window(&env, a.id).await;

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store;
 use seckill_shared::store::draw;
@@ -51,7 +52,12 @@ async fn a_draw_entry_answered_503_leaves_the_pool(kind: RedisKind) -> anyhow::R
 
     // Bob's purchase ran, and only the claim of its 503 got through.
     let bob = testkit::reserve_in_pool(&env, a.id, "bob").await;
-    seckill_shared::protocol::giveback::claim(&env.pool, &bob, FailureReason::Unavailable).await?;
+    seckill_shared::protocol::giveback::claim(
+        &env.login(Function::Entry).0,
+        &bob,
+        FailureReason::Unavailable,
+    )
+    .await?;
     close_draw_window(&env, a.id).await;
     let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
@@ -101,8 +107,12 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
     let mut claims = Vec::new();
     for user in ["u1", "u2", "u3", "u4"] {
         let entry = testkit::reserve_in_pool(&env, a.id, user).await;
-        seckill_shared::protocol::giveback::claim(&env.pool, &entry, FailureReason::Unavailable)
-            .await?;
+        seckill_shared::protocol::giveback::claim(
+            &env.login(Function::Entry).0,
+            &entry,
+            FailureReason::Unavailable,
+        )
+        .await?;
         let id: i64 = sqlx::query_scalar("select id from orders where request_id = $1")
             .bind(entry.request_id)
             .fetch_one(&env.pool)

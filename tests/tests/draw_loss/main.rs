@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self};
 use seckill_shared::store::view;
@@ -56,7 +57,8 @@ async fn closed_window(
 /// Redis loses the sale and the next load (preheat's, reconcile's) loads it from scratch.
 async fn lose_and_reload(env: &TestEnv, a: &Activity) {
     lose_activity(&env.redis, a.id).await.unwrap();
-    load::load_under_lock(&env.redis, &env.pool, &env.config, a.id)
+    let (pool, redis) = env.login(Function::Preheat);
+    load::load_under_lock(&redis, &pool, &env.config, a.id)
         .await
         .unwrap();
 }

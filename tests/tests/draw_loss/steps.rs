@@ -9,6 +9,7 @@ use crate::{
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self, Drawn};
@@ -249,7 +250,8 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
     assert!(refused.is_err(), "the winners' units are not for sale");
     admin::update_activity(&admin, a.id, &total(3)).await?;
 
-    load::load_under_lock(&env.redis, &env.pool, &env.config, a.id).await?;
+    let (pool, redis) = env.login(Function::Preheat);
+    load::load_under_lock(&redis, &pool, &env.config, a.id).await?;
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
     let a = seckill_shared::domain::activity::get(&env.pool, a.id)
         .await?

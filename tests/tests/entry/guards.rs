@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use seckill_shared::domain::order;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use serde_json::Value;
@@ -57,7 +58,13 @@ async fn sold_out_is_answered_from_memory_until_the_ttl_then_redis_is_asked_agai
 
     // The unit comes back through a cancel made elsewhere (another container, or reconcile).
     let order = order::get(&env.pool, order_id).await.unwrap().unwrap();
-    let outcome = cancel::cancel_order(&env.pool, &env.redis, &order, chrono::Utc::now()).await?;
+    let outcome = cancel::cancel_order(
+        &env.login(Function::Entry).0,
+        &env.login(Function::Entry).1,
+        &order,
+        chrono::Utc::now(),
+    )
+    .await?;
     assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 1 });
     let before = private.commands_served().await;
     let (status, _) = buy(&app, &a, "late-0", None).await;

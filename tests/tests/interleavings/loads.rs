@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::protocol::consume::Decision;
@@ -209,7 +210,13 @@ async fn a_cancel_during_a_reload_waits_for_it(kind: RedisKind) -> anyhow::Resul
     let preheat = w.preheat();
     let reload = tokio::spawn(async move { preheat.run(Utc::now()).await });
     within("the reload's read", paused.reached()).await?;
-    let outcome = cancel::cancel_order(&w.env.pool, &w.env.redis, &bought, Utc::now()).await?;
+    let outcome = cancel::cancel_order(
+        &w.env.login(Function::Entry).0,
+        &w.env.login(Function::Entry).1,
+        &bought,
+        Utc::now(),
+    )
+    .await?;
     paused.resume();
     joined("the reload", reload).await?;
 

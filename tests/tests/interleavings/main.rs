@@ -30,6 +30,7 @@ use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
 use seckill_shared::domain::purchase::OrderMessage;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel;
 use seckill_shared::protocol::cancel::{CancelError, CancelOutcome};
 use seckill_shared::protocol::consume::Decision;
@@ -138,7 +139,7 @@ impl World {
         &self,
         order: &Order,
     ) -> tokio::task::JoinHandle<Result<CancelOutcome, CancelError>> {
-        let (pool, redis, order) = (self.env.pool.clone(), self.env.redis.clone(), order.clone());
+        let ((pool, redis), order) = (self.env.login(Function::Entry), order.clone());
         tokio::spawn(async move { cancel::cancel_order(&pool, &redis, &order, Utc::now()).await })
     }
 
@@ -146,7 +147,8 @@ impl World {
         let order = order::get(&self.env.pool, order_id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no order {order_id}"))?;
-        Ok(cancel::cancel_order(&self.env.pool, &self.env.redis, &order, Utc::now()).await?)
+        let (pool, redis) = self.env.login(Function::Entry);
+        Ok(cancel::cancel_order(&pool, &redis, &order, Utc::now()).await?)
     }
 
     /// The users `users` holds (the sentinel field not counted).

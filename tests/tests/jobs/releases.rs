@@ -27,7 +27,7 @@ async fn unpaid_order_past_the_payment_timeout_is_released(kind: RedisKind) -> a
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    testkit::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
     let job = env.reconcile();

@@ -9,6 +9,7 @@ use reconcile::StockCheck;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::order;
 use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
@@ -274,7 +275,7 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
     let order_id = consume(&env, a.id, "alice", rid, 2).await?;
     let paid_rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "bob", paid_rid, 1).await?;
-    testkit::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
     for user in ["alice", "bob"] {
@@ -312,7 +313,13 @@ async fn a_field_redis_lost_after_the_order_confirmed_is_restored_by_reconcile(
         );
     }
     let order = order::get(&env.pool, order_id).await?.unwrap();
-    let outcome = protocol::cancel::cancel_order(&env.pool, &env.redis, &order, Utc::now()).await?;
+    let outcome = protocol::cancel::cancel_order(
+        &env.login(Function::Entry).0,
+        &env.login(Function::Entry).1,
+        &order,
+        Utc::now(),
+    )
+    .await?;
     assert_eq!(outcome, CancelOutcome::Cancelled { quantity: 2 });
     assert_eq!(db_remaining(&env, a.id).await, 9);
     assert_eq!(redis_stock(&env, a.id).await, Some(9));

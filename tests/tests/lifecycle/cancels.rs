@@ -7,6 +7,7 @@ use crate::world;
 use axum::http::StatusCode;
 use seckill_shared::domain::order;
 use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
@@ -82,7 +83,7 @@ async fn concurrent_cancels_of_one_order_give_stock_back_once(
     let order = order::get(&w.env.pool, id).await.unwrap().unwrap();
 
     let outcomes = futures::future::join_all((0..20).map(|_| {
-        let (pool, redis, order) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
+        let ((pool, redis), order) = (w.env.login(Function::Entry), order.clone());
         tokio::spawn(async move {
             protocol::cancel::cancel_order(&pool, &redis, &order, chrono::Utc::now())
                 .await
@@ -118,7 +119,8 @@ async fn a_cancel_that_read_the_order_before_another_finished_it_gives_no_quota_
     let w = world(kind, 10).await;
     let id = w.confirmed("alice", 4).await;
     let stale = order::get(&w.env.pool, id).await?.expect("the order");
-    let (pool, redis) = (&w.env.pool, &w.env.redis);
+    let (pool, redis) = w.env.login(Function::Entry);
+    let (pool, redis) = (&pool, &redis);
     let now = chrono::Utc::now();
 
     let first = protocol::cancel::cancel_order(pool, redis, &stale, now).await?;
@@ -239,7 +241,7 @@ async fn a_cancel_whose_sale_was_reloaded_meanwhile_changes_nothing(
     let stock = w.db_stock().await;
 
     let paused = seckill_shared::infra::pause::arm("cancel.after_begin", w.activity.id);
-    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
+    let ((pool, redis), o) = (w.env.login(Function::Entry), order.clone());
     let canceller = tokio::spawn(async move {
         protocol::cancel::cancel_order(&pool, &redis, &o, chrono::Utc::now()).await
     });

@@ -8,6 +8,7 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::payment;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
 use std::time::Duration;
 use testkit::snapshot;
@@ -84,7 +85,7 @@ async fn a_payment_landing_inside_a_cancel_wins_and_the_cancel_gives_nothing_bac
     let order = order::get(&w.env.pool, id).await?.unwrap();
 
     let paused = pause::arm("cancel.after_begin", w.activity.id);
-    let (pool, redis, o) = (w.env.pool.clone(), w.env.redis.clone(), order.clone());
+    let ((pool, redis), o) = (w.env.login(Function::Entry), order.clone());
     let canceller =
         tokio::spawn(async move { cancel::cancel_order(&pool, &redis, &o, Utc::now()).await });
     tokio::time::timeout(Duration::from_secs(30), paused.reached()).await?;
@@ -129,7 +130,7 @@ async fn a_cancel_racing_a_locked_payment_waits_and_gives_nothing_back() -> anyh
     let app = w.app.clone();
     let webhook = tokio::spawn(async move { call(&app, event).await });
     tokio::time::timeout(Duration::from_secs(30), paused.reached()).await?;
-    let (pool, redis) = (w.env.pool.clone(), w.env.redis.clone());
+    let (pool, redis) = w.env.login(Function::Entry);
     let canceller =
         tokio::spawn(async move { cancel::cancel_order(&pool, &redis, &order, Utc::now()).await });
     wait_for_a_lock_wait(&w.env.pool).await?;
@@ -168,4 +169,36 @@ async fn wait_for_a_lock_wait(pool: &sqlx::PgPool) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     anyhow::bail!("no session waited for the order's lock")
+}
+
+/// A payment whose event waits for the order's row while a cancel's transaction holds it, and
+/// finds it cancelled once that commits: `refund_due` at once, not an error the provider has to
+/// retry (the order is read after the lock is held, not from before the wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_waiting_on_a_cancels_lock_reads_the_cancel_and_is_owed_back(
+) -> anyhow::Result<()> {
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let (_, started) = w.start_pay(id, "alice").await;
+    // A cancel's transaction, by hand: the row updated, its lock held, not yet committed.
+    let mut cancel = w.env.pool.begin().await?;
+    sqlx::query("update orders set status = 'cancelled', cancelled_at = now() where id = $1")
+        .bind(id)
+        .execute(&mut *cancel)
+        .await?;
+
+    let app = w.app.clone();
+    let event = w.event("evt_behind_a_cancel", &started, amount(&started));
+    let webhook = tokio::spawn(async move { call(&app, event).await });
+    wait_for_a_lock_wait(&w.env.pool).await?;
+    cancel.commit().await?;
+    let (status, answer) = webhook.await?;
+
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("refund_due")),
+        "{answer}"
+    );
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
+    Ok(())
 }

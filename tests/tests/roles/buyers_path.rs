@@ -117,7 +117,7 @@ async fn the_entry_role_may_write_no_more_than_its_path() -> anyhow::Result<()> 
     let a = env.open_activity(10, 2).await?;
     let paid = reserve(&env, a.id, "alice", 1).await.attempt.request_id;
     let paid = consume(&env, a.id, "alice", paid, 1).await?;
-    testkit::pay(&env.pool, paid, env.config.payment_timeout)
+    testkit::pay(&env, paid, env.config.payment_timeout)
         .await?
         .map_err(anyhow::Error::msg)?;
     let rid = reserve(&env, a.id, "bob", 1).await.attempt.request_id;

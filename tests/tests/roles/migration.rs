@@ -72,3 +72,65 @@ async fn the_functions_owner_never_logs_in_and_orders_force_their_policies() -> 
     assert!(forced);
     Ok(())
 }
+
+/// The migrations apply as a managed database's master user does: a login with CREATEROLE and
+/// CREATEDB, no superuser (a superuser passes every privilege check, so only this catches a
+/// step only it may take). Once migrated, that owner sees no order row: `orders` forces its
+/// row-level security on it too, and it keeps no membership that would pass a policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_migrations_apply_as_a_master_user_who_is_no_superuser() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let master = format!(
+        "seckill_test_master_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let database = format!("seckill_test_{}", uuid::Uuid::new_v4().simple());
+    // Names of ours (UUIDs), never input: built into the statements, which take no binds.
+    for sql in [
+        format!("create role {master} login createrole createdb"),
+        format!("create database {database} owner {master}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&env.pool)
+            .await?;
+    }
+    let options: sqlx::postgres::PgConnectOptions = env.config.database_url.expose().parse()?;
+    let owner = db::pool_options()
+        .max_connections(2)
+        .connect_with(options.username(&master).database(&database))
+        .await?;
+
+    let migrated = db::migrate(&owner).await;
+    let seen: Result<i64, _> = sqlx::query_scalar("select count(*) from orders")
+        .fetch_one(&owner)
+        .await;
+    let inserted = sqlx::raw_sql(
+        "insert into activities (title, total_stock, remaining_stock, per_order_limit, start_at, \
+             end_at, price_minor, currency) values ('t', 1, 1, 1, now(), now() + interval '1 h', \
+             1, 'usd');
+         insert into orders (request_id, activity_id, user_id, quantity, status)
+             select gen_random_uuid(), id, 'u', 1, 'failed' from activities",
+    )
+    .execute(&owner)
+    .await;
+    owner.close().await;
+    for sql in [
+        format!("drop database {database} with (force)"),
+        format!("drop owned by {master}"),
+        format!("drop role {master}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&env.pool)
+            .await?;
+    }
+
+    migrated?;
+    assert_eq!(seen?, 0);
+    match inserted {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {}
+        other => {
+            panic!("the owner's insert of an order is refused by the table's policies: {other:?}")
+        }
+    }
+    Ok(())
+}
