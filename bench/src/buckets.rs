@@ -297,7 +297,14 @@ async fn open_activity(
             .settings()?,
     )
     .await?;
-    let (_, loaded) = load::load_under_lock(redis, pool, config, row.id).await?;
+    let (_, loaded) = load::load_under_lock(
+        redis,
+        pool,
+        config,
+        row.id,
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    )
+    .await?;
     anyhow::ensure!(
         buckets::all_loaded(redis, row.id, count).await?,
         "sale {} is not loaded in {count} buckets",

@@ -115,7 +115,14 @@ async fn one_size(
             .settings()?,
     )
     .await?;
-    load::load_under_lock(redis, pool, config, activity.id).await?;
+    load::load_under_lock(
+        redis,
+        pool,
+        config,
+        activity.id,
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    )
+    .await?;
     eprintln!("  {n} entrants: entering through purchase.lua ...");
     let entered = {
         let redis = redis.clone();
@@ -231,7 +238,14 @@ async fn one_size(
         .get_hash()
         .to_string();
     let measured = measure(client, admin, &sha, || async {
-        load::load_under_lock(redis, pool, config, activity.id).await?;
+        load::load_under_lock(
+            redis,
+            pool,
+            config,
+            activity.id,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
+        .await?;
         loop {
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             if drawing::rebuild(redis, pool, activity.id, deadline)

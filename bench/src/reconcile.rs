@@ -83,7 +83,14 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
                 .settings()?,
         )
         .await?;
-        load::load_under_lock(&redis, &pool, &config, activity.id).await?;
+        load::load_under_lock(
+            &redis,
+            &pool,
+            &config,
+            activity.id,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
+        .await?;
         let stale = n / 2;
         eprintln!(
             "  {n} reservations ({stale} to become stale): entering through purchase.lua ..."

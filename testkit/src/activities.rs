@@ -131,8 +131,14 @@ impl TestEnv {
     /// create of a sale inside the preheat lead does.
     pub async fn load_new(&self, new: &NewActivity) -> anyhow::Result<Activity> {
         let a = activity::insert(&self.pool, &new.settings()?).await?;
-        let (_, loaded) =
-            protocol::load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+        let (_, loaded) = protocol::load::load_under_lock(
+            &self.redis,
+            &self.pool,
+            &self.config,
+            a.id,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
+        .await?;
         Ok(loaded)
     }
 

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::infra::metrics;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::load::{self, LoadError};
 use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::buckets;
@@ -19,6 +20,10 @@ use seckill_shared::store::meta::{self, PreheatOutcome};
 use seckill_shared::{Config, Context};
 use serde::Serialize;
 use sqlx::PgPool;
+use std::time::{Duration, Instant};
+
+/// What a run keeps free before its deadline: the load in flight's last calls and the report.
+pub const FINISH_MARGIN: Duration = Duration::from_secs(5);
 
 /// The job's clients and settings, built once per cold start.
 pub struct Preheat {
@@ -42,6 +47,8 @@ pub struct PreheatReport {
     pub refreshed_ids: Vec<i64>,
     /// Activities someone was changing (their lock was held): the next run loads them.
     pub busy_ids: Vec<i64>,
+    /// Activities not begun before the run's time was spent: the next run loads them.
+    pub deferred_ids: Vec<i64>,
     /// Activities that could not be loaded this time (the next run retries them).
     pub errors: Vec<PreheatFailure>,
 }
@@ -58,12 +65,12 @@ impl Preheat {
     /// One activity: nothing to do when Redis holds its current config version and the
     /// sentinels of `users` and the ledger; otherwise a fenced load under its lock
     /// (`seckill_shared::protocol::load`), which also puts missing sentinels back.
-    async fn preheat_one(&self, a: &Activity) -> Result<PreheatOutcome, LoadError> {
+    async fn preheat_one(&self, a: &Activity, end: Instant) -> Result<PreheatOutcome, LoadError> {
         if self.is_current(a).await? {
             return Ok(PreheatOutcome::AlreadyLoaded);
         }
         let (outcome, _) =
-            load::load_under_lock(&self.redis, &self.pool, &self.config, a.id).await?;
+            load::load_under_lock(&self.redis, &self.pool, &self.config, a.id, end).await?;
         Ok(outcome)
     }
 
@@ -99,17 +106,35 @@ impl Preheat {
         Ok(Self::new(Context::connect(config).await?))
     }
 
-    /// Loads every activity due at `now`. Fails only when the list of activities cannot be
-    /// read; an activity that cannot be loaded is logged, reported and retried next run, and
-    /// does not stop the others.
-    #[tracing::instrument(skip_all, fields(now = %now))]
+    /// [`Preheat::run_by`] for an invocation that starts now: by the function's Lambda
+    /// Timeout (functions/shape.toml).
     pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<PreheatReport> {
+        let deadline = Instant::now() + Function::Preheat.shape().timeout();
+        self.run_by(now, deadline).await
+    }
+
+    /// Loads every activity due at `now`, within an invocation that ends at `deadline` (the
+    /// Lambda context's): no load begins past the deadline less [`FINISH_MARGIN`], and a draw
+    /// sale's pool rebuild stops there (reconcile's draw part goes on from its cursor); the
+    /// sales not begun are the next run's (`deferred_ids`). Fails only when the list of
+    /// activities cannot be read; an activity that cannot be loaded is logged, reported and
+    /// retried next run, and does not stop the others.
+    #[tracing::instrument(skip_all, fields(now = %now))]
+    pub async fn run_by(
+        &self,
+        now: DateTime<Utc>,
+        deadline: Instant,
+    ) -> anyhow::Result<PreheatReport> {
+        let end = deadline
+            .checked_sub(FINISH_MARGIN)
+            .unwrap_or(deadline)
+            .max(Instant::now());
         let due = activity::due_for_preheat(&self.pool, now, self.config.preheat_lead)
             .await
             .context("failed to list activities due for preheat")?;
         let mut report = PreheatReport::default();
         for a in &due {
-            match self.preheat_one(a).await {
+            match self.preheat_one(a, end).await {
                 Ok(PreheatOutcome::Loaded) => {
                     tracing::info!(
                         activity_id = a.id,
@@ -129,6 +154,7 @@ impl Preheat {
                     report.refreshed_ids.push(a.id);
                 }
                 Ok(PreheatOutcome::AlreadyLoaded) => report.already_loaded_ids.push(a.id),
+                Err(LoadError::OutOfTime) => report.deferred_ids.push(a.id),
                 Ok(PreheatOutcome::NotOwner) | Err(LoadError::Lock(LockError::Busy)) => {
                     tracing::info!(activity_id = a.id, "sale being changed; loaded next run");
                     report.busy_ids.push(a.id);
@@ -159,6 +185,7 @@ impl Preheat {
             loaded = report.loaded,
             already_loaded = report.already_loaded,
             refreshed = report.refreshed,
+            deferred = report.deferred_ids.len(),
             errors = report.errors.len(),
             "preheat finished"
         );

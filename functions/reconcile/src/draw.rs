@@ -36,9 +36,10 @@ impl Reconcile {
         if run.diverged {
             // Redis holds a draw that is not the recorded one: loaded from scratch, the sale
             // gets the recorded outcome back, and its winners are sent from there.
-            let (outcome, _) = load::reload_under_lock(&self.redis, &self.pool, &self.config, a.id)
-                .await
-                .context("failed to load the sale whose draw is not the recorded one")?;
+            let (outcome, _) =
+                load::reload_under_lock(&self.redis, &self.pool, &self.config, a.id, share.hard)
+                    .await
+                    .context("failed to load the sale whose draw is not the recorded one")?;
             tracing::warn!(
                 activity_id = a.id,
                 ?outcome,

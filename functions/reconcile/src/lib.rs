@@ -179,7 +179,7 @@ impl Reconcile {
         }
 
         // The snapshot; a running sale missing from Redis is loaded now.
-        let snaps = self.snapshot_loading(a, now, &mut r).await?;
+        let snaps = self.snapshot_loading(a, now, share.hard, &mut r).await?;
 
         if all_loaded(&snaps) {
             // One bucket a run, in turn, starts its walks even past the share: every walk
@@ -227,13 +227,16 @@ impl Reconcile {
         &self,
         a: &Activity,
         now: DateTime<Utc>,
+        hard: Instant,
         r: &mut ActivityReport,
     ) -> anyhow::Result<Vec<(Bucket, Snapshot)>> {
         let snaps = self.snapshots(a).await?;
         if all_loaded(&snaps) || a.phase(now) != Phase::Running {
             return Ok(snaps);
         }
-        let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, a.id)
+        // Not begun past the run's hard end; a draw sale's pool rebuild stops there (the next
+        // run's draw part goes on from its cursor).
+        let (outcome, _) = load::load_under_lock(&self.redis, &self.pool, &self.config, a.id, hard)
             .await
             .context("failed to load the running sale into redis")?;
         tracing::warn!(

@@ -21,6 +21,7 @@ use crate::store::conn::StoreError;
 use crate::store::keys::Bucket;
 use crate::store::meta::{self, ActivityMeta, Adjust};
 use chrono::Utc;
+use std::time::{Duration, Instant};
 
 /// Why a change was refused, or could not finish.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +46,11 @@ pub enum ChangeError {
     Store(#[from] StoreError),
 }
 
+/// How long a create or a change gives the load it makes at once (a draw sale's pool rebuild
+/// stops there): with the change itself, well inside the admin's Lambda Timeout. What is left,
+/// preheat and reconcile finish.
+const LOAD_BUDGET: Duration = Duration::from_secs(5);
+
 /// Validates and stores a new sale (no lock: see the module doc), then loads it into Redis
 /// when it starts within the preheat lead. A failed load is logged, not answered: the database
 /// holds the sale, and preheat loads it on its next run.
@@ -53,7 +59,8 @@ pub async fn create(ctx: &Context, new: &NewActivity) -> Result<Activity, Change
     if !created.due_for_preheat(Utc::now(), ctx.config.preheat_lead) {
         return Ok(created);
     }
-    match load::load_under_lock(&ctx.redis, &ctx.pool, &ctx.config, created.id).await {
+    let deadline = Instant::now() + LOAD_BUDGET;
+    match load::load_under_lock(&ctx.redis, &ctx.pool, &ctx.config, created.id, deadline).await {
         Ok((outcome, row)) => {
             tracing::info!(activity_id = row.id, ?outcome, "new sale loaded into redis");
             Ok(row)
@@ -531,7 +538,8 @@ async fn loaded_if_due(
         return Ok(updated);
     }
     let buffer = ctx.config.expiry_buffer;
-    match load::load_after_change(&ctx.redis, &ctx.pool, guard, buffer).await {
+    let deadline = Instant::now() + LOAD_BUDGET;
+    match load::load_after_change(&ctx.redis, &ctx.pool, guard, buffer, deadline).await {
         Ok(outcome) => tracing::info!(activity_id = updated.id, ?outcome, "changed sale loaded"),
         Err(e) => {
             tracing::warn!(activity_id = updated.id, error = %e, "changed sale not loaded; preheat will")

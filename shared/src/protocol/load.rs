@@ -17,7 +17,7 @@ use crate::store::conn::{Redis, StoreError};
 use crate::store::keys::Bucket;
 use crate::store::meta::{self, PreheatOutcome};
 use sqlx::PgPool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a loader waits for the sale's lock before leaving the load to its next run.
 const LOCK_WAIT: Duration = Duration::from_millis(500);
@@ -34,18 +34,24 @@ pub enum LoadError {
     Store(#[from] StoreError),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    /// The caller's time was spent before the load began: nothing was done, a later run
+    /// loads the sale.
+    #[error("no time left to load the sale; a later run loads it")]
+    OutOfTime,
 }
 
 /// Takes the sale's lock, records its token while reading the row, and loads the row into
-/// Redis. `Err(LoadError::Lock(LockError::Busy))`: someone is changing the sale; a later run
-/// loads it.
+/// Redis, by `deadline` (the caller's invocation's: a draw sale's pool rebuild stops there and
+/// goes on with reconcile's next run; a load is not begun past it, [`LoadError::OutOfTime`]).
+/// `Err(LoadError::Lock(LockError::Busy))`: someone is changing the sale; a later run loads it.
 pub async fn load_under_lock(
     redis: &Redis,
     pool: &PgPool,
     config: &Config,
     activity_id: i64,
+    deadline: Instant,
 ) -> Result<(PreheatOutcome, Activity), LoadError> {
-    load_locked(redis, pool, config, activity_id, false).await
+    load_locked(redis, pool, config, activity_id, false, deadline).await
 }
 
 /// [`load_under_lock`] from scratch even when Redis holds the sale: every bucket unloaded and
@@ -56,8 +62,9 @@ pub async fn reload_under_lock(
     pool: &PgPool,
     config: &Config,
     activity_id: i64,
+    deadline: Instant,
 ) -> Result<(PreheatOutcome, Activity), LoadError> {
-    load_locked(redis, pool, config, activity_id, true).await
+    load_locked(redis, pool, config, activity_id, true, deadline).await
 }
 
 async fn load_locked(
@@ -66,7 +73,11 @@ async fn load_locked(
     config: &Config,
     activity_id: i64,
     from_scratch: bool,
+    deadline: Instant,
 ) -> Result<(PreheatOutcome, Activity), LoadError> {
+    if Instant::now() >= deadline {
+        return Err(LoadError::OutOfTime);
+    }
     let wait = LOCK_WAIT.min(config.lock_wait);
     let guard = lock::acquire(redis, pool, activity_id, config.lock_ttl, wait).await?;
     let loaded = async {
@@ -83,7 +94,7 @@ async fn load_locked(
         let row = fence_and_read(pool, &guard, fresh).await?;
         pause::point("preheat.before_load", activity_id).await;
         let buffer = config.expiry_buffer;
-        let outcome = load_fenced(redis, pool, &guard.owner, &row, fresh, buffer).await?;
+        let outcome = load_fenced(redis, pool, &guard.owner, &row, fresh, buffer, deadline).await?;
         Ok::<_, LoadError>((outcome, row))
     };
     let result = match guard.run(loaded).await {
@@ -133,6 +144,7 @@ pub async fn load_fenced(
     row: &Activity,
     new_epoch: bool,
     buffer: Duration,
+    deadline: Instant,
 ) -> Result<PreheatOutcome, LoadError> {
     let count = row.bucket_count();
     if !all_loaded(redis, row.id, count).await? {
@@ -175,14 +187,14 @@ pub async fn load_fenced(
                 ..row.clone()
             };
             let outcome = meta::preheat(redis, &row, buffer, owner).await?;
-            rebuild_pool(redis, pool, row.id).await?;
+            rebuild_pool(redis, pool, row.id, deadline).await?;
             return Ok(outcome);
         }
     }
     let outcome = meta::preheat(redis, row, buffer, owner).await?;
     if row.draw_end_ms() > 0 {
         // A rebuild an earlier load did not finish goes on (one read when none is due).
-        rebuild_pool(redis, pool, row.id).await?;
+        rebuild_pool(redis, pool, row.id, deadline).await?;
     }
     Ok(outcome)
 }
@@ -192,9 +204,14 @@ pub async fn load_fenced(
 const REBUILD_BUDGET: Duration = Duration::from_secs(10);
 
 /// The rebuild of a draw sale's pool from the database ([`draw::rebuild`]), within
-/// [`REBUILD_BUDGET`].
-async fn rebuild_pool(redis: &Redis, pool: &PgPool, activity_id: i64) -> Result<(), LoadError> {
-    let deadline = std::time::Instant::now() + REBUILD_BUDGET;
+/// [`REBUILD_BUDGET`] and the caller's `deadline`.
+async fn rebuild_pool(
+    redis: &Redis,
+    pool: &PgPool,
+    activity_id: i64,
+    deadline: Instant,
+) -> Result<(), LoadError> {
+    let deadline = deadline.min(Instant::now() + REBUILD_BUDGET);
     match draw::rebuild(redis, pool, activity_id, deadline).await {
         Ok(r) if r.winners > 0 || r.entries > 0 || !r.done => tracing::warn!(
             activity_id,
@@ -262,6 +279,7 @@ pub async fn load_after_change(
     pool: &PgPool,
     guard: &LockGuard,
     buffer: Duration,
+    deadline: Instant,
 ) -> Result<Option<PreheatOutcome>, LoadError> {
     let count = activity::bucket_count(pool, guard.activity_id).await?;
     guard.cover(count).await?;
@@ -273,7 +291,7 @@ pub async fn load_after_change(
     let row = activity::bump_load_epoch_if_fenced(pool, guard.activity_id, guard.token).await?;
     match row {
         Some(row) => Ok(Some(
-            load_fenced(redis, pool, &guard.owner, &row, true, buffer).await?,
+            load_fenced(redis, pool, &guard.owner, &row, true, buffer, deadline).await?,
         )),
         None => Ok(None),
     }

@@ -202,7 +202,14 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
 
     testkit::lose_activity(&env.redis, a.id).await?;
     let (pool, redis) = env.login(Function::Preheat);
-    seckill_shared::protocol::load::load_under_lock(&redis, &pool, &env.config, a.id).await?;
+    seckill_shared::protocol::load::load_under_lock(
+        &redis,
+        &pool,
+        &env.config,
+        a.id,
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    )
+    .await?;
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());
     assert!(tickets(&env, a.id).await.is_empty());
     close_draw_window(&env, a.id).await;

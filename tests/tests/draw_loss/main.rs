@@ -58,9 +58,15 @@ async fn closed_window(
 async fn lose_and_reload(env: &TestEnv, a: &Activity) {
     lose_activity(&env.redis, a.id).await.unwrap();
     let (pool, redis) = env.login(Function::Preheat);
-    load::load_under_lock(&redis, &pool, &env.config, a.id)
-        .await
-        .unwrap();
+    load::load_under_lock(
+        &redis,
+        &pool,
+        &env.config,
+        a.id,
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
 }
 
 /// The ends every entrant reads once the draw ran (their status reads run it), reconcile's

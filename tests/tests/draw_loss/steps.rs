@@ -251,7 +251,14 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
     admin::update_activity(&admin, a.id, &total(3)).await?;
 
     let (pool, redis) = env.login(Function::Preheat);
-    load::load_under_lock(&redis, &pool, &env.config, a.id).await?;
+    load::load_under_lock(
+        &redis,
+        &pool,
+        &env.config,
+        a.id,
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    )
+    .await?;
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
     let a = seckill_shared::domain::activity::get(&env.pool, a.id)
         .await?

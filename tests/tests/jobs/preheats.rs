@@ -12,6 +12,7 @@ use testkit::{is_participant, redis_stock, reserve};
 use uuid::Uuid;
 
 on_both_redis!(
+    a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads,
     preheat_twice_leaves_a_loaded_sale_unchanged,
     preheat_concurrent_with_purchases_never_resets_stock,
     preheat_reloads_a_running_sale_missing_from_redis,
@@ -144,5 +145,35 @@ async fn preheat_reloads_a_running_sale_missing_from_redis(kind: RedisKind) -> a
             assert_eq!(at, expected, "{key}");
         }
     }
+    Ok(())
+}
+
+/// A run begins no load past its invocation's deadline (less its margin): what it could not
+/// begin it reports deferred, and the next run loads it. Without the bound, a run that met
+/// several lost draw sales, each rebuilding its pool, went past the function's Timeout.
+async fn a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        20,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = env.preheat();
+
+    // An invocation whose deadline is closer than the run's margin.
+    let spent = tokio::time::Instant::now() + preheat::FINISH_MARGIN / 2;
+    let report = job.run_by(Utc::now(), spent.into_std()).await?;
+
+    assert_eq!(report.deferred_ids, vec![a.id], "{report:?}");
+    assert_eq!(report.loaded, 0);
+    assert_eq!(redis_stock(&env, a.id).await, None);
+    let next = job.run(Utc::now()).await?;
+    assert_eq!(next.loaded_ids, vec![a.id]);
+    assert_eq!(redis_stock(&env, a.id).await, Some(20));
     Ok(())
 }

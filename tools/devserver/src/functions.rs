@@ -81,9 +81,11 @@ impl Functions {
         }
     }
 
-    /// One preheat run, as its EventBridge schedule triggers it, stopped at its Timeout.
+    /// One preheat run, as its EventBridge schedule triggers it: with the deadline its
+    /// invocation gets, stopped there.
     pub async fn preheat(&self, now: DateTime<Utc>) -> anyhow::Result<preheat::PreheatReport> {
-        within_timeout(Function::Preheat, self.preheat.run(now)).await
+        let deadline = std::time::Instant::now() + Function::Preheat.shape().timeout();
+        within_timeout(Function::Preheat, self.preheat.run_by(now, deadline)).await
     }
 
     /// One reconcile run, as its EventBridge schedule triggers it: with the deadline its
