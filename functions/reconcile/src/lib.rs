@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use seckill_shared::domain::activity::{self, Activity, Phase};
 use seckill_shared::infra::sqs::{self, OrderQueue};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::load;
 use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
@@ -82,11 +83,11 @@ impl Reconcile {
     }
 
     /// One reconcile pass at `now` (a parameter so tests can step past the grace period and the
-    /// payment timeout without sleeping), whose deadline is the configured budget from now: the
-    /// form the tests and the dev server call. See [`Self::run_by`].
+    /// payment timeout without sleeping), in an invocation that starts now: its deadline is the
+    /// function's Lambda Timeout (functions/shape.toml) away. See [`Self::run_by`].
     pub async fn run(&self, now: DateTime<Utc>) -> anyhow::Result<ReconcileReport> {
-        self.run_by(now, Instant::now() + self.config.reconcile_budget)
-            .await
+        let deadline = Instant::now() + Function::Reconcile.shape().timeout();
+        self.run_by(now, deadline).await
     }
 
     /// One reconcile pass at `now`, in an invocation that ends at `deadline` (the Lambda
