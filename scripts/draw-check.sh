@@ -8,9 +8,9 @@
 # sale (DRAW_STOCK units, one per order, a window of DRAW_WINDOW_SECS) through the admin API and
 # lets wrk enter every user once (scripts/wrk-accepted.lua: each request a different user) while
 # the window is open. Once the window has closed it starts a PING loop on its own connection to
-# the sale's Redis (about one a millisecond) and triggers the draw with one entrant's status
-# read (GET /activities/{id}/orders/me, repeated while it answers draw_running), as the first
-# visitor after the window would. It fails unless
+# the sale's Redis (about one a millisecond) while the drawer (the dev server's reconcile, every
+# 5 s) runs the draw, polling one entrant's status read and the public view until the view
+# reveals the secret. It fails unless
 #   - every entry was answered 202 and none 5xx, and at least DRAW_ENTRANTS were in the pool;
 #   - no PING waited more than DRAW_PING_MAX_MS (25) while the draw ran;
 #   - once the queue is drained, every winner is a live order: the orders are exactly
@@ -97,7 +97,7 @@ PY
 PINGER=$!
 sleep 0.3
 
-log "window closed; the draw triggered by a status read"
+log "window closed; waiting for the drawer (reconcile)"
 draw_started=$(date +%s.%N)
 answers=()
 for _ in $(seq 1 240); do

@@ -12,9 +12,8 @@ use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{ActivityId, OrderId};
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel::{self, CancelOutcome};
-use seckill_shared::protocol::draw::{self, Trigger};
 use seckill_shared::store::buckets;
-use seckill_shared::store::draw::{self as pool, Drawn};
+use seckill_shared::store::draw::{self as pool, DrawState};
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::ledger;
 use seckill_shared::store::values::EntryKind;
@@ -105,9 +104,8 @@ pub(crate) async fn my_order(
         if count > 1 {
             break;
         }
-        // A draw sale's entrant: `queued` until the draw, `not_drawn` after it if the draw
-        // passed them over. Asking runs the steps of a draw that is due (Redis only: the
-        // outcome's record and the winners' sends are reconcile's).
+        // A draw sale's entrant: `queued` until the drawer has done the draw, `not_drawn`
+        // after it if the draw passed them over. A pure read of Redis: asking runs no step.
         let Some(entry) = pool::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
             break;
         };
@@ -119,22 +117,22 @@ pub(crate) async fn my_order(
             drawn = true;
             continue;
         }
-        // Between the read of a queued entry and the draw: another caller may draw meanwhile.
+        // Between the read of a queued entry and the draw's state: the drawer may finish the
+        // draw meanwhile, making this entrant a winner.
         pause::point("entry.my_order.after_pool_read", activity_id).await;
         let status = if drawn {
             BuyerStatus::NotDrawn
         } else {
-            match draw::nudge(&s.redis, &s.pool, activity_id, Trigger::StatusRead).await? {
-                // Still drawing (in the background now): not decided for this entrant yet.
-                Drawn::Open { .. } | Drawn::Running { .. } | Drawn::Restoring { .. } => {
-                    BuyerStatus::Queued
-                }
-                Drawn::Now { .. } | Drawn::Before { .. } => {
+            match pool::state(&s.redis, activity_id).await? {
+                DrawState::Undecided => BuyerStatus::Queued,
+                // Done: the entry read above may be from before the step that made it a
+                // winner; read it again, and that read is final.
+                DrawState::Done => {
                     drawn = true;
                     continue;
                 }
                 // Reloaded as a first-come sale meanwhile: the entry is history.
-                Drawn::NotDraw | Drawn::NotLoaded => break,
+                DrawState::NotDraw | DrawState::NotLoaded => break,
             }
         };
         return Ok(Json(MyOrder {

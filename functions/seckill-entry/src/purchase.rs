@@ -17,10 +17,8 @@ use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{ActivityId, JsonBody};
 use seckill_shared::infra::pause;
-use seckill_shared::protocol::draw::{self, Trigger};
 use seckill_shared::protocol::purchase::{self, AfterSend, EntrySent, Outcome, Sent, Unanswered};
 use seckill_shared::store::conn::StoreError;
-use seckill_shared::store::draw::Drawn;
 use seckill_shared::store::purchase::Reservation;
 use seckill_shared::{ApiError, Refusal};
 use serde::{Deserialize, Serialize};
@@ -167,27 +165,15 @@ pub(crate) async fn purchase(
         quantity,
         buckets: state.inner.bucket_counts.get(activity_id).unwrap_or(1),
     };
-    let mut outcome = match decide(&state, &mut attempt).await {
+    let outcome = match decide(&state, &mut attempt).await {
         Ok(outcome) => outcome,
         Err(unanswered) => return unanswered.answer(),
     };
-    if outcome == Outcome::DrawDue {
-        // This request's share of the draw ran out of time: the rest runs in the background.
-        if let Drawn::Running { .. } | Drawn::Restoring { .. } =
-            run_draw(&state, activity_id).await?
-        {
-            return Err(ApiError::DrawRunning);
-        }
-        outcome = match decide(&state, &mut attempt).await {
-            Ok(outcome) => outcome,
-            Err(unanswered) => return unanswered.answer(),
-        };
-    }
     let reservation = match outcome {
         Outcome::Reserved(reservation) => reservation,
         Outcome::Queued { rank } => return enter(&state, attempt, rank).await,
-        // The draw is being run in steps and is not done yet (this call's share of it ran
-        // out of time), or the sale was reloaded in between. Nothing was reserved.
+        // A draw sale whose window has closed and whose draw is not done: the drawer
+        // (reconcile) runs it; nothing was reserved, and this request runs no step of it.
         Outcome::DrawDue => return Err(ApiError::DrawRunning),
         Outcome::Refused(refusal) => return Err(refuse(&state, &attempt, refusal).await),
     };
@@ -302,14 +288,6 @@ async fn send(
 fn answer(request_id: Uuid, status: BuyerStatus) -> Response {
     let body = Accepted { request_id, status };
     (StatusCode::ACCEPTED, Json(body)).into_response()
-}
-
-/// A draw sale whose window has closed: its draw's steps for as long as a request may wait
-/// (the rest in the background), before this purchase asks again. The winners' sends are
-/// reconcile's. A draw that cannot run is a 503, with nothing reserved.
-async fn run_draw(state: &EntryState, activity_id: i64) -> Result<Drawn, ApiError> {
-    let s = &state.inner;
-    Ok(draw::nudge(&s.redis, &s.pool, activity_id, Trigger::Purchase).await?)
 }
 
 /// Runs the purchase with the caller's deadline. A Redis error or timeout is a 503, and since

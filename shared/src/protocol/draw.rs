@@ -1,12 +1,11 @@
-//! A draw sale's draw and its sends. One actor drives a draw to its end: reconcile's run
-//! ([`drive`]): the entries answered 503 leave the pool, the draw runs if it is due, its
-//! outcome is recorded in the database, and the outbox's winners are sent at least once
-//! ([`drain`]: record, take, send, done), each bounded by the sale's share of the run and
-//! resumed by the next. A request only nudges it ([`nudge`]): the first purchase after the
-//! window and a pool entrant asking for their status run the draw's Redis steps for a moment,
-//! and never record or send (the entry's database role cannot record, and a request must not
-//! wait for the sends). A load from scratch rebuilds the pool from the database first
-//! ([`rebuild`]). docs/invariants.md, "Draw admission".
+//! A draw sale's draw and its sends. One actor runs a draw to its end: reconcile's run
+//! ([`drive`]), the drawer: the entries answered 503 leave the pool, the draw runs if it is
+//! due, its outcome is recorded in the database, and the outbox's winners are sent at least
+//! once ([`drain`]: record, take, send, done), each bounded by the sale's share of the run and
+//! resumed by the next. A request never runs a step: a purchase after the window answers
+//! `draw_running` until the draw is done, a queued entrant's status read reads Redis alone. A
+//! load from scratch rebuilds the pool from the database first ([`rebuild`]).
+//! docs/invariants.md, "Draw admission".
 
 use crate::domain::draw::{self as kept, Recorded};
 use crate::domain::order;
@@ -32,17 +31,6 @@ pub enum DrawError {
     Diverged { unrecorded: usize },
 }
 
-/// Which request nudges a draw, which sets what it may afford.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
-    /// A purchase told `draw_due`, answering its request: the 503 entries leave first (one
-    /// bounded read of the claims), then the draw's steps.
-    Purchase,
-    /// A queued entrant's status read, answering its request: the draw's steps, no database
-    /// work (a crowd polls).
-    StatusRead,
-}
-
 /// What one [`drive`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrawRun {
@@ -57,45 +45,6 @@ pub struct DrawRun {
     /// Redis holds a draw whose winners are not the recorded outcome's: nothing was sent, and
     /// the sale must be loaded from scratch (which puts the recorded outcome back).
     pub diverged: bool,
-}
-
-/// A request's nudge to the draw of sale `activity_id`: the draw's steps for
-/// [`REQUEST_BUDGET`] if it is due (the rest of them in the background), nothing else. It
-/// neither records the outcome nor sends a winner: reconcile's next run does ([`drive`]); a
-/// winner reads `pending` from their reservation meanwhile. A purchase first takes the entries
-/// answered 503 out of the pool (a failure there is logged: the draw goes on without it).
-pub async fn nudge(
-    redis: &Redis,
-    db: &PgPool,
-    activity_id: i64,
-    trigger: Trigger,
-) -> Result<Drawn, DrawError> {
-    if trigger == Trigger::Purchase {
-        if let Err(e) = leave_unanswered(redis, db, activity_id).await {
-            tracing::warn!(activity_id, error = %e, "entries answered 503 not taken out of the pool");
-        }
-    }
-    let drawn = draw::draw(redis, activity_id, REQUEST_BUDGET).await?;
-    match drawn {
-        Drawn::Now {
-            winners,
-            units,
-            entrants,
-        } => tracing::warn!(
-            activity_id,
-            winners,
-            units,
-            entrants,
-            ?trigger,
-            repair = "drawn",
-            "draw ran"
-        ),
-        // What this request could not finish goes on in the background (and else at the next
-        // trigger: each step is atomic and the cursor is in Redis).
-        Drawn::Running { .. } => finish_later(redis, activity_id),
-        _ => {}
-    }
-    Ok(drawn)
 }
 
 /// Reconcile's part in a draw sale, until `until` (the end of the sale's share of the run):
@@ -168,18 +117,6 @@ pub async fn drive(
     Ok(report)
 }
 
-/// The draw's steps a request left for later, in the background; in Lambda they run while
-/// the container serves invocations, and what they leave the next nudge or reconcile's run
-/// goes on with. No sends: those are reconcile's.
-fn finish_later(redis: &Redis, activity_id: i64) {
-    let redis = redis.clone();
-    tokio::spawn(async move {
-        if let Err(e) = draw::draw(&redis, activity_id, Duration::MAX).await {
-            tracing::warn!(activity_id, error = %e, "draw not finished; the next trigger goes on");
-        }
-    });
-}
-
 /// What one [`drain`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Drained {
@@ -191,10 +128,6 @@ pub struct Drained {
     /// Another drainer held the lease: this one sent nothing.
     pub busy: bool,
 }
-
-/// How long a request (a purchase told `draw_due`, a status read) runs the draw's steps before
-/// it answers; the rest runs in the background.
-const REQUEST_BUDGET: Duration = Duration::from_millis(250);
 
 /// Winners taken from the outbox per round.
 pub const TAKE: usize = 100;

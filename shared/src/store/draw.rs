@@ -133,6 +133,42 @@ pub async fn draw(
     unreachable!("the steps end the loop")
 }
 
+/// Where a draw sale's draw stands, as a buyer's status read sees it: one read of the meta,
+/// no step run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrawState {
+    /// The sale is not in Redis.
+    NotLoaded,
+    /// A first-come sale: there is nothing to draw.
+    NotDraw,
+    /// The window is open, or the drawer has not finished the draw yet.
+    Undecided,
+    /// The draw is done: a pool entry's state is final.
+    Done,
+}
+
+/// Where the draw of sale `activity_id` stands (`HMGET` of the meta's `stock`, `drawEndMs`
+/// and `drawn`). A caller that read a pool entry before this and finds the draw done reads the
+/// entry again: the step that finished the draw may have made it a winner in between.
+pub async fn state(redis: &Redis, activity_id: i64) -> Result<DrawState, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let (stock, draw_end, drawn): (Option<i64>, Option<i64>, Option<String>) = redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("stock")
+                .arg("drawEndMs")
+                .arg("drawn"),
+        )
+        .await?;
+    Ok(match (stock, draw_end.unwrap_or(0), drawn.as_deref()) {
+        (None, _, _) => DrawState::NotLoaded,
+        (_, end, _) if end <= 0 => DrawState::NotDraw,
+        (_, _, Some("1")) => DrawState::Done,
+        _ => DrawState::Undecided,
+    })
+}
+
 codes! {
     /// `lua/outbox_take.lua`'s reply codes.
     pub enum TakeCode of "outbox_take.lua" {

@@ -19,8 +19,9 @@
 //!   and now and then one buyer's field in `users` is lost while the sale stays loaded (a
 //!   failover that dropped the last writes; only a field whose user has no entry in flight);
 //! - in a draw sale (some one-bucket sales admit by draw, with a window of a quarter to
-//!   three fifths of the phase), buyers queue in the pool, whoever comes after the window (a
-//!   buyer, reconcile) runs the draw's steps, and reconcile records it and sends its winners;
+//!   three fifths of the phase), buyers queue in the pool, buyers after the window are told
+//!   `draw_running`, and reconcile, the drawer, runs the draw's steps, records it and sends
+//!   its winners;
 //! - a watcher: Redis stock never negative, the database never oversold.
 //!
 //! Then quiescence: actors stopped, Redis resumed, the queue drained without faults (past the

@@ -36,3 +36,13 @@ async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
     .await
     .expect("redis answers")
 }
+
+/// Whether any step of the draw of sale `activity_id` ran (the meta's cursor `drawAt`).
+async fn draw_started(env: &TestEnv, activity_id: i64) -> anyhow::Result<bool> {
+    let k = env.redis.keys(activity_id);
+    let at: Option<i64> = env
+        .redis
+        .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawAt"))
+        .await?;
+    Ok(at.is_some())
+}

@@ -1,9 +1,9 @@
-//! The pool: one entry per user, a loser's `not_drawn`, the first purchase after the window
-//! running the draw, a full pool, no entry once the draw started, and a draw in bounded steps
+//! The pool: one entry per user, a loser's `not_drawn`, no request running the draw (the
+//! drawer, reconcile, does), a full pool, no entry once the draw started, and a draw in bounded steps
 //! others run between; what the pool leaves is sold first come, first served.
 
-use crate::enter;
 use crate::fairness::tickets;
+use crate::{draw_started, enter};
 use axum::http::StatusCode;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol::purchase::Outcome;
@@ -29,14 +29,15 @@ on_both_redis!(
     a_full_pool_refuses_the_next_entrant_and_changes_nothing,
     no_entry_after_the_first_draw_step_whatever_the_clock,
     the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come,
-    losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw,
+    losers_read_not_drawn_and_a_purchase_before_the_drawer_ran_reserves_nothing,
 );
 
 /// The pool: one entry per user (a second attempt is `already_purchased`, the same request
 /// run twice is `queued` again), a wrong quantity refused as ever, no stock taken. After
-/// the window: a queued user asking for their status runs the draw (and sends nothing:
-/// reconcile's next run sends the winners); with fewer entrants than units every entrant wins
-/// and the rest is sold first come, first served; the draw run again changes nothing.
+/// the window: a queued user asking for their status reads `queued` and runs no step, a
+/// purchase answers `draw_running`; the drawer (reconcile's run) draws and sends the winners;
+/// with fewer entrants than units every entrant wins and the rest is sold first come, first
+/// served; the draw run again changes nothing.
 async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -81,17 +82,21 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     );
 
     close_draw_window(&env, a.id).await;
-    // Alice asks first: that runs the draw, and she is a winner (3 of 10 units asked).
-    assert_eq!(my_status(&app, &a, "alice").await, "pending");
-    assert_eq!(my_status(&app, &a, "carol").await, "pending");
-    assert_eq!(view::stock(&env.redis, a.id).await?, Some(7));
+    // Before the drawer runs: a status read is `queued` and a purchase waits; neither draws.
+    let before = snapshot(&env, a.id).await;
+    assert_eq!(my_status(&app, &a, "alice").await, "queued");
+    let (status, body) = buy(&app, &a, "bob", None).await;
     assert_eq!(
-        draw::unsent(&env.redis, a.id).await?,
-        2,
-        "a status read sends nothing"
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("draw_running")),
+        "{body}"
     );
+    assert_eq!(snapshot(&env, a.id).await, before, "no request ran a step");
+    assert!(!draw_started(&env, a.id).await?);
     let sent = env.reconcile().run(chrono::Utc::now()).await?;
     assert_eq!(sent.activity(a.id).unwrap().winners_sent, 2);
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(7));
+    assert_eq!(my_status(&app, &a, "carol").await, "pending");
     assert_eq!(consume_queue(&env).await?, 2);
     assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
 
@@ -121,10 +126,10 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
 }
 
 /// More entrants than units: the losers read `not_drawn`, final (their purchase after the
-/// draw is refused), the winners get their orders once reconcile's next run sent them. The
-/// first purchase after the window runs the draw and is itself served first come, first
-/// served.
-async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_draw(
+/// draw is refused), the winners get their orders once the drawer's run sent them. A purchase
+/// after the window and before the drawer ran answers `draw_running` and reserves nothing;
+/// after the draw it is served first come, first served.
+async fn losers_read_not_drawn_and_a_purchase_before_the_drawer_ran_reserves_nothing(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -138,14 +143,11 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
     let (status, body) = buy(&app, &a, "late", None).await;
     assert_eq!(
         (status, body["error"].as_str()),
-        (StatusCode::CONFLICT, Some("sold_out")),
+        (StatusCode::CONFLICT, Some("draw_running")),
         "{body}"
     );
-    assert_eq!(
-        draw::unsent(&env.redis, a.id).await?,
-        3,
-        "the purchase sends nothing"
-    );
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(3));
+    assert!(!draw_started(&env, a.id).await?);
     env.reconcile().run(chrono::Utc::now()).await?;
     assert_eq!(consume_queue(&env).await?, 3);
     let mut statuses = Vec::new();
@@ -168,12 +170,18 @@ async fn losers_read_not_drawn_and_the_first_purchase_after_the_window_runs_the_
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("already_purchased"))
     );
+    let (status, body) = buy(&app, &a, "late", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("sold_out")),
+        "{body}"
+    );
     invariants::check(&env, a.id).await?;
     Ok(())
 }
 
-/// A queued user asking for their status reads their entry `q`, and pauses; another buyer
-/// runs the draw meanwhile and the user wins. The answer is the winner's `pending`, never
+/// A queued user asking for their status reads their entry `q`, and pauses; the drawer runs
+/// the draw meanwhile and the user wins. The answer is the winner's `pending`, never
 /// `not_drawn`, which is final.
 async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
     kind: RedisKind,
@@ -189,12 +197,13 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
         tokio::spawn(async move { my_status(&app, &a, "alice").await })
     };
     assert!(paused.reached_within(Duration::from_secs(10)).await);
-    let (status, body) = buy(&app, &a, "bob", None).await;
-    assert_eq!(
-        status,
-        StatusCode::ACCEPTED,
-        "bob buys first come after the draw: {body}"
-    );
+    // The drawer, with reconcile's sends held: the winner's reservation stays `pending`.
+    let held = pause::arm("draw.drain.after_take", a.id);
+    let drawer = {
+        let env = env.clone();
+        tokio::spawn(async move { env.reconcile().run(chrono::Utc::now()).await })
+    };
+    assert!(held.reached_within(Duration::from_secs(10)).await);
     assert!(
         draw::pool_entry(&env.redis, a.id, "alice")
             .await?
@@ -203,6 +212,8 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
     );
     paused.resume();
     assert_eq!(asking.await?, "pending");
+    held.resume();
+    drawer.await??;
     Ok(())
 }
 
@@ -334,12 +345,12 @@ async fn no_entry_after_the_first_draw_step_whatever_the_clock(
 }
 
 /// The draw runs in steps of at most `STEP_TICKETS` tickets, each atomic, from a cursor in
-/// Redis. A purchase that finds the draw due runs it and is paused between its first two
-/// steps while others act: a direct purchase is told `draw_due` and changes nothing, an entry
-/// beyond the cursor is taken back (a 503's clean-up). Held past its budget, the purchase
-/// answers 409 `draw_running` with `Retry-After: 1` and reserves nothing; the rest of the draw
-/// runs in the background and in the test's own call at once. The winners are exactly the
-/// lowest tickets of the entries still in the pool, as many as the stock.
+/// Redis, by the drawer alone. The drawer (reconcile's run) is paused between its first two
+/// steps while others act: a direct purchase is told `draw_due` and changes nothing, a
+/// purchase through HTTP answers 409 `draw_running` with `Retry-After: 1`, reserves nothing and
+/// runs no step, a queued entrant's status read is `queued` and runs none either, an entry
+/// beyond the cursor is taken back (a 503's clean-up). The winners are exactly the lowest
+/// tickets of the entries still in the pool, as many as the stock.
 async fn the_draw_runs_in_bounded_steps_that_others_run_between(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -365,21 +376,22 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
     order.sort();
 
     let paused = pause::arm("draw.between_steps", a.id);
-    let latecomer = {
-        let app = app.clone();
-        let path = format!("/activities/{}/orders", a.id);
-        tokio::spawn(async move {
-            call_with_headers(&app, request("POST", &path, Some(("latecomer", "")), None)).await
-        })
+    let drawer = {
+        let env = env.clone();
+        tokio::spawn(async move { env.reconcile().run(chrono::Utc::now()).await })
     };
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     let k = env.redis.keys(a.id);
-    let at: i64 = env
-        .redis
-        .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawAt"))
-        .await?;
+    let cursor = || async {
+        let at: i64 = env
+            .redis
+            .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawAt"))
+            .await
+            .unwrap();
+        at
+    };
     assert_eq!(
-        at,
+        cursor().await,
         1 + draw::STEP_TICKETS as i64,
         "one step looked at STEP_TICKETS tickets"
     );
@@ -387,17 +399,9 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
     assert_eq!(stock_between, Some(stock - draw::STEP_TICKETS as i64));
 
     assert_eq!(enter(&env, a.id, "another").await, Outcome::DrawDue);
-    let taken_back = &order[draw::STEP_TICKETS + 5].1;
-    let entry = draw::pool_entry(&env.redis, a.id, taken_back)
-        .await?
-        .unwrap();
-    assert!(draw::leave(&env.redis, a.id, taken_back, entry.request_id).await?);
-    assert_eq!(view::stock(&env.redis, a.id).await?, stock_between);
-    // Past the purchase's budget for the draw.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    paused.resume();
-
-    let (status, headers, body) = latecomer.await?;
+    let path = format!("/activities/{}/orders", a.id);
+    let (status, headers, body) =
+        call_with_headers(&app, request("POST", &path, Some(("latecomer", "")), None)).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("draw_running")),
@@ -407,6 +411,21 @@ async fn the_draw_runs_in_bounded_steps_that_others_run_between(
         headers.get("retry-after").map(|v| v.to_str().unwrap()),
         Some("1")
     );
+    let beyond = &order[draw::STEP_TICKETS + 7].1;
+    assert_eq!(my_status(&app, &a, beyond).await, "queued");
+    assert_eq!(
+        cursor().await,
+        1 + draw::STEP_TICKETS as i64,
+        "no request ran a step"
+    );
+    let taken_back = &order[draw::STEP_TICKETS + 5].1;
+    let entry = draw::pool_entry(&env.redis, a.id, taken_back)
+        .await?
+        .unwrap();
+    assert!(draw::leave(&env.redis, a.id, taken_back, entry.request_id).await?);
+    assert_eq!(view::stock(&env.redis, a.id).await?, stock_between);
+    paused.resume();
+    drawer.await??;
     let rest = draw::draw(&env.redis, a.id, Duration::MAX).await?;
     assert!(rest.is_done(), "{rest:?}");
     let won: HashSet<String> = draw::pool(&env.redis, a.id)

@@ -188,8 +188,8 @@ async fn the_admission_rules_are_checked_and_fixed_once_the_sale_started(
 }
 
 /// The per-user rate counts attempts, not deliveries: the same script delivered twice past
-/// the rate answers as its first run did, and the first buyer after a draw window (told to
-/// run the draw, then asking again) is counted once.
+/// the rate answers as its first run did, and a buyer after a draw window told `draw_running`
+/// while the drawer has not run (again and again) is counted once, when the purchase runs.
 async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -220,6 +220,16 @@ async fn the_rate_counts_attempts_not_deliveries_nor_the_draw_retry(
         assert_eq!(decision, store::purchase::Answer::Queued { rank: 1 });
     }
     close_draw_window(&env, a.id).await;
+    // Told to come again while the draw is due: not an attempt, however often.
+    for _ in 0..3 {
+        let (status, body) = buy(&app, &a, "bob", None).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::CONFLICT, Some("draw_running")),
+            "{body}"
+        );
+    }
+    env.reconcile().run(chrono::Utc::now()).await?;
     let (status, body) = buy(&app, &a, "bob", None).await;
     assert_eq!(
         (status, body["status"].as_str()),

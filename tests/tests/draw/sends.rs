@@ -1,5 +1,5 @@
-//! After the draw: the purchase that ran it sends nothing and reconcile sends every winner,
-//! past the grace period too; a status read of a huge draw's entrant stays a cheap read;
+//! After the draw: a drawer's run that stopped after the steps leaves the winners to the next
+//! run, which sends every one, past the grace period too; a status read of a huge draw's entrant stays a cheap read;
 //! reconcile gives back nothing of a draw whose sends are late; a sale loaded again after its
 //! draw draws nobody again.
 
@@ -24,15 +24,16 @@ use testkit::{counting_pool, my_status, restore_entrants};
 on_both_redis!(
     a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
     a_sale_reloaded_after_its_draw_draws_nobody_again,
-    the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner,
+    a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back,
     reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
 );
 
-/// The first purchase after the window runs the draw and sends nothing (the entry neither
-/// records the outcome nor sends: reconcile does): the outbox keeps the winners, and
-/// reconcile, run once the draw's reservations are past the grace period, sends them instead
-/// of giving their units back. Every winner gets an order; the units balance.
-async fn the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner(
+/// A drawer's run that stopped after the draw's steps, before its sends (its time ran out,
+/// or it died): the outbox keeps the winners, and the next run, once the draw's reservations
+/// are past the grace period, sends them instead of giving their units back. A purchase
+/// meanwhile answers `draw_running` and runs no step. Every winner gets an order; the units
+/// balance.
+async fn a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -45,12 +46,18 @@ async fn the_purchase_that_draws_sends_nothing_and_reconcile_sends_every_winner(
         );
     }
     close_draw_window(&env, a.id).await;
-    assert_eq!(buy(&app, &a, "late", None).await.0, StatusCode::CONFLICT);
+    let (status, body) = buy(&app, &a, "late", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("draw_running")),
+        "{body}"
+    );
+    // The drawer's steps, and its run stops there.
     assert!(
         draw::draw(&env.redis, a.id, Duration::ZERO)
             .await?
             .is_done(),
-        "the purchase drew"
+        "one step draws 8 entrants"
     );
     assert_eq!(consume_queue(&env).await?, 0, "no winner sent");
     assert_eq!(draw::unsent(&env.redis, a.id).await?, 5);

@@ -69,8 +69,7 @@ async fn lose_and_reload(env: &TestEnv, a: &Activity) {
     .unwrap();
 }
 
-/// The ends every entrant reads once the draw ran (their status reads run it), reconcile's
-/// next run sent the winners and their messages are consumed: each is `confirmed` or
+/// The ends every entrant reads once the drawer (reconcile's run) drew and sent the winners and their messages are consumed: each is `confirmed` or
 /// `not_drawn`, exactly `stock` confirmed, and the orders in the database are those.
 async fn every_entrant_ends_drawn_or_not(
     env: &TestEnv,

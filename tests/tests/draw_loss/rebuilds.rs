@@ -9,6 +9,7 @@ use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::draw as drawing;
 use seckill_shared::store::draw::{self, Drawn};
 use std::sync::Arc;
@@ -200,7 +201,7 @@ async fn an_entry_kept_during_a_reload_is_in_the_pool_once(kind: RedisKind) -> a
 
 /// A rebuild of many entries paused between two chunks: the draw waits for it (a purchase
 /// after the window answers `draw_running`, an entrant from before the loss reads `queued`);
-/// resumed, the rebuild finishes and the draw runs over every entry. The purchase's 503
+/// resumed, the rebuild finishes and the draw runs over every entry. The drawer's 503
 /// clean-up meanwhile takes an old request of a user of the second chunk out of the pool (she
 /// was answered 503 once, then entered again): its tombstone does not keep her entry out.
 async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> anyhow::Result<()> {
@@ -234,6 +235,9 @@ async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> any
         "{body}"
     );
     assert_eq!(my_status(&app, &a, "u0").await, "queued");
+    // The drawer's clean-up of the 503 claims, before it would draw.
+    let (db, redis) = env.login(Function::Reconcile);
+    drawing::leave_unanswered(&redis, &db, a.id).await?;
     let k = env.redis.keys(a.id);
     let held: Option<String> = env
         .redis

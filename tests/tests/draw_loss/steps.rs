@@ -122,11 +122,11 @@ async fn a_loss_after_the_sends_orders_each_winner_once(kind: RedisKind) -> anyh
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
-    // A status read runs the draw; reconcile's next run records it and sends the winners.
-    assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
+    // A status read runs no step; the drawer's run draws, records and sends the winners.
+    assert_eq!(my_status(&app, &a, "e0").await, "queued");
+    send_winners(&env, &a).await;
     let first = winners_in_pool(&env, &a).await;
     assert_eq!(first.len(), 3);
-    send_winners(&env, &a).await;
 
     lose_and_reload(&env, &a).await;
     assert_eq!(winners_in_pool(&env, &a).await, first);
@@ -149,9 +149,9 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
     let before = dump_activity(&env, &a).await;
 
-    assert!(["pending", "not_drawn"].contains(&my_status(&app, &a, "e0").await.as_str()));
-    let first = winners_in_pool(&env, &a).await;
+    assert_eq!(my_status(&app, &a, "e0").await, "queued");
     send_winners(&env, &a).await;
+    let first = winners_in_pool(&env, &a).await;
     assert_eq!(consume_queue(&env).await?, 3);
 
     restore_activity(&env, &before).await;

@@ -3,8 +3,8 @@
 //! A draw sale (`--admission draw`) answers the crowd's purchases in its window `queued`. Once
 //! the window has closed, [`settle`] has every pool entrant ask `GET /activities/{id}/orders/me`
 //! until their status is final (`confirmed` for a winner once the consumer wrote the order,
-//! `not_drawn` for the rest; the first to ask after the window runs the draw if the crowd's
-//! late purchases did not), then reads the pool back from Redis: each entrant's arrival rank
+//! `not_drawn` for the rest), while reconcile, the drawer, runs each second as its schedule
+//! would (it draws, records and sends the winners), then reads the pool back from Redis: each entrant's arrival rank
 //! and whether they won. [`Fairness`] compares the winners' ranks with a uniform draw.
 //!
 //! For a first-come sale, [`first_come`] builds the same arrivals from the crowd's answers
@@ -36,6 +36,8 @@ pub const CHI_SQUARE_P001: [f64; 9] = [
 const POLL_CONCURRENCY: usize = 64;
 /// Pause between two rounds of polling the entrants not yet final.
 const POLL_PAUSE: Duration = Duration::from_millis(200);
+/// How often the demo runs reconcile (the drawer) while a draw's entrants poll.
+const DRAWER_EVERY: Duration = Duration::from_secs(1);
 
 /// What a draw sale's pool became.
 #[derive(Clone, Debug, Serialize)]
@@ -271,7 +273,20 @@ pub(super) async fn settle(
             tokens.len()
         ),
     );
-    let polled = poll_until_final(stage, activity.id, &tokens, opts.drain_timeout).await;
+    // The drawer is reconcile, on its schedule: the demo runs it each second while the
+    // entrants poll (its run after the drain then finds nothing left to draw or send).
+    let drawer = async {
+        loop {
+            if let Err(e) = stage.server.functions().reconcile(Utc::now()).await {
+                say(opts, &format!("reconcile failed: {e:#}"));
+            }
+            tokio::time::sleep(DRAWER_EVERY).await;
+        }
+    };
+    let polled = tokio::select! {
+        polled = poll_until_final(stage, activity.id, &tokens, opts.drain_timeout) => polled,
+        () = drawer => unreachable!("the drawer runs until the poll ends"),
+    };
     // Read again: the draw ran meanwhile and marked its winners.
     let pool = seckill_shared::store::draw::pool(&stage.redis, activity.id)
         .await
