@@ -7,7 +7,8 @@ from .model import Template, as_list, strings_in, target_of
 from .report import check
 
 
-# SendMessage for purchases; GetQueueAttributes for the deep health check. Both on the order queue only.
+# SendMessage for purchases and entries (it also authorizes SendMessageBatch, which a crowd's entries share);
+# GetQueueAttributes for the deep health check. Both on the order queue only.
 ENTRY_SQS_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes"}
 ENTRY_ACTIONS = ENTRY_SQS_ACTIONS | {"secretsmanager:GetSecretValue"}
 

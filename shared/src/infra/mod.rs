@@ -6,7 +6,8 @@
 //! - [`secret`]: secrets that redact themselves (`Debug` never prints one).
 //! - [`aws_secrets`]: credentials read from Secrets Manager at a cold start (AWS only).
 //! - [`db`]: the PostgreSQL pool, how it verifies the server, the roles, the migrations.
-//! - [`sqs`]: the SQS client and the order queue, with bounded sends.
+//! - [`sqs`]: the SQS client and the order queue, with bounded sends (a crowd's concurrent
+//!   sends sharing `SendMessageBatch` calls).
 //! - [`deadline`]: an invocation's deadline, from the Lambda context to this process's clock.
 //! - [`metrics`]: CloudWatch Embedded Metric Format lines.
 //! - [`payments`]: the payment provider, its webhook signature and its events.

@@ -31,7 +31,7 @@ pub enum Outcome {
     /// A draw sale's window is open: the user is in its pool with this arrival rank.
     Queued { rank: i64 },
     /// A draw sale's window has closed and its draw has not run (see
-    /// [`crate::protocol::draw`]): the caller runs it, sends its winners, and asks again.
+    /// [`crate::protocol::draw`]): the drawer runs it; the caller answers `draw_running`.
     DrawDue,
     /// Nothing was reserved.
     Refused(Refusal),
@@ -201,7 +201,8 @@ pub async fn send_entry(
     let sent = if pause::fail("entry.enter.send", activity_id) {
         Err(QueueError::Timeout(queue.timeout))
     } else {
-        queue.send(&message, activity_id).await
+        // A crowd's entries share `SendMessageBatch` calls; each waits for its own answer.
+        queue.send_coalesced(&message, activity_id).await
     };
     let Err(error) = sent else {
         return EntrySent::Queued;
@@ -210,7 +211,7 @@ pub async fn send_entry(
     match giveback::claim(pool, a, FailureReason::Unavailable).await {
         Ok(_) => {
             if let Err(e) = pool::leave(redis, activity_id, &a.user_id, request_id).await {
-                // The claim stands: the draw's callers take the entry out before the draw.
+                // The claim stands: the drawer takes the entry out before the draw.
                 tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
             }
             tracing::warn!(activity_id, %request_id, %error, "draw entry not sent; taken back");

@@ -3,9 +3,11 @@
 //! first served, a crash between the draw and the sends, reconcile against a late send, the
 //! stock the pool left, and the per-user purchase rate.
 //!
-//! [`fairness`] and a draw anyone can check, the [`pool`], the [`sends`] after a draw, an entry
+//! The [`door`] (a crowd's entries sharing batches), [`fairness`] and a draw anyone can check,
+//! the [`pool`], the [`sends`] after a draw, an entry
 //! answered 503 ([`unavailable`]), and the [`rules`] of admission.
 
+mod door;
 mod fairness;
 mod pool;
 mod rules;

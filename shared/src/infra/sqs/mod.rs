@@ -1,4 +1,9 @@
-//! The SQS client and the order queue, with bounded sends.
+//! The SQS client and the order queue, with bounded sends; a container's concurrent sends
+//! may share `SendMessageBatch` calls ([`coalesce`]).
+
+mod coalesce;
+
+pub use coalesce::Coalescer;
 
 use aws_sdk_sqs::Client;
 use serde::Serialize;
@@ -12,7 +17,7 @@ pub async fn sqs_client() -> Client {
     Client::new(&config)
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum QueueError {
     #[error("sending to the order queue timed out after {0:?}")]
     Timeout(Duration),
@@ -26,6 +31,8 @@ pub struct OrderQueue {
     pub client: Client,
     pub url: String,
     pub timeout: Duration,
+    /// The line of this queue's coalesced sends, shared by its clones.
+    pub coalesced: Coalescer,
 }
 
 impl OrderQueue {
@@ -34,7 +41,27 @@ impl OrderQueue {
             client,
             url: url.into(),
             timeout,
+            coalesced: Coalescer::default(),
         }
+    }
+
+    /// This queue with its coalesced sends on a line of their own of `slots` batches on
+    /// their way at most.
+    pub fn with_send_slots(mut self, slots: usize) -> Self {
+        self.coalesced = Coalescer::with_slots(slots);
+        self
+    }
+
+    /// Sends one message as JSON in the next `SendMessageBatch` of this container's
+    /// coalesced sends ([`Coalescer`]), and answers as [`OrderQueue::send`] would: an error
+    /// or a timeout means it may or may not have been enqueued.
+    pub async fn send_coalesced(
+        &self,
+        message: &impl Serialize,
+        scope: impl Display,
+    ) -> Result<(), QueueError> {
+        let body = serde_json::to_string(message).expect("queue messages serialize");
+        self.coalesced.send(self, body, scope.to_string()).await
     }
 
     /// Sends one message as JSON; an error or a timeout means it may or may not have been
@@ -74,16 +101,31 @@ impl OrderQueue {
         messages: &[impl Serialize],
         scope: impl Display,
     ) -> Result<Vec<usize>, QueueError> {
+        let bodies: Vec<String> = messages
+            .iter()
+            .map(|m| serde_json::to_string(m).expect("queue messages serialize"))
+            .collect();
+        let bodies: Vec<&str> = bodies.iter().map(String::as_str).collect();
+        let stored = self.send_bodies(&bodies).await?;
+        // Stored, but the caller never hears so: a send that times out after storing.
+        if crate::infra::pause::fail("queue.send.lost_reply", scope) {
+            return Err(QueueError::Timeout(self.timeout));
+        }
+        Ok(stored)
+    }
+
+    /// One `SendMessageBatch` of up to ten JSON bodies, bounded by the queue's timeout: the
+    /// indexes (into `bodies`) the queue confirmed stored.
+    async fn send_bodies(&self, bodies: &[&str]) -> Result<Vec<usize>, QueueError> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-        if messages.is_empty() {
+        if bodies.is_empty() {
             return Ok(Vec::new());
         }
-        let mut entries = Vec::with_capacity(messages.len());
-        for (i, m) in messages.iter().enumerate() {
-            let body = serde_json::to_string(m).expect("queue messages serialize");
+        let mut entries = Vec::with_capacity(bodies.len());
+        for (i, body) in bodies.iter().enumerate() {
             let entry = SendMessageBatchRequestEntry::builder()
                 .id(i.to_string())
-                .message_body(body)
+                .message_body(*body)
                 .build()
                 .map_err(|e| QueueError::Send(e.to_string()))?;
             entries.push(entry);
@@ -95,14 +137,11 @@ impl OrderQueue {
             .set_entries(Some(entries))
             .send();
         match tokio::time::timeout(self.timeout, send).await {
-            Ok(Ok(_)) if crate::infra::pause::fail("queue.send.lost_reply", scope) => {
-                Err(QueueError::Timeout(self.timeout))
-            }
             Ok(Ok(out)) => Ok(out
                 .successful()
                 .iter()
                 .filter_map(|ok| ok.id().parse::<usize>().ok())
-                .filter(|i| *i < messages.len())
+                .filter(|i| *i < bodies.len())
                 .collect()),
             Ok(Err(e)) => Err(QueueError::Send(
                 aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
