@@ -49,11 +49,11 @@ USERS: dict[str, dict] = {
     "seckill-entry": {
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
-            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "draw.lua", "pool_leave.lua",
+            "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "pool_leave.lua",
             "user_rate.lua",
         ],
-        # The public view, a user's ledger entry and pool entry, the buckets' stock. (A draw's
-        # record and sends are reconcile's: the entry only steps the draw.)
+        # The public view, a user's ledger entry and pool entry and a draw's state, the
+        # buckets' stock. (A draw is reconcile's alone: its steps, its record and its sends.)
         "commands": ["HGET", "HMGET", "HGETALL"],
     },
     "order-consumer": {

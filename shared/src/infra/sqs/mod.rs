@@ -101,6 +101,9 @@ impl OrderQueue {
         messages: &[impl Serialize],
         scope: impl Display,
     ) -> Result<Vec<usize>, QueueError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
         let bodies: Vec<String> = messages
             .iter()
             .map(|m| serde_json::to_string(m).expect("queue messages serialize"))
