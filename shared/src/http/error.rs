@@ -51,8 +51,8 @@ pub enum ApiError {
     /// 409 `conflict`: the request contradicts the current state (e.g. paying a cancelled order).
     #[error("{0}")]
     Conflict(String),
-    /// 409 `draw_running`, with `Retry-After: 1`: a draw sale's draw is being run in steps and
-    /// is not done yet; nothing was reserved.
+    /// 409 `draw_running`, with `Retry-After: 1`: a draw sale's window has closed and its
+    /// drawer (reconcile) has not finished the draw yet; nothing was reserved.
     #[error("the draw is running; retry in a second")]
     DrawRunning,
     /// 503 `unavailable`: Redis, the queue or the database is out of reach; safe to retry.
