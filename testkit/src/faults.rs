@@ -136,3 +136,19 @@ pub fn counting_pool(env: &TestEnv) -> (sqlx::PgPool, Arc<AtomicUsize>) {
         .expect("a well-formed URL");
     (pool, taken)
 }
+
+/// An order queue of `env`'s whose endpoint refuses every connection (a dead port), with a
+/// send timeout of a second.
+pub fn dead_queue(env: &TestEnv) -> seckill_shared::infra::sqs::OrderQueue {
+    let conf = env
+        .sqs
+        .config()
+        .to_builder()
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    seckill_shared::infra::sqs::OrderQueue::new(
+        aws_sdk_sqs::Client::from_conf(conf),
+        env.queue.url.clone(),
+        Duration::from_secs(1),
+    )
+}

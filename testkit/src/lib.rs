@@ -37,7 +37,7 @@ pub mod steps;
 pub use activities::{load_without_db, new_activity, ActivityBuilder};
 pub use env::{config, dlq_url, empty_database, fresh_database, fresh_queue, RedisKind, TestEnv};
 pub use faults::{
-    after_grace, age_reservations, close_draw_window, counting_pool, dead_pool,
+    after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, dead_queue,
     end_activity_by_hand, lose_activity, lose_field, set_db_stock_by_hand,
 };
 pub use functions::redis_acl_users;

@@ -3,7 +3,9 @@
 //! out of the pool) when the batch that carried it failed.
 
 use axum::http::StatusCode;
+use axum::Router;
 use futures::StreamExt;
+use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
 use seckill_shared::infra::sqs::OrderQueue;
@@ -12,12 +14,56 @@ use std::time::{Duration, Instant};
 use testkit::on_both_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
-use testkit::{buy, consume_queue, draw_entry_rows, order_rows};
+use testkit::{buy, consume_queue, dead_queue, draw_entry_rows, order_rows};
 
 on_both_redis!(
     a_crowds_entries_share_batches_and_each_waits_for_its_own,
     every_entry_of_a_failed_batch_is_answered_503_and_leaves_the_pool,
 );
+
+/// `n` entrants (`{prefix}0..`) of sale `a` through `app`, whose `queue` has one slot: the
+/// first one's batch is held before its call until the other `n - 1` wait for the slot, so
+/// they go in batches of ten after it. Answers every entrant's answer.
+async fn held_crowd(
+    app: &Router,
+    a: &Activity,
+    queue: &OrderQueue,
+    prefix: &str,
+    n: usize,
+) -> anyhow::Result<Vec<(StatusCode, serde_json::Value)>> {
+    let held = pause::arm("queue.coalesce.before_send", a.id);
+    let first = {
+        let (app, a, user) = (app.clone(), a.clone(), format!("{prefix}0"));
+        tokio::spawn(async move { buy(&app, &a, &user, None).await })
+    };
+    assert!(held.reached_within(Duration::from_secs(10)).await);
+    let rest = {
+        let (app, a, prefix) = (app.clone(), a.clone(), prefix.to_string());
+        tokio::spawn(async move {
+            futures::stream::iter(1..n)
+                .map(|i| {
+                    let (app, a, user) = (&app, &a, format!("{prefix}{i}"));
+                    async move { buy(app, a, &user, None).await }
+                })
+                .buffer_unordered(n)
+                .collect::<Vec<_>>()
+                .await
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while queue.coalesced.waiting() < n - 1 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        queue.coalesced.waiting(),
+        n - 1,
+        "the crowd waits for the slot"
+    );
+    held.resume();
+    let mut answers = vec![first.await?];
+    answers.extend(rest.await?);
+    Ok(answers)
+}
 
 /// Entries sent while every slot of the container's line is taken wait for the next batch.
 /// One slot, its first batch held before its call: the 24 entries that come meanwhile wait,
@@ -33,38 +79,7 @@ async fn a_crowds_entries_share_batches_and_each_waits_for_its_own(
     let app = env.entry_router_on(queue.clone(), |_| {});
     let a = env.draw_activity(5, 1).await?;
 
-    let held = pause::arm("queue.coalesce.before_send", a.id);
-    let first = {
-        let (app, a) = (app.clone(), a.clone());
-        tokio::spawn(async move { buy(&app, &a, "c0", None).await })
-    };
-    assert!(held.reached_within(Duration::from_secs(10)).await);
-    let rest = {
-        let (app, a) = (app.clone(), a.clone());
-        tokio::spawn(async move {
-            futures::stream::iter(1..CROWD)
-                .map(|i| {
-                    let (app, a) = (&app, &a);
-                    async move { buy(app, a, &format!("c{i}"), None).await }
-                })
-                .buffer_unordered(CROWD)
-                .collect::<Vec<_>>()
-                .await
-        })
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while queue.coalesced.waiting() < CROWD - 1 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        queue.coalesced.waiting(),
-        CROWD - 1,
-        "the crowd waits for the slot"
-    );
-    held.resume();
-
-    let mut answers = vec![first.await?];
-    answers.extend(rest.await?);
+    let answers = held_crowd(&app, &a, &queue, "c", CROWD).await?;
     for (status, body) in &answers {
         assert_eq!(
             (*status, body["status"].as_str()),
@@ -79,22 +94,6 @@ async fn a_crowds_entries_share_batches_and_each_waits_for_its_own(
     Ok(())
 }
 
-/// An order queue whose endpoint refuses every connection, its line of one slot.
-fn dead_queue(env: &TestEnv) -> OrderQueue {
-    let conf = env
-        .sqs
-        .config()
-        .to_builder()
-        .endpoint_url("http://127.0.0.1:9")
-        .build();
-    OrderQueue::new(
-        aws_sdk_sqs::Client::from_conf(conf),
-        env.queue.url.clone(),
-        Duration::from_secs(1),
-    )
-    .with_send_slots(1)
-}
-
 /// A crowd's entries on a dead queue: the batches that carried them fail, and each entrant
 /// hears it: 503, its request claimed `unavailable`, its entry out of the pool. Nothing is on
 /// the queue and nothing is kept.
@@ -103,36 +102,11 @@ async fn every_entry_of_a_failed_batch_is_answered_503_and_leaves_the_pool(
 ) -> anyhow::Result<()> {
     const CROWD: usize = 12;
     let env = TestEnv::new(kind).await?;
-    let queue = dead_queue(&env);
+    let queue = dead_queue(&env).with_send_slots(1);
     let app = env.entry_router_on(queue.clone(), |_| {});
     let a = env.draw_activity(5, 1).await?;
     // The first batch held before its call, so the rest of the crowd shares the next ones.
-    let held = pause::arm("queue.coalesce.before_send", a.id);
-    let first = {
-        let (app, a) = (app.clone(), a.clone());
-        tokio::spawn(async move { buy(&app, &a, "d0", None).await })
-    };
-    assert!(held.reached_within(Duration::from_secs(10)).await);
-    let crowd = {
-        let (app, a) = (app.clone(), a.clone());
-        tokio::spawn(async move {
-            futures::stream::iter(1..CROWD)
-                .map(|i| {
-                    let (app, a) = (&app, &a);
-                    async move { buy(app, a, &format!("d{i}"), None).await }
-                })
-                .buffer_unordered(CROWD)
-                .collect::<Vec<_>>()
-                .await
-        })
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while queue.coalesced.waiting() < CROWD - 1 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    held.resume();
-    let mut answers = vec![first.await?];
-    answers.extend(crowd.await?);
+    let answers = held_crowd(&app, &a, &queue, "d", CROWD).await?;
     for (status, body) in &answers {
         assert_eq!(status, &StatusCode::SERVICE_UNAVAILABLE, "{body}");
     }

@@ -3,7 +3,6 @@
 //! fast 503, never a hang.
 
 use axum::http::StatusCode;
-use seckill_shared::infra::sqs::OrderQueue;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::store::values::EntryKind;
@@ -14,28 +13,13 @@ use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
 use testkit::TestEnv;
-use testkit::{buy, snapshot};
+use testkit::{buy, dead_queue, snapshot};
 use uuid::Uuid;
 
 on_both_redis!(
     dead_queue_answers_503_and_gives_stock_and_quota_back,
     crash_between_script_and_send_leaves_the_reservation_in_the_ledger,
 );
-
-/// An order queue whose endpoint refuses every connection.
-fn dead_queue(env: &TestEnv) -> OrderQueue {
-    let conf = env
-        .sqs
-        .config()
-        .to_builder()
-        .endpoint_url("http://127.0.0.1:9")
-        .build();
-    OrderQueue::new(
-        aws_sdk_sqs::Client::from_conf(conf),
-        env.queue.url.clone(),
-        Duration::from_secs(1),
-    )
-}
 
 async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
     kind: RedisKind,
