@@ -4,7 +4,7 @@
 -- "Admin".
 --
 -- KEYS[1] meta   KEYS[2] lock (its holder's holds, see lock_acquire.lua)   KEYS[3] users
--- KEYS[4] ledger   KEYS[5] pool   KEYS[6] outbox   KEYS[7] tickets (a draw sale's)
+-- KEYS[4] ledger   KEYS[5] pool   KEYS[6] winners   KEYS[7] tickets (a draw sale's)
 -- ARGV[1] owner   ARGV[2] stock delta (may be negative)   ARGV[3] total stock
 -- ARGV[4] startMs   ARGV[5] endMs   ARGV[6] per-order limit   ARGV[7] config version
 -- ARGV[8] expireAtMs   ARGV[9] change id   ARGV[10] title   ARGV[11] drawEndMs (0: first

@@ -4,7 +4,7 @@
 -- so the order is fixed by the secret and nobody's arrival changes it), at most ARGV[1] of them
 -- per call from the cursor `drawAt` in the meta: an entrant whose entry is still queued, whose
 -- quantity fits the stock left and who holds nothing yet wins what a first-come purchase gets
--- (the field in `users`, an `r` reservation entry, the units) plus an outbox entry;
+-- (the field in `users`, an `r` reservation entry, the units) plus its entry in `winners`;
 -- any other is passed over. The draw is done when the stock is gone or every ticket was seen:
 -- the meta's `drawn` flag makes the losers final (their entries stay `q`: not drawn), and
 -- `drawCutoff` keeps the last ticket the draw looked at (every ticket above it lost). Each call
@@ -13,7 +13,7 @@
 -- The tickets are never removed during the draw (an entry taken back leaves the pool hash
 -- only), so the cursor's index always means the same ticket.
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox   KEYS[6] tickets
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners   KEYS[6] tickets
 -- ARGV[1] how many tickets this call may look at (>= 1)
 --
 -- Returns {code, winners, units, entrants (the pool's size), msLeft}:
@@ -61,7 +61,7 @@ if stock > 0 then
     if qty and qty <= stock and redis.call('HEXISTS', KEYS[2], user) == 0 then
       redis.call('HSET', KEYS[2], user, request_id)
       redis.call('HSET', KEYS[3], user, reservation(request_id, qty, now))
-      redis.call('HSET', KEYS[5], request_id, outbox_entry(user, qty, epoch))
+      redis.call('HSET', KEYS[5], request_id, winner_entry(user, qty, epoch))
       redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'w'))
       stock = stock - qty
       winners, units = winners + 1, units + qty

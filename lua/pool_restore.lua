@@ -12,9 +12,9 @@
 -- would shift every index after it, so the entry only waits in the pool for the draw's end
 -- (then `not_drawn`). A winner (`w`, restored from the recorded outcome) gets back what the
 -- draw gave it: the field in `users`, its reservation in the ledger (stamped now) and its
--- outbox entry; the load took its units from the stock already.
+-- entry in `winners`; the load took its units from the stock already.
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox   KEYS[6] tickets
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners   KEYS[6] tickets
 -- ARGV[1] the load epoch the caller read ('' = any)   ARGV[2] 'q' entries, 'w' winners
 -- ARGV[3] the loader's cursor after this chunk ('' = none; 'done' = the rebuild is whole: the
 --         cursor goes, and with ARGV[4] the draw is marked done and recorded)
@@ -46,7 +46,7 @@ for i = 5, #ARGV - 2, 3 do
     redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'w'))
     redis.call('HSET', KEYS[2], user, request_id)
     redis.call('HSET', KEYS[3], user, reservation(request_id, qty, now))
-    redis.call('HSET', KEYS[5], request_id, outbox_entry(user, qty, meta[1]))
+    redis.call('HSET', KEYS[5], request_id, winner_entry(user, qty, meta[1]))
     -- Its draw is recorded and never runs again: the ticket shifts no cursor.
     add_ticket(user)
     restored = restored + 1

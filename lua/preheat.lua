@@ -5,7 +5,7 @@
 -- meta from the database row; its `users` was rebuilt first (rebuild_users.lua).
 --
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] lock (or its stamp in this bucket)
--- KEYS[5] pool   KEYS[6] outbox   KEYS[7] tickets (a draw sale's)
+-- KEYS[5] pool   KEYS[6] winners   KEYS[7] tickets (a draw sale's)
 -- ARGV[1] stock to load (this bucket's share of the database's remaining)   ARGV[2] total
 -- ARGV[3] startMs   ARGV[4] endMs   ARGV[5] per-order limit   ARGV[6] config version
 -- ARGV[7] expireAtMs (sale end + buffer)   ARGV[8] lock owner   ARGV[9] load epoch

@@ -54,25 +54,10 @@ local function pool_fields(value)
   return string.match(value, '^([^|]+)|(%d+)|(%d+)|(%a)$')
 end
 
--- An outbox entry (under the winner's request id): the winner, its units and the load epoch
--- the draw ran under.
-local function outbox_entry(user, qty, epoch)
+-- A draw winner (under its request id, in the sale's `winners` until the database records the
+-- outcome): the winner, its units and the load epoch the draw ran under.
+local function winner_entry(user, qty, epoch)
   return user .. '|' .. qty .. '|' .. epoch
-end
-
--- An outbox entry's user, units and epoch (strings); nothing for no entry.
-local function outbox_fields(value)
-  return string.match(value, '^(.*)|(%d+)|(%d+)$')
-end
-
--- The outbox's lease (field `' lease'`): the drainer holding it, and until when (ms).
-local function lease_value(token, until_ms)
-  return token .. '|' .. until_ms
-end
-
--- A lease's holder and the ms it runs until (a string).
-local function lease_fields(value)
-  return string.match(value, '^([^|]*)|(%d+)$')
 end
 
 -- Writes the meta's stock as `stock`, moving the stock sequence on from `seq`, in one HSET

@@ -1,12 +1,12 @@
 -- rebuild_users.lua: one chunk of `users` of a sale Redis does not hold, before it is loaded
 -- (docs/invariants.md, "Load", step 3): only the lock owner, only while the meta is absent;
--- the first chunk empties `users`, the ledger and a draw sale's pool, tickets and outbox (a
+-- the first chunk empties `users`, the ledger and a draw sale's pool, tickets and winners (a
 -- draw's state without its meta, whose cursor and flag are gone, would run the draw again;
 -- the load rebuilds the pool from the database's entries and recorded outcome after
 -- preheat.lua), every chunk adds holders of live orders with their orders' request ids.
 --
 -- KEYS[1] users   KEYS[2] ledger   KEYS[3] meta   KEYS[4] lock (its holder's holds)
--- KEYS[5] pool   KEYS[6] tickets   KEYS[7] outbox
+-- KEYS[5] pool   KEYS[6] tickets   KEYS[7] winners
 -- ARGV[1] owner   ARGV[2] "first" for the first chunk, "more" after
 -- ARGV[3..] pairs: user id, the request id of the user's live order
 --

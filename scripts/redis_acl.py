@@ -53,7 +53,7 @@ USERS: dict[str, dict] = {
             "user_rate.lua",
         ],
         # The public view, a user's ledger entry and pool entry and a draw's state, the
-        # buckets' stock. (A draw is reconcile's alone: its steps, its record and its sends.)
+        # buckets' stock. (A draw is reconcile's alone: its steps, its record and its orders.)
         "commands": ["HGET", "HMGET", "HGETALL"],
     },
     "order-consumer": {
@@ -71,8 +71,8 @@ USERS: dict[str, dict] = {
     "reconcile": {
         "scripts": [
             "snapshot.lua", "fix_stock.lua", "drop_user.lua", "mark_users.lua", "mark_lost.lua",
-            "restore_user.lua", "give_back.lua", "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "outbox_take.lua",
-            "outbox_done.lua", "pool_leave.lua", "preheat.lua", "rebuild_users.lua", "unload.lua",
+            "restore_user.lua", "give_back.lua", "settle.lua", "cancel_begin.lua", "credit.lua", "draw.lua", "draw_settle.lua",
+            "pool_leave.lua", "preheat.lua", "rebuild_users.lua", "unload.lua",
             "pool_restore.lua",
             "lock_acquire.lua", "lock_renew.lua", "lock_release.lua", "lock_stamp.lua",
         ],

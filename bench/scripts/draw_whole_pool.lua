@@ -3,7 +3,7 @@
 -- shuffles it (Fisher-Yates from the caller's seed) and walks it, so its time grows with the pool.
 --
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] outbox
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners
 -- ARGV[1] random seed (an integer below 2^31; the caller draws it from the OS's generator)
 --
 -- Returns {code, winners, units, entrants (the pool's size), msLeft}:

@@ -2,7 +2,7 @@
 -- (the baseline of make bench's reconcile section): every ledger entry in one script, its cost
 -- growing with the ledger.
 --
--- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] outbox (a draw sale's)
+-- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] winners (a draw sale's)
 --
 -- Returns {loaded (1: the meta exists), stock (-1: none), participants (the users' fields),
 -- ledger (flat: user, entry, ...), seq (the stock sequence), unsent (the request ids in the

@@ -37,14 +37,20 @@ const WHOLE_POOL: &str = include_str!("../scripts/draw_whole_pool.lua");
 #[serde(rename_all = "camelCase")]
 pub struct DrawRow {
     pub entrants: usize,
-    /// `steps` (lua/draw.lua) or `whole pool` (the baseline).
+    /// `steps` (lua/draw.lua), `whole pool` (the baseline), `rebuild` (the pool put back
+    /// from the database) or `drawer` (reconcile's whole part: the steps, the record and the
+    /// winners' orders, with a tenth of the entrants in units).
     pub draw: &'static str,
     pub stock: i64,
     /// Script calls the draw took.
     pub calls: usize,
     pub winners: i64,
-    /// The longest single call, server time (the slow log), µs.
+    /// The longest single call, server time (the slow log), µs: of the row's script, or for
+    /// the drawer of any command.
     pub longest_script_us: u64,
+    /// The drawer's longest database transaction (the record, or a chunk of orders with its
+    /// settle), wall clock, ms; its longest statement is no longer.
+    pub longest_transaction_ms: Option<f64>,
     /// The whole draw, wall clock, ms.
     pub draw_ms: f64,
     /// PINGs answered while the draw ran, and the slowest of them, ms.
@@ -174,7 +180,7 @@ async fn one_size(
             (&k.users, &twin.users),
             (&k.ledger, &twin.ledger),
             (&k.pool, &twin.pool),
-            (&k.outbox, &twin.outbox),
+            (&k.winners, &twin.winners),
         ] {
             let _: i64 = redis::cmd("COPY")
                 .arg(from)
@@ -187,13 +193,13 @@ async fn one_size(
         let mut con = client.get_multiplexed_async_connection().await?;
         // The whole-pool draw of a large pool runs for seconds.
         con.set_response_timeout(Duration::from_secs(120));
-        let measured = measure(client, admin, &sha, || async {
+        let measured = measure(client, admin, Some(&sha), || async {
             let answer: Vec<i64> = script
                 .key(&twin.meta)
                 .key(&twin.users)
                 .key(&twin.ledger)
                 .key(&twin.pool)
-                .key(&twin.outbox)
+                .key(&twin.winners)
                 .arg(rand::random::<u32>() >> 1)
                 .invoke_async(&mut con)
                 .await?;
@@ -204,7 +210,7 @@ async fn one_size(
     }
 
     let sha = seckill_shared::store::scripts::DRAW.get_hash().to_string();
-    let measured = measure(client, admin, &sha, || async {
+    let measured = measure(client, admin, Some(&sha), || async {
         let mut calls = 0;
         let mut winners = 0;
         loop {
@@ -237,7 +243,7 @@ async fn one_size(
     let sha = seckill_shared::store::scripts::POOL_RESTORE
         .get_hash()
         .to_string();
-    let measured = measure(client, admin, &sha, || async {
+    let measured = measure(client, admin, Some(&sha), || async {
         load::load_under_lock(
             redis,
             pool,
@@ -260,7 +266,107 @@ async fn one_size(
     })
     .await?;
     rows.push(row(n, "rebuild", measured, &entered, bytes_per_entrant));
+    rows.push(
+        drawer(
+            client,
+            admin,
+            config,
+            redis,
+            pool,
+            activity.id,
+            n,
+            &entered,
+            bytes_per_entrant,
+        )
+        .await?,
+    );
     Ok(rows)
+}
+
+/// The drawer at `n` entrants with a tenth of them in units: the sale's stock raised in the
+/// database, the sale lost and loaded again (its pool rebuilt whole, not measured), the window
+/// closed; then, measured, what reconcile's draw part does: the draw's steps, the record of
+/// its outcome, and the winners' orders chunk by chunk, each chunk's transaction timed.
+#[allow(clippy::too_many_arguments)]
+async fn drawer(
+    client: &redis::Client,
+    admin: &mut MultiplexedConnection,
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    id: i64,
+    n: usize,
+    entered: &util::Run,
+    bytes_per_entrant: f64,
+) -> anyhow::Result<DrawRow> {
+    let units = (n / 10) as i64;
+    sqlx::query(
+        "update activities set total_stock = $2::bigint, remaining_stock = $2::bigint where id = $1",
+    )
+    .bind(id)
+    .bind(units)
+    .execute(pool)
+    .await?;
+    testkit::lose_activity(redis, id).await?;
+    let far = || std::time::Instant::now() + Duration::from_secs(60);
+    load::load_under_lock(redis, pool, config, id, far()).await?;
+    while !drawing::rebuild(redis, pool, id, far()).await?.done {}
+    let k = redis.keys(id);
+    let past = chrono::Utc::now().timestamp_millis() - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&k.meta)
+        .arg("drawEndMs")
+        .arg(past)
+        .query_async(admin)
+        .await?;
+    let longest = std::sync::Mutex::new(Duration::ZERO);
+    let timed = |took: Duration| {
+        let mut l = longest.lock().expect("not poisoned");
+        *l = (*l).max(took);
+    };
+    let measured = measure(client, admin, None, || async {
+        let mut calls = 0;
+        let mut winners = 0;
+        loop {
+            calls += 1;
+            match draw::draw(redis, id, Duration::from_secs(60)).await? {
+                Drawn::Running { winners: w, .. } => winners += w,
+                Drawn::Now { winners: w, .. } => {
+                    winners += w;
+                    break;
+                }
+                other => anyhow::bail!("the draw answered {other:?}"),
+            }
+        }
+        let started = Instant::now();
+        drawing::record(redis, pool, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the draw was not recorded"))?;
+        timed(started.elapsed());
+        let mut ordered = 0;
+        loop {
+            calls += 1;
+            let started = Instant::now();
+            // One chunk a call: its deadline is now.
+            let w = drawing::write_orders(redis, pool, id, Some(std::time::Instant::now())).await?;
+            timed(started.elapsed());
+            ordered += w.ordered;
+            if w.written {
+                break;
+            }
+        }
+        anyhow::ensure!(
+            ordered as i64 == winners,
+            "{ordered} orders for {winners} winners"
+        );
+        anyhow::Ok((calls, winners))
+    })
+    .await?;
+    let mut r = row(n, "drawer", measured, entered, bytes_per_entrant);
+    r.stock = units;
+    r.longest_transaction_ms =
+        Some(longest.into_inner().expect("not poisoned").as_secs_f64() * 1e3);
+    Ok(r)
 }
 
 /// What one draw cost.
@@ -287,6 +393,7 @@ fn row(
         calls: m.calls,
         winners: m.winners,
         longest_script_us: m.longest_us,
+        longest_transaction_ms: None,
         draw_ms: m.draw_ms,
         pings: m.pings,
         ping_max_ms: m.ping_max_ms,
@@ -302,11 +409,12 @@ fn row(
 }
 
 /// Runs `draw` (answering its calls and winners) with the slow log emptied before and a PING
-/// loop beside it; the longest slow-log entry of the script `sha` is its longest call.
+/// loop beside it; the longest slow-log entry of the script `sha` (`None`: of any command) is
+/// its longest call.
 async fn measure<F, Fut>(
     client: &redis::Client,
     admin: &mut MultiplexedConnection,
-    sha: &str,
+    sha: Option<&str>,
     draw: F,
 ) -> anyhow::Result<Measured>
 where
@@ -348,7 +456,10 @@ where
                 redis::Value::BulkString(b) => String::from_utf8_lossy(b).to_lowercase(),
                 _ => String::new(),
             };
-            let ours = args.len() > 1 && text(&args[0]) == "evalsha" && text(&args[1]) == sha;
+            let ours = match sha {
+                Some(sha) => args.len() > 1 && text(&args[0]) == "evalsha" && text(&args[1]) == sha,
+                None => !args.is_empty() && text(&args[0]) != "ping",
+            };
             ours.then_some(micros)
         })
         .max()

@@ -115,7 +115,7 @@ pub async fn run(client: &redis::Client, sizes: &Sizes) -> anyhow::Result<Vec<Re
                 .key(&k.meta)
                 .key(&k.users)
                 .key(&k.ledger)
-                .key(&k.outbox)
+                .key(&k.winners)
                 .invoke_async(&mut con)
                 .await?;
             anyhow::Ok((0, false))

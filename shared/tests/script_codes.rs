@@ -28,7 +28,6 @@ fn coded() -> Vec<(&'static str, &'static [(&'static str, i64)])> {
         (repair::DropUserCode::SCRIPT, repair::DropUserCode::ALL),
         (repair::RestoreCode::SCRIPT, repair::RestoreCode::ALL),
         (draw::DrawCode::SCRIPT, draw::DrawCode::ALL),
-        (draw::TakeCode::SCRIPT, draw::TakeCode::ALL),
         (draw::LeaveCode::SCRIPT, draw::LeaveCode::ALL),
         (draw::RestoreCode::SCRIPT, draw::RestoreCode::ALL),
         (lock::AcquireCode::SCRIPT, lock::AcquireCode::ALL),
@@ -44,7 +43,7 @@ const DATA: &[&str] = &[
     "snapshot.lua",
     "mark_users.lua",
     "mark_lost.lua",
-    "outbox_done.lua",
+    "draw_settle.lua",
 ];
 
 /// `NotFound` → `NOT_FOUND`.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Redis loses a sale, as after a restart with no data: its meta (with the stock), users,
-/// ledger and a draw sale's pool, tickets and outbox go (the lock and the fencing counter
+/// ledger and a draw sale's pool, tickets and winners go (the lock and the fencing counter
 /// stay).
 pub async fn lose_activity(redis: &Redis, activity_id: i64) -> anyhow::Result<()> {
     let k = redis.keys(activity_id);
@@ -23,7 +23,7 @@ pub async fn lose_activity(redis: &Redis, activity_id: i64) -> anyhow::Result<()
                 .arg(&k.users)
                 .arg(&k.ledger)
                 .arg(&k.pool)
-                .arg(&k.outbox)
+                .arg(&k.winners)
                 .arg(&k.tickets),
         )
         .await?;

@@ -413,6 +413,7 @@ fn draw_rows() -> Vec<crate::draw::DrawRow> {
             calls,
             winners: 1_000,
             longest_script_us,
+            longest_transaction_ms: None,
             draw_ms,
             pings: 420,
             ping_max_ms: 1.234,

@@ -126,8 +126,8 @@ impl Reconcile {
             };
             match rows.get(&request_id) {
                 Some(row) => self.apply_decided(row, r).await?,
-                // A draw's winner whose message waits in the outbox: not late, only unsent.
-                None if snap.is_unsent(&e.id) => {}
+                // A draw's winner whose order the drawer has not written yet: not late.
+                None if snap.held => {}
                 None if is_stale(e, now, self.config.reconcile_grace) => {
                     self.give_back_stale(bucket, e, request_id, now, r).await?
                 }

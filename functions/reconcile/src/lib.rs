@@ -3,7 +3,7 @@
 //! the invocation's start and ending before its deadline ([`budget`]): first the release of
 //! unpaid orders past the payment timeout ([`release`]), then for every sale running or ended
 //! within the key expiry buffer, each in its share: a draw sale's draw part ([`draw`]: its
-//! rebuild, draw and sends), the snapshot (a running sale Redis lost is loaded again), the
+//! rebuild, draw, record and winners' orders), the snapshot (a running sale Redis lost is loaded again), the
 //! ledger's repairs ([`ledger`]), orphan users ([`orphans`]) and the lost fields of live
 //! orders' holders ([`fields`]), the database against itself and Redis's stock against the
 //! database ([`stock`]), and the numbers ([`report`]). Every Redis change is one guarded script
@@ -15,7 +15,6 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use seckill_shared::domain::activity::{self, Activity, Phase};
 use seckill_shared::infra::shape::Function;
-use seckill_shared::infra::sqs::{self, OrderQueue};
 use seckill_shared::protocol::load;
 use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
@@ -49,8 +48,6 @@ pub struct Reconcile {
     config: Config,
     pool: PgPool,
     redis: Redis,
-    /// The order queue, for a draw sale's winners (built on first use: most runs send nothing).
-    queue: tokio::sync::OnceCell<OrderQueue>,
 }
 
 impl Reconcile {
@@ -59,21 +56,7 @@ impl Reconcile {
             config: context.config,
             pool: context.pool,
             redis: context.redis,
-            queue: tokio::sync::OnceCell::new(),
         }
-    }
-
-    async fn queue(&self) -> &OrderQueue {
-        self.queue
-            .get_or_init(|| async {
-                let client = sqs::sqs_client().await;
-                OrderQueue::new(
-                    client,
-                    &self.config.order_queue_url,
-                    self.config.sqs_timeout,
-                )
-            })
-            .await
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
@@ -176,7 +159,7 @@ impl Reconcile {
         // Before the snapshot, so that the ledger it reads shows every sent reservation
         // restamped.
         if a.draw_end_ms() > 0 {
-            self.draw_and_send(a, share.first_half(), &mut r).await?;
+            self.draw_and_order(a, share.first_half(), &mut r).await?;
         }
 
         // The snapshot; a running sale missing from Redis is loaded now.

@@ -77,11 +77,11 @@ pub struct ActivityReport {
     pub preheated: bool,
     /// This run drew a draw sale's winners (nobody had since its window closed).
     pub drawn: bool,
-    /// Order messages of a draw's winners this run sent from the outbox.
-    pub winners_sent: usize,
-    /// A draw's winners still in the outbox after this run's sends: the next run sends them
-    /// (never given back meanwhile: an unsent reservation is not late).
-    pub winners_unsent: i64,
+    /// Orders of a draw's winners this run wrote from the recorded outcome.
+    pub winners_ordered: usize,
+    /// A drawn sale whose winners' orders are not all written after this run: the next run
+    /// goes on from the record's cursor (their reservations are never given back meanwhile).
+    pub orders_pending: bool,
     /// Entries of a draw's pool answered 503 and left there, taken out by this run.
     pub pool_left: usize,
     /// Entries and winners of a draw's pool put back from the database by this run (a
@@ -183,8 +183,8 @@ impl ActivityReport {
             activity_id,
             preheated: false,
             drawn: false,
-            winners_sent: 0,
-            winners_unsent: 0,
+            winners_ordered: 0,
+            orders_pending: false,
             pool_left: 0,
             pool_rebuilt: 0,
             draw_reloaded: false,
@@ -236,7 +236,7 @@ impl ActivityReport {
         };
         self.repairs = self.compensated
             + usize::from(self.drawn)
-            + self.winners_sent
+            + self.winners_ordered
             + self.pool_left
             + self.pool_rebuilt
             + usize::from(self.draw_reloaded)

@@ -215,12 +215,17 @@ pub enum Recorded {
     Stale,
 }
 
+/// Winners one statement of [`record`] inserts (or checks, for a second record): about 50 ms
+/// of server time, so that a record of 10⁵ winners is twenty bounded statements.
+pub const RECORD_STATEMENT: usize = 5000;
+
 /// Records the outcome of sale `activity_id`'s draw (its `cutoff` and `winners`), run under
-/// load `epoch`, in one transaction, before any winner is sent. Only while the sale's load
-/// epoch is still `epoch`, read under a share lock: a load from scratch bumps it before it
-/// reads what is recorded, so it either waits for this commit and loads the outcome, or came
-/// first and this draw is not recorded. A sale's outcome is written once: a second record only
-/// checks that its winners are the first's.
+/// load `epoch`, in one transaction of statements of [`RECORD_STATEMENT`] winners each. Only
+/// while the sale's load epoch is still `epoch`, read under a share lock: a load from scratch
+/// bumps it before it reads what is recorded, so it either waits for this commit and loads
+/// the outcome, or came first and this draw is not recorded. A sale's outcome is written once
+/// (a second record waits on the first's row, then only checks that its winners are the
+/// first's).
 pub async fn record(
     db: &PgPool,
     activity_id: i64,
@@ -251,36 +256,175 @@ pub async fn record(
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    let ids: Vec<Uuid> = winners.iter().map(|w| w.request_id).collect();
     if inserted == 0 {
-        let known = sqlx::query_scalar!(
-            r#"select count(*) as "n!" from draw_winners
-               where activity_id = $1 and request_id = any($2::uuid[])"#,
-            activity_id,
-            &ids
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        let unrecorded = ids.len().saturating_sub(known as usize);
+        let mut unrecorded = 0;
+        for part in winners.chunks(RECORD_STATEMENT) {
+            let ids: Vec<Uuid> = part.iter().map(|w| w.request_id).collect();
+            let known = sqlx::query_scalar!(
+                r#"select count(*) as "n!" from draw_winners
+                   where activity_id = $1 and request_id = any($2::uuid[])"#,
+                activity_id,
+                &ids
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            unrecorded += ids.len().saturating_sub(known as usize);
+        }
         return Ok(if unrecorded == 0 {
             Recorded::Same
         } else {
             Recorded::Diverged { unrecorded }
         });
     }
-    let users: Vec<String> = winners.iter().map(|w| w.user_id.clone()).collect();
-    let quantities: Vec<i64> = winners.iter().map(|w| w.quantity).collect();
-    sqlx::query!(
-        "insert into draw_winners (request_id, activity_id, user_id, quantity)
-         select w.request_id, $1, w.user_id, w.quantity
-         from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)",
+    for part in winners.chunks(RECORD_STATEMENT) {
+        let ids: Vec<Uuid> = part.iter().map(|w| w.request_id).collect();
+        let users: Vec<String> = part.iter().map(|w| w.user_id.clone()).collect();
+        let quantities: Vec<i64> = part.iter().map(|w| w.quantity).collect();
+        sqlx::query!(
+            "insert into draw_winners (request_id, activity_id, user_id, quantity)
+             select w.request_id, $1, w.user_id, w.quantity
+             from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)",
+            activity_id,
+            &ids,
+            &users,
+            &quantities
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(Recorded::New)
+}
+
+/// What one [`write_orders`] chunk did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The outcome is not recorded: nothing was written.
+    pub unrecorded: bool,
+    /// Winners whose `confirmed` order this chunk inserted, their units taken from the stock.
+    pub ordered: Vec<Entry>,
+    /// Winners of the chunk whose request, or whose user, held an order row already (a claim
+    /// after a 503, a give-back, another order of the user): the caller applies each.
+    pub skipped: Vec<Entry>,
+    /// Every recorded winner has its order row now (or had before this call).
+    pub done: bool,
+}
+
+/// Writes the orders of the next `limit` recorded winners of sale `activity_id` after the
+/// outcome's cursor, in one transaction: the outcome's row locked (a second writer waits,
+/// then goes on from where this one left), the page read by the index, one `confirmed` order
+/// per winner whose request and user hold none (the request id is the claim), one update of
+/// the sale's stock by their units (held by the record since the draw: a winner's order
+/// commits under any load epoch), and the cursor moved past the page; the chunk that finds
+/// fewer than `limit` winners after it marks the orders written.
+pub async fn write_orders(
+    db: &PgPool,
+    activity_id: i64,
+    limit: i64,
+) -> Result<Written, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let Some(at) = sqlx::query!(
+        "select written_after, written_at from draw_outcomes where activity_id = $1 for update",
+        activity_id
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(Written {
+            unrecorded: true,
+            ..Written::default()
+        });
+    };
+    if at.written_at.is_some() {
+        return Ok(Written {
+            done: true,
+            ..Written::default()
+        });
+    }
+    let page: Vec<Entry> = sqlx::query!(
+        "select request_id, user_id, quantity from draw_winners
+         where activity_id = $1 and ($2::uuid is null or request_id > $2)
+         order by request_id
+         limit $3",
+        activity_id,
+        at.written_after,
+        limit
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| Entry {
+        request_id: r.request_id,
+        user_id: r.user_id,
+        quantity: r.quantity,
+    })
+    .collect();
+    let ids: Vec<Uuid> = page.iter().map(|w| w.request_id).collect();
+    let users: Vec<String> = page.iter().map(|w| w.user_id.clone()).collect();
+    let quantities: Vec<i64> = page.iter().map(|w| w.quantity).collect();
+    // No conflict target: a request that has a row and a user who holds a live order are
+    // both passed over here, and told apart by the caller.
+    let inserted: std::collections::HashSet<Uuid> = sqlx::query_scalar!(
+        r#"insert into orders (request_id, activity_id, user_id, quantity, status)
+           select w.request_id, $1, w.user_id, w.quantity, 'confirmed'
+           from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)
+           on conflict do nothing
+           returning request_id"#,
         activity_id,
         &ids,
         &users,
         &quantities
     )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
+    let (ordered, skipped): (Vec<Entry>, Vec<Entry>) = page
+        .iter()
+        .cloned()
+        .partition(|w| inserted.contains(&w.request_id));
+    let units: i64 = ordered.iter().map(|w| w.quantity).sum();
+    if units > 0 {
+        sqlx::query!(
+            "update activities set remaining_stock = remaining_stock - $2, updated_at = now()
+             where id = $1",
+            activity_id,
+            units
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    let done = (page.len() as i64) < limit;
+    sqlx::query!(
+        "update draw_outcomes
+         set written_after = coalesce($2, written_after),
+             written_at = case when $3 then now() end
+         where activity_id = $1",
+        activity_id,
+        page.last().map(|w| w.request_id),
+        done
+    )
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Recorded::New)
+    Ok(Written {
+        unrecorded: false,
+        ordered,
+        skipped,
+        done,
+    })
+}
+
+/// Whether every recorded winner of sale `activity_id` has its order row (`None`: its draw is
+/// not recorded).
+pub async fn orders_written(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select written_at is not null as "written!" from draw_outcomes where activity_id = $1"#,
+        activity_id
+    )
+    .fetch_optional(db)
+    .await
 }

@@ -45,10 +45,6 @@ pub enum MessageKind {
     /// An entry of a draw sale's pool, answered 202 `queued`: the consumer keeps it in the
     /// database, so that a pool Redis loses is rebuilt with it.
     Entry,
-    /// A draw's winner, sent after the outcome was recorded: the consumer writes its order,
-    /// whose units the record holds (no ledger or load epoch check: a Redis that lost the
-    /// sale since loads it with those units left out of its stock).
-    Winner,
 }
 
 /// The message as JSON: one flat object, camelCase, unknown fields refused; `buckets` absent

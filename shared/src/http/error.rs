@@ -15,7 +15,6 @@ use crate::domain::refusal::Refusal;
 use crate::domain::settings::Invalid;
 use crate::protocol::admin::ChangeError;
 use crate::protocol::cancel::CancelError;
-use crate::protocol::draw::DrawError;
 use crate::protocol::lock::LockError;
 use crate::store::conn::StoreError;
 
@@ -229,18 +228,6 @@ impl From<CancelError> for ApiError {
         match e {
             CancelError::Db(d) => d.into(),
             CancelError::Store(c) => c.into(),
-        }
-    }
-}
-
-/// A draw that could not run (Redis, the database) is a 503: nothing was reserved.
-impl From<DrawError> for ApiError {
-    fn from(e: DrawError) -> Self {
-        match e {
-            DrawError::Store(c) => c.into(),
-            DrawError::Db(d) => d.into(),
-            DrawError::Queue(q) => ApiError::unavailable("order queue", q),
-            e @ DrawError::Diverged { .. } => ApiError::Internal(e.into()),
         }
     }
 }

@@ -104,13 +104,9 @@ pub async fn decide(
     // committing would sell them twice. It fails. This read is a shortcut, not a guard: what
     // holds is the claim (the order insert below) against every give-back, and the load epoch
     // in the stock update against a Redis that lost the entry after this read.
-    // A draw's winner is held by the recorded outcome instead: a Redis that lost the sale
-    // loads it with the winner's units left out and its reservation put back.
-    if m.kind != MessageKind::Winner {
-        let entry = ledger::entry(redis, m.home(), &m.attempt.user_id).await?;
-        if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
-            return refuse(pool, redis, m, FailureReason::ReservationExpired).await;
-        }
+    let entry = ledger::entry(redis, m.home(), &m.attempt.user_id).await?;
+    if entry.and_then(|e| e.request_id()) != Some(m.attempt.request_id) {
+        return refuse(pool, redis, m, FailureReason::ReservationExpired).await;
     }
 
     // The order transaction; its insert is the claim.

@@ -1,32 +1,34 @@
-//! A draw sale's draw and its sends. One actor runs a draw to its end: reconcile's run
+//! A draw sale's draw and its orders. One actor runs a draw to its end: reconcile's run
 //! ([`drive`]), the drawer: the entries answered 503 leave the pool, the draw runs if it is
-//! due, its outcome is recorded in the database, and the outbox's winners are sent at least
-//! once ([`drain`]: record, take, send, done), each bounded by the sale's share of the run and
-//! resumed by the next. A request never runs a step: a purchase after the window answers
-//! `draw_running` until the draw is done, a queued entrant's status read reads Redis alone. A
-//! load from scratch rebuilds the pool from the database first ([`rebuild`]).
+//! due, its outcome is recorded in the database ([`record`]), and the winners' orders are
+//! written from the record in chunks ([`write_orders`]), each chunk's reservations settled in
+//! Redis by one script; each part bounded by the sale's share of the run and resumed by the
+//! next. No winner crosses the queue. A request never runs a step: a purchase after the window
+//! answers `draw_running` until the draw is done, a queued entrant's status read reads Redis
+//! alone. A load from scratch rebuilds the pool from the database first ([`rebuild`]).
 //! docs/invariants.md, "Draw admission".
 
-use crate::domain::draw::{self as kept, Recorded};
+use crate::domain::draw::{self as kept, Entry, Recorded};
 use crate::domain::order;
-use crate::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use crate::domain::purchase::Attempt;
+use crate::domain::status::FailureReason;
 use crate::infra::pause;
-use crate::infra::sqs::{OrderQueue, QueueError};
+use crate::protocol::giveback::{self, GiveBackError};
 use crate::store::conn::{Redis, StoreError};
-use crate::store::draw::{self, Drawn, Restore, RestoreCursor, Take, Taken};
+use crate::store::draw::{self, Drawn, Restore, RestoreCursor};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrawError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error(transparent)]
     Db(#[from] sqlx::Error),
-    /// Redis holds a draw whose winners are not the recorded outcome's: nothing is sent.
+    #[error(transparent)]
+    GiveBack(#[from] GiveBackError),
+    /// Redis holds a draw whose winners are not the recorded outcome's: no order is written
+    /// from it.
     #[error("the draw in Redis is not the recorded one ({unrecorded} winners not in the record)")]
     Diverged { unrecorded: usize },
 }
@@ -37,26 +39,24 @@ pub struct DrawRun {
     pub drawn: Drawn,
     /// Entries answered 503 taken out of the pool before the draw.
     pub left: usize,
-    /// Winners' order messages the queue confirmed.
-    pub sent: usize,
-    /// Winners still in the outbox after this run's sends (0 while the draw is not done):
-    /// the next run sends them.
-    pub unsent: i64,
-    /// Redis holds a draw whose winners are not the recorded outcome's: nothing was sent, and
-    /// the sale must be loaded from scratch (which puts the recorded outcome back).
+    /// Winners' orders this run wrote.
+    pub ordered: usize,
+    /// Every winner has its order row (false while the draw is not done): else the next run
+    /// goes on from the record's cursor.
+    pub written: bool,
+    /// Redis holds a draw whose winners are not the recorded outcome's: no order was written,
+    /// and the sale must be loaded from scratch (which puts the recorded outcome back).
     pub diverged: bool,
 }
 
 /// Reconcile's part in a draw sale, until `until` (the end of the sale's share of the run):
-/// the entries answered 503 leave the pool, the draw's steps if it is due, then the
-/// outbox's sends, in rounds of [`TAKE`] while time is left ([`drain_until`]). Each part does
-/// its least (a step, a round) whatever the time; what is left, draw steps or unsent winners,
-/// the next run goes on with. A failed send leaves its winners in the outbox for the next run
-/// (it is logged, not an error); a draw that cannot run is.
+/// the entries answered 503 leave the pool, the draw's steps if it is due, the record of its
+/// outcome, then the winners' orders in chunks of [`ORDER_CHUNK`] while time is left. Each part
+/// does its least (a step, the record, a chunk) whatever the time; what is left, the next run
+/// goes on with.
 pub async fn drive(
     redis: &Redis,
     db: &PgPool,
-    queue: &OrderQueue,
     activity_id: i64,
     until: Instant,
 ) -> Result<DrawRun, DrawError> {
@@ -85,153 +85,51 @@ pub async fn drive(
     let mut report = DrawRun {
         drawn,
         left,
-        sent: 0,
-        unsent: 0,
+        ordered: 0,
+        written: false,
         diverged: false,
     };
     if !drawn.is_done() {
         return Ok(report);
     }
-    report.unsent = draw::unsent(redis, activity_id).await?;
-    if report.unsent == 0 {
+    let (recorded, written) = draw::progress(redis, activity_id).await?;
+    if written {
+        report.written = true;
         return Ok(report);
     }
-    match drain_until(redis, db, queue, activity_id, usize::MAX, Some(until)).await {
-        Ok(d) => {
-            report.sent = d.sent;
-            if d.sent > 0 {
-                tracing::info!(
-                    activity_id,
-                    sent = d.sent,
-                    left = d.left,
-                    "draw winners sent"
-                );
+    if !recorded {
+        match record(redis, db, activity_id).await {
+            Ok(Some(_)) => {}
+            // Loaded from scratch meanwhile: the next run finds the rebuilt sale.
+            Ok(None) => return Ok(report),
+            Err(DrawError::Diverged { .. }) => {
+                report.diverged = true;
+                return Ok(report);
             }
-        }
-        Err(DrawError::Diverged { .. }) => report.diverged = true,
-        Err(e) => {
-            tracing::warn!(activity_id, error = %e, "draw winners not all sent; the outbox keeps them")
+            Err(e) => return Err(e),
         }
     }
-    report.unsent = draw::unsent(redis, activity_id).await?;
-    Ok(report)
-}
-
-/// What one [`drain`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Drained {
-    /// Order messages the queue confirmed.
-    pub sent: usize,
-    /// Outbox entries left (their sends failed, came in meanwhile, or the drainer's time or
-    /// rounds ran out).
-    pub left: i64,
-    /// Another drainer held the lease: this one sent nothing.
-    pub busy: bool,
-}
-
-/// Winners taken from the outbox per round.
-pub const TAKE: usize = 100;
-/// How long a drainer holds the outbox: long enough for one round of sends.
-const LEASE: Duration = Duration::from_secs(10);
-
-/// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
-/// up to `rounds` rounds of [`TAKE`], and drops those the queue confirmed: [`drain_until`]
-/// with no time limit.
-pub async fn drain(
-    redis: &Redis,
-    db: &PgPool,
-    queue: &OrderQueue,
-    activity_id: i64,
-    rounds: usize,
-) -> Result<Drained, DrawError> {
-    drain_until(redis, db, queue, activity_id, rounds, None).await
-}
-
-/// Sends the order messages of the winners in sale `activity_id`'s outbox, at least once, in
-/// up to `rounds` rounds of [`TAKE`] (`SendMessageBatch` calls of 10), no call started after
-/// `until` but the first one, and drops those the queue confirmed; what was taken and not
-/// sent stays in the outbox. Before the first send of a draw its outcome
-/// goes into the database ([`record`]). A send that fails leaves its winners in the outbox
-/// for the next drainer (the error says so); no unit is given back for it, nor for a winner
-/// left for the next run.
-pub async fn drain_until(
-    redis: &Redis,
-    db: &PgPool,
-    queue: &OrderQueue,
-    activity_id: i64,
-    rounds: usize,
-    until: Option<Instant>,
-) -> Result<Drained, DrawError> {
-    let token = Uuid::new_v4().to_string();
-    let mut report = Drained::default();
-    let mut recorded = None;
-    let mut round = 1;
-    while round <= rounds.max(1) {
-        let (now_ms, taken) =
-            match draw::take(redis, activity_id, &token, LEASE, TAKE, recorded).await? {
-                Take::Busy => {
-                    report.busy = true;
-                    return Ok(report);
-                }
-                // Recorded under an epoch Redis no longer holds: a load from scratch since
-                // put the recorded outcome back itself, or holds another draw.
-                Take::Unrecorded if recorded.is_some() => return Ok(report),
-                Take::Unrecorded => {
-                    let Some(epoch) = record(redis, db, activity_id).await? else {
-                        return Ok(report);
-                    };
-                    recorded = Some(epoch);
-                    continue;
-                }
-                Take::Leased { now_ms, taken } => (now_ms, taken),
-            };
-        let messages = messages(activity_id, now_ms, &taken);
-        // Between the restamp and the sends: reconcile must not give these back.
-        pause::point("draw.drain.after_take", activity_id).await;
-        let mut sent = Vec::new();
-        let mut failure = None;
-        if pause::fail("draw.drain.after_take", activity_id) {
-            failure = Some(QueueError::Timeout(queue.timeout));
-        } else {
-            for (i, chunk) in messages.chunks(10).enumerate() {
-                // Out of time: the rest of the batch stays in the outbox for the next drainer
-                // (the first send whatever the time, so every drainer moves the outbox on).
-                if (round > 1 || i > 0) && until.is_some_and(|until| Instant::now() >= until) {
-                    break;
-                }
-                match queue.send_batch(chunk, activity_id).await {
-                    Ok(ok) => sent.extend(ok.into_iter().map(|i| chunk[i].attempt.request_id)),
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-        let last = messages.is_empty()
-            || failure.is_some()
-            || sent.len() < messages.len()
-            || round == rounds.max(1)
-            || until.is_some_and(|until| Instant::now() >= until);
-        report.left = draw::done(redis, activity_id, &token, last, &sent).await?;
-        report.sent += sent.len();
-        if let Some(e) = failure {
-            return Err(e.into());
-        }
-        if last {
-            break;
-        }
-        round += 1;
+    let w = write_orders(redis, db, activity_id, Some(until)).await?;
+    report.ordered = w.ordered;
+    report.written = w.written;
+    if w.ordered > 0 {
+        tracing::info!(
+            activity_id,
+            ordered = w.ordered,
+            written = w.written,
+            "draw winners' orders written"
+        );
     }
     Ok(report)
 }
 
 /// Records the outcome of sale `activity_id`'s draw in the database (its cutoff and every
 /// winner, read from Redis), so that no other draw can ever replace it: a load from scratch
-/// marks the sale drawn and puts back the winners without an order. Answers the load epoch
-/// the recorded draw ran under; `None`: the draw is not done in Redis (or the sale is not
-/// loaded), or the sale was loaded from scratch since it was read: nothing recorded. A record
-/// that finds another outcome is an error: nothing of this draw may be sent.
+/// marks the sale drawn and puts back the winners without an order; then marks it `recorded`
+/// in Redis. Answers the load epoch the recorded draw ran under; `None`: the draw is not done
+/// in Redis (or the sale is not loaded), or the sale was loaded from scratch since it was
+/// read: nothing recorded. A record that finds another outcome is an error: no order of this
+/// draw may be written.
 pub async fn record(
     redis: &Redis,
     db: &PgPool,
@@ -270,14 +168,83 @@ pub async fn record(
             tracing::error!(
                 activity_id,
                 unrecorded,
-                "the draw in Redis is not the recorded one; nothing is sent"
+                "the draw in Redis is not the recorded one; no order is written from it"
             );
             return Err(DrawError::Diverged { unrecorded });
         }
     }
     // Committed, not yet marked in Redis: a loss here loads the sale drawn, from the record.
     pause::point("draw.record.after_commit", activity_id).await;
+    draw::settle(redis, activity_id, Some(result.epoch), false, &[]).await?;
     Ok(Some(result.epoch))
+}
+
+/// Winners whose orders one chunk writes: one insert, one stock update, one cursor move and
+/// one settle script of this many (about 10 ms of database time and 0.3 ms of Redis time).
+pub const ORDER_CHUNK: usize = 500;
+
+/// What [`write_orders`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrdersWritten {
+    /// Winners whose order this call wrote.
+    pub ordered: usize,
+    /// Winners whose request or user held an order row already, applied instead.
+    pub skipped: usize,
+    /// Every winner has its order row, and Redis says so.
+    pub written: bool,
+}
+
+/// Writes the orders of sale `activity_id`'s recorded winners, in chunks of [`ORDER_CHUNK`]
+/// from the record's cursor ([`kept::write_orders`]), no chunk started after `until` but the
+/// first; after each commit one `lua/draw_settle.lua` drops the chunk's reservations (the last
+/// also marks the orders written). A winner the chunk passed over is applied as its row says:
+/// a `failed` claim gives its units back, a user who holds another order is claimed
+/// `already_purchased`. A crash between the commit and the settle leaves reservations whose
+/// orders exist: reconcile settles them like any other.
+pub async fn write_orders(
+    redis: &Redis,
+    db: &PgPool,
+    activity_id: i64,
+    until: Option<Instant>,
+) -> Result<OrdersWritten, DrawError> {
+    let mut report = OrdersWritten::default();
+    loop {
+        let chunk = kept::write_orders(db, activity_id, ORDER_CHUNK as i64).await?;
+        if chunk.unrecorded {
+            return Ok(report);
+        }
+        // Committed, not yet settled: reconcile, a reload, a second drawer may run here.
+        pause::point("draw.orders.after_commit", activity_id).await;
+        for w in &chunk.skipped {
+            skipped(redis, db, activity_id, w).await?;
+        }
+        let settled = draw::settle(redis, activity_id, None, chunk.done, &chunk.ordered).await?;
+        report.ordered += chunk.ordered.len();
+        report.skipped += chunk.skipped.len();
+        report.written = settled.written;
+        if chunk.done || until.is_some_and(|until| Instant::now() >= until) {
+            return Ok(report);
+        }
+    }
+}
+
+/// A recorded winner whose order the chunk did not insert: its request has a row (a claim
+/// after a 503, a give-back), applied as that row says; or its user holds a live order of the
+/// sale, and the request is claimed `already_purchased` (the units go back, the user stays).
+async fn skipped(redis: &Redis, db: &PgPool, activity_id: i64, w: &Entry) -> Result<(), DrawError> {
+    if let Some(row) = order::by_request(db, w.request_id).await? {
+        giveback::apply(redis, &row).await?;
+        return Ok(());
+    }
+    let attempt = Attempt {
+        request_id: w.request_id,
+        activity_id,
+        user_id: w.user_id.clone(),
+        quantity: w.quantity,
+        buckets: 1,
+    };
+    giveback::give_back(db, redis, &attempt, FailureReason::AlreadyPurchased).await?;
+    Ok(())
 }
 
 /// Entries one database read of the rebuild takes.
@@ -386,27 +353,6 @@ pub async fn rebuild(
     }
 }
 
-/// The order messages of a take's winners, reserved at `now_ms` (the restamp).
-fn messages(activity_id: i64, now_ms: i64, taken: &[Taken]) -> Vec<OrderMessage> {
-    taken
-        .iter()
-        .map(|t| OrderMessage {
-            attempt: Attempt {
-                request_id: t.request_id,
-                activity_id,
-                user_id: t.user_id.clone(),
-                quantity: t.quantity,
-                buckets: 1,
-            },
-            reserved_at_ms: now_ms,
-            // A recorded winner's units are held by the record, whatever Redis lost since:
-            // its order commits under any load epoch.
-            load_epoch: None,
-            kind: MessageKind::Winner,
-        })
-        .collect()
-}
-
 /// Purchases answered 503 one [`leave_unanswered`] handles at most.
 pub const LEAVE_BATCH: i64 = 500;
 /// How old a 503's claim must be before the clean-up's cursor passes it: a row id is taken
@@ -444,35 +390,4 @@ pub async fn leave_unanswered(
         draw::leave_up_to(redis, activity_id, cursor).await?;
     }
     Ok(left)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_taken_batch_becomes_winner_messages_with_the_restamp_and_no_epoch() {
-        let id = Uuid::now_v7();
-        let taken = [Taken {
-            request_id: id,
-            user_id: "alice".into(),
-            quantity: 2,
-            epoch: 7,
-        }];
-        let m = messages(5, 1_000, &taken);
-        assert_eq!(m.len(), 1);
-        assert_eq!(
-            (
-                m[0].attempt.request_id,
-                m[0].attempt.user_id.as_str(),
-                m[0].attempt.quantity
-            ),
-            (id, "alice", 2)
-        );
-        assert_eq!(
-            (m[0].reserved_at_ms, m[0].load_epoch, m[0].attempt.buckets),
-            (1_000, None, 1)
-        );
-        assert_eq!(m[0].kind, MessageKind::Winner);
-    }
 }

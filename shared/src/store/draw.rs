@@ -1,5 +1,6 @@
-//! A draw sale's scripts and reads: the draw (`lua/draw.lua`), the outbox's take and done
-//! (`lua/outbox_take.lua`, `lua/outbox_done.lua`), an entry taken back out of the pool
+//! A draw sale's scripts and reads: the draw (`lua/draw.lua`), its winners read for the
+//! record, the drawer's settle of the record and of each chunk of orders
+//! (`lua/draw_settle.lua`), an entry taken back out of the pool
 //! (`lua/pool_leave.lua`), entries and winners put back from the database
 //! (`lua/pool_restore.lua`), and the pool's entries. The sequence they run in is
 //! [`crate::protocol::draw`]; docs/invariants.md, "Draw admission".
@@ -7,7 +8,7 @@
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
-use super::values::{OutboxEntry, PoolEntry};
+use super::values::{PoolEntry, WinnerEntry};
 use crate::domain::draw::Entry;
 use crate::infra::pause;
 use uuid::Uuid;
@@ -79,7 +80,7 @@ async fn step(
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.pool)
-        .key(&k.outbox)
+        .key(&k.winners)
         .key(&k.tickets)
         .arg(tickets.max(1));
     let (code, winners, units, entrants, ms_left): (i64, i64, i64, i64, i64) =
@@ -169,74 +170,10 @@ pub async fn state(redis: &Redis, activity_id: i64) -> Result<DrawState, StoreEr
     })
 }
 
-codes! {
-    /// `lua/outbox_take.lua`'s reply codes.
-    pub enum TakeCode of "outbox_take.lua" {
-        /// Another drainer holds the lease.
-        Busy = 0,
-        Leased = 1,
-        /// The draw's outcome is not known to be in the database: nothing was taken.
-        Unrecorded = 2,
-    }
-}
-
-/// What [`take`] found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Take {
-    /// The lease is this drainer's: the batch (maybe empty), reserved at the Redis clock's
-    /// `now_ms`.
-    Leased { now_ms: i64, taken: Vec<Taken> },
-    /// Another drainer holds the lease.
-    Busy,
-    /// The draw's outcome must be recorded in the database first.
-    Unrecorded,
-}
-
-/// One winner `lua/outbox_take.lua` took to send: its reservation restamped to the take.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Taken {
-    pub request_id: Uuid,
-    pub user_id: String,
-    pub quantity: i64,
-    pub epoch: i64,
-}
-
-/// `lua/outbox_take.lua` for the drainer `token`: leases the outbox for `lease` and takes up to
-/// `want` winners, restamping each reservation to the Redis clock's now (answered with them).
-/// Nothing is taken while the draw's outcome is not marked recorded; `recorded` (the load
-/// epoch of the draw the caller committed to the database) marks it first, in a draw that is
-/// done under that same epoch.
-pub async fn take(
-    redis: &Redis,
-    activity_id: i64,
-    token: &str,
-    lease: std::time::Duration,
-    want: usize,
-    recorded: Option<i64>,
-) -> Result<Take, StoreError> {
-    let k = redis.bucket_keys(Bucket::from(activity_id));
-    let mut inv = scripts::OUTBOX_TAKE.prepare_invoke();
-    inv.key(&k.ledger)
-        .key(&k.outbox)
-        .key(&k.meta)
-        .arg(token)
-        .arg(lease.as_millis() as u64)
-        .arg(want)
-        .arg(recorded.map(|e| e.to_string()).unwrap_or_default());
-    let (code, now_ms, flat): (i64, i64, Vec<String>) = redis.script(&inv).await?;
-    Ok(match TakeCode::read(code)? {
-        TakeCode::Busy => Take::Busy,
-        TakeCode::Unrecorded => Take::Unrecorded,
-        TakeCode::Leased => Take::Leased {
-            now_ms,
-            taken: taken(&flat),
-        },
-    })
-}
-
-/// The draw's result as Redis holds it, for the database's record before the first send:
-/// the last ticket the draw looked at and every winner in the outbox (before the first send,
-/// every winner the draw made). `None`: the sale is not loaded or its draw is not done.
+/// The draw's result as Redis holds it, for the database's record: the last ticket the draw
+/// looked at and every winner it made (read from `winners` in `HSCAN` pages, each one bounded
+/// call; the list holds at most one winner per unit of stock). `None`: the sale is not loaded
+/// or its draw is not done.
 pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult>, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let (drawn, cutoff, epoch): (Option<String>, Option<String>, Option<i64>) = redis
@@ -253,12 +190,11 @@ pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult
     };
     let mut winners = Vec::new();
     let mut cursor = 0u64;
-    // The outbox holds at most one entry per unit of stock: the walk is bounded by the sale.
     loop {
         let (next, flat): (u64, Vec<String>) = redis
             .cmd(
                 redis::cmd("HSCAN")
-                    .arg(&k.outbox)
+                    .arg(&k.winners)
                     .arg(cursor)
                     .arg("COUNT")
                     .arg(1000),
@@ -266,7 +202,7 @@ pub async fn result(redis: &Redis, activity_id: i64) -> Result<Option<DrawResult
             .await?;
         for pair in flat.chunks(2) {
             if let [request_id, value] = pair {
-                if let Some(w) = outbox_winner(request_id, value) {
+                if let Some(w) = winner(request_id, value) {
                     winners.push(w);
                 }
             }
@@ -293,9 +229,9 @@ pub struct DrawResult {
     pub winners: Vec<Entry>,
 }
 
-/// A winner from its outbox entry (the lease and the sentinel are not one).
-fn outbox_winner(request_id: &str, value: &str) -> Option<Entry> {
-    let entry = OutboxEntry::parse(value)?;
+/// A winner from its entry in `winners` (the sentinel is none).
+fn winner(request_id: &str, value: &str) -> Option<Entry> {
+    let entry = WinnerEntry::parse(value)?;
     Some(Entry {
         request_id: request_id.parse().ok()?,
         user_id: entry.user_id,
@@ -348,7 +284,7 @@ pub async fn restore(
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.pool)
-        .key(&k.outbox)
+        .key(&k.winners)
         .key(&k.tickets)
         .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
         .arg(match what {
@@ -388,45 +324,49 @@ pub async fn restore_at(redis: &Redis, activity_id: i64) -> Result<Option<(i64, 
     Ok(at.zip(epoch))
 }
 
-/// The winners of a take's flat answer: request id, user, quantity, load epoch, four fields
-/// each (one that does not read is passed over).
-fn taken(flat: &[String]) -> Vec<Taken> {
-    flat.chunks(4)
-        .filter_map(|f| match f {
-            [request_id, user_id, quantity, epoch] => Some(Taken {
-                request_id: request_id.parse().ok()?,
-                user_id: user_id.clone(),
-                quantity: quantity.parse().ok()?,
-                epoch: epoch.parse().ok()?,
-            }),
-            _ => None,
-        })
-        .collect()
+/// Where the drawer's work on a sale stands in Redis, after a [`settle`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// The meta says the outcome is in the database.
+    pub recorded: bool,
+    /// The meta says every winner's order is written.
+    pub written: bool,
+    /// Reservations dropped.
+    pub dropped: usize,
 }
 
-/// `lua/outbox_done.lua` for the drainer `token`: drops `sent` from the outbox, ends the lease
-/// when `last`, and answers the entries left.
-pub async fn done(
+/// `lua/draw_settle.lua` for sale `activity_id`: marks the outcome `recorded` when the caller
+/// committed it under load `recorded` (the draw's epoch), drops the reservations of the
+/// winners whose orders committed (`ordered`: user, request id), and marks the orders
+/// `written` when `all_written`. One call per chunk: its arguments are the chunk's.
+pub async fn settle(
     redis: &Redis,
     activity_id: i64,
-    token: &str,
-    last: bool,
-    sent: &[Uuid],
-) -> Result<i64, StoreError> {
+    recorded: Option<i64>,
+    all_written: bool,
+    ordered: &[Entry],
+) -> Result<Settled, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
-    let mut inv = scripts::OUTBOX_DONE.prepare_invoke();
-    inv.key(&k.outbox).arg(token).arg(u8::from(last));
-    for id in sent {
-        inv.arg(id.to_string());
+    let mut inv = scripts::DRAW_SETTLE.prepare_invoke();
+    inv.key(&k.meta)
+        .key(&k.ledger)
+        .arg(recorded.map(|e| e.to_string()).unwrap_or_default())
+        .arg(u8::from(all_written));
+    for w in ordered {
+        inv.arg(&w.user_id).arg(w.request_id.to_string());
     }
-    redis.script(&inv).await
+    let (recorded, written, dropped): (i64, i64, i64) = redis.script(&inv).await?;
+    Ok(Settled {
+        recorded: recorded == 1,
+        written: written == 1,
+        dropped: dropped as usize,
+    })
 }
 
-/// Winners in the outbox of sale `activity_id` (0 when it has none, or is not a draw sale).
-/// (`lua/outbox_done.lua` with nothing to drop: it counts, in one step, without reading the
-/// entries.)
-pub async fn unsent(redis: &Redis, activity_id: i64) -> Result<i64, StoreError> {
-    done(redis, activity_id, "", false, &[]).await
+/// Where sale `activity_id`'s drawer stands in Redis: (`recorded`, `written`) from its meta.
+pub async fn progress(redis: &Redis, activity_id: i64) -> Result<(bool, bool), StoreError> {
+    let s = settle(redis, activity_id, None, false, &[]).await?;
+    Ok((s.recorded, s.written))
 }
 
 codes! {
@@ -525,24 +465,4 @@ pub async fn pool(redis: &Redis, activity_id: i64) -> Result<Vec<(String, PoolEn
             _ => None,
         })
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_taken_batch_reads_its_winners() {
-        let id = Uuid::now_v7();
-        let flat = [id.to_string(), "alice".into(), "2".into(), "7".into()];
-        assert_eq!(
-            taken(&flat),
-            [Taken {
-                request_id: id,
-                user_id: "alice".into(),
-                quantity: 2,
-                epoch: 7
-            }]
-        );
-    }
 }

@@ -26,11 +26,6 @@ pub const SENTINEL: &str = "";
 /// `lua/borrow.lua` spells it `' transfer:'`.
 pub const TRANSFER_FIELD_PREFIX: &str = " transfer:";
 
-/// The field of the outbox that leases draining it to one drainer at a time (its value:
-/// docs/invariants.md, "The state"). Request ids are uuids, so no request id starts with a
-/// space. `lua/outbox_take.lua` spells it `' lease'`.
-pub const OUTBOX_LEASE: &str = " lease";
-
 /// The key counting `user_id`'s requests that reach the database in the current window
 /// (`lua/user_rate.lua`). One key per user, so one slot on a cluster whatever the id holds.
 pub fn user_db_rate(prefix: &str, user_id: &str) -> String {
@@ -169,10 +164,10 @@ pub struct Keys {
     /// A draw sale's tickets: sorted set user id -> ticket, one per entrant; the draw takes the
     /// lowest tickets first (`lua/draw.lua`). Plus [`SENTINEL`] at -1.
     pub tickets: String,
-    /// A draw sale's to-send list: hash request id -> the winner whose order message is not
-    /// known to be on the queue yet ([`super::values::OutboxEntry`]), plus [`SENTINEL`] and
-    /// [`OUTBOX_LEASE`].
-    pub outbox: String,
+    /// A draw sale's winners, as its draw made them: hash request id -> the winner
+    /// ([`super::values::WinnerEntry`]), plus [`SENTINEL`]. The drawer reads it to record the
+    /// outcome in the database, which the winners' orders are then written from.
+    pub winners: String,
     /// Prefix of a user's purchase-rate counter (`<rate><userId>`, see [`Keys::rate`]).
     rate: String,
 }
@@ -194,7 +189,7 @@ impl Keys {
             fence: format!("{base}:fence"),
             pool: format!("{base}:pool"),
             tickets: format!("{base}:tickets"),
-            outbox: format!("{base}:outbox"),
+            winners: format!("{base}:winners"),
             rate: format!("{base}:rate:"),
         }
     }
@@ -221,7 +216,7 @@ mod tests {
         let k = Keys::new("seckill", 42);
         let rate = k.rate("alice");
         for key in [
-            &k.meta, &k.users, &k.ledger, &k.lock, &k.fence, &k.pool, &k.outbox, &rate,
+            &k.meta, &k.users, &k.ledger, &k.lock, &k.fence, &k.pool, &k.winners, &rate,
         ] {
             assert_eq!(tag_of(key), "42", "{key}");
         }

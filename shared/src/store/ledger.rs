@@ -147,20 +147,15 @@ pub struct Snapshot {
     pub ledger_size: i64,
     /// The stock sequence: bumped by every script that moves the stock.
     pub seq: i64,
-    /// Request ids in a draw sale's outbox: reservations whose order message is still to be
-    /// sent, which no grace period makes stale.
-    pub unsent: HashSet<String>,
+    /// A draw sale whose winners' orders are not all written yet: its reservations are the
+    /// drawer's to settle, and no grace period makes them stale.
+    pub held: bool,
 }
 
 impl Snapshot {
     /// Whether the ledger held no entry at the step: nothing in flight in this bucket.
     pub fn quiet(&self) -> bool {
         self.ledger_size == 0
-    }
-
-    /// Whether the reservation `request_id` waits in the outbox for its order message.
-    pub fn is_unsent(&self, request_id: &str) -> bool {
-        self.unsent.contains(request_id)
     }
 
     pub fn pending_quantity(&self) -> i64 {
@@ -221,10 +216,9 @@ pub async fn head(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, Stor
     inv.key(&k.meta)
         .key(&k.users)
         .key(&k.ledger)
-        .key(&k.outbox)
         .arg(LEDGER_INLINE);
-    type Reply = (i64, i64, i64, Vec<String>, i64, HashSet<String>, i64);
-    let (loaded, stock, participants, flat, seq, unsent, ledger_size): Reply =
+    type Reply = (i64, i64, i64, Vec<String>, i64, i64, i64);
+    let (loaded, stock, participants, flat, seq, held, ledger_size): Reply =
         redis.script(&inv).await?;
     Ok(Snapshot {
         loaded: loaded == 1,
@@ -234,7 +228,7 @@ pub async fn head(redis: &Redis, at: impl Into<Bucket>) -> Result<Snapshot, Stor
         complete: ledger_size as usize <= LEDGER_INLINE,
         ledger_size,
         seq,
-        unsent,
+        held: held == 1,
     })
 }
 

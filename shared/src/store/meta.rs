@@ -69,7 +69,7 @@ async fn preheat_bucket(
         .key(&k.ledger)
         .key(&k.lock)
         .key(&k.pool)
-        .key(&k.outbox)
+        .key(&k.winners)
         .key(&k.tickets)
         .arg(stock)
         .arg(activity.total_stock)
@@ -181,7 +181,7 @@ pub async fn adjust(
         .key(&k.users)
         .key(&k.ledger)
         .key(&k.pool)
-        .key(&k.outbox)
+        .key(&k.winners)
         .key(&k.tickets)
         .arg(owner)
         .arg(delta)
@@ -264,7 +264,7 @@ pub async fn rebuild_users(
         .key(&k.lock)
         .key(&k.pool)
         .key(&k.tickets)
-        .key(&k.outbox)
+        .key(&k.winners)
         .arg(owner)
         .arg(if first { "first" } else { "more" });
     for (user, request_id) in holders {

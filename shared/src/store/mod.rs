@@ -1,4 +1,4 @@
-//! The Redis store: the sale's live state (stock, users, ledger, a draw's pool and outbox) and
+//! The Redis store: the sale's live state (stock, users, ledger, a draw's pool and winners) and
 //! the Lua scripts that change it, each one atomic step on one bucket's hash-tagged keys.
 //! Typed wrappers only: who runs which script when is [`crate::protocol`].
 //!
@@ -10,11 +10,11 @@
 //! - [`cancel`]: a cancel attempt announced in the ledger.
 //! - [`meta`]: a load, an admin change, and the reads preheat decides by.
 //! - [`repair`]: reconcile's orphan check and stock fix.
-//! - [`draw`]: a draw sale's draw, outbox and pool.
+//! - [`draw`]: a draw sale's draw, pool and winners, and what the drawer settles.
 //! - [`buckets`]: the reads that add a bucketed sale's buckets up; a bucket's unload.
 //! - [`view`]: the stock and the public view of a loaded sale.
 //! - [`user_rate`]: a user's rate of requests that reach the database.
-//! - [`values`]: the values the scripts keep (a ledger entry, a pool entry, an outbox entry),
+//! - [`values`]: the values the scripts keep (a ledger entry, a pool entry, a winner entry),
 //!   read back.
 
 pub mod buckets;

@@ -1,5 +1,5 @@
 //! The values the scripts keep in Redis, read back (and, for tests and tools that age or seed
-//! them, written) on the Rust side: a ledger entry, a pool entry, an outbox entry. The formats
+//! them, written) on the Rust side: a ledger entry, a pool entry, a winner entry. The formats
 //! are told once, in docs/invariants.md, "The state"; the scripts write them through
 //! `lua/prelude.lua` only, and the tests below hold this module to the strings it writes.
 
@@ -171,17 +171,17 @@ impl fmt::Display for PoolEntry {
     }
 }
 
-/// A draw winner in the outbox, under its request id: `userId|qty|epoch`, the winner, its
-/// units and the load epoch the draw ran under. The lease and the sentinel are no entry.
+/// A draw winner in the sale's `winners`, under its request id: `userId|qty|epoch`, the
+/// winner, its units and the load epoch the draw ran under. The sentinel is no entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutboxEntry {
+pub struct WinnerEntry {
     pub user_id: String,
     pub quantity: i64,
     pub epoch: i64,
 }
 
-impl OutboxEntry {
-    /// Reads an outbox value; the user id is all before the last two fields.
+impl WinnerEntry {
+    /// Reads a winner value; the user id is all before the last two fields.
     pub fn parse(value: &str) -> Option<Self> {
         let mut parts = value.rsplitn(3, '|');
         let (epoch, quantity, user_id) = (parts.next()?, parts.next()?, parts.next()?);
@@ -194,7 +194,7 @@ impl OutboxEntry {
 }
 
 /// The value as the scripts write it.
-impl fmt::Display for OutboxEntry {
+impl fmt::Display for WinnerEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}|{}|{}", self.user_id, self.quantity, self.epoch)
     }
@@ -291,12 +291,12 @@ mod tests {
     }
 
     #[test]
-    fn an_outbox_entry_reads_back_whatever_its_user_id_holds() {
-        let o = round_trips("alice|2|7", OutboxEntry::parse("alice|2|7"));
+    fn a_winner_entry_reads_back_whatever_its_user_id_holds() {
+        let o = round_trips("alice|2|7", WinnerEntry::parse("alice|2|7"));
         assert_eq!((o.user_id.as_str(), o.quantity, o.epoch), ("alice", 2, 7));
-        let odd = round_trips("a|b|1|0", OutboxEntry::parse("a|b|1|0"));
+        let odd = round_trips("a|b|1|0", WinnerEntry::parse("a|b|1|0"));
         assert_eq!(odd.user_id, "a|b");
-        assert_eq!(OutboxEntry::parse("-"), None);
-        assert_eq!(OutboxEntry::parse("10|0"), None);
+        assert_eq!(WinnerEntry::parse("-"), None);
+        assert_eq!(WinnerEntry::parse("10|0"), None);
     }
 }

@@ -148,12 +148,11 @@ impl Chaos {
                 ),
             );
         }
-        let unsent = store::draw::unsent(&self.patient.redis, id).await?;
-        if unsent > 0 {
+        if seckill_shared::domain::draw::orders_written(&self.env.pool, id).await? == Some(false) {
             self.violate(
-                "draw_sent",
+                "draw_ordered",
                 Some(id),
-                format!("{unsent} winner(s) left unsent"),
+                "the recorded winners' orders are not all written".to_string(),
             );
         }
         self.count(|r| {

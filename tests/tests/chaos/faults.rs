@@ -79,7 +79,7 @@ pub async fn key_loss(c: Arc<Chaos>, phase: Duration) -> anyhow::Result<()> {
                                 .arg(&k.lock)
                                 .arg(&k.fence)
                                 .arg(&k.pool)
-                                .arg(&k.outbox)
+                                .arg(&k.winners)
                                 .arg(&k.tickets),
                         )
                         .await?;

@@ -31,8 +31,9 @@
 //! 202 resolved to an order or an allowed failure (a 202 `queued` also to a pool entry the
 //! draw passed over, whatever keys were lost: the database keeps the entries and the draw's
 //! outcome), every drawn winner's request to an order and no loser's, and no order behind any
-//! other answer. Once the actors stop, each draw sale's draw is finished and its outbox sent
-//! as reconcile's draw part does (with reconcile off, in place of the runs that would come).
+//! other answer. Once the actors stop, each draw sale's draw is finished and its winners'
+//! orders written as reconcile's draw part does (with reconcile off, in place of the runs that
+//! would come).
 //!
 //! A failure names its seed. The choices are seeded; the interleavings are real concurrency,
 //! so a replay makes the same choices, not always the same interleaving:

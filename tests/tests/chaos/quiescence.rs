@@ -10,7 +10,6 @@ use anyhow::Context as _;
 use aws_sdk_sqs::types::QueueAttributeName;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::protocol;
-use seckill_shared::store;
 use seckill_shared::store::draw::Drawn;
 use sqlx::{Connection, PgConnection};
 use std::time::{Duration, Instant};
@@ -56,9 +55,9 @@ impl Chaos {
     }
 
     /// What reconcile's draw part does for each draw sale once the actors stop (with reconcile
-    /// off, it stands in for the runs that would come: the entry never sends a winner): the
-    /// draw run if nobody finished it, and what its outbox holds sent (sends that fail are
-    /// tried again, as the next run would). Bounded: what is left shows in the checks.
+    /// off, it stands in for the runs that would come: no request draws): the draw run if
+    /// nobody finished it, recorded, and its winners' orders written (a run that fails is
+    /// tried again, as the next one would). Bounded: what is left shows in the checks.
     pub async fn finish_draws(&self) {
         for &id in self.draws.keys() {
             let until = Instant::now() + DRAIN_LIMIT;
@@ -67,7 +66,6 @@ impl Chaos {
                     let run = protocol::draw::drive(
                         &self.patient.redis,
                         &self.env.pool,
-                        &self.env.queue,
                         id,
                         Instant::now() + Duration::from_secs(5),
                     )
@@ -75,8 +73,7 @@ impl Chaos {
                     if matches!(run.drawn, Drawn::Open { .. }) {
                         return anyhow::Ok(false);
                     }
-                    Ok(run.drawn.is_done()
-                        && store::draw::unsent(&self.patient.redis, id).await? == 0)
+                    Ok(run.drawn.is_done() && (run.written || run.diverged))
                 };
                 match done.await {
                     Ok(true) => break,

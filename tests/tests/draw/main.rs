@@ -1,17 +1,17 @@
 //! Draw admission against real Redis (standalone and cluster), PostgreSQL and the SQS
 //! emulator: the pool and its one entry per user, the draw's fairness against first come,
-//! first served, a crash between the draw and the sends, reconcile against a late send, the
+//! first served, a crash between the draw and its orders, a second drawer, reconcile against a late record, the
 //! stock the pool left, and the per-user purchase rate.
 //!
 //! The [`door`] (a crowd's entries sharing batches), [`fairness`] and a draw anyone can check,
-//! the [`pool`], the [`sends`] after a draw, an entry
+//! the [`pool`], the winners' [`orders`] after a draw, an entry
 //! answered 503 ([`unavailable`]), and the [`rules`] of admission.
 
 mod door;
 mod fairness;
+mod orders;
 mod pool;
 mod rules;
-mod sends;
 mod unavailable;
 
 use seckill_shared::domain::purchase::Attempt;

@@ -93,12 +93,12 @@ async fn the_pool_takes_one_entry_per_user_and_what_it_leaves_is_sold_first_come
     );
     assert_eq!(snapshot(&env, a.id).await, before, "no request ran a step");
     assert!(!draw_started(&env, a.id).await?);
-    let sent = env.reconcile().run(chrono::Utc::now()).await?;
-    assert_eq!(sent.activity(a.id).unwrap().winners_sent, 2);
+    let drawn = env.reconcile().run(chrono::Utc::now()).await?;
+    assert_eq!(drawn.activity(a.id).unwrap().winners_ordered, 2);
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(7));
-    assert_eq!(my_status(&app, &a, "carol").await, "pending");
-    assert_eq!(consume_queue(&env).await?, 2);
+    assert_eq!(consume_queue(&env).await?, 0, "no winner crosses the queue");
     assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
+    assert_eq!(my_status(&app, &a, "carol").await, "confirmed");
 
     // The 7 left go first come, first served; an entrant cannot buy again.
     let (status, body) = buy(&app, &a, "alice", None).await;
@@ -149,7 +149,7 @@ async fn losers_read_not_drawn_and_a_purchase_before_the_drawer_ran_reserves_not
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(3));
     assert!(!draw_started(&env, a.id).await?);
     env.reconcile().run(chrono::Utc::now()).await?;
-    assert_eq!(consume_queue(&env).await?, 3);
+    assert_eq!(consume_queue(&env).await?, 0, "the drawer wrote the orders");
     let mut statuses = Vec::new();
     for u in &users {
         statuses.push(my_status(&app, &a, u).await);
@@ -197,8 +197,8 @@ async fn a_status_read_across_the_draw_answers_what_the_draw_decided(
         tokio::spawn(async move { my_status(&app, &a, "alice").await })
     };
     assert!(paused.reached_within(Duration::from_secs(10)).await);
-    // The drawer, with reconcile's sends held: the winner's reservation stays `pending`.
-    let held = pause::arm("draw.drain.after_take", a.id);
+    // The drawer, held before its record: the winner's reservation stays `pending`.
+    let held = pause::arm("draw.record.before_commit", a.id);
     let drawer = {
         let env = env.clone();
         tokio::spawn(async move { env.reconcile().run(chrono::Utc::now()).await })

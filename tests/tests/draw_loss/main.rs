@@ -1,7 +1,7 @@
 //! A draw sale whose Redis keys are lost, against real Redis (standalone and cluster),
 //! PostgreSQL and the SQS emulator: every entry answered 202 `queued` is kept by the database
-//! and put back by the load, the draw's outcome is recorded before its first send and a load
-//! after it marks the sale drawn with the recorded winners, and a Redis that lost the draw's
+//! and put back by the load, the draw's outcome is recorded before any winner's order is
+//! written from it and a load after it marks the sale drawn with the recorded winners, and a Redis that lost the draw's
 //! writes draws the same winners again. Each ends with exactly the stock in orders and
 //! `not_drawn` for every other entrant; none reads `none`.
 //!
@@ -69,8 +69,9 @@ async fn lose_and_reload(env: &TestEnv, a: &Activity) {
     .unwrap();
 }
 
-/// The ends every entrant reads once the drawer (reconcile's run) drew and sent the winners and their messages are consumed: each is `confirmed` or
-/// `not_drawn`, exactly `stock` confirmed, and the orders in the database are those.
+/// The ends every entrant reads once the drawer (reconcile's run) drew, recorded and wrote
+/// the winners' orders, and the queue is consumed: each is `confirmed` or `not_drawn`, exactly
+/// `stock` confirmed, and the orders in the database are those.
 async fn every_entrant_ends_drawn_or_not(
     env: &TestEnv,
     app: &Router,
@@ -81,14 +82,14 @@ async fn every_entrant_ends_drawn_or_not(
     for u in users {
         ends.insert(u.clone(), my_status(app, a, u).await);
     }
-    send_winners(env, a).await;
+    write_winners(env, a).await;
     consume_queue(env).await.unwrap();
     let mut winners = BTreeSet::new();
     for u in users {
         let end = my_status(app, a, u).await;
         assert!(
             end == "confirmed" || end == "not_drawn",
-            "{u} reads {end} (before the sends: {:?})",
+            "{u} reads {end} (before the drawer: {:?})",
             ends[u]
         );
         if end == "confirmed" {
@@ -107,16 +108,13 @@ async fn every_entrant_ends_drawn_or_not(
     winners
 }
 
-/// Reconcile's next run, which records the draw and sends its winners (the entry does
-/// neither); the outbox is empty after it.
-async fn send_winners(env: &TestEnv, a: &Activity) {
+/// Reconcile's next run, the drawer: it draws if the draw is due, records it and writes its
+/// winners' orders (no request does any of it); every order is written after it.
+async fn write_winners(env: &TestEnv, a: &Activity) {
     let report = env.reconcile().run(chrono::Utc::now()).await.unwrap();
     assert!(report.errors.is_empty(), "{report:?}");
-    assert_eq!(
-        draw::unsent(&env.redis, a.id).await.unwrap(),
-        0,
-        "{report:?}"
-    );
+    let r = report.activity(a.id).expect("checked");
+    assert!(!r.orders_pending, "{r:?}");
 }
 
 /// The `n` entrants with the lowest tickets: who a draw over all of `users` picks (one unit
@@ -156,7 +154,9 @@ async fn winners_in_pool(env: &TestEnv, a: &Activity) -> BTreeSet<String> {
 async fn dump_activity(env: &TestEnv, a: &Activity) -> Vec<(String, Option<Vec<u8>>)> {
     let k = env.redis.keys(a.id);
     let mut out = Vec::new();
-    for key in [&k.meta, &k.users, &k.ledger, &k.pool, &k.outbox, &k.tickets] {
+    for key in [
+        &k.meta, &k.users, &k.ledger, &k.pool, &k.winners, &k.tickets,
+    ] {
         let dump: Option<Vec<u8>> = env.redis.cmd(redis::cmd("DUMP").arg(key)).await.unwrap();
         out.push((key.to_string(), dump));
     }

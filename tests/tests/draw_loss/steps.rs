@@ -1,10 +1,10 @@
 //! Redis loses the sale at each step of the draw: inside the window, between the record and the
-//! sends, after the sends, in a failover that lost the draw, a draw that is not the recorded one,
-//! a lower while the sale is lost, a record of a draw lost meanwhile.
+//! orders, after the orders, in a failover that lost the draw, a draw that is not the recorded
+//! one, a lower while the sale is lost, a record of a draw lost meanwhile.
 
 use crate::{
     closed_window, dump_activity, entrants, every_entrant_ends_drawn_or_not, lose_and_reload,
-    lowest_tickets, restore_activity, send_winners, winners_in_pool,
+    lowest_tickets, restore_activity, winners_in_pool, write_winners,
 };
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::domain::status::OrderStatus;
@@ -15,17 +15,17 @@ use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::view;
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use testkit::on_both_redis;
 use testkit::{close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
 use testkit::{lose_activity, RedisKind, TestEnv};
 
 on_both_redis!(
     entries_survive_a_loss_inside_the_window,
-    a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners,
-    a_loss_after_the_sends_orders_each_winner_once,
+    a_loss_between_the_record_and_the_orders_keeps_the_recorded_winners,
+    a_loss_after_the_orders_loads_each_winner_as_a_buyer,
     a_failover_that_lost_the_draw_draws_the_same_winners,
-    a_draw_that_is_not_the_recorded_one_sends_nothing,
+    a_draw_that_is_not_the_recorded_one_orders_nothing,
     a_record_of_a_draw_lost_meanwhile_writes_nothing,
     a_lower_while_the_sale_is_lost_leaves_the_winners_their_units,
 );
@@ -71,12 +71,12 @@ async fn entries_survive_a_loss_inside_the_window(kind: RedisKind) -> anyhow::Re
     Ok(())
 }
 
-/// The draw's outcome is committed, and Redis loses the sale before the drainer marks it or
-/// sends anything (paused there). The load finds the outcome: the sale is drawn, the winners
+/// The draw's outcome is committed, and Redis loses the sale before the drawer marks it or
+/// writes any order (paused there). The load finds the outcome: the sale is drawn, the winners
 /// are put back with their reservations and their units left out of the stock, the other
-/// entrants read `not_drawn`, and no second draw runs. The drainer resumed sends the winners
-/// the load put back; each gets its order.
-async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
+/// entrants read `not_drawn`, and no second draw runs. The drawer resumed writes the recorded
+/// winners' orders and settles the reservations the load put back.
+async fn a_loss_between_the_record_and_the_orders_keeps_the_recorded_winners(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -87,11 +87,7 @@ async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
     let first: BTreeSet<String> = winners_in_pool(&env, &a).await;
 
     let paused = pause::arm("draw.record.after_commit", a.id);
-    let drainer = {
-        let (redis, db, queue) = (env.redis.clone(), env.pool.clone(), env.queue.clone());
-        let id = a.id;
-        tokio::spawn(async move { drawing::drain(&redis, &db, &queue, id, usize::MAX).await })
-    };
+    let drawer = drawer(&env, &a);
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     lose_and_reload(&env, &a).await;
     assert_eq!(
@@ -106,40 +102,55 @@ async fn a_loss_between_the_record_and_the_sends_keeps_the_recorded_winners(
         "the winners' units are theirs"
     );
     paused.resume();
-    let drained = drainer.await??;
-    assert_eq!(drained.sent, 3, "{drained:?}");
+    let run = drawer.await??;
+    assert_eq!((run.ordered, run.written), (3, true), "{run:?}");
+    assert_eq!(
+        testkit::snapshot(&env, a.id).await.pending_count(),
+        0,
+        "the reservations put back are settled"
+    );
 
     let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
     assert_eq!(winners, first);
     Ok(())
 }
 
-/// The winners are sent, and Redis loses the sale before the consumer reads them: the load
-/// puts the winners back (none has an order yet) and sends them again. The first messages and
-/// the second are one order each, none fails: a winner's order commits under any load epoch,
-/// and the stock loaded left its units out.
-async fn a_loss_after_the_sends_orders_each_winner_once(kind: RedisKind) -> anyhow::Result<()> {
+/// The winners' orders are written, and Redis loses the sale: the load finds every recorded
+/// winner with an order, puts none back as a reservation and takes no unit for them; they are
+/// buyers of the sale like any other (they cannot buy again), and the drawer's next run writes
+/// nothing more.
+async fn a_loss_after_the_orders_loads_each_winner_as_a_buyer(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let (a, users) = closed_window(&env, &app, 3, 8).await?;
-    // A status read runs no step; the drawer's run draws, records and sends the winners.
+    // A status read runs no step; the drawer's run draws, records and writes the orders.
     assert_eq!(my_status(&app, &a, "e0").await, "queued");
-    send_winners(&env, &a).await;
+    write_winners(&env, &a).await;
     let first = winners_in_pool(&env, &a).await;
     assert_eq!(first.len(), 3);
 
     lose_and_reload(&env, &a).await;
-    assert_eq!(winners_in_pool(&env, &a).await, first);
-    assert_eq!(draw::unsent(&env.redis, a.id).await?, 3, "sent again");
-    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
-    assert_eq!(winners, first);
+    assert_eq!(testkit::snapshot(&env, a.id).await.pending_count(), 0);
+    assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));
+    let winner = first.iter().next().unwrap();
+    let (status, body) = testkit::buy(&app, &a, winner, None).await;
+    assert_eq!(status, axum::http::StatusCode::CONFLICT, "{body}");
+    let run = env.reconcile().run(chrono::Utc::now()).await?;
+    assert_eq!(run.activity(a.id).unwrap().winners_ordered, 0);
+    let rows = order_rows(&env, a.id).await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let ordered: BTreeSet<String> = rows.into_iter().map(|o| o.user_id).collect();
+    assert_eq!(ordered, first);
+    assert!(users.iter().all(|u| !u.is_empty()));
     Ok(())
 }
 
 /// A failover to a replica that lost the draw's writes: the sale's keys go back to what they
-/// held before the draw (a dump taken then), after the draw was recorded and its winners sent.
-/// The draw runs again over the same pool and, the tickets being the same, picks the same
-/// winners; the record finds them its own, and the second sends are the same orders. No
+/// held before the draw (a dump taken then), after the draw was recorded and its winners'
+/// orders written. The draw runs again over the same pool and, the tickets being the same,
+/// picks the same winners; the record finds them its own, and no order is written twice. No
 /// second, different draw.
 async fn a_failover_that_lost_the_draw_draws_the_same_winners(
     kind: RedisKind,
@@ -150,9 +161,9 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
     let before = dump_activity(&env, &a).await;
 
     assert_eq!(my_status(&app, &a, "e0").await, "queued");
-    send_winners(&env, &a).await;
+    write_winners(&env, &a).await;
     let first = winners_in_pool(&env, &a).await;
-    assert_eq!(consume_queue(&env).await?, 3);
+    assert_eq!(consume_queue(&env).await?, 0, "no winner crosses the queue");
 
     restore_activity(&env, &before).await;
     assert!(
@@ -167,14 +178,19 @@ async fn a_failover_that_lost_the_draw_draws_the_same_winners(
             .fetch_one(&env.pool)
             .await?;
     assert_eq!(recorded, 3);
+    assert_eq!(
+        order_rows(&env, a.id).await.len(),
+        3,
+        "each winner ordered once"
+    );
     Ok(())
 }
 
 /// Redis holds a draw whose winners are not the recorded ones (a pool changed under a draw run
-/// again): the record refuses it and nothing of it is sent. Reconcile then loads the sale from
-/// scratch, which puts the recorded outcome back, and sends the recorded winners: they, and
-/// only they, get the orders.
-async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> anyhow::Result<()> {
+/// again): the record refuses it and no order is written from it. Reconcile then loads the
+/// sale from scratch, which puts the recorded outcome back, and writes the recorded winners'
+/// orders: they, and only they, get the orders.
+async fn a_draw_that_is_not_the_recorded_one_orders_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
     let (a, _) = closed_window(&env, &app, 2, 5).await?;
@@ -194,22 +210,24 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
         .cmd(redis::cmd("HDEL").arg(&k.pool).arg(&gone))
         .await?;
     assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
-    let err = drawing::drain(&env.redis, &env.pool, &env.queue, a.id, usize::MAX)
+    let err = drawing::record(&env.redis, &env.pool, a.id)
         .await
         .expect_err("a draw that is not the recorded one");
     assert!(
         matches!(err, drawing::DrawError::Diverged { unrecorded: 1 }),
         "{err}"
     );
-    assert_eq!(consume_queue(&env).await?, 0, "nothing sent");
+    assert!(order_rows(&env, a.id).await.is_empty(), "nothing ordered");
 
     let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert!(r.draw_reloaded, "{r:?}");
+    assert_eq!(r.winners_ordered, 0, "{r:?}");
     assert_eq!(winners_in_pool(&env, &a).await, first);
-    // The reloaded sale's winners go out with the next drainer (reconcile's next run).
-    env.reconcile().run(chrono::Utc::now()).await?;
-    assert_eq!(consume_queue(&env).await?, 2);
+    // The reloaded sale's winners are ordered by the next drawer (reconcile's next run).
+    let next = env.reconcile().run(chrono::Utc::now()).await?;
+    assert_eq!(next.activity(a.id).unwrap().winners_ordered, 2);
+    assert_eq!(consume_queue(&env).await?, 0);
     let ordered: BTreeSet<String> = order_rows(&env, a.id)
         .await
         .into_iter()
@@ -220,7 +238,7 @@ async fn a_draw_that_is_not_the_recorded_one_sends_nothing(kind: RedisKind) -> a
     Ok(())
 }
 
-/// The draw is recorded, and Redis loses the sale before any winner is sent. An admin lower
+/// The draw is recorded, and Redis loses the sale before any winner's order is written. An admin lower
 /// while the sale is not loaded may not take the units the record holds: the database's
 /// remaining stock still counts them, but they are the winners'. A lower within what is left is
 /// applied; the sale loaded again sells the winners their units, and its stock is never below
@@ -268,10 +286,10 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
     Ok(())
 }
 
-/// A drainer reads the draw and pauses before it records it; meanwhile Redis loses the sale
+/// A drawer reads the draw and pauses before it records it; meanwhile Redis loses the sale
 /// and the load (a new load epoch) finds no outcome. Resumed, the record of the draw that is
-/// gone writes nothing and sends nothing; the draw runs again over the kept entries and its
-/// outcome, the same winners, is the one recorded and sent.
+/// gone writes nothing, no outcome and no order; the draw runs again over the kept entries and
+/// its outcome, the same winners, is the one recorded and ordered.
 async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
@@ -280,16 +298,13 @@ async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> an
     let first = winners_in_pool(&env, &a).await;
 
     let paused = pause::arm("draw.record.before_commit", a.id);
-    let drainer = {
-        let (redis, db, queue) = (env.redis.clone(), env.pool.clone(), env.queue.clone());
-        let id = a.id;
-        tokio::spawn(async move { drawing::drain(&redis, &db, &queue, id, usize::MAX).await })
-    };
+    let drawer = drawer(&env, &a);
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     lose_and_reload(&env, &a).await;
     paused.resume();
-    let drained = drainer.await??;
-    assert_eq!(drained.sent, 0, "{drained:?}");
+    let run = drawer.await??;
+    assert_eq!(run.ordered, 0, "{run:?}");
+    assert!(order_rows(&env, a.id).await.is_empty());
     let outcomes: i64 =
         sqlx::query_scalar("select count(*) from draw_outcomes where activity_id = $1")
             .bind(a.id)
@@ -301,4 +316,16 @@ async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> an
     let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
     assert_eq!(winners, first, "the same tickets, the same winners");
     Ok(())
+}
+
+/// The drawer's part of a reconcile run for sale `a`, spawned, as reconcile's role.
+fn drawer(
+    env: &TestEnv,
+    a: &seckill_shared::domain::activity::Activity,
+) -> tokio::task::JoinHandle<Result<drawing::DrawRun, drawing::DrawError>> {
+    let (db, redis) = env.login(Function::Reconcile);
+    let id = a.id;
+    tokio::spawn(async move {
+        drawing::drive(&redis, &db, id, Instant::now() + Duration::from_secs(60)).await
+    })
 }

@@ -11,11 +11,11 @@ use testkit::on_both_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{after_grace, consume, db_remaining, is_participant, redis_stock, reserve, snapshot};
-use testkit::{age_reservations, close_draw_window, fresh_queue, restore_entrants};
+use testkit::{age_reservations, close_draw_window, restore_entrants};
 use uuid::Uuid;
 
 on_both_redis!(
-    a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while_another_sale_is_repaired,
+    a_draw_of_30_000_winners_is_ordered_over_runs_within_their_deadlines_while_another_sale_is_repaired,
     a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
     the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,
     a_chunk_of_a_huge_ledger_settled_after_its_read_gives_nothing_back,
@@ -174,29 +174,24 @@ async fn the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped(
     Ok(())
 }
 
-/// A draw sale with 30,000 winners to draw, record and send (its pool filled in bulk through
+/// A draw sale with 30,000 winners to draw, record and order (its pool filled in bulk through
 /// the consumer's restore script, its window closed, its draw not run), and another sale with
 /// a stale reservation before every run. With a run budget of 4 s, no run passes the deadline
-/// it was given: the draw's steps, its record and the sends take the draw sale's share, what
-/// is left goes on next run, and the other sale's reservations are given back whenever it is
-/// checked. A sale whose turn the run could not reach (on a loaded machine a share's last step
-/// ends past it) is checked first by the next run: neither sale waits two runs in a row. The
-/// sends go on in every run that checks the draw sale, and no winner is given back meanwhile. (The queue emulator takes
-/// 10-70 ms a `SendMessageBatch`, so three runs after the draw send a few thousand winners:
-/// the rest goes the same way, a share at a time.)
-async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while_another_sale_is_repaired(
+/// it was given: the draw's steps, its record and the chunks of orders take the draw sale's
+/// share, what is left goes on next run, and the other sale's reservations are given back
+/// whenever it is checked. A sale whose turn the run could not reach (on a loaded machine a
+/// share's last step ends past it) is checked first by the next run: neither sale waits two
+/// runs in a row. Once the draw is done, every run that checks the draw sale writes orders
+/// until all are written, and no winner is given back meanwhile.
+async fn a_draw_of_30_000_winners_is_ordered_over_runs_within_their_deadlines_while_another_sale_is_repaired(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     const WINNERS: usize = 30_000;
-    // Runs that check the draw sale once its draw is done; on a loaded machine the draw's
-    // steps themselves may take several runs' shares first (at most MAX_RUNS in all).
-    const SENDING_RUNS: usize = 3;
+    // On a loaded machine the draw's steps, the record and the orders may take several runs'
+    // shares (at most MAX_RUNS in all).
     const MAX_RUNS: usize = 20;
     const BUDGET: Duration = Duration::from_secs(4);
-    let mut env = env(kind).await?;
-    // The consumer reads none of the messages here: the sent winners' reservations must not
-    // come of age while the test runs.
-    env.config.reconcile_grace = Duration::from_secs(300);
+    let env = env(kind).await?;
     let drawn = env.draw_activity(WINNERS as i64, 1).await?;
     restore_entrants(&env, drawn.id, "e", WINNERS + 10).await;
     close_draw_window(&env, drawn.id).await;
@@ -207,22 +202,17 @@ async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while
     // for the next run by the last one.
     let mut owed = 0;
     let mut waited = (false, false);
-    let mut runs: Vec<(Duration, bool, usize, i64)> = Vec::new();
-    let sending = |runs: &[(Duration, bool, usize, i64)]| runs.iter().skip_while(|r| !r.1).count();
+    // Per run that checked the draw sale: took, drawn by then, orders written, still pending.
+    let mut runs: Vec<(Duration, bool, usize, bool)> = Vec::new();
+    let mut drawn_yet = false;
     for n in 0..MAX_RUNS {
-        if sending(&runs) >= SENDING_RUNS {
+        if runs.last().is_some_and(|r| r.1 && !r.3) {
             break;
         }
         reserve(&env, other.id, &format!("late{n}"), 1).await;
         age_reservations(&env, other.id, grace + Duration::from_secs(60)).await;
         owed += 1;
-        // A queue of its own each run, gone after it (as if the consumer emptied it): the
-        // emulator slows with every message it holds.
-        let queue = fresh_queue(&env.sqs, 30, 5).await?;
-        let job = env.reconcile_with(|c| {
-            c.config.reconcile_budget = BUDGET;
-            c.config.order_queue_url = queue.clone();
-        });
+        let job = env.reconcile_with(|c| c.config.reconcile_budget = BUDGET);
         let started = Instant::now();
         let deadline = started + BUDGET;
         let run = job.run_by(Utc::now(), deadline);
@@ -230,7 +220,6 @@ async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while
             .await
             .map_err(|_| anyhow::anyhow!("run {n} went on 10 times past its deadline"))??;
         let took = started.elapsed();
-        env.sqs.delete_queue().queue_url(&queue).send().await?;
         assert!(
             crate::within_deadline(took, BUDGET),
             "run {n} took {took:?}: {report:?}"
@@ -255,23 +244,15 @@ async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while
         }
         if let Some(d) = d {
             assert_eq!(d.compensated, 0, "run {n}: {report:?}");
-            runs.push((took, d.drawn, d.winners_sent, d.winners_unsent));
+            drawn_yet |= d.drawn;
+            runs.push((took, drawn_yet, d.winners_ordered, d.orders_pending));
         }
     }
-    let sent: usize = runs.iter().map(|r| r.2).sum();
-    let unsent = store::draw::unsent(&env.redis, drawn.id).await?;
-    assert_eq!(sent + unsent as usize, WINNERS, "sent or waiting: {runs:?}");
-    let sending: Vec<_> = runs.iter().skip_while(|r| !r.1).collect();
+    let ordered: usize = runs.iter().map(|r| r.2).sum();
     assert_eq!(
-        sending.len(),
-        SENDING_RUNS,
-        "drawn within {MAX_RUNS} runs: {runs:?}"
+        ordered, WINNERS,
+        "every winner ordered within {MAX_RUNS} runs: {runs:?}"
     );
-    assert!(
-        sending.iter().all(|r| r.2 > 0),
-        "every run that checks the draw sale sends once the draw is done: {runs:?}"
-    );
-    assert!(unsent > 0, "more than a run's share: {runs:?}");
     let recorded: i64 =
         sqlx::query_scalar("select winners from draw_outcomes where activity_id = $1")
             .bind(drawn.id)
@@ -279,9 +260,14 @@ async fn a_draw_of_30_000_winners_is_sent_over_runs_within_their_deadlines_while
             .await?;
     assert_eq!(recorded, WINNERS as i64, "recorded once, whole");
     assert_eq!(
+        db_remaining(&env, drawn.id).await,
+        0,
+        "each order took its unit once"
+    );
+    assert_eq!(
         snapshot(&env, drawn.id).await.ledger_size,
-        WINNERS as i64,
-        "every winner holds its reservation, sent or not"
+        0,
+        "every winner's reservation settled"
     );
     Ok(())
 }

@@ -1,7 +1,9 @@
-//! After the draw: a drawer's run that stopped after the steps leaves the winners to the next
-//! run, which sends every one, past the grace period too; a status read of a huge draw's entrant stays a cheap read;
-//! reconcile gives back nothing of a draw whose sends are late; a sale loaded again after its
-//! draw draws nobody again.
+//! After the draw: the drawer writes its winners' orders from the recorded outcome, in
+//! chunks, and no winner crosses the queue. A drawer's run that stopped after the steps leaves
+//! the record and the orders to the next run, past the grace period too; a second drawer
+//! racing the first records nothing twice and writes no order twice; reconcile gives back
+//! nothing of a draw whose orders are late; a status read of a huge draw's entrant stays a
+//! cheap read; a sale loaded again after its draw draws nobody again.
 
 use crate::enter;
 use crate::fairness::tickets;
@@ -9,6 +11,7 @@ use axum::http::StatusCode;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::shape::Function;
+use seckill_shared::protocol::draw::ORDER_CHUNK;
 use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use std::time::Duration;
@@ -19,21 +22,31 @@ use testkit::TestEnv;
 use testkit::{
     after_grace, age_reservations, buy, close_draw_window, consume_queue, order_rows, snapshot,
 };
-use testkit::{counting_pool, my_status, restore_entrants};
+use testkit::{counting_pool, draw_entry_rows, my_status, restore_entrants};
 
 on_both_redis!(
     a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
     a_sale_reloaded_after_its_draw_draws_nobody_again,
-    a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back,
-    reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late,
+    a_draw_left_unwritten_past_the_grace_period_is_ordered_and_nothing_given_back,
+    reconcile_gives_back_nothing_of_a_draw_whose_record_is_late,
+    a_second_drawer_between_two_chunks_writes_every_order_once,
 );
 
-/// A drawer's run that stopped after the draw's steps, before its sends (its time ran out,
-/// or it died): the outbox keeps the winners, and the next run, once the draw's reservations
-/// are past the grace period, sends them instead of giving their units back. A purchase
-/// meanwhile answers `draw_running` and runs no step. Every winner gets an order; the units
-/// balance.
-async fn a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back(
+/// How many of sale `activity_id`'s orders are `confirmed`.
+async fn confirmed(env: &TestEnv, activity_id: i64) -> usize {
+    order_rows(env, activity_id)
+        .await
+        .iter()
+        .filter(|o| o.status == OrderStatus::Confirmed)
+        .count()
+}
+
+/// A drawer's run that stopped after the draw's steps, before its record (its time ran out,
+/// or it died): the winners' reservations wait, and the next run, once they are past the
+/// grace period, records the draw and writes their orders instead of giving their units back.
+/// A purchase meanwhile answers `draw_running` and runs no step. Every winner gets an order,
+/// none through the queue; the units balance.
+async fn a_draw_left_unwritten_past_the_grace_period_is_ordered_and_nothing_given_back(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -45,6 +58,8 @@ async fn a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back
             StatusCode::ACCEPTED
         );
     }
+    assert_eq!(consume_queue(&env).await?, 0, "entries are no orders");
+    assert_eq!(draw_entry_rows(&env, a.id).await, 8, "the entries kept");
     close_draw_window(&env, a.id).await;
     let (status, body) = buy(&app, &a, "late", None).await;
     assert_eq!(
@@ -59,38 +74,28 @@ async fn a_draw_left_unsent_past_the_grace_period_is_sent_and_nothing_given_back
             .is_done(),
         "one step draws 8 entrants"
     );
-    assert_eq!(consume_queue(&env).await?, 0, "no winner sent");
-    assert_eq!(draw::unsent(&env.redis, a.id).await?, 5);
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 5);
 
     let grace = env.config.reconcile_grace;
     age_reservations(&env, a.id, grace + Duration::from_secs(60)).await;
     let report = env.reconcile().run(chrono::Utc::now()).await?;
     let r = report.activity(a.id).unwrap();
     assert_eq!(
-        (r.winners_sent, r.winners_unsent, r.compensated),
-        (5, 0, 0),
+        (r.winners_ordered, r.orders_pending, r.compensated),
+        (5, false, 0),
         "{r:?}"
     );
-    assert_eq!(draw::unsent(&env.redis, a.id).await?, 0);
-    assert_eq!(consume_queue(&env).await?, 5);
-    let confirmed = order_rows(&env, a.id).await;
-    assert_eq!(
-        confirmed
-            .iter()
-            .filter(|o| o.status == OrderStatus::Confirmed)
-            .count(),
-        5
-    );
+    assert_eq!(consume_queue(&env).await?, 0, "no winner crosses the queue");
+    assert_eq!(confirmed(&env, a.id).await, 5);
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 0, "settled");
     invariants::check(&env, a.id).await?;
     Ok(())
 }
 
-/// A draw of 30,000 winners, done and not sent (its pool filled in bulk through the consumer's
-/// restore script; the draw run as a purchase after the window runs it). A queued entrant the
-/// draw passed over, and a winner, ask for their status: each answer comes from Redis alone,
-/// promptly, with no connection taken from the database: the entry records no draw and sends
-/// no winner (its role may not record, and a request does not wait for 30,000 sends); the
-/// outcome stays unrecorded and every winner in the outbox for reconcile.
+/// A draw of 30,000 winners, done and not recorded (its pool filled in bulk through the
+/// consumer's restore script). A queued entrant the draw passed over, and a winner, ask for
+/// their status: each answer comes from Redis alone, promptly, with no connection taken from
+/// the database: a request records no draw and writes no order.
 async fn a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -117,25 +122,21 @@ async fn a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql(
         "no database work"
     );
     assert!(took < Duration::from_secs(1), "two reads took {took:?}");
-    assert_eq!(
-        draw::unsent(&env.redis, a.id).await?,
-        WINNERS as i64,
-        "nothing sent"
-    );
     let outcomes: i64 =
         sqlx::query_scalar("select count(*) from draw_outcomes where activity_id = $1")
             .bind(a.id)
             .fetch_one(&env.pool)
             .await?;
     assert_eq!(outcomes, 0, "nothing recorded");
+    assert!(order_rows(&env, a.id).await.is_empty(), "no order written");
     Ok(())
 }
 
-/// Reconcile's drain paused between taking its batch (the reservations restamped) and
-/// sending it, while a second reconcile runs past the grace period of the draw: the second
-/// finds the lease held and the winners in the outbox, and gives back nothing. The first then
-/// sends, and every winner is confirmed.
-async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
+/// Reconcile's drawer paused between the record's commit and its mark in Redis, while a
+/// second reconcile runs past the grace period of the draw: the second records nothing twice
+/// (it finds the same outcome), writes the winners' orders, and gives back nothing. The first
+/// then goes on and writes none again. Every winner is confirmed once.
+async fn reconcile_gives_back_nothing_of_a_draw_whose_record_is_late(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
@@ -148,48 +149,92 @@ async fn reconcile_gives_back_nothing_of_a_draw_whose_sends_are_late(
         );
     }
     close_draw_window(&env, a.id).await;
-    let (status, _) = buy(&app, &a, "late", None).await;
-    assert_eq!(status, StatusCode::CONFLICT, "4 units, 4 winners: sold out");
-    let paused = pause::arm("draw.drain.after_take", a.id);
+    let paused = pause::arm("draw.record.after_commit", a.id);
     let first = {
         let job = env.reconcile();
         tokio::spawn(async move { job.run(chrono::Utc::now()).await })
     };
     assert!(
         paused.reached_within(Duration::from_secs(10)).await,
-        "the drainer took its batch"
+        "the drawer recorded the draw"
     );
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 4);
 
     let report = env
         .reconcile()
         .run(after_grace(env.config.reconcile_grace))
         .await?;
     let r = report.activity(a.id).unwrap();
-    assert_eq!((r.compensated, r.winners_sent), (0, 0), "{r:?}");
     assert_eq!(
-        snapshot(&env, a.id).await.pending_count(),
-        4,
-        "the winners keep their units"
+        (r.compensated, r.winners_ordered, r.orders_pending),
+        (0, 4, false),
+        "{r:?}"
     );
 
     paused.resume();
-    let sent = first.await??;
-    assert_eq!(sent.activity(a.id).unwrap().winners_sent, 4);
-    assert_eq!(consume_queue(&env).await?, 4);
+    let first = first.await??;
+    assert_eq!(first.activity(a.id).unwrap().winners_ordered, 0);
     let rows = order_rows(&env, a.id).await;
-    assert_eq!(
-        rows.iter()
-            .filter(|o| o.status == OrderStatus::Confirmed)
-            .count(),
-        4,
-        "{rows:?}"
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(confirmed(&env, a.id).await, 4);
+    let winners: i64 =
+        sqlx::query_scalar("select count(*) from draw_winners where activity_id = $1")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(winners, 4, "recorded once");
+    invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
+/// A draw whose winners take three chunks of orders. The first drawer stops after its first
+/// chunk's commit, before its settle (its reservations still in the ledger); a second drawer,
+/// past the grace period, writes the other chunks from the record's cursor, marks the orders
+/// written, and settles the first chunk's reservations by their rows, giving back nothing. The
+/// first then settles and finds nothing left. Every winner has exactly one order and the
+/// units balance.
+async fn a_second_drawer_between_two_chunks_writes_every_order_once(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let winners = 2 * ORDER_CHUNK + ORDER_CHUNK / 2;
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_activity(winners as i64, 1).await?;
+    restore_entrants(&env, a.id, "e", winners + 20).await;
+    close_draw_window(&env, a.id).await;
+    let paused = pause::arm("draw.orders.after_commit", a.id);
+    let first = {
+        let job = env.reconcile();
+        tokio::spawn(async move { job.run(chrono::Utc::now()).await })
+    };
+    assert!(
+        paused.reached_within(Duration::from_secs(30)).await,
+        "the first chunk committed"
     );
+    assert_eq!(order_rows(&env, a.id).await.len(), ORDER_CHUNK);
+
+    let report = env
+        .reconcile()
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!(
+        (r.compensated, r.winners_ordered, r.orders_pending),
+        (0, winners - ORDER_CHUNK, false),
+        "{r:?}"
+    );
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 0, "all settled");
+
+    paused.resume();
+    let first = first.await??;
+    assert_eq!(first.activity(a.id).unwrap().winners_ordered, ORDER_CHUNK);
+    assert_eq!(order_rows(&env, a.id).await.len(), winners);
+    assert_eq!(confirmed(&env, a.id).await, winners);
     invariants::check(&env, a.id).await?;
     Ok(())
 }
 
 /// A drawn sale whose meta Redis lost is reloaded from the database with its draw's state
-/// gone too (pool, tickets, outbox): the draw cannot run a second time over the old entries,
+/// gone too (pool, tickets, winners): the draw cannot run a second time over the old entries,
 /// and no loser told `not_drawn` becomes a winner.
 async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
