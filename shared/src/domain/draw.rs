@@ -3,6 +3,7 @@
 //! winner is sent). A load from scratch rebuilds the pool from them. docs/invariants.md, "Draw
 //! admission", "What the database keeps".
 
+use crate::domain::status::FailureReason;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
@@ -303,8 +304,9 @@ pub struct Written {
     pub unrecorded: bool,
     /// Winners whose `confirmed` order this chunk inserted, their units taken from the stock.
     pub ordered: Vec<Entry>,
-    /// Winners of the chunk whose request, or whose user, held an order row already (a claim
-    /// after a 503, a give-back, another order of the user): the caller applies each.
+    /// Winners of the chunk whose request held an order row already (a claim after a 503, a
+    /// give-back), or whose user held another live order (this chunk claimed the request
+    /// `failed / already_purchased`): the caller applies each one's row.
     pub skipped: Vec<Entry>,
     /// Every recorded winner has its order row now (or had before this call).
     pub done: bool,
@@ -315,8 +317,10 @@ pub struct Written {
 /// then goes on from where this one left), the page read by the index, one `confirmed` order
 /// per winner whose request and user hold none (the request id is the claim), one update of
 /// the sale's stock by their units (held by the record since the draw: a winner's order
-/// commits under any load epoch), and the cursor moved past the page; the chunk that finds
-/// fewer than `limit` winners after it marks the orders written.
+/// commits under any load epoch), a `failed / already_purchased` claim for each winner whose
+/// user holds another live order (so that every winner has its row when the cursor passes
+/// it), and the cursor moved past the page; the chunk that finds fewer than `limit` winners
+/// after it marks the orders written.
 pub async fn write_orders(
     db: &PgPool,
     activity_id: i64,
@@ -383,6 +387,24 @@ pub async fn write_orders(
         .iter()
         .cloned()
         .partition(|w| inserted.contains(&w.request_id));
+    if !skipped.is_empty() {
+        let ids: Vec<Uuid> = skipped.iter().map(|w| w.request_id).collect();
+        let users: Vec<String> = skipped.iter().map(|w| w.user_id.clone()).collect();
+        let quantities: Vec<i64> = skipped.iter().map(|w| w.quantity).collect();
+        sqlx::query!(
+            "insert into orders (request_id, activity_id, user_id, quantity, status, failure_reason)
+             select w.request_id, $1, w.user_id, w.quantity, 'failed', $5
+             from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)
+             on conflict (request_id) do nothing",
+            activity_id,
+            &ids,
+            &users,
+            &quantities,
+            FailureReason::AlreadyPurchased.as_str()
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
     let units: i64 = ordered.iter().map(|w| w.quantity).sum();
     if units > 0 {
         sqlx::query!(

@@ -10,8 +10,6 @@
 
 use crate::domain::draw::{self as kept, Entry, Recorded};
 use crate::domain::order;
-use crate::domain::purchase::Attempt;
-use crate::domain::status::FailureReason;
 use crate::infra::pause;
 use crate::protocol::giveback::{self, GiveBackError};
 use crate::store::conn::{Redis, StoreError};
@@ -89,26 +87,30 @@ pub async fn drive(
         written: false,
         diverged: false,
     };
-    if !drawn.is_done() {
-        return Ok(report);
-    }
-    let (recorded, written) = draw::progress(redis, activity_id).await?;
-    if written {
-        report.written = true;
-        return Ok(report);
-    }
-    if !recorded {
-        match record(redis, db, activity_id).await {
-            Ok(Some(_)) => {}
-            // Loaded from scratch meanwhile: the next run finds the rebuilt sale.
-            Ok(None) => return Ok(report),
-            Err(DrawError::Diverged { .. }) => {
-                report.diverged = true;
-                return Ok(report);
-            }
-            Err(e) => return Err(e),
+    if drawn.is_done() {
+        let (recorded, written) = draw::progress(redis, activity_id).await?;
+        if written {
+            report.written = true;
+            return Ok(report);
         }
+        if !recorded {
+            match record(redis, db, activity_id).await {
+                Ok(Some(_)) => {}
+                // Loaded from scratch meanwhile: the next run finds the rebuilt sale.
+                Ok(None) => return Ok(report),
+                Err(DrawError::Diverged { .. }) => {
+                    report.diverged = true;
+                    return Ok(report);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    } else if kept::orders_written(db, activity_id).await? != Some(false) {
+        // No outcome yet, or every order written.
+        return Ok(report);
     }
+    // A recorded outcome's orders are the database's to write, whatever Redis holds now (the
+    // sale lost and not loaded again once it ended, its pool still being rebuilt).
     let w = write_orders(redis, db, activity_id, Some(until)).await?;
     report.ordered = w.ordered;
     report.written = w.written;
@@ -197,10 +199,10 @@ pub struct OrdersWritten {
 /// Writes the orders of sale `activity_id`'s recorded winners, in chunks of [`ORDER_CHUNK`]
 /// from the record's cursor ([`kept::write_orders`]), no chunk started after `until` but the
 /// first; after each commit one `lua/draw_settle.lua` drops the chunk's reservations (the last
-/// also marks the orders written). A winner the chunk passed over is applied as its row says:
-/// a `failed` claim gives its units back, a user who holds another order is claimed
-/// `already_purchased`. A crash between the commit and the settle leaves reservations whose
-/// orders exist: reconcile settles them like any other.
+/// also marks the orders written). A winner the chunk passed over is applied as its row says
+/// (a `failed` claim gives its units back, an `already_purchased` one keeps the user's field).
+/// A crash between the commit and the settle leaves reservations whose rows exist: reconcile
+/// settles or gives them back like any other.
 pub async fn write_orders(
     redis: &Redis,
     db: &PgPool,
@@ -216,7 +218,7 @@ pub async fn write_orders(
         // Committed, not yet settled: reconcile, a reload, a second drawer may run here.
         pause::point("draw.orders.after_commit", activity_id).await;
         for w in &chunk.skipped {
-            skipped(redis, db, activity_id, w).await?;
+            skipped(redis, db, w).await?;
         }
         let settled = draw::settle(redis, activity_id, None, chunk.done, &chunk.ordered).await?;
         report.ordered += chunk.ordered.len();
@@ -228,22 +230,12 @@ pub async fn write_orders(
     }
 }
 
-/// A recorded winner whose order the chunk did not insert: its request has a row (a claim
-/// after a 503, a give-back), applied as that row says; or its user holds a live order of the
-/// sale, and the request is claimed `already_purchased` (the units go back, the user stays).
-async fn skipped(redis: &Redis, db: &PgPool, activity_id: i64, w: &Entry) -> Result<(), DrawError> {
+/// A recorded winner whose order the chunk did not insert: its request's row (a claim after a
+/// 503, a give-back, or the chunk's own `already_purchased` claim) applied as it says.
+async fn skipped(redis: &Redis, db: &PgPool, w: &Entry) -> Result<(), DrawError> {
     if let Some(row) = order::by_request(db, w.request_id).await? {
         giveback::apply(redis, &row).await?;
-        return Ok(());
     }
-    let attempt = Attempt {
-        request_id: w.request_id,
-        activity_id,
-        user_id: w.user_id.clone(),
-        quantity: w.quantity,
-        buckets: 1,
-    };
-    giveback::give_back(db, redis, &attempt, FailureReason::AlreadyPurchased).await?;
     Ok(())
 }
 

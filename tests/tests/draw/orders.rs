@@ -8,10 +8,11 @@
 use crate::enter;
 use crate::fairness::tickets;
 use axum::http::StatusCode;
+use seckill_shared::domain::status::FailureReason;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::pause;
 use seckill_shared::infra::shape::Function;
-use seckill_shared::protocol::draw::ORDER_CHUNK;
+use seckill_shared::protocol::draw::{self as drawing, ORDER_CHUNK};
 use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use std::time::Duration;
@@ -30,6 +31,8 @@ on_both_redis!(
     a_draw_left_unwritten_past_the_grace_period_is_ordered_and_nothing_given_back,
     reconcile_gives_back_nothing_of_a_draw_whose_record_is_late,
     a_second_drawer_between_two_chunks_writes_every_order_once,
+    a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database,
+    a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row,
 );
 
 /// How many of sale `activity_id`'s orders are `confirmed`.
@@ -279,5 +282,96 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
             .await?
             .is_none_or(|e| !e.won));
     }
+    Ok(())
+}
+
+/// The draw is recorded, no order is written yet, and Redis loses the sale (it ended meanwhile,
+/// so nobody loads it again): the drawer writes the recorded winners' orders from the
+/// database alone, their units taken from the database's stock once.
+async fn a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_activity(3, 1).await?;
+    restore_entrants(&env, a.id, "e", 8).await;
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    assert!(drawing::record(&env.redis, &env.pool, a.id)
+        .await?
+        .is_some());
+    testkit::lose_activity(&env.redis, a.id).await?;
+
+    let (db, redis) = env.login(Function::Reconcile);
+    let far = std::time::Instant::now() + Duration::from_secs(60);
+    let run = drawing::drive(&redis, &db, a.id, far).await?;
+    assert_eq!((run.drawn, run.ordered), (Drawn::NotLoaded, 3), "{run:?}");
+    assert_eq!(confirmed(&env, a.id).await, 3);
+    assert_eq!(testkit::db_remaining(&env, a.id).await, 0);
+    let again = drawing::drive(&redis, &db, a.id, far).await?;
+    assert_eq!(again.ordered, 0, "written once: {again:?}");
+    Ok(())
+}
+
+/// One winner's user holds another live order of the sale (written behind Redis's back), and
+/// the drawer dies right after the chunk's commit: the chunk claimed that winner
+/// `failed / already_purchased` in its own transaction, so every winner it passed has its row;
+/// reconcile then gives that reservation's units back, once, and settles the others.
+async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let a = env.draw_activity(3, 1).await?;
+    restore_entrants(&env, a.id, "e", 8).await;
+    close_draw_window(&env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let winner = draw::pool(&env.redis, a.id)
+        .await?
+        .into_iter()
+        .find(|(_, e)| e.won)
+        .map(|(u, _)| u)
+        .expect("a winner");
+    sqlx::query(
+        "insert into orders (request_id, activity_id, user_id, quantity, status)
+         values (gen_random_uuid(), $1, $2, 1, 'confirmed')",
+    )
+    .bind(a.id)
+    .bind(&winner)
+    .execute(&env.pool)
+    .await?;
+
+    let paused = pause::arm("draw.orders.after_commit", a.id);
+    let drawer = {
+        let (db, redis) = env.login(Function::Reconcile);
+        let id = a.id;
+        tokio::spawn(async move {
+            let far = std::time::Instant::now() + Duration::from_secs(60);
+            drawing::drive(&redis, &db, id, far).await
+        })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    drawer.abort();
+    let _ = drawer.await;
+    paused.resume();
+
+    let rows = order_rows(&env, a.id).await;
+    let claimed: Vec<_> = rows
+        .iter()
+        .filter(|o| o.failure_reason == Some(FailureReason::AlreadyPurchased))
+        .collect();
+    assert_eq!(claimed.len(), 1, "{rows:?}");
+    assert_eq!(claimed[0].user_id, winner);
+    assert_eq!(
+        rows.len(),
+        4,
+        "3 winners' rows and the other order: {rows:?}"
+    );
+
+    let report = env
+        .reconcile()
+        .run(after_grace(env.config.reconcile_grace))
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!(r.compensated, 1, "the claimed winner's units, once: {r:?}");
+    assert_eq!(snapshot(&env, a.id).await.pending_count(), 0);
     Ok(())
 }
