@@ -33,6 +33,7 @@ on_both_redis!(
     a_second_drawer_between_two_chunks_writes_every_order_once,
     a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database,
     a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row,
+    winners_never_expire_behind_an_entry_backlog,
 );
 
 /// How many of sale `activity_id`'s orders are `confirmed`.
@@ -373,5 +374,48 @@ async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
     let r = report.activity(a.id).unwrap();
     assert_eq!(r.compensated, 1, "the claimed winner's units, once: {r:?}");
     assert_eq!(snapshot(&env, a.id).await.pending_count(), 0);
+    Ok(())
+}
+
+/// Twenty entrants whose entry messages all wait on the queue (no consumer has read one), a
+/// grace period of 1 ms, and the window closed: the drawer's run writes the five winners'
+/// orders straight from the record, none waits behind an entry and none is given back as
+/// expired; the entries read afterwards are kept (the losers') and change no order.
+async fn winners_never_expire_behind_an_entry_backlog(kind: RedisKind) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(5, 1).await?;
+    for i in 0..20 {
+        assert_eq!(
+            buy(&app, &a, &format!("e{i}"), None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, a.id).await;
+    let report = env
+        .reconcile_with(|c| c.config.reconcile_grace = Duration::from_millis(1))
+        .run(chrono::Utc::now())
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert_eq!(
+        (r.winners_ordered, r.compensated, r.orders_pending),
+        (5, 0, false),
+        "{r:?}"
+    );
+    assert_eq!(
+        draw_entry_rows(&env, a.id).await,
+        0,
+        "the backlog is all there"
+    );
+    assert_eq!(confirmed(&env, a.id).await, 5);
+    assert_eq!(consume_queue(&env).await?, 0);
+    // A winner's entry has its order row: only the fifteen others are kept.
+    assert_eq!(draw_entry_rows(&env, a.id).await, 15);
+    let rows = order_rows(&env, a.id).await;
+    assert!(
+        rows.iter().all(|o| o.status == OrderStatus::Confirmed),
+        "{rows:?}"
+    );
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
