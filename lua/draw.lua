@@ -13,8 +13,13 @@
 -- The tickets are never removed during the draw (an entry taken back leaves the pool hash
 -- only), so the cursor's index always means the same ticket.
 --
+-- After a load from scratch the meta holds `waitEntries`: entries answered 202 may still be on
+-- the queue, on their way back into the pool; no step runs until the drawer, having found
+-- them written (or its wait bound passed), calls with ARGV[2] = '1', which ends the wait.
+--
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners   KEYS[6] tickets
 -- ARGV[1] how many tickets this call may look at (>= 1)
+-- ARGV[2] '1' = the wait for the queued entries is over
 --
 -- Returns {code, winners, units, entrants (the pool's size), msLeft}:
 local OPEN = 0 -- the window is still open; msLeft until it closes
@@ -25,8 +30,9 @@ local NOT_LOADED = 4
 local DONE = 5 -- this call drew `winners` taking `units`, and finished the draw
 local RESTORING = 6 -- the sale was loaded from scratch and its pool is being rebuilt from the
                     -- database's entries: no step runs until it is whole
+local WAITING = 7 -- rebuilt: no step runs until the drawer ends the wait for queued entries
 local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch', 'drawAt',
-  'restoreAt')
+  'restoreAt', 'waitEntries')
 if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
 if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
@@ -39,6 +45,10 @@ end
 if meta[2] == '1' then return {BEFORE, 0, 0, entrants(), 0} end
 if now < draw_end then return {OPEN, 0, 0, entrants(), draw_end - now} end
 if meta[7] then return {RESTORING, 0, 0, entrants(), 0} end
+if meta[8] then
+  if ARGV[2] ~= '1' then return {WAITING, 0, 0, entrants(), 0} end
+  redis.call('HDEL', KEYS[1], 'waitEntries')
+end
 -- The sentinel '' has the lowest score, -1: index 0 (back if it went, before the cursor moved).
 redis.call('ZADD', KEYS[6], 'NX', -1, '')
 local size = redis.call('ZCARD', KEYS[6]) - 1

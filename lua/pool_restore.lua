@@ -9,15 +9,19 @@
 -- tombstone of another request of the user is no entry. It gets the next
 -- arrival rank and, while no draw step has run, its ticket (HMAC-SHA1 of the sale's secret
 -- and the user id, as purchase.lua makes it); once a step ran, a ticket below the cursor
--- would shift every index after it, so the entry only waits in the pool for the draw's end
--- (then `not_drawn`). A winner (`w`, restored from the recorded outcome) gets back what the
+-- would shift every index after it, so the entry gets none: after a draw that is done with a
+-- cutoff below its ticket it is an ordinary loser (`q`, `not_drawn`); otherwise it is **late**
+-- (`l`, counted in the meta's `lateEntries`): the draw could not look at it, and its status
+-- says so. A winner (`w`, restored from the recorded outcome) gets back what the
 -- draw gave it: the field in `users`, its reservation in the ledger (stamped now) and its
 -- entry in `winners`; the load took its units from the stock already.
 --
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners   KEYS[6] tickets
 -- ARGV[1] the load epoch the caller read ('' = any)   ARGV[2] 'q' entries, 'w' winners
 -- ARGV[3] the loader's cursor after this chunk ('' = none; 'done' = the rebuild is whole: the
---         cursor goes, and with ARGV[4] the draw is marked done and recorded)
+--         cursor goes, and with ARGV[4] the draw is marked done and recorded; 'done-wait' =
+--         the same, and without ARGV[4] the draw waits (`waitEntries`) until the drawer finds
+--         the entries sent before the window closed written, or its wait bound passed)
 -- ARGV[4] the recorded outcome's cutoff ('' = none)
 -- ARGV[5..] user, requestId, qty, for each entry
 --
@@ -26,7 +30,7 @@ local NOT_LOADED = 0
 local RESTORED = 1
 local STALE = 2 -- another load's epoch: nothing written
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'drawKeyI', 'drawKeyO', 'drawAt', 'drawn',
-  'restoreAt')
+  'restoreAt', 'drawCutoff')
 if not meta[1] then return {NOT_LOADED, 0} end
 if ARGV[1] ~= '' and ARGV[1] ~= meta[1] then return {STALE, 0} end
 -- The pool and tickets are made with the meta (and their sentinels): never made here.
@@ -57,16 +61,25 @@ for i = 5, #ARGV - 2, 3 do
     if state == 'x' and held_id ~= request_id then held = nil end
     if not held then
       rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
-      redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, 'q'))
-      if open then add_ticket(user) end
+      local state = 'q'
+      if open then
+        add_ticket(user)
+      elseif not (meta[5] == '1' and meta[2] and meta[3] and meta[7]
+          and ticket_of(meta[2], meta[3], user) > tonumber(meta[7])) then
+        state = 'l'
+        redis.call('HINCRBY', KEYS[1], 'lateEntries', 1)
+      end
+      redis.call('HSET', KEYS[4], user, pool_entry(request_id, qty, rank, state))
       restored = restored + 1
     end
   end
 end
-if ARGV[3] == 'done' then
+if ARGV[3] == 'done' or ARGV[3] == 'done-wait' then
   redis.call('HDEL', KEYS[1], 'restoreAt')
   if ARGV[4] ~= '' then
     redis.call('HSET', KEYS[1], 'drawn', '1', 'recorded', '1', 'drawCutoff', ARGV[4])
+  elseif ARGV[3] == 'done-wait' then
+    redis.call('HSET', KEYS[1], 'waitEntries', '1')
   end
 elseif ARGV[3] ~= '' and meta[6] and tonumber(ARGV[3]) > tonumber(meta[6]) then
   redis.call('HSET', KEYS[1], 'restoreAt', ARGV[3])

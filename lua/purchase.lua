@@ -136,7 +136,7 @@ local function draw_admission(meta, draw_end, now, qty, counted)
     return DRAW_DUE, -1
   end
   local _, _, _, state = pool_fields(redis.call('HGET', KEYS[4], ARGV[1]) or '')
-  if state == 'q' then return ALREADY_PURCHASED, -1 end
+  if state == 'q' or state == 'l' then return ALREADY_PURCHASED, -1 end
 end
 
 -- The first-come decision: the stock, then the user's field in `users` (none: free; this very

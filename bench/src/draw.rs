@@ -48,6 +48,8 @@ pub struct DrawRow {
     /// The longest single call, server time (the slow log), µs: of the row's script, or for
     /// the drawer of any command.
     pub longest_script_us: u64,
+    /// That call's script file, or its command.
+    pub longest_call: String,
     /// The drawer's longest database transaction (the record, or a chunk of orders with its
     /// settle), wall clock, ms; its longest statement is no longer.
     pub longest_transaction_ms: Option<f64>,
@@ -374,6 +376,8 @@ struct Measured {
     calls: usize,
     winners: i64,
     longest_us: u64,
+    /// The longest call's script file, or its command.
+    longest_call: String,
     draw_ms: f64,
     pings: u64,
     ping_max_ms: f64,
@@ -393,6 +397,7 @@ fn row(
         calls: m.calls,
         winners: m.winners,
         longest_script_us: m.longest_us,
+        longest_call: m.longest_call,
         longest_transaction_ms: None,
         draw_ms: m.draw_ms,
         pings: m.pings,
@@ -401,9 +406,9 @@ fn row(
         bytes_per_entrant,
     };
     eprintln!(
-        "  {n} entrants, {draw}: {} calls, {} winners, longest script {} µs, draw {:.1} ms, \
+        "  {n} entrants, {draw}: {} calls, {} winners, longest script {} µs ({}), draw {:.1} ms, \
          PING max {:.2} ms over {}",
-        r.calls, r.winners, r.longest_script_us, r.draw_ms, r.ping_max_ms, r.pings
+        r.calls, r.winners, r.longest_script_us, r.longest_call, r.draw_ms, r.ping_max_ms, r.pings
     );
     r
 }
@@ -439,7 +444,14 @@ where
     slowlog.close(admin).await;
     let (calls, winners) = outcome?;
     let entries = entries?;
-    let longest_us = entries
+    let scripts: std::collections::HashMap<String, &str> = seckill_shared::store::scripts::SOURCES
+        .iter()
+        .map(|(file, source)| {
+            let full = seckill_shared::store::scripts::with_prelude(source);
+            (redis::Script::new(&full).get_hash().to_string(), *file)
+        })
+        .collect();
+    let (longest_us, longest_call) = entries
         .iter()
         .filter_map(|entry| {
             let redis::Value::Array(fields) = entry else {
@@ -460,14 +472,21 @@ where
                 Some(sha) => args.len() > 1 && text(&args[0]) == "evalsha" && text(&args[1]) == sha,
                 None => !args.is_empty() && text(&args[0]) != "ping",
             };
-            ours.then_some(micros)
+            let call = match text(&args[0]).as_str() {
+                "evalsha" if args.len() > 1 => scripts
+                    .get(&text(&args[1]))
+                    .map_or_else(|| "evalsha".to_string(), |f| f.to_string()),
+                other => other.to_string(),
+            };
+            ours.then_some((micros, call))
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or_default();
     Ok(Measured {
         calls,
         winners,
         longest_us,
+        longest_call,
         draw_ms,
         pings,
         ping_max_ms,

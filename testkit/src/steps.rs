@@ -200,6 +200,15 @@ pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
         let message = order_consumer::parse(m.body())?;
         consumer.handle_message(&message).await?;
         n += usize::from(message.kind != MessageKind::Entry);
+        // Handled: gone from the queue, as the event source deletes a batch that succeeded.
+        if let Some(receipt) = m.receipt_handle() {
+            env.sqs
+                .delete_message()
+                .queue_url(&env.queue.url)
+                .receipt_handle(receipt)
+                .send()
+                .await?;
+        }
     }
     Ok(n)
 }

@@ -15,17 +15,18 @@ pub fn table(s: &mut String, rows: &[DrawRow]) {
          protocol::draw::ORDER_CHUNK); its script calls are the steps and the chunks, its longest script \
          the longest Redis call of any kind, its time from the close to the last winner's order\n\n",
     );
-    s.push_str("| entrants | draw | units | script calls | winners | longest script µs | longest DB transaction ms | whole draw ms | PING max ms (PINGs) | entries/s | pool + tickets B/entrant |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| entrants | draw | units | script calls | winners | longest script µs (which) | longest DB transaction ms | whole draw ms | PING max ms (PINGs) | entries/s | pool + tickets B/entrant |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.2} ({}) | {:.0} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} ({}) | {} | {:.1} | {:.2} ({}) | {:.0} | {:.1} |",
             r.entrants,
             r.draw,
             r.stock,
             r.calls,
             r.winners,
             r.longest_script_us,
+            r.longest_call,
             r.longest_transaction_ms
                 .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}")),
             r.draw_ms,

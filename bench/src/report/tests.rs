@@ -413,6 +413,7 @@ fn draw_rows() -> Vec<crate::draw::DrawRow> {
             calls,
             winners: 1_000,
             longest_script_us,
+            longest_call: "draw.lua".to_string(),
             longest_transaction_ms: None,
             draw_ms,
             pings: 420,

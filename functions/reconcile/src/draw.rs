@@ -30,7 +30,9 @@ impl Reconcile {
             .context("failed to rebuild the draw's pool")?;
         r.pool_rebuilt = rebuilt.winners as usize + rebuilt.entries as usize;
         r.out_of_time |= !rebuilt.done;
-        let run = draw::drive(&self.redis, &self.pool, a.id, share.until)
+        let queue = self.queue().await;
+        let wait = self.config.draw_entry_wait;
+        let run = draw::drive(&self.redis, &self.pool, queue, a.id, share.until, wait)
             .await
             .context("failed to run the draw and write its winners' orders")?;
         if run.diverged {
@@ -55,7 +57,8 @@ impl Reconcile {
             | Drawn::Now { entrants, .. }
             | Drawn::Running { entrants, .. }
             | Drawn::Before { entrants }
-            | Drawn::Restoring { entrants } => Some(entrants),
+            | Drawn::Restoring { entrants }
+            | Drawn::Waiting { entrants } => Some(entrants),
             Drawn::NotDraw | Drawn::NotLoaded => None,
         };
         r.draw_entrants = entrants;

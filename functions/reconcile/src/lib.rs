@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use seckill_shared::domain::activity::{self, Activity, Phase};
 use seckill_shared::infra::shape::Function;
+use seckill_shared::infra::sqs::{self, OrderQueue};
 use seckill_shared::protocol::load;
 use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
@@ -48,6 +49,9 @@ pub struct Reconcile {
     config: Config,
     pool: PgPool,
     redis: Redis,
+    /// The order queue, whose backlog a rebuilt draw sale's draw waits on (built on first use:
+    /// most runs never ask).
+    queue: tokio::sync::OnceCell<OrderQueue>,
 }
 
 impl Reconcile {
@@ -56,7 +60,21 @@ impl Reconcile {
             config: context.config,
             pool: context.pool,
             redis: context.redis,
+            queue: tokio::sync::OnceCell::new(),
         }
+    }
+
+    async fn queue(&self) -> &OrderQueue {
+        self.queue
+            .get_or_init(|| async {
+                let client = sqs::sqs_client().await;
+                OrderQueue::new(
+                    client,
+                    &self.config.order_queue_url,
+                    self.config.sqs_timeout,
+                )
+            })
+            .await
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose

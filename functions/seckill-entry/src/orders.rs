@@ -29,7 +29,9 @@ use uuid::Uuid;
 pub struct MyOrder {
     /// `none`, `queued` (in a draw sale's pool, before its draw), `pending` (reserved, the
     /// order is being written), `confirmed`, `paid`, `cancelled`, `failed` (with a `reason`),
-    /// or `not_drawn` (in a draw sale's pool, and the draw passed over the entry: final).
+    /// `not_drawn` (in a draw sale's pool, and the draw passed over the entry: final), or
+    /// `entered_late` (answered `queued`, but back in the pool only once the draw had begun,
+    /// after Redis lost the sale: the draw could not look at it; final).
     #[schema(example = "confirmed")]
     pub status: BuyerStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,6 +111,15 @@ pub(crate) async fn my_order(
         let Some(entry) = pool::pool_entry(&s.redis, activity_id, &identity.user_id).await? else {
             break;
         };
+        // Too late for the draw: final, whatever the draw's state.
+        if entry.late {
+            return Ok(Json(MyOrder {
+                status: BuyerStatus::EnteredLate,
+                request_id: Some(entry.request_id),
+                quantity: Some(entry.quantity),
+                ..MyOrder::default()
+            }));
+        }
         // Won between the ledger read above and this one: the reservation is there now.
         if entry.won {
             if drawn {

@@ -88,9 +88,16 @@ pub struct PublicDraw {
     /// The ticket secret, hex, once the draw is done.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
-    /// The last ticket the draw looked at, once it is done: every higher ticket lost.
+    /// The last ticket the draw looked at, once it is done: every higher ticket lost, and every
+    /// lower one won (with a per-order limit of 1, unless its user held an order already) but
+    /// for the late entries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cutoff: Option<i64>,
+    /// Once the draw is done: entries answered `queued` that reached the pool again only after
+    /// the draw had begun (Redis lost the sale meanwhile), which the draw could not look at;
+    /// each reads `entered_late`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_entries: Option<i64>,
 }
 
 /// What the cache keeps for an id: the view without its state (computed from the window at
@@ -194,6 +201,7 @@ async fn read(
                 commitment: a.draw_secret.commitment(),
                 secret: None,
                 cutoff: None,
+                late_entries: None,
             }),
             currency: a.currency,
         })
@@ -213,6 +221,7 @@ fn from_redis(view: ActivityView) -> Fields {
             commitment: d.commitment,
             secret: d.secret,
             cutoff: d.cutoff,
+            late_entries: d.late_entries,
         }),
     }
 }

@@ -148,6 +148,10 @@ text_enum! {
         Failed = "failed",
         /// In a draw sale's pool, and the draw passed the entry over: final.
         NotDrawn = "not_drawn",
+        /// In a draw sale's pool too late for its draw: the entry was answered `queued`, but
+        /// reached the pool again (after Redis lost the sale) only once the draw had begun, so
+        /// the draw could not look at it; counted in the public view's `lateEntries`. Final.
+        EnteredLate = "entered_late",
     }
 }
 

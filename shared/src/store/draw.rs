@@ -23,6 +23,7 @@ codes! {
         NotLoaded = 4,
         Done = 5,
         Restoring = 6,
+        Waiting = 7,
     }
 }
 
@@ -58,6 +59,9 @@ pub enum Drawn {
     /// The sale was loaded from scratch and its pool is being rebuilt from the database: the
     /// draw waits for it (the loader finishes it, or its next run).
     Restoring { entrants: i64 },
+    /// Rebuilt from the database: the draw waits for the entries still on the queue (the
+    /// drawer ends the wait, [`draw_with`]).
+    Waiting { entrants: i64 },
 }
 
 impl Drawn {
@@ -73,6 +77,7 @@ async fn step(
     redis: &Redis,
     activity_id: i64,
     tickets: usize,
+    end_wait: bool,
 ) -> Result<(DrawCode, i64, i64, i64, i64), StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::DRAW.prepare_invoke();
@@ -82,7 +87,8 @@ async fn step(
         .key(&k.pool)
         .key(&k.winners)
         .key(&k.tickets)
-        .arg(tickets.max(1));
+        .arg(tickets.max(1))
+        .arg(u8::from(end_wait));
     let (code, winners, units, entrants, ms_left): (i64, i64, i64, i64, i64) =
         redis.script(&inv).await?;
     Ok((DrawCode::read(code)?, winners, units, entrants, ms_left))
@@ -90,11 +96,23 @@ async fn step(
 
 /// Runs the draw of sale `activity_id` if its window has closed and it is not done, in steps
 /// of [`STEP_TICKETS`] (each one atomic, none long) until it is done or `budget` has passed.
-/// Between two steps Redis serves everyone else.
+/// Between two steps Redis serves everyone else. A sale rebuilt from the database waits
+/// ([`Drawn::Waiting`]): see [`draw_with`].
 pub async fn draw(
     redis: &Redis,
     activity_id: i64,
     budget: std::time::Duration,
+) -> Result<Drawn, StoreError> {
+    draw_with(redis, activity_id, budget, false).await
+}
+
+/// [`draw`], and with `end_wait` the wait of a rebuilt sale for its queued entries ends first
+/// (the drawer found them written, or its bound passed).
+pub async fn draw_with(
+    redis: &Redis,
+    activity_id: i64,
+    budget: std::time::Duration,
+    end_wait: bool,
 ) -> Result<Drawn, StoreError> {
     let started = std::time::Instant::now();
     let (mut winners, mut units) = (0, 0);
@@ -104,7 +122,8 @@ pub async fn draw(
             // run steps of the same draw.
             pause::point("draw.between_steps", activity_id).await;
         }
-        let (code, w, u, entrants, ms_left) = step(redis, activity_id, STEP_TICKETS).await?;
+        let (code, w, u, entrants, ms_left) =
+            step(redis, activity_id, STEP_TICKETS, end_wait).await?;
         winners += w;
         units += u;
         match code {
@@ -121,6 +140,7 @@ pub async fn draw(
             DrawCode::NotDraw => return Ok(Drawn::NotDraw),
             DrawCode::NotLoaded => return Ok(Drawn::NotLoaded),
             DrawCode::Restoring => return Ok(Drawn::Restoring { entrants }),
+            DrawCode::Waiting => return Ok(Drawn::Waiting { entrants }),
             DrawCode::Step if started.elapsed() >= budget => {
                 return Ok(Drawn::Running {
                     winners,
@@ -263,8 +283,9 @@ pub enum RestoreCursor<'a> {
     None,
     /// Entries up to this row id are back.
     At(i64),
-    /// The rebuild is whole; with the recorded outcome's cutoff the draw is marked done.
-    Done { cutoff: Option<&'a str> },
+    /// The rebuild is whole; with the recorded outcome's cutoff the draw is marked done, and
+    /// without it, when `wait`, the draw waits for the entries still on the queue.
+    Done { cutoff: Option<&'a str>, wait: bool },
 }
 
 /// `lua/pool_restore.lua`: puts `entries` (user, request id, quantity) back into the pool of
@@ -294,7 +315,9 @@ pub async fn restore(
     match cursor {
         RestoreCursor::None => inv.arg("").arg(""),
         RestoreCursor::At(id) => inv.arg(id).arg(""),
-        RestoreCursor::Done { cutoff } => inv.arg("done").arg(cutoff.unwrap_or("")),
+        RestoreCursor::Done { cutoff, wait } => inv
+            .arg(if wait { "done-wait" } else { "done" })
+            .arg(cutoff.unwrap_or("")),
     };
     for e in entries {
         inv.arg(&e.user_id)
@@ -322,6 +345,21 @@ pub async fn restore_at(redis: &Redis, activity_id: i64) -> Result<Option<(i64, 
         )
         .await?;
     Ok(at.zip(epoch))
+}
+
+/// When a rebuilt sale's draw waits for its queued entries: the window's close (ms of the
+/// Redis clock); `None` when it does not wait.
+pub async fn waits_for_entries(redis: &Redis, activity_id: i64) -> Result<Option<i64>, StoreError> {
+    let k = redis.bucket_keys(Bucket::from(activity_id));
+    let (wait, draw_end): (Option<String>, Option<i64>) = redis
+        .cmd(
+            redis::cmd("HMGET")
+                .arg(&k.meta)
+                .arg("waitEntries")
+                .arg("drawEndMs"),
+        )
+        .await?;
+    Ok(wait.and(draw_end))
 }
 
 /// Where the drawer's work on a sale stands in Redis, after a [`settle`].

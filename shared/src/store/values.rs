@@ -130,6 +130,8 @@ pub struct PoolEntry {
     pub rank: i64,
     /// Drawn as a winner (else queued, or after the draw not drawn).
     pub won: bool,
+    /// Put back into the pool once the draw had begun, too late for it (`l`).
+    pub late: bool,
 }
 
 impl PoolEntry {
@@ -139,9 +141,10 @@ impl PoolEntry {
         let request_id = parts.next()?.parse().ok()?;
         let quantity = parts.next()?.parse().ok()?;
         let rank = parts.next()?.parse().ok()?;
-        let won = match parts.next()? {
-            "w" => true,
-            "q" => false,
+        let (won, late) = match parts.next()? {
+            "w" => (true, false),
+            "q" => (false, false),
+            "l" => (false, true),
             _ => return None,
         };
         Some(Self {
@@ -149,6 +152,7 @@ impl PoolEntry {
             quantity,
             rank,
             won,
+            late,
         })
     }
 
@@ -162,7 +166,11 @@ impl PoolEntry {
 /// The value as the scripts write it.
 impl fmt::Display for PoolEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = if self.won { "w" } else { "q" };
+        let state = match (self.won, self.late) {
+            (true, _) => "w",
+            (false, true) => "l",
+            (false, false) => "q",
+        };
         write!(
             f,
             "{}|{}|{}|{state}",

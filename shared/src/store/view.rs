@@ -47,10 +47,14 @@ pub struct DrawView {
     pub secret: Option<String>,
     /// The last ticket the draw looked at (every higher ticket lost), when it is done.
     pub cutoff: Option<i64>,
+    /// Entries answered `queued` that reached the pool again only after the draw had begun
+    /// (Redis lost the sale; their messages came after the wait): the draw could not look at
+    /// them, whatever their ticket. Shown when the draw is done.
+    pub late_entries: Option<i64>,
 }
 
 /// The meta fields the public view reads, in this order.
-const VIEW_FIELDS: [&str; 13] = [
+const VIEW_FIELDS: [&str; 14] = [
     "title",
     "startMs",
     "endMs",
@@ -64,6 +68,7 @@ const VIEW_FIELDS: [&str; 13] = [
     "drawn",
     "drawSecret",
     "drawCutoff",
+    "lateEntries",
 ];
 
 /// The public view of a loaded sale: one HMGET of its meta (the stock is a field of it), and
@@ -115,6 +120,7 @@ pub async fn view(redis: &Redis, activity_id: i64) -> Result<Option<ActivityView
                 commitment,
                 secret: if done { text(11) } else { None },
                 cutoff: if done { number(12) } else { None },
+                late_entries: done.then(|| number(13).unwrap_or(0)),
             })
         }
         _ => None,

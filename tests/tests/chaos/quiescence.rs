@@ -66,8 +66,10 @@ impl Chaos {
                     let run = protocol::draw::drive(
                         &self.patient.redis,
                         &self.env.pool,
+                        &self.env.queue,
                         id,
                         Instant::now() + Duration::from_secs(5),
+                        self.patient.config.draw_entry_wait,
                     )
                     .await?;
                     if matches!(run.drawn, Drawn::Open { .. }) {

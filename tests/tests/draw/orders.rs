@@ -269,7 +269,8 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());
     assert!(tickets(&env, a.id).await.is_empty());
     close_draw_window(&env, a.id).await;
-    let again = draw::draw(&env.redis, a.id, Duration::MAX).await?;
+    // Loaded after a loss: the drawer ends the wait for queued entries (none here) first.
+    let again = draw::draw_with(&env.redis, a.id, Duration::MAX, true).await?;
     assert_eq!(
         again,
         Drawn::Now {
@@ -304,11 +305,12 @@ async fn a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database(
 
     let (db, redis) = env.login(Function::Reconcile);
     let far = std::time::Instant::now() + Duration::from_secs(60);
-    let run = drawing::drive(&redis, &db, a.id, far).await?;
+    let wait = env.config.draw_entry_wait;
+    let run = drawing::drive(&redis, &db, &env.queue, a.id, far, wait).await?;
     assert_eq!((run.drawn, run.ordered), (Drawn::NotLoaded, 3), "{run:?}");
     assert_eq!(confirmed(&env, a.id).await, 3);
     assert_eq!(testkit::db_remaining(&env, a.id).await, 0);
-    let again = drawing::drive(&redis, &db, a.id, far).await?;
+    let again = drawing::drive(&redis, &db, &env.queue, a.id, far, wait).await?;
     assert_eq!(again.ordered, 0, "written once: {again:?}");
     Ok(())
 }
@@ -343,10 +345,11 @@ async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
     let paused = pause::arm("draw.orders.after_commit", a.id);
     let drawer = {
         let (db, redis) = env.login(Function::Reconcile);
+        let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
         let id = a.id;
         tokio::spawn(async move {
             let far = std::time::Instant::now() + Duration::from_secs(60);
-            drawing::drive(&redis, &db, id, far).await
+            drawing::drive(&redis, &db, &queue, id, far, wait).await
         })
     };
     assert!(paused.reached_within(Duration::from_secs(10)).await);

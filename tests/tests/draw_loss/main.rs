@@ -6,8 +6,10 @@
 //! `not_drawn` for every other entrant; none reads `none`.
 //!
 //! Here the helpers every part shares (a closed window, the loss and the reload, the checks of each
-//! entrant); a loss at each of the draw's [`steps`], and the pool's [`rebuilds`].
+//! entrant); a loss at each of the draw's [`steps`], with entries still queued ([`backlog`]),
+//! and the pool's [`rebuilds`].
 
+mod backlog;
 mod rebuilds;
 mod steps;
 
@@ -19,7 +21,7 @@ use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self};
 use seckill_shared::store::view;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use testkit::{buy, close_draw_window, consume_queue, my_status, order_rows};
 use testkit::{lose_activity, TestEnv};
 
@@ -117,6 +119,21 @@ async fn write_winners(env: &TestEnv, a: &Activity) {
     assert!(!r.orders_pending, "{r:?}");
 }
 
+/// Each of `users`' ticket, as the sale's `tickets` holds it.
+async fn tickets_of(env: &TestEnv, a: &Activity, users: &[String]) -> HashMap<String, i64> {
+    let k = env.redis.keys(a.id);
+    let mut tickets = HashMap::new();
+    for u in users {
+        let score: Option<f64> = env
+            .redis
+            .cmd(redis::cmd("ZSCORE").arg(&k.tickets).arg(u))
+            .await
+            .unwrap();
+        tickets.insert(u.clone(), score.expect("every entrant has a ticket") as i64);
+    }
+    tickets
+}
+
 /// The `n` entrants with the lowest tickets: who a draw over all of `users` picks (one unit
 /// each, nobody holding an order before).
 async fn lowest_tickets(
@@ -125,18 +142,10 @@ async fn lowest_tickets(
     users: &[String],
     n: usize,
 ) -> BTreeSet<String> {
-    let k = env.redis.keys(a.id);
-    let mut scored = Vec::new();
-    for u in users {
-        let score: Option<f64> = env
-            .redis
-            .cmd(redis::cmd("ZSCORE").arg(&k.tickets).arg(u))
-            .await
-            .unwrap();
-        scored.push((score.expect("every entrant has a ticket") as i64, u.clone()));
-    }
+    let tickets = tickets_of(env, a, users).await;
+    let mut scored: Vec<(i64, &String)> = users.iter().map(|u| (tickets[u], u)).collect();
     scored.sort();
-    scored.into_iter().take(n).map(|(_, u)| u).collect()
+    scored.into_iter().take(n).map(|(_, u)| u.clone()).collect()
 }
 
 /// The users the pool holds as winners.

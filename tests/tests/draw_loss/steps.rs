@@ -324,8 +324,10 @@ fn drawer(
     a: &seckill_shared::domain::activity::Activity,
 ) -> tokio::task::JoinHandle<Result<drawing::DrawRun, drawing::DrawError>> {
     let (db, redis) = env.login(Function::Reconcile);
+    let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
     let id = a.id;
     tokio::spawn(async move {
-        drawing::drive(&redis, &db, id, Instant::now() + Duration::from_secs(60)).await
+        let far = Instant::now() + Duration::from_secs(60);
+        drawing::drive(&redis, &db, &queue, id, far, wait).await
     })
 }

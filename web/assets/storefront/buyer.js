@@ -52,7 +52,7 @@ let pollDelay = POLL_FIRST_MS;
 // Statuses after which nothing changes by itself (a confirmed order waits for the buyer).
 function settled(status) {
   if (status === "confirmed") return state.waitingFor !== "paid";
-  return ["paid", "cancelled", "failed", "not_drawn", "none"].includes(status);
+  return ["paid", "cancelled", "failed", "not_drawn", "entered_late", "none"].includes(status);
 }
 
 // Polls GET …/orders/me with backoff until the status settles; honours Retry-After.

@@ -162,6 +162,7 @@ function renderBuy(p) {
     why = {
       queued: "Your entry is in the draw.",
       not_drawn: "One draw entry per buyer.",
+      entered_late: "One draw entry per buyer.",
     }[state.order.status] || "You hold an order for this sale.";
   }
   button.disabled = why !== "";
@@ -206,6 +207,7 @@ function renderOrder() {
     cancelled: `Cancelled: ${n}. The stock went back on sale.`,
     failed: `Not completed: ${FAILURES[o.reason] || o.reason || "refused"}. Nothing was charged.`,
     not_drawn: "Not drawn: the draw passed over your entry this time. Nothing was charged.",
+    entered_late: "Too late for the draw: your entry reached us again only after the draw began, so it could not be drawn. Nothing was charged.",
   }[o.status] || `Status: ${o.status}`;
   $("order-status").textContent = state.waitingFor === "paid" && o.status === "confirmed"
     ? `${n}: waiting for the payment's confirmation…`

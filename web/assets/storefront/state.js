@@ -62,4 +62,4 @@ export const soldOut = () => state.view && state.view.remainingStock <= 0 && pha
 // loser is refused too: one entry per buyer).
 export const holding = () =>
   state.order &&
-  ["accepted", "queued", "pending", "confirmed", "paid", "not_drawn"].includes(state.order.status);
+  ["accepted", "queued", "pending", "confirmed", "paid", "not_drawn", "entered_late"].includes(state.order.status);

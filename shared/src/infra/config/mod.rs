@@ -138,6 +138,12 @@ pub struct Config {
     #[arg(long = "reconcile-grace-secs", env = "RECONCILE_GRACE_SECS",
           value_name = "RECONCILE_GRACE_SECS", value_parser = secs, default_value = "300")]
     pub reconcile_grace: Duration,
+    /// After a draw sale was loaded from scratch, how long past the window's close the draw
+    /// may wait for the entries still on the order queue (answered 202, not yet written back
+    /// into the pool); an entry written after the draw ran reads `entered_late`.
+    #[arg(long = "draw-entry-wait-secs", env = "DRAW_ENTRY_WAIT_SECS",
+          value_name = "DRAW_ENTRY_WAIT_SECS", value_parser = secs, default_value = "300")]
+    pub draw_entry_wait: Duration,
     /// How long one reconcile run spends, counted from the invocation's start (and ending
     /// before the invocation's deadline less a margin, whatever this says): the release of
     /// unpaid orders takes up to a quarter, the due sales an even share each of what is left

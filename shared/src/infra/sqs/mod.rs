@@ -23,6 +23,8 @@ pub enum QueueError {
     Timeout(Duration),
     #[error("sending to the order queue failed: {0}")]
     Send(String),
+    #[error("reading the order queue's attributes failed: {0}")]
+    Attributes(String),
 }
 
 /// The order queue, with a bounded send.
@@ -62,6 +64,37 @@ impl OrderQueue {
     ) -> Result<(), QueueError> {
         let body = serde_json::to_string(message).expect("queue messages serialize");
         self.coalesced.send(self, body, scope.to_string()).await
+    }
+
+    /// The messages the queue holds: visible, in flight (received and not yet deleted) and
+    /// delayed, as `GetQueueAttributes` counts them (SQS's counts are approximate and may lag
+    /// a few seconds behind a send).
+    pub async fn backlog(&self) -> Result<u64, QueueError> {
+        use aws_sdk_sqs::types::QueueAttributeName as Name;
+        let names = [
+            Name::ApproximateNumberOfMessages,
+            Name::ApproximateNumberOfMessagesNotVisible,
+            Name::ApproximateNumberOfMessagesDelayed,
+        ];
+        let read = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .set_attribute_names(Some(names.to_vec()))
+            .send();
+        let attrs = match tokio::time::timeout(self.timeout, read).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => {
+                return Err(QueueError::Attributes(
+                    aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
+                ))
+            }
+            Err(_) => return Err(QueueError::Timeout(self.timeout)),
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| attrs.attributes()?.get(n)?.parse::<u64>().ok())
+            .sum())
     }
 
     /// Sends one message as JSON; an error or a timeout means it may or may not have been

@@ -24,7 +24,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Statuses of `orders/me` that do not change by themselves.
-pub const FINAL: [&str; 5] = ["confirmed", "paid", "cancelled", "failed", "not_drawn"];
+pub const FINAL: [&str; 6] = [
+    "confirmed",
+    "paid",
+    "cancelled",
+    "failed",
+    "not_drawn",
+    "entered_late",
+];
 
 /// The value a chi-square statistic with 1 to 9 degrees of freedom exceeds with probability
 /// 0.001 under the hypothesis (here: a uniform draw).

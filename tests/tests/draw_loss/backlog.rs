@@ -1,0 +1,148 @@
+//! Redis loses the sale inside the window while some of its entries are still on the queue (a
+//! partial backlog: some written, the rest not): the draw waits for the queue, and every
+//! entrant ends drawn by the cutoff rule; past the wait's bound, an entry that comes back after
+//! the draw began is told so by its own status and counted in the public view, never a plain
+//! `not_drawn`.
+
+use crate::{entrants, every_entrant_ends_drawn_or_not, lose_and_reload, lowest_tickets};
+use axum::http::StatusCode;
+use axum::Router;
+use seckill_shared::domain::activity::Activity;
+use seckill_shared::domain::draw::{self as kept, Entry};
+use seckill_shared::infra::shape::Function;
+use seckill_shared::store::draw::{self, Drawn};
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+use testkit::on_both_redis;
+use testkit::{call, close_draw_window, consume_queue, draw_entry_rows, my_status, request};
+use testkit::{RedisKind, TestEnv};
+
+on_both_redis!(
+    a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff,
+    an_entry_back_after_the_wait_reads_entered_late_and_is_counted,
+);
+
+/// Twelve entrants, all answered 202 `queued`, their messages on the queue. The entrant with
+/// the lowest ticket and three others are the backlog; the other eight are written as the
+/// consumer writes them (as its role). Answers the sale's entrants, the backlog, and the
+/// tickets.
+async fn partial_backlog(
+    env: &TestEnv,
+    app: &Router,
+    a: &Activity,
+) -> anyhow::Result<(Vec<String>, BTreeSet<String>, HashMap<String, i64>)> {
+    let users = entrants(app, a, "e", 12).await;
+    let tickets = crate::tickets_of(env, a, &users).await;
+    let mut by_ticket: Vec<&String> = users.iter().collect();
+    by_ticket.sort_by_key(|u| tickets[*u]);
+    let backlog: BTreeSet<String> = [0, 4, 7, 10]
+        .into_iter()
+        .map(|i| by_ticket[i].clone())
+        .collect();
+    let mut written = Vec::new();
+    for u in users.iter().filter(|u| !backlog.contains(*u)) {
+        let e = draw::pool_entry(&env.redis, a.id, u)
+            .await?
+            .expect("entered");
+        written.push(Entry {
+            request_id: e.request_id,
+            user_id: u.clone(),
+            quantity: e.quantity,
+        });
+    }
+    let (db, _) = env.login(Function::Consumer);
+    let mut tx = db.begin().await?;
+    kept::insert_entries(&mut tx, a.id, &written).await?;
+    tx.commit().await?;
+    assert_eq!(draw_entry_rows(env, a.id).await, 8);
+    Ok((users, backlog, tickets))
+}
+
+/// The partial backlog, then the loss and the reload: the rebuild puts back the eight written
+/// entries. The window closes; the drawer's run finds the queue holding entries and waits (no
+/// step, nobody drawn). The consumer then writes the backlog, putting each entry back with its
+/// ticket, and the drawer's next run draws: the three lowest tickets of all twelve win (the
+/// lowest among them was in the backlog), every other entrant reads `not_drawn`.
+async fn a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let (users, backlog, _) = partial_backlog(&env, &app, &a).await?;
+    lose_and_reload(&env, &a).await;
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), 8);
+    close_draw_window(&env, a.id).await;
+
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(!r.drawn, "the draw waits for the queued entries: {r:?}");
+    assert_eq!(
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
+        Drawn::Waiting { entrants: 8 }
+    );
+
+    consume_queue(&env).await?;
+    assert_eq!(draw::pool(&env.redis, a.id).await?.len(), 12);
+    let expected = lowest_tickets(&env, &a, &users, 3).await;
+    assert!(expected.iter().any(|u| backlog.contains(u)));
+    let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
+    assert_eq!(winners, expected, "the lowest tickets of every entrant won");
+    Ok(())
+}
+
+/// The partial backlog, the loss and the reload, and a drawer whose wait bound has passed: it
+/// draws over the eight entries the rebuild put back. The backlog's entries come back after
+/// the draw: the one whose ticket is below the cutoff (the lowest of all) reads `entered_late`,
+/// never `not_drawn`, and the public view counts every late entry; one above the cutoff is an
+/// ordinary loser. The eight drawn entrants end by the cutoff rule.
+async fn an_entry_back_after_the_wait_reads_entered_late_and_is_counted(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let (users, backlog, tickets) = partial_backlog(&env, &app, &a).await?;
+    lose_and_reload(&env, &a).await;
+    close_draw_window(&env, a.id).await;
+
+    let report = env
+        .reconcile_with(|c| c.config.draw_entry_wait = Duration::ZERO)
+        .run(chrono::Utc::now())
+        .await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(r.drawn && !r.orders_pending, "{r:?}");
+    consume_queue(&env).await?;
+
+    let drawn: Vec<String> = users
+        .iter()
+        .filter(|u| !backlog.contains(*u))
+        .cloned()
+        .collect();
+    let expected = lowest_tickets(&env, &a, &drawn, 3).await;
+    let cutoff = tickets[expected.iter().max_by_key(|u| tickets[*u]).unwrap()];
+    let mut late = 0;
+    for u in &users {
+        let status = my_status(&app, &a, u).await;
+        let want = if expected.contains(u) {
+            "confirmed"
+        } else if backlog.contains(u) && tickets[u] <= cutoff {
+            late += 1;
+            "entered_late"
+        } else {
+            "not_drawn"
+        };
+        assert_eq!(status, want, "{u} (ticket {}, cutoff {cutoff})", tickets[u]);
+    }
+    assert!(late >= 1, "the lowest ticket came back late");
+    // The view caches for up to 250 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = call(
+        &app,
+        request("GET", &format!("/activities/{}", a.id), None, None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["draw"]["lateEntries"], late, "{body}");
+    Ok(())
+}
