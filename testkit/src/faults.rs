@@ -67,10 +67,11 @@ pub async fn end_activity_by_hand(env: &TestEnv, activity_id: i64) {
 }
 
 /// Closes a draw sale's pool now, as the clock reaching `startAt + drawWindowMs` does: the
-/// meta's `drawEndMs` set to a moment past (the row keeps its window; only Redis decides).
+/// meta's `drawEndMs` set a minute back (the row keeps its window; only Redis decides).
 pub async fn close_draw_window(env: &TestEnv, activity_id: i64) {
     let k = env.redis.keys(activity_id);
-    let past = Utc::now().timestamp_millis() - 1;
+    // A minute ago: past the drawer's settle margin for the order queue's backlog.
+    let past = Utc::now().timestamp_millis() - 60_000;
     let _: () = env
         .redis
         .cmd(redis::cmd("HSET").arg(&k.meta).arg("drawEndMs").arg(past))

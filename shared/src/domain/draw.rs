@@ -23,6 +23,25 @@ pub struct EntryRow {
     pub entry: Entry,
     /// A live entry: see [`entries_after`].
     pub live: bool,
+    /// Put back into the pool only once the draw had begun ([`mark_late`]).
+    pub late: bool,
+}
+
+/// Marks the entries `request_ids` of sale `activity_id` late: put back into its pool only
+/// once the draw had begun, which could not look at them.
+pub async fn mark_late(
+    db: impl PgExecutor<'_>,
+    activity_id: i64,
+    request_ids: &[Uuid],
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update draw_entries set late = true where activity_id = $1 and request_id = any($2)",
+        activity_id,
+        request_ids
+    )
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Writes the entries of sale `activity_id` (once per request id; one whose request was
@@ -85,13 +104,14 @@ pub async fn entries_after(
         .await?;
     let rows = sqlx::query!(
         r#"with page as materialized (
-             select d.id, d.activity_id, d.user_id, d.request_id, d.quantity from draw_entries d
+             select d.id, d.activity_id, d.user_id, d.request_id, d.quantity, d.late
+             from draw_entries d
              where d.activity_id = $1 and d.id > $2
              order by d.id
              limit $3
            )
            select p.id as "id!", p.user_id as "user_id!", p.request_id as "request_id!",
-                  p.quantity as "quantity!",
+                  p.quantity as "quantity!", p.late as "late!",
                   (not exists (select 1 from orders o where o.request_id = p.request_id)
                    and not exists (
                      select 1 from orders o
@@ -122,6 +142,7 @@ pub async fn entries_after(
                 quantity: r.quantity,
             },
             live: r.live,
+            late: r.late,
         })
         .collect())
 }

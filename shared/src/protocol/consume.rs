@@ -255,7 +255,11 @@ pub async fn keep_entries(
         .collect();
     if !live.is_empty() {
         let (kind, cursor) = (Restore::Entries, RestoreCursor::None);
-        pool::restore(redis, activity_id, None, kind, cursor, &live).await?;
+        let restored = pool::restore(redis, activity_id, None, kind, cursor, &live).await?;
+        // Back too late for the draw: kept so, for a later rebuild of the pool.
+        if let Some(late) = restored.filter(|r| !r.late.is_empty()) {
+            kept::mark_late(pool, activity_id, &late.late).await?;
+        }
     }
     Ok(())
 }

@@ -130,12 +130,17 @@ pub async fn drive(
     Ok(report)
 }
 
-/// Whether a rebuilt sale's draw may stop waiting for its queued entries: its window has
-/// closed and the order queue holds no message (every entry sent before the close is written,
-/// and put back into the pool by the consumer with its ticket), or `entry_wait` has passed
-/// since the close (an entry written later reads `entered_late`). False for a sale that does
-/// not wait, or whose window is open. A queue that cannot be read ends no wait before the
-/// bound.
+/// How long past the window's close the queue's backlog is first trusted: an entry admitted
+/// just before the close is sent after it (within the send's timeout), and SQS's counts lag
+/// its sends by a few seconds.
+pub const ENTRY_SETTLE: Duration = Duration::from_secs(10);
+
+/// Whether a rebuilt sale's draw may stop waiting for its queued entries: its window closed
+/// more than the send's timeout and [`ENTRY_SETTLE`] ago and the order queue holds no message
+/// (every entry sent before the close is written, and put back into the pool by the consumer
+/// with its ticket), or `entry_wait` has passed since the close (an entry written later reads
+/// `entered_late`). False for a sale that does not wait, or whose window is open. A queue that
+/// cannot be read ends no wait before the bound.
 async fn entries_written(
     redis: &Redis,
     queue: &OrderQueue,
@@ -146,7 +151,8 @@ async fn entries_written(
         return Ok(false);
     };
     let now_ms = chrono::Utc::now().timestamp_millis();
-    if now_ms < close_ms {
+    let settled_ms = close_ms.saturating_add((queue.timeout + ENTRY_SETTLE).as_millis() as i64);
+    if now_ms < settled_ms.min(close_ms.saturating_add(entry_wait.as_millis() as i64)) {
         return Ok(false);
     }
     if now_ms >= close_ms.saturating_add(entry_wait.as_millis() as i64) {
@@ -324,20 +330,32 @@ pub async fn rebuild(
         return Ok(report);
     };
     let cutoff = kept::outcome(db, activity_id).await?;
-    if at == 0 && cutoff.is_some() {
+    if let (0, Some(recorded)) = (at, cutoff.as_deref()) {
         let winners = kept::winners_without_order(db, activity_id).await?;
-        for chunk in winners.chunks(RESTORE_CALL) {
+        // The first call (with no winner if there is none) makes the recorded cutoff final in
+        // the meta: an entry the consumer puts back from now on is late or a loser.
+        let chunks: Vec<&[Entry]> = if winners.is_empty() {
+            vec![&[]]
+        } else {
+            winners.chunks(RESTORE_CALL).collect()
+        };
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let cursor = if i == 0 {
+                RestoreCursor::Recorded { cutoff: recorded }
+            } else {
+                RestoreCursor::None
+            };
             let put = draw::restore(
                 redis,
                 activity_id,
                 Some(epoch),
                 Restore::Winners,
-                RestoreCursor::None,
+                cursor,
                 chunk,
             )
             .await?;
             let Some(put) = put else { return Ok(report) };
-            report.winners += put;
+            report.winners += put.put;
         }
     }
     loop {
@@ -365,11 +383,19 @@ pub async fn rebuild(
             } else {
                 RestoreCursor::At(at)
             };
-            let entries: Vec<_> = part
-                .iter()
-                .filter(|r| r.live)
-                .map(|r| r.entry.clone())
-                .collect();
+            let (late, entries): (Vec<&kept::EntryRow>, Vec<&kept::EntryRow>) =
+                part.iter().filter(|r| r.live).partition(|r| r.late);
+            let entry = |r: &&kept::EntryRow| r.entry.clone();
+            // The late ones first, moving no cursor: a crash between the two calls puts them
+            // back again (a second time adds nothing).
+            if !late.is_empty() {
+                let late: Vec<Entry> = late.iter().map(entry).collect();
+                let (what, none) = (Restore::LateEntries, RestoreCursor::None);
+                let put = draw::restore(redis, activity_id, Some(epoch), what, none, &late).await?;
+                let Some(put) = put else { return Ok(report) };
+                report.entries += put.put;
+            }
+            let entries: Vec<Entry> = entries.iter().map(entry).collect();
             let put = draw::restore(
                 redis,
                 activity_id,
@@ -380,7 +406,7 @@ pub async fn rebuild(
             )
             .await?;
             let Some(put) = put else { return Ok(report) };
-            report.entries += put;
+            report.entries += put.put;
         }
         if last {
             report.done = true;

@@ -273,6 +273,8 @@ codes! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Restore {
     Entries,
+    /// Entries the database keeps as late: they go back late (`l`), whatever the draw.
+    LateEntries,
     Winners,
 }
 
@@ -281,6 +283,9 @@ pub enum Restore {
 pub enum RestoreCursor<'a> {
     /// Not the loader's (the consumer's restore of one batch).
     None,
+    /// The loader's first call in a sale whose outcome is recorded: its `cutoff` is final
+    /// from now on (an entry the consumer puts back meanwhile is late, or a loser).
+    Recorded { cutoff: &'a str },
     /// Entries up to this row id are back.
     At(i64),
     /// The rebuild is whole; with the recorded outcome's cutoff the draw is marked done, and
@@ -290,7 +295,7 @@ pub enum RestoreCursor<'a> {
 
 /// `lua/pool_restore.lua`: puts `entries` (user, request id, quantity) back into the pool of
 /// sale `activity_id` as `what`, under load `epoch` (`None`: any), and moves the loader's
-/// `cursor`. `None`: not loaded, or loaded under another epoch; else how many went in.
+/// `cursor`. `None`: not loaded, or loaded under another epoch; else what went in.
 pub async fn restore(
     redis: &Redis,
     activity_id: i64,
@@ -298,7 +303,7 @@ pub async fn restore(
     what: Restore,
     cursor: RestoreCursor<'_>,
     entries: &[Entry],
-) -> Result<Option<i64>, StoreError> {
+) -> Result<Option<Restored>, StoreError> {
     let k = redis.bucket_keys(Bucket::from(activity_id));
     let mut inv = scripts::POOL_RESTORE.prepare_invoke();
     inv.key(&k.meta)
@@ -310,10 +315,12 @@ pub async fn restore(
         .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
         .arg(match what {
             Restore::Entries => "q",
+            Restore::LateEntries => "l",
             Restore::Winners => "w",
         });
     match cursor {
         RestoreCursor::None => inv.arg("").arg(""),
+        RestoreCursor::Recorded { cutoff } => inv.arg("recorded").arg(cutoff),
         RestoreCursor::At(id) => inv.arg(id).arg(""),
         RestoreCursor::Done { cutoff, wait } => inv
             .arg(if wait { "done-wait" } else { "done" })
@@ -324,11 +331,21 @@ pub async fn restore(
             .arg(e.request_id.to_string())
             .arg(e.quantity);
     }
-    let (code, restored): (i64, i64) = redis.script(&inv).await?;
+    let (code, put, late): (i64, i64, Vec<String>) = redis.script(&inv).await?;
+    let late = late.iter().filter_map(|id| id.parse().ok()).collect();
     Ok(match RestoreCode::read(code)? {
-        RestoreCode::Restored => Some(restored),
+        RestoreCode::Restored => Some(Restored { put, late }),
         RestoreCode::NotLoaded | RestoreCode::Stale => None,
     })
+}
+
+/// What one [`restore`] put back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Entries or winners put back.
+    pub put: i64,
+    /// The consumer's entries put back late (the draw had begun): the database keeps them so.
+    pub late: Vec<Uuid>,
 }
 
 /// Where the rebuild of sale `activity_id`'s pool stands: `None` when none is due (not a sale

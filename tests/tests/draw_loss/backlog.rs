@@ -95,7 +95,8 @@ async fn a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff
 /// draws over the eight entries the rebuild put back. The backlog's entries come back after
 /// the draw: the one whose ticket is below the cutoff (the lowest of all) reads `entered_late`,
 /// never `not_drawn`, and the public view counts every late entry; one above the cutoff is an
-/// ordinary loser. The eight drawn entrants end by the cutoff rule.
+/// ordinary loser. The eight drawn entrants end by the cutoff rule. Lost once more after the
+/// record, the sale loads with the late entries still late and still counted.
 async fn an_entry_back_after_the_wait_reads_entered_late_and_is_counted(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -143,6 +144,20 @@ async fn an_entry_back_after_the_wait_reads_entered_late_and_is_counted(
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["draw"]["lateEntries"], late, "{body}");
+
+    // Lost again after the record: the rebuild puts the late entries back late (the database
+    // keeps them so), and the recorded cutoff is final from its first call.
+    lose_and_reload(&env, &a).await;
+    for u in backlog.iter().filter(|u| tickets[*u] <= cutoff) {
+        assert_eq!(my_status(&app, &a, u).await, "entered_late", "{u}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, body) = call(
+        &app,
+        request("GET", &format!("/activities/{}", a.id), None, None),
+    )
+    .await;
     assert_eq!(body["draw"]["lateEntries"], late, "{body}");
     Ok(())
 }
