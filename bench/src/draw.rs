@@ -165,13 +165,7 @@ async fn one_size(
     let pool_bytes: u64 = usage(&k.pool).query_async(admin).await?;
     let ticket_bytes: u64 = usage(&k.tickets).query_async(admin).await?;
     let bytes_per_entrant = (pool_bytes + ticket_bytes) as f64 / n as f64;
-    let past = chrono::Utc::now().timestamp_millis() - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(&k.meta)
-        .arg("drawEndMs")
-        .arg(past)
-        .query_async(admin)
-        .await?;
+    close_window(admin, &k.meta).await?;
 
     let mut rows = Vec::new();
     if n <= sizes.baseline_max {
@@ -313,14 +307,7 @@ async fn drawer(
     let far = || std::time::Instant::now() + Duration::from_secs(60);
     load::load_under_lock(redis, pool, config, id, far()).await?;
     while !drawing::rebuild(redis, pool, id, far()).await?.done {}
-    let k = redis.keys(id);
-    let past = chrono::Utc::now().timestamp_millis() - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(&k.meta)
-        .arg("drawEndMs")
-        .arg(past)
-        .query_async(admin)
-        .await?;
+    close_window(admin, &redis.keys(id).meta).await?;
     let longest = std::sync::Mutex::new(Duration::ZERO);
     let timed = |took: Duration| {
         let mut l = longest.lock().expect("not poisoned");
@@ -331,7 +318,8 @@ async fn drawer(
         let mut winners = 0;
         loop {
             calls += 1;
-            match draw::draw(redis, id, Duration::from_secs(60)).await? {
+            // Loaded from scratch: the drawer ends the wait for queued entries (none here).
+            match draw::draw_with(redis, id, Duration::from_secs(60), true).await? {
                 Drawn::Running { winners: w, .. } => winners += w,
                 Drawn::Now { winners: w, .. } => {
                     winners += w;
@@ -369,6 +357,18 @@ async fn drawer(
     r.longest_transaction_ms =
         Some(longest.into_inner().expect("not poisoned").as_secs_f64() * 1e3);
     Ok(r)
+}
+
+/// Closes a draw sale's window now: the meta's `drawEndMs` a moment past.
+async fn close_window(admin: &mut MultiplexedConnection, meta: &str) -> anyhow::Result<()> {
+    let past = chrono::Utc::now().timestamp_millis() - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(meta)
+        .arg("drawEndMs")
+        .arg(past)
+        .query_async(admin)
+        .await?;
+    Ok(())
 }
 
 /// What one draw cost.

@@ -36,6 +36,16 @@ on_both_redis!(
     winners_never_expire_behind_an_entry_backlog,
 );
 
+/// A draw sale of 3 units whose 8 entrants (put in the pool in bulk) are drawn, nothing
+/// recorded yet.
+async fn drawn_sale(env: &TestEnv) -> anyhow::Result<seckill_shared::domain::activity::Activity> {
+    let a = env.draw_activity(3, 1).await?;
+    restore_entrants(env, a.id, "e", 8).await;
+    close_draw_window(env, a.id).await;
+    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    Ok(a)
+}
+
 /// How many of sale `activity_id`'s orders are `confirmed`.
 async fn confirmed(env: &TestEnv, activity_id: i64) -> usize {
     order_rows(env, activity_id)
@@ -294,10 +304,7 @@ async fn a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_activity(3, 1).await?;
-    restore_entrants(&env, a.id, "e", 8).await;
-    close_draw_window(&env, a.id).await;
-    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let a = drawn_sale(&env).await?;
     assert!(drawing::record(&env.redis, &env.pool, a.id)
         .await?
         .is_some());
@@ -323,10 +330,7 @@ async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let a = env.draw_activity(3, 1).await?;
-    restore_entrants(&env, a.id, "e", 8).await;
-    close_draw_window(&env, a.id).await;
-    assert!(draw::draw(&env.redis, a.id, Duration::MAX).await?.is_done());
+    let a = drawn_sale(&env).await?;
     let winner = draw::pool(&env.redis, a.id)
         .await?
         .into_iter()
