@@ -1,6 +1,7 @@
 //! A draw sale's draw and its orders. One actor runs a draw to its end: reconcile's run
-//! ([`drive`]), the drawer: the entries answered 503 leave the pool, the draw runs if it is
-//! due, its outcome is recorded in the database ([`record`]), and the winners' orders are
+//! ([`drive`]), the drawer: the entries answered 503 leave the pool, a sale loaded from scratch
+//! after a loss waits for its entries still on the queue, the draw runs if it is due, its
+//! outcome is recorded in the database ([`record`]), and the winners' orders are
 //! written from the record in chunks ([`write_orders`]), each chunk's reservations settled in
 //! Redis by one script; each part bounded by the sale's share of the run and resumed by the
 //! next. No winner crosses the queue. A request never runs a step: a purchase after the window
@@ -49,10 +50,12 @@ pub struct DrawRun {
 }
 
 /// Reconcile's part in a draw sale, until `until` (the end of the sale's share of the run):
-/// the entries answered 503 leave the pool, the draw's steps if it is due, the record of its
-/// outcome, then the winners' orders in chunks of [`ORDER_CHUNK`] while time is left. Each part
-/// does its least (a step, the record, a chunk) whatever the time; what is left, the next run
-/// goes on with.
+/// the entries answered 503 leave the pool, the end of a rebuilt sale's wait for its queued
+/// entries when they are written or `entry_wait` has passed since the close
+/// (`entries_written`), the draw's steps if it is due, the record of its outcome, then the
+/// winners' orders in chunks of [`ORDER_CHUNK`] while time is left (from the database alone
+/// when Redis no longer holds the draw). Each part does its least (a step, the record, a
+/// chunk) whatever the time; what is left, the next run goes on with.
 pub async fn drive(
     redis: &Redis,
     db: &PgPool,
