@@ -13,7 +13,8 @@
 # reveals the secret. It fails unless
 #   - every entry was answered 202 and none 5xx, and at least DRAW_ENTRANTS were in the pool;
 #   - no PING waited more than DRAW_PING_MAX_MS (25) while the draw ran;
-#   - once the queue is drained, every winner is a live order: the orders are exactly
+#   - once the queue is drained, every winner is a live order (the time from the window's close
+#     to the last one is printed): the orders are exactly
 #     min(stock, entrants), none failed, and each order's user holds a winning entry.
 #
 # Usage: bash scripts/draw-check.sh
@@ -120,7 +121,10 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["draw"]; sys.exit(0 
 
 want=$((entrants < STOCK ? entrants : STOCK))
 drain_start=$SECONDS
-while [ "$(live_orders)" -lt "$want" ] && [ $((SECONDS - drain_start)) -lt "$DRAIN_SECS" ]; do sleep 1; done
+while [ "$(live_orders)" -lt "$want" ] && [ $((SECONDS - drain_start)) -lt "$DRAIN_SECS" ]; do sleep 0.2; done
+# The drawer writes the winners' orders itself (no message): from the window's close to the
+# last one, to within a poll.
+orders_secs="$(python3 -c "import time; print(f'{time.time() - $draw_started:.1f}')")"
 sleep 2
 orders="$(live_orders)"
 failed="$(psql_run -tAc "select count(*) from orders where activity_id = $ACTIVITY and status = 'failed'")"
@@ -149,8 +153,8 @@ printf 'entries           %s requests/s, 202 %s, 4xx %s (re-entries once tokens 
     "$rps" "$(field s202)" "$(field s4xx)" "$(field wrapped)" "$(field s5xx)" "$(field p99_ms)"
 printf 'draw              done %s s after the first status read (answers %s)\n' "$draw_secs" "${answers[*]}"
 printf 'PING              max %s ms over %s PINGs while the draw ran\n' "$ping_max" "$pings"
-printf 'orders            %s live (want %s), %s failed, %s of users without a winning entry\n' \
-    "$orders" "$want" "$failed" "$not_won"
+printf 'orders            %s live (want %s) %s s after the close, %s failed, %s of users without a winning entry\n' \
+    "$orders" "$want" "$orders_secs" "$failed" "$not_won"
 if [ "${#problems[@]}" -gt 0 ]; then
     for p in "${problems[@]}"; do log "FAIL: $p"; done
     exit 1
