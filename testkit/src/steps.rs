@@ -11,6 +11,7 @@ use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::refusal::Refusal;
 use seckill_shared::infra::payments::{self, LocalProvider, PaymentRequest, Provider};
 use seckill_shared::infra::shape::Function;
+use seckill_shared::protocol::draw::{self as drawing, DrawError, DrawRun};
 use seckill_shared::protocol::pay::{self, Settled, Started};
 use seckill_shared::protocol::purchase as protocol;
 use seckill_shared::store::conn::{Redis, StoreError};
@@ -246,4 +247,19 @@ pub async fn pay(
     let event: payments::Event = serde_json::from_str(&body)?;
     let settled = pay::settle(pool, LocalProvider.name(), &event, Utc::now(), timeout).await?;
     Ok(settled.map_err(|mismatch| mismatch.to_string()))
+}
+
+/// Reconcile's draw part for sale `activity_id`, spawned as the drawer runs in AWS: reconcile's
+/// database role and Redis user, the test's queue, a minute's share and the configured wait
+/// for queued entries.
+pub fn spawn_drawer(
+    env: &TestEnv,
+    activity_id: i64,
+) -> tokio::task::JoinHandle<Result<DrawRun, DrawError>> {
+    let (db, redis) = env.login(Function::Reconcile);
+    let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
+    tokio::spawn(async move {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        drawing::drive(&redis, &db, &queue, activity_id, until, wait).await
+    })
 }

@@ -246,8 +246,6 @@ pub const ORDER_CHUNK: usize = 200;
 pub struct OrdersWritten {
     /// Winners whose order this call wrote.
     pub ordered: usize,
-    /// Winners whose request or user held an order row already, applied instead.
-    pub skipped: usize,
     /// Every winner has its order row, and Redis says so.
     pub written: bool,
 }
@@ -278,7 +276,6 @@ pub async fn write_orders(
         }
         let settled = draw::settle(redis, activity_id, None, chunk.done, &chunk.ordered).await?;
         report.ordered += chunk.ordered.len();
-        report.skipped += chunk.skipped.len();
         report.written = settled.written;
         if chunk.done || until.is_some_and(|until| Instant::now() >= until) {
             return Ok(report);

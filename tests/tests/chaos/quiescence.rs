@@ -9,6 +9,7 @@ use crate::{
 use anyhow::Context as _;
 use aws_sdk_sqs::types::QueueAttributeName;
 use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol;
 use seckill_shared::store::draw::Drawn;
 use sqlx::{Connection, PgConnection};
@@ -59,13 +60,15 @@ impl Chaos {
     /// nobody finished it, recorded, and its winners' orders written (a run that fails is
     /// tried again, as the next one would). Bounded: what is left shows in the checks.
     pub async fn finish_draws(&self) {
+        // As reconcile runs it: its database role and Redis user.
+        let (db, redis) = self.patient.login(Function::Reconcile);
         for &id in self.draws.keys() {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
                 let done = async {
                     let run = protocol::draw::drive(
-                        &self.patient.redis,
-                        &self.env.pool,
+                        &redis,
+                        &db,
                         &self.env.queue,
                         id,
                         Instant::now() + Duration::from_secs(5),

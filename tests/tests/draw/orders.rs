@@ -23,7 +23,7 @@ use testkit::TestEnv;
 use testkit::{
     after_grace, age_reservations, buy, close_draw_window, consume_queue, order_rows, snapshot,
 };
-use testkit::{counting_pool, draw_entry_rows, my_status, restore_entrants};
+use testkit::{counting_pool, draw_entry_rows, my_status, restore_entrants, spawn_drawer};
 
 on_both_redis!(
     a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
@@ -310,14 +310,11 @@ async fn a_recorded_draw_whose_sale_redis_lost_is_ordered_from_the_database(
         .is_some());
     testkit::lose_activity(&env.redis, a.id).await?;
 
-    let (db, redis) = env.login(Function::Reconcile);
-    let far = std::time::Instant::now() + Duration::from_secs(60);
-    let wait = env.config.draw_entry_wait;
-    let run = drawing::drive(&redis, &db, &env.queue, a.id, far, wait).await?;
+    let run = spawn_drawer(&env, a.id).await??;
     assert_eq!((run.drawn, run.ordered), (Drawn::NotLoaded, 3), "{run:?}");
     assert_eq!(confirmed(&env, a.id).await, 3);
     assert_eq!(testkit::db_remaining(&env, a.id).await, 0);
-    let again = drawing::drive(&redis, &db, &env.queue, a.id, far, wait).await?;
+    let again = spawn_drawer(&env, a.id).await??;
     assert_eq!(again.ordered, 0, "written once: {again:?}");
     Ok(())
 }
@@ -347,15 +344,7 @@ async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
     .await?;
 
     let paused = pause::arm("draw.orders.after_commit", a.id);
-    let drawer = {
-        let (db, redis) = env.login(Function::Reconcile);
-        let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
-        let id = a.id;
-        tokio::spawn(async move {
-            let far = std::time::Instant::now() + Duration::from_secs(60);
-            drawing::drive(&redis, &db, &queue, id, far, wait).await
-        })
-    };
+    let drawer = spawn_drawer(&env, a.id);
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     drawer.abort();
     let _ = drawer.await;

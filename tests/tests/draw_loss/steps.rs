@@ -15,7 +15,7 @@ use seckill_shared::protocol::load;
 use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::view;
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::on_both_redis;
 use testkit::{close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
 use testkit::{lose_activity, RedisKind, TestEnv};
@@ -87,7 +87,7 @@ async fn a_loss_between_the_record_and_the_orders_keeps_the_recorded_winners(
     let first: BTreeSet<String> = winners_in_pool(&env, &a).await;
 
     let paused = pause::arm("draw.record.after_commit", a.id);
-    let drawer = drawer(&env, &a);
+    let drawer = testkit::spawn_drawer(&env, a.id);
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     lose_and_reload(&env, &a).await;
     assert_eq!(
@@ -298,7 +298,7 @@ async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> an
     let first = winners_in_pool(&env, &a).await;
 
     let paused = pause::arm("draw.record.before_commit", a.id);
-    let drawer = drawer(&env, &a);
+    let drawer = testkit::spawn_drawer(&env, a.id);
     assert!(paused.reached_within(Duration::from_secs(10)).await);
     lose_and_reload(&env, &a).await;
     paused.resume();
@@ -316,18 +316,4 @@ async fn a_record_of_a_draw_lost_meanwhile_writes_nothing(kind: RedisKind) -> an
     let winners = every_entrant_ends_drawn_or_not(&env, &app, &a, &users).await;
     assert_eq!(winners, first, "the same tickets, the same winners");
     Ok(())
-}
-
-/// The drawer's part of a reconcile run for sale `a`, spawned, as reconcile's role.
-fn drawer(
-    env: &TestEnv,
-    a: &seckill_shared::domain::activity::Activity,
-) -> tokio::task::JoinHandle<Result<drawing::DrawRun, drawing::DrawError>> {
-    let (db, redis) = env.login(Function::Reconcile);
-    let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
-    let id = a.id;
-    tokio::spawn(async move {
-        let far = Instant::now() + Duration::from_secs(60);
-        drawing::drive(&redis, &db, &queue, id, far, wait).await
-    })
 }
