@@ -5,7 +5,10 @@
 -- per call from the cursor `drawAt` in the meta: an entrant whose entry is still queued, whose
 -- quantity fits the stock left and who holds nothing yet wins what a first-come purchase gets
 -- (the field in `users`, an `r` reservation entry, the units) plus its entry in `winners`;
--- any other is passed over. The draw is done when the stock is gone or every ticket was seen:
+-- any other is passed over. The draw is done when the stock is gone, every ticket was seen,
+-- or no queued entry the cursor has not passed asks for the stock left or fewer units (the
+-- meta's counts by units asked, `q:<units>`, and their lower bound `fitMin`, which each call
+-- moves up past empty counts within its budget: the walk stops where its outcome is known):
 -- the meta's `drawn` flag makes the losers final (their entries stay `q`: not drawn), and
 -- `drawCutoff` keeps the last ticket the draw looked at (every ticket above it lost). Each call
 -- is atomic and moves the cursor with what it wrote; a call after the draw is done changes
@@ -32,7 +35,7 @@ local RESTORING = 6 -- the sale was loaded from scratch and its pool is being re
                     -- database's entries: no step runs until it is whole
 local WAITING = 7 -- rebuilt: no step runs until the drawer ends the wait for queued entries
 local meta = redis.call('HMGET', KEYS[1], 'drawEndMs', 'drawn', 'stock', 'seq', 'epoch', 'drawAt',
-  'restoreAt', 'waitEntries')
+  'restoreAt', 'waitEntries', 'fitCounts', 'fitMin')
 if not meta[3] then return {NOT_LOADED, 0, 0, 0, 0} end
 local draw_end = tonumber(meta[1] or '0')
 if draw_end <= 0 then return {NOT_DRAW, 0, 0, 0, 0} end
@@ -59,12 +62,32 @@ local at = tonumber(meta[6] or '1')
 local budget = tonumber(ARGV[1])
 local winners, units = 0, 0
 local last = nil
-if stock > 0 then
+-- Whether no queued entry ahead of the cursor fits the stock left: `fitMin` moves up past
+-- the units nobody ahead asks for (one HGET each, out of this call's budget) until it meets a
+-- count or passes the stock. Unknown (false) in a meta that does not count its entries.
+local function nothing_fits()
+  if meta[9] ~= '1' then return false end
+  local low = tonumber(meta[10] or '')
+  if not low then return true end -- nobody was counted: no queued entry at all
+  local from = low
+  while low <= stock and budget > 0 do
+    if tonumber(redis.call('HGET', KEYS[1], 'q:' .. low) or '0') > 0 then break end
+    low, budget = low + 1, budget - 1
+  end
+  if low > from then
+    redis.call('HSET', KEYS[1], 'fitMin', low)
+    meta[10] = tostring(low)
+  end
+  return low > stock
+end
+local done = stock <= 0 or nothing_fits()
+if not done and budget > 0 then
   local slice = redis.call('ZRANGE', KEYS[6], at, at + budget - 1, 'WITHSCORES')
   for i = 1, #slice, 2 do
     local user, score = slice[i], slice[i + 1]
     at, last = at + 1, score
     local request_id, qty, rank, state = pool_fields(redis.call('HGET', KEYS[4], user) or '')
+    if state == 'q' then uncount_entry(KEYS[1], qty) end
     qty = state == 'q' and tonumber(qty)
     -- A user holding an order already (the sale was reloaded from the database meanwhile) is
     -- passed over: one order per user. So is an entry taken back (no pool entry) or won.
@@ -82,7 +105,7 @@ end
 if units > 0 then put_stock(KEYS[1], stock, tonumber(meta[4] or '0')) end
 redis.call('HSET', KEYS[1], 'drawAt', at)
 if last then redis.call('HSET', KEYS[1], 'drawCutoff', last) end
-if stock <= 0 or at > size then
+if done or stock <= 0 or at > size or nothing_fits() then
   redis.call('HSET', KEYS[1], 'drawn', '1')
   return {DONE, winners, units, size, 0}
 end

@@ -27,9 +27,13 @@ if not entry then
   if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], tombstone) end
   return STAYED
 end
-local request_id, _, _, state = pool_fields(entry)
+local request_id, qty, _, state = pool_fields(entry)
 if request_id ~= ARGV[2] then return STAYED end
 if state == 'w' then return WINNER end
 if state == 'x' then return STAYED end
 redis.call('HSET', KEYS[1], ARGV[1], tombstone)
+-- Before the draw's first step no cursor passed it; after, it keeps its count (high is safe).
+-- Only in a loaded meta: a meta is never made here.
+local at = redis.call('HMGET', KEYS[2], 'stock', 'drawAt')
+if state == 'q' and at[1] and not at[2] then uncount_entry(KEYS[2], qty) end
 return LEFT

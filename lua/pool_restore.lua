@@ -77,6 +77,7 @@ for i = 5, #ARGV - 2, 3 do
       local state = ARGV[2]
       if state == 'q' and (open or loader) then
         add_ticket(user)
+        count_entry(KEYS[1], qty)
       elseif state == 'q' and not (final and meta[2] and meta[3] and meta[7]
           and ticket_of(meta[2], meta[3], user) > tonumber(meta[7])) then
         state = 'l'

@@ -60,7 +60,8 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
   'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
-  'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15], 'maxEntrants', ARGV[20])
+  'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15], 'maxEntrants', ARGV[20],
+  'fitCounts', '1') -- its pool's entries are counted by units asked (prelude, count_entry)
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 -- A draw sale's pool is rebuilt from the database's entries (pool_restore.lua, from the
 -- cursor `restoreAt`); its draw waits until the rebuild is whole and drops the cursor.

@@ -54,6 +54,21 @@ local function pool_fields(value)
   return string.match(value, '^([^|]+)|(%d+)|(%d+)|(%a)$')
 end
 
+-- The draw's count of the queued entries its cursor has not passed, by units asked (`q:<units>`
+-- in the meta), and `fitMin`, at most the fewest units any of them asks: once the stock left
+-- is below it nothing left can win, and the draw is done without walking the rest
+-- (draw.lua). A count may be high (an entry taken back after the draw began keeps its
+-- count), never low; a meta without `fitCounts` (loaded by a build that did not count) walks.
+local function count_entry(meta, qty)
+  redis.call('HINCRBY', meta, 'q:' .. qty, 1)
+  local low = tonumber(redis.call('HGET', meta, 'fitMin') or '')
+  if not low or tonumber(qty) < low then redis.call('HSET', meta, 'fitMin', qty) end
+end
+
+local function uncount_entry(meta, qty)
+  redis.call('HINCRBY', meta, 'q:' .. qty, -1)
+end
+
 -- A draw winner (under its request id, in the sale's `winners` until the database records the
 -- outcome): the winner, its units and the load epoch the draw ran under.
 local function winner_entry(user, qty, epoch)

@@ -125,6 +125,7 @@ local function draw_admission(meta, draw_end, now, qty, counted)
     local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
     redis.call('HSET', KEYS[4], ARGV[1], pool_entry(ARGV[3], qty, rank, 'q'))
     redis.call('ZADD', KEYS[6], ticket, ARGV[1])
+    count_entry(KEYS[1], qty)
     return QUEUED, rank
   end
   -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say

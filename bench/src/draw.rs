@@ -202,7 +202,13 @@ async fn one_size(
             anyhow::Ok((1, answer.get(1).copied().unwrap_or(0)))
         })
         .await?;
-        rows.push(row(n, "whole pool", measured, &entered, bytes_per_entrant));
+        rows.push(row(
+            n,
+            "whole pool",
+            measured,
+            entered.per_sec(),
+            bytes_per_entrant,
+        ));
     }
 
     let sha = seckill_shared::store::scripts::DRAW.get_hash().to_string();
@@ -219,7 +225,13 @@ async fn one_size(
         }
     })
     .await?;
-    rows.push(row(n, "steps", measured, &entered, bytes_per_entrant));
+    rows.push(row(
+        n,
+        "steps",
+        measured,
+        entered.per_sec(),
+        bytes_per_entrant,
+    ));
 
     let kept = Instant::now();
     sqlx::query(
@@ -261,7 +273,14 @@ async fn one_size(
         anyhow::Ok((n.div_ceil(drawing::RESTORE_CALL), put_back - 1))
     })
     .await?;
-    rows.push(row(n, "rebuild", measured, &entered, bytes_per_entrant));
+    rows.push(row(
+        n,
+        "rebuild",
+        measured,
+        entered.per_sec(),
+        bytes_per_entrant,
+    ));
+    rows.extend(nothing_fits(client, admin, config, redis, pool, n, bytes_per_entrant).await?);
     rows.push(
         drawer(
             client,
@@ -352,11 +371,119 @@ async fn drawer(
         anyhow::Ok((calls, winners))
     })
     .await?;
-    let mut r = row(n, "drawer", measured, entered, bytes_per_entrant);
+    let mut r = row(n, "drawer", measured, entered.per_sec(), bytes_per_entrant);
     r.stock = units;
     r.longest_transaction_ms =
         Some(longest.into_inner().expect("not poisoned").as_secs_f64() * 1e3);
     Ok(r)
+}
+
+/// A draw where nothing fits, at `n` entrants: a sale of one unit whose entrants each ask
+/// two (put into the pool in bulk as the consumer puts kept entries back, in calls of 1,000,
+/// their tickets made there). Side by side on a copy of the pool whose meta does not count its
+/// entries by units asked (what every draw did before it did): the same steps walking every
+/// ticket.
+#[allow(clippy::too_many_arguments)]
+async fn nothing_fits(
+    client: &redis::Client,
+    admin: &mut MultiplexedConnection,
+    config: &Config,
+    redis: &Redis,
+    pool: &PgPool,
+    n: usize,
+    bytes_per_entrant: f64,
+) -> anyhow::Result<Vec<DrawRow>> {
+    let now = chrono::Utc::now();
+    let activity = activity::insert(
+        pool,
+        &testkit::new_activity()
+            .title(format!("bench draw {n}, nothing fits"))
+            .stock(1)
+            .limit(2)
+            .window(
+                now - chrono::Duration::seconds(1),
+                now + chrono::Duration::hours(1),
+            )
+            .draw(MAX_DRAW_WINDOW_MS)
+            .rate(0)
+            .build()
+            .settings()?,
+    )
+    .await?;
+    let far = || std::time::Instant::now() + Duration::from_secs(60);
+    load::load_under_lock(redis, pool, config, activity.id, far()).await?;
+    while !drawing::rebuild(redis, pool, activity.id, far())
+        .await?
+        .done
+    {}
+    let entered = Instant::now();
+    for from in (0..n).step_by(1_000) {
+        let entries: Vec<seckill_shared::domain::draw::Entry> = (from..n.min(from + 1_000))
+            .map(|i| seckill_shared::domain::draw::Entry {
+                request_id: Uuid::now_v7(),
+                user_id: format!("pair-{i:07}"),
+                quantity: 2,
+            })
+            .collect();
+        draw::restore(
+            redis,
+            activity.id,
+            None,
+            draw::Restore::Entries,
+            draw::RestoreCursor::None,
+            &entries,
+        )
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the sale is not loaded"))?;
+    }
+    let entries_per_sec = n as f64 / entered.elapsed().as_secs_f64().max(1e-9);
+    let k = redis.keys(activity.id);
+    let twin_id = activity.id + 1_000_000;
+    let twin = redis.keys(twin_id);
+    for (from, to) in [
+        (&k.meta, &twin.meta),
+        (&k.users, &twin.users),
+        (&k.ledger, &twin.ledger),
+        (&k.pool, &twin.pool),
+        (&k.winners, &twin.winners),
+        (&k.tickets, &twin.tickets),
+    ] {
+        let _: i64 = redis::cmd("COPY")
+            .arg(from)
+            .arg(to)
+            .query_async(admin)
+            .await?;
+    }
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&twin.meta)
+        .arg("fitCounts")
+        .query_async(admin)
+        .await?;
+    close_window(admin, &k.meta).await?;
+    close_window(admin, &twin.meta).await?;
+    let sha = seckill_shared::store::scripts::DRAW.get_hash().to_string();
+    let mut rows = Vec::new();
+    for (id, what) in [
+        (twin_id, "nothing fits, uncounted (walks)"),
+        (activity.id, "nothing fits"),
+    ] {
+        let measured = measure(client, admin, Some(&sha), || async {
+            let mut calls = 0;
+            loop {
+                calls += 1;
+                match draw::draw(redis, id, Duration::ZERO).await? {
+                    Drawn::Running { .. } => {}
+                    Drawn::Now { winners, .. } => return anyhow::Ok((calls, winners)),
+                    other => anyhow::bail!("the draw answered {other:?}"),
+                }
+            }
+        })
+        .await?;
+        let mut r = row(n, what, measured, entries_per_sec, bytes_per_entrant);
+        r.stock = 1;
+        rows.push(r);
+    }
+    Ok(rows)
 }
 
 /// Closes a draw sale's window now: the meta's `drawEndMs` a moment past.
@@ -387,7 +514,7 @@ fn row(
     n: usize,
     draw: &'static str,
     m: Measured,
-    entered: &util::Run,
+    entries_per_sec: f64,
     bytes_per_entrant: f64,
 ) -> DrawRow {
     let r = DrawRow {
@@ -402,7 +529,7 @@ fn row(
         draw_ms: m.draw_ms,
         pings: m.pings,
         ping_max_ms: m.ping_max_ms,
-        entries_per_sec: entered.per_sec(),
+        entries_per_sec,
         bytes_per_entrant,
     };
     eprintln!(

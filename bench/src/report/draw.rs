@@ -10,7 +10,10 @@ pub fn table(s: &mut String, rows: &[DrawRow]) {
          `rebuild`: the same pool lost with the sale's keys and put back from the database's kept entries \
          (the load from scratch, then the rest of the rebuild as reconcile goes on; its script calls are \
          the chunks of lua/pool_restore.lua, its winners the entries put back, its time the load's and the \
-         rebuild's). `drawer`: what reconcile's draw part does once the window closes, with a tenth of the \
+         rebuild's). `nothing fits`: a sale of one unit whose entrants each ask two (put into the pool as the \
+         consumer puts kept entries back), drawn in steps that stop once no entry ahead fits the stock left; \
+         beside it `uncounted (walks)`, a copy whose meta does not count its entries by units asked, so its \
+         steps walk every ticket. `drawer`: what reconcile's draw part does once the window closes, with a tenth of the \
          entrants in units (the draw's steps, the record of its outcome, the winners' orders in chunks of \
          protocol::draw::ORDER_CHUNK); its script calls are the steps and the chunks, its longest script \
          the longest Redis call of any kind, its time from the close to the last winner's order\n\n",

@@ -101,8 +101,6 @@ impl Chaos {
             .collect())
     }
 
-    /// Every 202 ends in an order (live or cancelled since) or a failure with an allowed reason,
-    /// for the user and quantity asked. Returns the request ids answered 202.
     /// A draw sale after its draw: drawn, every winner's request an order (or an allowed
     /// failure), no loser's, and no loser holding any live order. Answers the pool by request
     /// id.
@@ -148,6 +146,7 @@ impl Chaos {
                 ),
             );
         }
+        self.check_cutoff(id, &pool, rows).await?;
         if seckill_shared::domain::draw::orders_written(&self.env.pool, id).await? == Some(false) {
             self.violate(
                 "draw_ordered",
@@ -162,6 +161,91 @@ impl Chaos {
         Ok(pool.into_iter().map(|(_, e)| (e.request_id, e)).collect())
     }
 
+    /// The cutoff rule, for every entry of a done draw (the published cutoff: the last ticket
+    /// the draw looked at). No winner above it. At or below it, an entry passed over (queued,
+    /// not late, its user holding no other order) asked more units than the stock left at its
+    /// turn: at least one unit (a draw whose stock is gone looks at no further ticket) and at
+    /// least the units of any winner after it (the stock only falls during the draw).
+    async fn check_cutoff(
+        &self,
+        id: i64,
+        pool: &[(String, store::values::PoolEntry)],
+        rows: &HashMap<Uuid, Row>,
+    ) -> anyhow::Result<()> {
+        let k = self.patient.redis.keys(id);
+        let cutoff: Option<i64> = self
+            .patient
+            .redis
+            .cmd(redis::cmd("HGET").arg(&k.meta).arg("drawCutoff"))
+            .await?;
+        let tickets: HashMap<String, i64> = self
+            .patient
+            .redis
+            .cmd::<Vec<(String, f64)>>(
+                redis::cmd("ZRANGE")
+                    .arg(&k.tickets)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES"),
+            )
+            .await?
+            .into_iter()
+            .map(|(user, t)| (user, t as i64))
+            .collect();
+        let holds_other_order = |user: &str, request_id: Uuid| {
+            rows.iter().any(|(rid, r)| {
+                *rid != request_id
+                    && r.user_id == user
+                    && matches!(r.status.as_str(), "confirmed" | "paid" | "cancelled")
+            })
+        };
+        let mut looked: Vec<(i64, &str, &store::values::PoolEntry)> = pool
+            .iter()
+            .filter_map(|(user, e)| Some((*tickets.get(user)?, user.as_str(), e)))
+            .collect();
+        looked.sort_by_key(|(t, _, _)| *t);
+        let (mut broken, mut passed_over) = (Vec::new(), 0);
+        for (i, &(ticket, user, e)) in looked.iter().enumerate() {
+            let at_or_below = cutoff.is_some_and(|c| ticket <= c);
+            if e.won && !at_or_below {
+                broken.push(format!(
+                    "{user} won with ticket {ticket} above the cutoff {cutoff:?}"
+                ));
+            }
+            if e.won || e.late || !at_or_below || holds_other_order(user, e.request_id) {
+                continue;
+            }
+            passed_over += 1;
+            let later_winner = looked[i + 1..]
+                .iter()
+                .filter(|(t, _, w)| w.won && cutoff.is_some_and(|c| *t <= c))
+                .map(|(_, _, w)| w.quantity)
+                .max()
+                .unwrap_or(0);
+            if e.quantity <= later_winner.max(1) {
+                broken.push(format!(
+                    "{user} (ticket {ticket}, {} units) passed over at or below the cutoff                      {cutoff:?}, though a later winner took {later_winner}",
+                    e.quantity
+                ));
+            }
+        }
+        if !broken.is_empty() {
+            self.violate(
+                "draw_cutoff",
+                Some(id),
+                format!(
+                    "{} entries broke the cutoff rule: {}",
+                    broken.len(),
+                    some(&broken)
+                ),
+            );
+        }
+        self.count(|r| r.draw_passed_over += passed_over);
+        Ok(())
+    }
+
+    /// Every 202 ends in an order (live or cancelled since) or a failure with an allowed reason,
+    /// for the user and quantity asked. Returns the request ids answered 202.
     fn check_accepted_requests_resolved(
         &self,
         id: i64,

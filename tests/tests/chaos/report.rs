@@ -43,6 +43,8 @@ pub struct Report {
     pub fields_lost: u64,
     pub draw_entrants: u64,
     pub draw_winners: u64,
+    /// Entries passed over at or below their draw's cutoff, each checked against the rule.
+    pub draw_passed_over: u64,
     pub watcher_samples: u64,
     pub watcher_errors: u64,
     pub rows: BTreeMap<String, u64>,
@@ -88,7 +90,7 @@ impl fmt::Display for Report {
             f,
             "  jobs: {} preheats ({} loaded, {} errors), {} reconciles ({} repairs, {} errors), \
              {} key losses ({} after a draw), {} fields lost, {} pauses ({} ms), watcher {} \
-             samples ({} errors), draws {} entrants {} winners",
+             samples ({} errors), draws {} entrants {} winners ({} passed over below the cutoff)",
             self.preheats,
             self.preheat_loaded,
             self.preheat_errors,
@@ -103,7 +105,8 @@ impl fmt::Display for Report {
             self.watcher_samples,
             self.watcher_errors,
             self.draw_entrants,
-            self.draw_winners
+            self.draw_winners,
+            self.draw_passed_over
         )
     }
 }

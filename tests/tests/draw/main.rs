@@ -4,11 +4,12 @@
 //! stock the pool left, and the per-user purchase rate.
 //!
 //! The [`door`] (a crowd's entries sharing batches), [`fairness`] and a draw anyone can check,
-//! the [`pool`], the winners' [`orders`] after a draw, an entry
+//! the [`pool`], a draw where nothing left [`fits`], the winners' [`orders`] after a draw, an entry
 //! answered 503 ([`unavailable`]), and the [`rules`] of admission.
 
 mod door;
 mod fairness;
+mod fits;
 mod orders;
 mod pool;
 mod rules;
@@ -17,20 +18,26 @@ mod unavailable;
 use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::protocol::purchase::{self, Outcome};
 use seckill_shared::store;
+use seckill_shared::store::conn::Redis;
 use testkit::TestEnv;
 use uuid::Uuid;
 
 /// One attempt as the entry makes it, without HTTP: for the crowds of the fairness test.
 async fn enter(env: &TestEnv, activity_id: i64, user: &str) -> Outcome {
+    enter_units(&env.redis, activity_id, user, 1).await
+}
+
+/// [`enter`] for `quantity` units, through `redis` (a function's Redis user).
+async fn enter_units(redis: &Redis, activity_id: i64, user: &str, quantity: i64) -> Outcome {
     let mut buy = Attempt {
         request_id: Uuid::now_v7(),
         activity_id,
         user_id: user.to_string(),
-        quantity: 1,
+        quantity,
         buckets: 1,
     };
     purchase::enter(
-        &env.redis,
+        redis,
         &seckill_shared::protocol::buckets::Hints::none(),
         &mut buy,
         store::purchase::far_deadline(),
