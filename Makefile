@@ -124,6 +124,7 @@ lint-template: stack
 # moto defaults; `make test` stays on moto, and so does `make serve SQS=moto`.
 FAUXQS_SQS := AWS_ENDPOINT_URL_SQS=http://127.0.0.1:4567 \
 	ORDER_QUEUE_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders \
+	ENTRY_QUEUE_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders-entries \
 	ORDER_DLQ_URL=http://sqs.us-east-1.localhost:4567/000000000000/seckill-orders-dlq
 # `make serve SQS=moto`: env.sh's moto defaults (127.0.0.1:4566) instead.
 SQS ?= fauxqs

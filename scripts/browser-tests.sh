@@ -54,7 +54,7 @@ psql_pg -c "create database \"$DB\"" >/dev/null
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
 export SECKILL_KEY_PREFIX="seckill:browser$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
-export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
+export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq" ENTRY_QUEUE_URL="$ORDER_QUEUE_URL-entries"
 # Reconcile every 2 s so the operator page has reconcile rows to show.
 RUST_LOG="${RUST_LOG:-warn}" start_devserver "${CARGO_TARGET_DIR:-target}/debug/seckill-devserver" "$LOG" \
     --pollers 2 --poll-wait-secs 1 --preheat-every 1 --reconcile-every 2

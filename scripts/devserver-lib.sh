@@ -3,10 +3,12 @@
 # scripts/loadcheck-lib.sh). Source it after scripts/env.sh; it needs $REPO (the checkout), and
 # defines:
 #
-#   run_queue create|delete NAME ENDPOINT   a queue NAME with its DLQ NAME-dlq (maxReceiveCount
-#                                           5, visibility 30 s, as the real stack has) on the SQS
-#                                           emulator at ENDPOINT; create prints the queue URL,
-#                                           delete removes both and ignores missing ones
+#   run_queue create|delete NAME ENDPOINT   a queue NAME, the draw entries' NAME-entries and their
+#                                           DLQ NAME-dlq (maxReceiveCount 5, visibility 30 s, as
+#                                           the real stack has) on the SQS emulator at ENDPOINT;
+#                                           create prints the queue URL (the entries' is it with
+#                                           -entries), delete removes all three and ignores
+#                                           missing ones
 #   free_port                               a free loopback TCP port
 #   start_devserver BIN LOG ARGS...         starts BIN --addr 127.0.0.1:<free port> ARGS... in
 #                                           the background with its output in LOG; sets
@@ -27,13 +29,14 @@ name = os.environ["NAME"]
 if os.environ["ACTION"] == "create":
     dlq = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName=name, Attributes={
-        "VisibilityTimeout": "30",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"}),
-    })["QueueUrl"]
+    for queue in (f"{name}-entries", name):
+        url = sqs.create_queue(QueueName=queue, Attributes={
+            "VisibilityTimeout": "30",
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"}),
+        })["QueueUrl"]
     print(url)
 else:
-    for q in (name, f"{name}-dlq"):
+    for q in (name, f"{name}-entries", f"{name}-dlq"):
         try:
             sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=q)["QueueUrl"])
         except sqs.exceptions.QueueDoesNotExist:

@@ -25,6 +25,8 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 : "${AWS_ENDPOINT_URL_SQS:=http://127.0.0.1:4566}"
 : "${ORDER_QUEUE_URL:=http://127.0.0.1:4566/123456789012/seckill-orders}"
 : "${ORDER_DLQ_URL:=http://127.0.0.1:4566/123456789012/seckill-orders-dlq}"
+# The draw entries' queue of their own (it redrives into the same DLQ).
+: "${ENTRY_QUEUE_URL:=http://127.0.0.1:4566/123456789012/seckill-orders-entries}"
 
 # A function binary run locally (`cargo lambda watch`, the tests' Lambda runtime runs) logs in
 # as its own database role and Redis ACL user, the local stack's stand-in for the secrets each
@@ -48,7 +50,7 @@ _seckill_repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URLS VALKEY_URL \
     AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY \
-    AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL \
+    AWS_ENDPOINT_URL_SQS ORDER_QUEUE_URL ORDER_DLQ_URL ENTRY_QUEUE_URL \
     SECKILL_LOCAL_LOGINS SECKILL_JWT_SECRET PAYMENT_PROVIDER PAYMENT_WEBHOOK_SECRET SQLX_OFFLINE SAM_CLI_TELEMETRY
 
 # The project's Python tools (moto_server, cfn-lint; cargo-lambda and sam after `make tools-lambda`),

@@ -87,7 +87,7 @@ start_run_devserver() {
     export SECKILL_KEY_PREFIX="$PREFIX"
     export AWS_ENDPOINT_URL_SQS="$FAUXQS"
     ORDER_QUEUE_URL="$(sqs create)"
-    export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
+    export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq" ENTRY_QUEUE_URL="$ORDER_QUEUE_URL-entries"
     # warn: at info the server logs a line per accepted purchase, which is not what is measured here.
     LOG_LEVEL="${LOG_LEVEL:-warn}" start_devserver "$BIN/seckill-devserver" "$LOG"
     log "dev server on $URL (queue $ORDER_QUEUE_URL, database $DB, log $LOG)"

@@ -61,7 +61,7 @@ psql_pg -c "create database \"$DB\"" >/dev/null
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB"
 export SECKILL_KEY_PREFIX="seckill:fuzz$RUN_ID"
 ORDER_QUEUE_URL="$(sqs create)"
-export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq"
+export ORDER_QUEUE_URL ORDER_DLQ_URL="$ORDER_QUEUE_URL-dlq" ENTRY_QUEUE_URL="$ORDER_QUEUE_URL-entries"
 # One token fuzzes every route as fast as it can: the per-user database rate would answer most
 # of it 429 (documented, so conformant) and leave the routes' own answers unexplored.
 export USER_DB_RATE_PER_SEC=0

@@ -171,19 +171,7 @@ async fn one_size(
     if n <= sizes.baseline_max {
         // The same pool under another sale's keys (one hash tag: the copies share a slot).
         let twin = redis.keys(activity.id + 1_000_000);
-        for (from, to) in [
-            (&k.meta, &twin.meta),
-            (&k.users, &twin.users),
-            (&k.ledger, &twin.ledger),
-            (&k.pool, &twin.pool),
-            (&k.winners, &twin.winners),
-        ] {
-            let _: i64 = redis::cmd("COPY")
-                .arg(from)
-                .arg(to)
-                .query_async(admin)
-                .await?;
-        }
+        copy_sale(admin, &k, &twin).await?;
         let script = redis::Script::new(WHOLE_POOL);
         let sha: String = script.prepare_invoke().load_async(admin).await?;
         let mut con = client.get_multiplexed_async_connection().await?;
@@ -440,20 +428,7 @@ async fn nothing_fits(
     let k = redis.keys(activity.id);
     let twin_id = activity.id + 1_000_000;
     let twin = redis.keys(twin_id);
-    for (from, to) in [
-        (&k.meta, &twin.meta),
-        (&k.users, &twin.users),
-        (&k.ledger, &twin.ledger),
-        (&k.pool, &twin.pool),
-        (&k.winners, &twin.winners),
-        (&k.tickets, &twin.tickets),
-    ] {
-        let _: i64 = redis::cmd("COPY")
-            .arg(from)
-            .arg(to)
-            .query_async(admin)
-            .await?;
-    }
+    copy_sale(admin, &k, &twin).await?;
     let _: i64 = redis::cmd("HDEL")
         .arg(&twin.meta)
         .arg("fitCounts")
@@ -484,6 +459,29 @@ async fn nothing_fits(
         rows.push(r);
     }
     Ok(rows)
+}
+
+/// Copies a loaded draw sale's keys (meta, users, ledger, pool, winners, tickets) to `to`.
+async fn copy_sale(
+    admin: &mut MultiplexedConnection,
+    from: &seckill_shared::store::keys::Keys,
+    to: &seckill_shared::store::keys::Keys,
+) -> anyhow::Result<()> {
+    for (from, to) in [
+        (&from.meta, &to.meta),
+        (&from.users, &to.users),
+        (&from.ledger, &to.ledger),
+        (&from.pool, &to.pool),
+        (&from.winners, &to.winners),
+        (&from.tickets, &to.tickets),
+    ] {
+        let _: i64 = redis::cmd("COPY")
+            .arg(from)
+            .arg(to)
+            .query_async(admin)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Closes a draw sale's window now: the meta's `drawEndMs` a moment past.

@@ -13,7 +13,7 @@ use crate::util::{self, Outcome};
 use seckill_entry::EntryState;
 use seckill_shared::domain::activity;
 use seckill_shared::domain::order;
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::Context;
 use serde::Serialize;
@@ -96,7 +96,10 @@ async fn measure(
         "http://127.0.0.1:9/unused",
         config.sqs_timeout,
     );
-    let state = EntryState::new(Context::new(config.clone(), pool.clone(), redis), queue);
+    let state = EntryState::new(
+        Context::new(config.clone(), pool.clone(), redis),
+        Queues::one(queue),
+    );
     let router = seckill_entry::router(state);
     let n = sizes.orders;
     let path = Arc::new(format!("/activities/{}/orders/me", activity.id));

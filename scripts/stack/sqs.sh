@@ -65,17 +65,19 @@ sqs = boto3.client(
 )
 dlq_url = sqs.create_queue(QueueName=os.environ["DLQ_NAME"])["QueueUrl"]
 dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-url = sqs.create_queue(
-    QueueName=os.environ["QUEUE_NAME"],
-    Attributes={
-        "VisibilityTimeout": "30",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
-    },
-)["QueueUrl"]
+# The draw entries' queue of their own first, then the order queue; both redrive into the DLQ.
+for name in (os.environ["QUEUE_NAME"] + "-entries", os.environ["QUEUE_NAME"]):
+    url = sqs.create_queue(
+        QueueName=name,
+        Attributes={
+            "VisibilityTimeout": "30",
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
+        },
+    )["QueueUrl"]
 print(url)
 PY
     )"
-    summary "$label" "$url (DLQ $DLQ_NAME, maxReceiveCount 5)"
+    summary "$label" "$url (entries $QUEUE_NAME-entries, DLQ $DLQ_NAME, maxReceiveCount 5)"
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -123,11 +123,16 @@ def check_queue_and_consumer(t: Template) -> None:
 
         max_conc = t.number((ev.get("ScalingConfig") or {}).get("MaximumConcurrency"))
         check(max_conc is not None and max_conc >= 2, f"{name}.{ev_name} ScalingConfig.MaximumConcurrency {max_conc} >= 2")
+        # Every SQS mapping of the function may run its MaximumConcurrency at once.
+        mappings = [(n, t.number((e.get("Properties", {}).get("ScalingConfig") or {}).get("MaximumConcurrency")))
+                    for n, e in (fn.get("Properties", {}).get("Events") or {}).items() if e.get("Type") == "SQS"]
         reserved = t.reserved(fn)
-        if reserved is not None and max_conc is not None:
+        if reserved is not None and all(m is not None for _, m in mappings):
+            total = sum(m for _, m in mappings)
+            each = " + ".join(f"{n} MaximumConcurrency {m:g}" for n, m in mappings)
             check(
-                reserved >= max_conc,
-                f"{name}: ReservedConcurrentExecutions {reserved:g} >= {ev_name} MaximumConcurrency {max_conc:g}"
+                reserved >= total,
+                f"{name}: ReservedConcurrentExecutions {reserved:g} >= {each} = {total:g}"
                 " (else SQS's invocations are throttled)",
             )
         # The most instances that can hold connections at once: the reservation caps the

@@ -13,7 +13,8 @@ from .routes import http_api_events
 
 LOCAL_ENV = REPO / "events" / "env.json"
 # The local stack's addresses: scripts/env.sh is the one place that names them.
-LOCAL_STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "ORDER_QUEUE_URL", "AWS_ENDPOINT_URL_SQS")
+LOCAL_STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "ORDER_QUEUE_URL", "ENTRY_QUEUE_URL",
+                         "AWS_ENDPOINT_URL_SQS")
 
 
 def env_sh_defaults() -> dict[str, str]:

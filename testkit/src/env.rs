@@ -3,7 +3,7 @@
 
 use seckill_shared::infra::config::{Config, RedisTopology};
 use seckill_shared::infra::shape::Function;
-use seckill_shared::infra::sqs::{self, OrderQueue};
+use seckill_shared::infra::sqs::{self, OrderQueue, Queues};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::Context;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -111,7 +111,9 @@ pub fn config(database_url: &str, kind: RedisKind) -> Config {
     config
 }
 
-/// Creates a fresh queue (and its DLQ, with the given `maxReceiveCount`) on the emulator.
+/// Creates a fresh order queue, its draw entries' queue ([`entries_url`]) and their one DLQ
+/// (both redrive into it with the given `maxReceiveCount`) on the emulator, as the stack has
+/// them. Answers the order queue's URL.
 pub async fn fresh_queue(
     client: &aws_sdk_sqs::Client,
     visibility_timeout_secs: u32,
@@ -136,18 +138,25 @@ pub async fn fresh_queue(
         .and_then(|a| a.get(&A::QueueArn))
         .cloned()
         .unwrap_or_default();
-    let queue = client
-        .create_queue()
-        .queue_name(&name)
-        .attributes(A::VisibilityTimeout, visibility_timeout_secs.to_string())
-        .attributes(
-            A::RedrivePolicy,
-            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count.to_string()})
-                .to_string(),
-        )
-        .send()
-        .await?;
-    Ok(queue.queue_url().unwrap_or_default().to_string())
+    let redrive = serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count.to_string()})
+        .to_string();
+    let mut order_url = String::new();
+    for queue_name in [format!("{name}-entries"), name] {
+        let queue = client
+            .create_queue()
+            .queue_name(queue_name)
+            .attributes(A::VisibilityTimeout, visibility_timeout_secs.to_string())
+            .attributes(A::RedrivePolicy, redrive.clone())
+            .send()
+            .await?;
+        order_url = queue.queue_url().unwrap_or_default().to_string();
+    }
+    Ok(order_url)
+}
+
+/// The URL of the draw entries' queue [`fresh_queue`] made beside an order queue.
+pub fn entries_url(queue_url: &str) -> String {
+    format!("{queue_url}-entries")
 }
 
 /// The URL of a queue's dead-letter queue created by [`fresh_queue`].
@@ -219,6 +228,7 @@ impl TestEnv {
         let sqs = sqs::sqs_client().await;
         let queue_url = fresh_queue(&sqs, 30, 5).await?;
         config.order_queue_url = queue_url.clone();
+        config.entry_queue_url = Some(entries_url(&queue_url));
         let queue = OrderQueue::new(sqs.clone(), queue_url, config.sqs_timeout);
         let logins = FunctionLogins::connect(&config).await?;
         Ok(Self {
@@ -266,9 +276,45 @@ impl TestEnv {
         Context::new(config, pool.clone(), redis.clone())
     }
 
-    /// Receives every message currently visible on the test's queue (up to `max`).
+    /// The entry's queues as the test's config names them: the test's order queue, and its
+    /// entries' queue (on a line of coalesced sends of its own, as a fresh container has).
+    pub fn queues(&self) -> Queues {
+        match &self.config.entry_queue_url {
+            Some(url) => Queues {
+                entries: self.queue.sibling(url.clone()),
+                orders: self.queue.clone(),
+            },
+            None => Queues::one(self.queue.clone()),
+        }
+    }
+
+    /// The test's queues' URLs: the orders', then the entries' when it is another.
+    pub fn queue_urls(&self) -> Vec<String> {
+        let entries = self.config.entry_queue();
+        let mut urls = vec![self.queue.url.clone()];
+        if entries != self.queue.url {
+            urls.push(entries.to_string());
+        }
+        urls
+    }
+
+    /// Receives every message currently visible on the test's queues (up to `max` from each):
+    /// the order queue's, then the entries queue's.
     pub async fn drain_messages(
         &self,
+        max: usize,
+    ) -> anyhow::Result<Vec<aws_sdk_sqs::types::Message>> {
+        let mut out = Vec::new();
+        for url in self.queue_urls() {
+            out.extend(self.drain_messages_of(&url, max).await?);
+        }
+        Ok(out)
+    }
+
+    /// Receives every message currently visible on queue `url` (up to `max`).
+    pub async fn drain_messages_of(
+        &self,
+        url: &str,
         max: usize,
     ) -> anyhow::Result<Vec<aws_sdk_sqs::types::Message>> {
         let mut out = Vec::new();
@@ -277,7 +323,7 @@ impl TestEnv {
             let resp = self
                 .sqs
                 .receive_message()
-                .queue_url(&self.queue.url)
+                .queue_url(url)
                 .max_number_of_messages(10)
                 .wait_time_seconds(1)
                 .send()

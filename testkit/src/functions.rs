@@ -14,7 +14,7 @@ use preheat::Preheat;
 use reconcile::Reconcile;
 use seckill_entry::EntryState;
 use seckill_shared::infra::shape::Function;
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::Queues;
 use seckill_shared::Context;
 
 impl TestEnv {
@@ -25,21 +25,21 @@ impl TestEnv {
         context
     }
 
-    /// The entry function's router on the test's queue.
+    /// The entry function's router on the test's queues.
     pub fn entry_router(&self) -> Router {
         self.entry_router_with(|_| {})
     }
 
     /// [`Self::entry_router`] on a context `adjust` changed.
     pub fn entry_router_with(&self, adjust: impl FnOnce(&mut Context)) -> Router {
-        self.entry_router_on(self.queue.clone(), adjust)
+        self.entry_router_on(self.queues(), adjust)
     }
 
-    /// The entry function's router sending to `queue`, on a context `adjust` changed.
-    pub fn entry_router_on(&self, queue: OrderQueue, adjust: impl FnOnce(&mut Context)) -> Router {
+    /// The entry function's router sending to `queues`, on a context `adjust` changed.
+    pub fn entry_router_on(&self, queues: Queues, adjust: impl FnOnce(&mut Context)) -> Router {
         seckill_entry::router(EntryState::new(
             self.function_context(Function::Entry, adjust),
-            queue,
+            queues,
         ))
     }
 

@@ -35,7 +35,9 @@ pub mod reads;
 pub mod steps;
 
 pub use activities::{load_without_db, new_activity, ActivityBuilder};
-pub use env::{config, dlq_url, empty_database, fresh_database, fresh_queue, RedisKind, TestEnv};
+pub use env::{
+    config, dlq_url, empty_database, entries_url, fresh_database, fresh_queue, RedisKind, TestEnv,
+};
 pub use faults::{
     after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, dead_queue,
     end_activity_by_hand, lose_activity, lose_field, set_db_stock_by_hand,
@@ -51,8 +53,8 @@ pub use reads::{
 };
 pub use seckill_shared::infra::shape::local_redis_login;
 pub use steps::{
-    commit_order, consume, consume_queue, pay, purchase, reserve, reserve_in_pool,
-    restore_entrants, spawn_drawer,
+    commit_order, consume, consume_queue, consume_queue_of, pay, purchase, reserve,
+    reserve_in_pool, restore_entrants, spawn_drawer,
 };
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`

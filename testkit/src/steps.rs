@@ -195,13 +195,22 @@ pub async fn consume(
     Ok(order_id)
 }
 
-/// Every message on the test's queue, read through the consumer as SQS delivers them.
-/// Answers how many were order messages (a first-come reservation or a draw's winner): a draw
-/// sale's entries are kept in the database and not counted.
+/// Every message on the test's queues (the orders', then the entries'), read through the
+/// consumer as SQS delivers them. Answers how many were order messages (first-come
+/// reservations): a draw sale's entries are kept in the database and not counted.
 pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for url in env.queue_urls() {
+        n += consume_queue_of(env, &url).await?;
+    }
+    Ok(n)
+}
+
+/// [`consume_queue`] of one of the test's queues, `url`.
+pub async fn consume_queue_of(env: &TestEnv, url: &str) -> anyhow::Result<usize> {
     let consumer = env.consumer();
     let mut n = 0;
-    for m in env.drain_messages(10_000).await? {
+    for m in env.drain_messages_of(url, 10_000).await? {
         let message = order_consumer::parse(m.body())?;
         consumer.handle_message(&message).await?;
         n += usize::from(message.kind != MessageKind::Entry);
@@ -209,7 +218,7 @@ pub async fn consume_queue(env: &TestEnv) -> anyhow::Result<usize> {
         if let Some(receipt) = m.receipt_handle() {
             env.sqs
                 .delete_message()
-                .queue_url(&env.queue.url)
+                .queue_url(url)
                 .receipt_handle(receipt)
                 .send()
                 .await?;
@@ -250,14 +259,14 @@ pub async fn pay(
 }
 
 /// Reconcile's draw part for sale `activity_id`, spawned as the drawer runs in AWS: reconcile's
-/// database role and Redis user, the test's queue, a minute's share and the configured wait
+/// database role and Redis user, the test's entries queue, a minute's share and the configured wait
 /// for queued entries.
 pub fn spawn_drawer(
     env: &TestEnv,
     activity_id: i64,
 ) -> tokio::task::JoinHandle<Result<DrawRun, DrawError>> {
     let (db, redis) = env.login(Function::Reconcile);
-    let (queue, wait) = (env.queue.clone(), env.config.draw_entry_wait);
+    let (queue, wait) = (env.queues().entries, env.config.draw_entry_wait);
     tokio::spawn(async move {
         let until = std::time::Instant::now() + Duration::from_secs(60);
         drawing::drive(&redis, &db, &queue, activity_id, until, wait).await

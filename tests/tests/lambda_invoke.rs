@@ -260,6 +260,7 @@ async fn every_function_answers_its_event_through_the_lambda_runtime_api() -> an
         // Each binary logs in as its function's role and Redis user, as its secrets do in AWS.
         ("SECKILL_LOCAL_LOGINS", "true".into()),
         ("ORDER_QUEUE_URL", queue_url.clone()),
+        ("ENTRY_QUEUE_URL", testkit::entries_url(&queue_url)),
         (
             "REDIS_URL",
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),

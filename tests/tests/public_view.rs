@@ -11,7 +11,7 @@ use axum::Router;
 use seckill_entry::view::{CACHE_ERROR, CACHE_NOT_FOUND, CACHE_SHOWN};
 use seckill_shared::domain::activity;
 use seckill_shared::http::auth::ADMIN_SCOPE;
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::conn::Redis;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -268,9 +268,13 @@ async fn health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_de
         };
         let queue = if breaks(Broken::Queue) {
             let url = format!("{}-never-created", env.queue.url);
-            OrderQueue::new(env.sqs.clone(), url, env.config.sqs_timeout)
+            Queues::one(OrderQueue::new(
+                env.sqs.clone(),
+                url,
+                env.config.sqs_timeout,
+            ))
         } else {
-            env.queue.clone()
+            env.queues()
         };
         let app = env.entry_router_on(queue, |c| {
             c.pool = pool;

@@ -15,7 +15,7 @@ use crate::util::{self, Outcome, Run};
 use axum::body::Body;
 use axum::http::Request;
 use seckill_entry::EntryState;
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::purchase::{self, Code};
 use seckill_shared::store::scripts;
@@ -79,7 +79,7 @@ pub async fn run(
     let queue = OrderQueue::new(sqs.clone(), queue_url.clone(), config.sqs_timeout);
     let state = EntryState::new(
         Context::new(config.clone(), pool.clone(), redis.clone()),
-        queue,
+        Queues::one(queue),
     );
     let mut admin = client.get_multiplexed_async_connection().await?;
     let purchase_sha = scripts::PURCHASE

@@ -49,8 +49,8 @@ pub struct Reconcile {
     config: Config,
     pool: PgPool,
     redis: Redis,
-    /// The order queue, whose backlog a rebuilt draw sale's draw waits on (built on first use:
-    /// most runs never ask).
+    /// The draw entries' queue (`Config::entry_queue`), whose backlog a rebuilt draw sale's
+    /// draw waits on (built on first use: most runs never ask).
     queue: tokio::sync::OnceCell<OrderQueue>,
 }
 
@@ -68,11 +68,7 @@ impl Reconcile {
         self.queue
             .get_or_init(|| async {
                 let client = sqs::sqs_client().await;
-                OrderQueue::new(
-                    client,
-                    &self.config.order_queue_url,
-                    self.config.sqs_timeout,
-                )
+                OrderQueue::new(client, self.config.entry_queue(), self.config.sqs_timeout)
             })
             .await
     }

@@ -5,7 +5,7 @@
 //! It also tells the function's clock (`serverTime`, never cached), so a page can count down
 //! to a sale's start on the server's clock rather than the browser's.
 //! `/health/deep` asks each dependency once (Redis `PING`, a database round trip, the order
-//! queue's `GetQueueAttributes`), concurrently and each within [`DEEP_CHECK_TIMEOUT`], and
+//! queues' `GetQueueAttributes`), concurrently and each within [`DEEP_CHECK_TIMEOUT`], and
 //! answers 503 when any did not answer. Its answer is kept per container for
 //! [`DEEP_CHECK_CACHE`] (concurrent callers share one check), so a flood of it costs the
 //! dependencies three calls per period; a 503 names nothing (the log does), so it tells a
@@ -96,7 +96,7 @@ pub struct DeepHealth {
     path = "/health/deep",
     tag = "health",
     operation_id = "deepHealth",
-    summary = "Readiness: asks Redis, the database and the order queue, at most once per 5 s per container (IAM-signed callers only in AWS)",
+    summary = "Readiness: asks Redis, the database and the order queues, at most once per 5 s per container (IAM-signed callers only in AWS)",
     security(()),
     responses(
         (status = 200, description = "Each dependency answered within its bound", body = DeepHealth),
@@ -134,15 +134,18 @@ async fn deep_check(state: &EntryState) -> Option<DeepHealth> {
             seckill_shared::infra::db::ping(&s.pool)
         ),
         check(config.sqs_timeout, async {
-            s.queue
-                .client
-                .get_queue_attributes()
-                .queue_url(&s.queue.url)
-                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-                .send()
-                .await
-                .map(drop)
-                .map_err(aws_sdk_sqs::error::DisplayErrorContext)
+            // The orders' queue, then the entries' when it is another.
+            let (orders, entries) = (&s.queues.orders, &s.queues.entries);
+            for q in std::iter::once(orders).chain((entries.url != orders.url).then_some(entries)) {
+                q.client
+                    .get_queue_attributes()
+                    .queue_url(&q.url)
+                    .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                    .send()
+                    .await
+                    .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+            }
+            Ok::<(), String>(())
         }),
     );
     let answers = [

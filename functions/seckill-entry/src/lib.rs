@@ -18,7 +18,7 @@ use axum::Router;
 use seckill_shared::http::extract::with_fallbacks;
 use seckill_shared::http::origin;
 use seckill_shared::infra::payments::Provider;
-use seckill_shared::infra::sqs::{self, OrderQueue};
+use seckill_shared::infra::sqs::{self, Queues};
 use seckill_shared::protocol::buckets::Hints;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::{Config, Context};
@@ -54,7 +54,8 @@ struct Inner {
     config: Config,
     pool: PgPool,
     redis: Redis,
-    queue: OrderQueue,
+    /// The orders' queue and the draw entries' (their own, or the same).
+    queues: Queues,
     sold_out: guards::SoldOutCache,
     /// Donors of bucketed sales seen empty a moment ago, and sales a sale-wide check found
     /// sold out (off with the sold-out memory, `SOLD_OUT_CACHE_MS=0`).
@@ -74,7 +75,7 @@ struct Inner {
 }
 
 impl EntryState {
-    pub fn new(context: Context, queue: OrderQueue) -> Self {
+    pub fn new(context: Context, queues: Queues) -> Self {
         let Context {
             config,
             pool,
@@ -102,7 +103,7 @@ impl EntryState {
                 config,
                 pool,
                 redis,
-                queue,
+                queues,
             }),
         }
     }
@@ -112,9 +113,8 @@ impl EntryState {
     pub async fn connect(config: Config) -> anyhow::Result<Self> {
         let context = Context::connect(config).await?;
         let client = sqs::sqs_client().await;
-        let config = &context.config;
-        let queue = OrderQueue::new(client, config.order_queue_url.clone(), config.sqs_timeout);
-        Ok(Self::new(context, queue))
+        let queues = Queues::new(client, &context.config);
+        Ok(Self::new(context, queues))
     }
 
     pub fn config(&self) -> &Config {

@@ -199,7 +199,7 @@ async fn enter(state: &EntryState, attempt: Attempt, rank: i64) -> Result<Respon
     let s = &state.inner;
     let (activity_id, request_id) = (attempt.activity_id, attempt.request_id);
     if let EntrySent::TakenBack(error) =
-        purchase::send_entry(&s.queue, &s.pool, &s.redis, attempt).await
+        purchase::send_entry(&s.queues.entries, &s.pool, &s.redis, attempt).await
     {
         Span::current().record("outcome", "compensated");
         s.counters.compensation();
@@ -248,20 +248,21 @@ async fn send(
 ) -> Result<Response, ApiError> {
     let s = &state.inner;
     let a = &message.attempt;
-    let (error, then) = match purchase::send_order(&s.queue, &s.pool, &s.redis, message).await {
-        Sent::Queued => {
-            s.counters.accept();
-            tracing::info!(
-                activity_id = a.activity_id,
-                request_id = %a.request_id,
-                quantity = a.quantity,
-                stock_left,
-                "purchase accepted"
-            );
-            return Ok(answer(a.request_id, BuyerStatus::Pending));
-        }
-        Sent::Failed { error, then } => (error, then),
-    };
+    let (error, then) =
+        match purchase::send_order(&s.queues.orders, &s.pool, &s.redis, message).await {
+            Sent::Queued => {
+                s.counters.accept();
+                tracing::info!(
+                    activity_id = a.activity_id,
+                    request_id = %a.request_id,
+                    quantity = a.quantity,
+                    stock_left,
+                    "purchase accepted"
+                );
+                return Ok(answer(a.request_id, BuyerStatus::Pending));
+            }
+            Sent::Failed { error, then } => (error, then),
+        };
     let span = Span::current();
     match then {
         AfterSend::Ordered => s.counters.accept(),

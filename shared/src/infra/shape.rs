@@ -112,8 +112,8 @@ pub struct Shape {
     /// The database pool one instance holds (`DB_MAX_CONNECTIONS`); its role's connection
     /// limit is sized by it.
     pub db_max_connections: Option<u32>,
-    /// The order consumer's event source: messages a batch, seconds it waits to fill one, and
-    /// the most instances SQS runs at once.
+    /// The order consumer's event sources (the orders' queue, the draw entries'): messages a
+    /// batch, seconds it waits to fill one, and the most instances SQS runs at once for each.
     pub batch_size: Option<usize>,
     pub batching_window_secs: Option<u64>,
     pub maximum_concurrency: Option<usize>,

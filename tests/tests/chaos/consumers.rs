@@ -15,8 +15,14 @@ use std::time::Duration;
 pub async fn consumer(c: Arc<Chaos>, index: u64) -> anyhow::Result<()> {
     let consumer = c.consumer();
     let mut rng = c.rng(200 + index);
-    while !c.stopped() {
-        let messages = match c.receive().await {
+    // The orders' queue and the draw entries', in turn (each has its mapping in AWS).
+    let urls = c.env.queue_urls();
+    for turn in 0.. {
+        if c.stopped() {
+            break;
+        }
+        let url = &urls[turn % urls.len()];
+        let messages = match c.receive(url).await {
             Ok(m) => m,
             Err(_) => {
                 c.count(|r| r.sqs_errors += 1);
@@ -35,32 +41,35 @@ pub async fn consumer(c: Arc<Chaos>, index: u64) -> anyhow::Result<()> {
             _ => Delivery::NotDeleted,
         };
         let dies_after = Duration::from_millis(rng.random_range(0..40));
-        c.deliver(&consumer, &messages, delivery, dies_after).await;
+        c.deliver(&consumer, url, &messages, delivery, dies_after)
+            .await;
     }
     Ok(())
 }
 
 impl Chaos {
-    pub async fn receive(&self) -> anyhow::Result<Vec<Message>> {
+    /// One receive of up to ten messages from queue `url`.
+    pub async fn receive(&self, url: &str) -> anyhow::Result<Vec<Message>> {
         let receive = self
             .env
             .sqs
             .receive_message()
-            .queue_url(&self.env.queue.url)
+            .queue_url(url)
             .max_number_of_messages(10)
             .wait_time_seconds(1)
             .send();
         // The emulator can stall under load; a stalled call must not hold the seed forever.
         let resp = tokio::time::timeout(SQS_CALL_LIMIT, receive)
             .await
-            .context("receive from the order queue timed out")?
-            .context("receive from the order queue")?;
+            .with_context(|| format!("receive from {url} timed out"))?
+            .with_context(|| format!("receive from {url}"))?;
         Ok(resp.messages.unwrap_or_default())
     }
 
     pub async fn deliver(
         &self,
         consumer: &Consumer,
+        url: &str,
         messages: &[Message],
         delivery: Delivery,
         dies_after: Duration,
@@ -96,11 +105,11 @@ impl Chaos {
                 return;
             }
         };
-        self.delete_acked(messages, &responses).await;
+        self.delete_acked(url, messages, &responses).await;
     }
 
     /// Deletes every message some delivery acked (not in its `batchItemFailures`).
-    async fn delete_acked(&self, messages: &[Message], responses: &[SqsBatchResponse]) {
+    async fn delete_acked(&self, url: &str, messages: &[Message], responses: &[SqsBatchResponse]) {
         for m in messages {
             let id = m.message_id().unwrap_or_default();
             let acked = responses.iter().any(|r| {
@@ -116,7 +125,7 @@ impl Chaos {
                 .env
                 .sqs
                 .delete_message()
-                .queue_url(&self.env.queue.url)
+                .queue_url(url)
                 .receipt_handle(m.receipt_handle().unwrap_or_default())
                 .send();
             let deleted = tokio::time::timeout(SQS_CALL_LIMIT, delete).await;

@@ -16,25 +16,31 @@ use sqlx::{Connection, PgConnection};
 use std::time::{Duration, Instant};
 
 impl Chaos {
-    /// Consumes until the queue holds nothing, visible or in flight (a dead consumer's batch
-    /// comes back after the visibility timeout), with no faults.
+    /// Consumes until the queues (the orders', the entries') hold nothing, visible or in
+    /// flight (a dead consumer's batch comes back after the visibility timeout), with no
+    /// faults.
     pub async fn drain_queue(&self) -> anyhow::Result<()> {
         let consumer = self.consumer();
         let started = Instant::now();
+        let urls = self.env.queue_urls();
         let mut quiet_polls = 0;
-        while quiet_polls < 2 {
+        for turn in 0.. {
+            if quiet_polls >= 2 * urls.len() {
+                break;
+            }
+            let url = &urls[turn % urls.len()];
             if started.elapsed() > DRAIN_LIMIT {
-                let depth = queue_depth(&self.env.sqs, &self.env.queue.url).await?;
+                let depth = queue_depth(&self.env.sqs, url).await?;
                 self.violate(
                     "queue_drained",
                     None,
-                    format!("(visible, in flight) messages {depth:?} after {DRAIN_LIMIT:?}"),
+                    format!("{url}: (visible, in flight) messages {depth:?} after {DRAIN_LIMIT:?}"),
                 );
                 break;
             }
-            let messages = self.receive().await?;
+            let messages = self.receive(url).await?;
             if messages.is_empty() {
-                let (visible, in_flight) = queue_depth(&self.env.sqs, &self.env.queue.url).await?;
+                let (visible, in_flight) = queue_depth(&self.env.sqs, url).await?;
                 quiet_polls = if visible + in_flight == 0 {
                     quiet_polls + 1
                 } else {
@@ -43,7 +49,7 @@ impl Chaos {
                 continue;
             }
             quiet_polls = 0;
-            self.deliver(&consumer, &messages, Delivery::Once, Duration::ZERO)
+            self.deliver(&consumer, url, &messages, Delivery::Once, Duration::ZERO)
                 .await;
             self.count(|r| r.drain_batches += 1);
         }
@@ -62,6 +68,7 @@ impl Chaos {
     pub async fn finish_draws(&self) {
         // As reconcile runs it: its database role and Redis user.
         let (db, redis) = self.patient.login(Function::Reconcile);
+        let entries = self.env.queues().entries;
         for &id in self.draws.keys() {
             let until = Instant::now() + DRAIN_LIMIT;
             while Instant::now() < until {
@@ -69,7 +76,7 @@ impl Chaos {
                     let run = protocol::draw::drive(
                         &redis,
                         &db,
-                        &self.env.queue,
+                        &entries,
                         id,
                         Instant::now() + Duration::from_secs(5),
                         self.patient.config.draw_entry_wait,
@@ -151,7 +158,11 @@ async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> anyhow::Result<(u6
 }
 
 pub async fn delete_queue(sqs: &aws_sdk_sqs::Client, url: &str) {
-    for u in [url.to_string(), testkit::dlq_url(url)] {
+    for u in [
+        url.to_string(),
+        testkit::entries_url(url),
+        testkit::dlq_url(url),
+    ] {
         let _ = sqs.delete_queue().queue_url(u).send().await;
     }
 }

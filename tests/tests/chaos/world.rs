@@ -389,6 +389,7 @@ async fn test_env(kind: RedisKind) -> anyhow::Result<(Option<PrivateRedis>, Test
     let url = testkit::fresh_queue(&env.sqs, VISIBILITY_TIMEOUT_SECS, MAX_RECEIVE_COUNT).await?;
     delete_queue(&env.sqs, &unused).await;
     env.config.order_queue_url = url.clone();
+    env.config.entry_queue_url = Some(testkit::entries_url(&url));
     env.queue = OrderQueue::new(env.sqs.clone(), url, env.config.sqs_timeout);
     Ok((private, env))
 }

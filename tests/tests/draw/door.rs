@@ -8,7 +8,7 @@ use futures::StreamExt;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::pause;
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::draw;
 use std::time::{Duration, Instant};
 use testkit::on_both_redis;
@@ -74,9 +74,12 @@ async fn a_crowds_entries_share_batches_and_each_waits_for_its_own(
 ) -> anyhow::Result<()> {
     const CROWD: usize = 25;
     let env = TestEnv::new(kind).await?;
-    let queue = OrderQueue::new(env.sqs.clone(), env.queue.url.clone(), env.queue.timeout)
-        .with_send_slots(1);
-    let app = env.entry_router_on(queue.clone(), |_| {});
+    let queue = env.queues().entries.with_send_slots(1);
+    let queues = Queues {
+        entries: queue.clone(),
+        ..env.queues()
+    };
+    let app = env.entry_router_on(queues, |_| {});
     let a = env.draw_activity(5, 1).await?;
 
     let answers = held_crowd(&app, &a, &queue, "c", CROWD).await?;
@@ -103,7 +106,7 @@ async fn every_entry_of_a_failed_batch_is_answered_503_and_leaves_the_pool(
     const CROWD: usize = 12;
     let env = TestEnv::new(kind).await?;
     let queue = dead_queue(&env).with_send_slots(1);
-    let app = env.entry_router_on(queue.clone(), |_| {});
+    let app = env.entry_router_on(Queues::one(queue.clone()), |_| {});
     let a = env.draw_activity(5, 1).await?;
     // The first batch held before its call, so the rest of the crowd shares the next ones.
     let answers = held_crowd(&app, &a, &queue, "d", CROWD).await?;

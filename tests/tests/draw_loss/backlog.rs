@@ -14,12 +14,14 @@ use seckill_shared::store::draw::{self, Drawn};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 use testkit::on_both_redis;
-use testkit::{call, close_draw_window, consume_queue, draw_entry_rows, my_status, request};
+use testkit::{buy, call, close_draw_window, consume_queue, draw_entry_rows, my_status, request};
+use testkit::{consume_queue_of, order_rows};
 use testkit::{RedisKind, TestEnv};
 
 on_both_redis!(
     a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff,
     an_entry_back_after_the_wait_reads_entered_late_and_is_counted,
+    orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries,
 );
 
 /// Twelve entrants, all answered 202 `queued`, their messages on the queue. The entrant with
@@ -159,5 +161,69 @@ async fn an_entry_back_after_the_wait_reads_entered_late_and_is_counted(
     )
     .await;
     assert_eq!(body["draw"]["lateEntries"], late, "{body}");
+    Ok(())
+}
+
+/// Entries and orders on queues of their own. A draw sale rebuilt after a loss, its entries all
+/// written, its window closed: five first-come purchases of another sale leave their order
+/// messages on the order queue (unconsumed), and the drawer does not wait for them: it draws,
+/// records and orders, as it reads the entries' queue alone (on one shared queue it waited for
+/// the orders until its bound). Then a crowd of 20 entries of a third sale is held on the
+/// entries' queue: the consumer of the order queue writes the five orders without reading one
+/// entry, and the entries are kept once their queue is consumed.
+async fn orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let (orders_url, entries_url) = (env.queue.url.clone(), env.config.entry_queue().to_string());
+    assert_ne!(
+        orders_url, entries_url,
+        "the test's entries have a queue of their own"
+    );
+
+    let a = env.draw_activity(3, 1).await?;
+    let users = entrants(&app, &a, "e", 8).await;
+    assert_eq!(consume_queue_of(&env, &entries_url).await?, 0);
+    assert_eq!(draw_entry_rows(&env, a.id).await, 8);
+    lose_and_reload(&env, &a).await;
+    let f = env.open_activity(10, 1).await?;
+    for i in 0..5 {
+        let (status, body) = buy(&app, &f, &format!("f{i}"), None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    close_draw_window(&env, a.id).await;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(
+        r.drawn && !r.orders_pending,
+        "five orders on the order queue hold no draw: {r:?}"
+    );
+    let expected = lowest_tickets(&env, &a, &users, 3).await;
+    for u in &users {
+        let want = if expected.contains(u) {
+            "confirmed"
+        } else {
+            "not_drawn"
+        };
+        assert_eq!(my_status(&app, &a, u).await, want, "{u}");
+    }
+
+    let b = env.draw_activity(3, 1).await?;
+    entrants(&app, &b, "c", 20).await;
+    assert!(order_rows(&env, f.id).await.is_empty());
+    assert_eq!(consume_queue_of(&env, &orders_url).await?, 5);
+    assert_eq!(
+        order_rows(&env, f.id).await.len(),
+        5,
+        "no order waited behind an entry"
+    );
+    assert_eq!(
+        draw_entry_rows(&env, b.id).await,
+        0,
+        "the entries are still queued"
+    );
+    assert_eq!(consume_queue_of(&env, &entries_url).await?, 0);
+    assert_eq!(draw_entry_rows(&env, b.id).await, 20);
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! fast 503, never a hang.
 
 use axum::http::StatusCode;
+use seckill_shared::infra::sqs::Queues;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::store::values::EntryKind;
@@ -26,7 +27,7 @@ async fn dead_queue_answers_503_and_gives_stock_and_quota_back(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
     let a = env.open_activity(5, 2).await?;
-    let broken = env.entry_router_on(dead_queue(&env), |_| {});
+    let broken = env.entry_router_on(Queues::one(dead_queue(&env)), |_| {});
 
     let started = Instant::now();
     let (status, body) = buy(&broken, &a, "alice", Some(r#"{"quantity":2}"#)).await;

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use seckill_shared::domain::order;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
-use seckill_shared::infra::sqs::OrderQueue;
+use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use std::time::Duration;
 use testkit::call;
 use testkit::request;
@@ -89,7 +89,7 @@ async fn the_entry_role_runs_a_buyers_whole_path() -> anyhow::Result<()> {
         env.queue.url.clone(),
         Duration::from_secs(1),
     );
-    let broken = env.entry_router_on(dead, |c| login.on(c));
+    let broken = env.entry_router_on(Queues::one(dead), |c| login.on(c));
     let (status, body) = call(
         &broken,
         request(

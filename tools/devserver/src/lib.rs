@@ -4,7 +4,8 @@
 //!   Lambdas run under `lambda_http`, merged and put behind [`auth::authorize`], which plays
 //!   API Gateway's JWT authorizer (HS256 tokens signed with `SECKILL_JWT_SECRET`), plus their
 //!   OpenAPI document at `/openapi.json`.
-//! - The SQS event source mapping: a few [`poller`]s long-poll the order queue and hand batches
+//! - The SQS event source mappings: a few [`poller`]s long-poll each queue (the orders', the
+//!   draw entries') and hand batches
 //!   to the consumer's handler, deleting only what it did not report as failed.
 //! - The two EventBridge schedules: preheat and reconcile, every few seconds.
 //!
@@ -266,8 +267,17 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     }
     let functions = Functions::connect(&dev.config).await?;
     let sqs = seckill_shared::infra::sqs::sqs_client().await;
-    let source =
-        poller::QueueSource::connect(sqs, &dev.config.order_queue_url, dev.poll_wait).await?;
+    // As the consumer's two event source mappings in AWS: the orders' queue, and the draw
+    // entries' when it is another, each with pollers of its own.
+    let mut sources = vec![
+        poller::QueueSource::connect(sqs.clone(), &dev.config.order_queue_url, dev.poll_wait)
+            .await?,
+    ];
+    if dev.config.entry_queue() != dev.config.order_queue_url {
+        sources.push(
+            poller::QueueSource::connect(sqs, dev.config.entry_queue(), dev.poll_wait).await?,
+        );
+    }
 
     let listener = TcpListener::bind(dev.addr)
         .await
@@ -296,13 +306,15 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
     });
 
     let mut tasks = Vec::new();
-    for n in 0..dev.pollers {
-        tasks.push(tokio::spawn(poll_loop(
-            n,
-            source.clone(),
-            functions.clone(),
-            stopped.clone(),
-        )));
+    for source in &sources {
+        for n in 0..dev.pollers {
+            tasks.push(tokio::spawn(poll_loop(
+                n,
+                source.clone(),
+                functions.clone(),
+                stopped.clone(),
+            )));
+        }
     }
     // The scheduled jobs run on threads of their own, driven by this runtime: a job's future
     // need not be `Send` (the Lambda runtime does not ask it to be either).
@@ -331,7 +343,7 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
             },
         )?);
     }
-    tracing::info!(%addr, pollers = dev.pollers, max_in_flight = dev.max_in_flight, queue = %source.url, "dev server up");
+    tracing::info!(%addr, pollers = dev.pollers, max_in_flight = dev.max_in_flight, queues = ?sources.iter().map(|s| s.url.as_str()).collect::<Vec<_>>(), "dev server up");
     Ok(DevServer {
         addr,
         functions,

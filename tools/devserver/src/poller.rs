@@ -40,7 +40,7 @@ impl QueueSource {
             .await
             .map_err(|e| {
                 anyhow::anyhow!(
-                    "order queue {url} is not reachable: {}",
+                    "queue {url} is not reachable: {}",
                     aws_sdk_sqs::error::DisplayErrorContext(&e)
                 )
             })?;
@@ -147,10 +147,11 @@ async fn receive(source: &QueueSource) -> anyhow::Result<Vec<Message>> {
         .send();
     let resp = tokio::time::timeout(deadline, receive)
         .await
-        .map_err(|_| anyhow::anyhow!("receive from the order queue timed out after {deadline:?}"))?
+        .map_err(|_| anyhow::anyhow!("receive from {} timed out after {deadline:?}", source.url))?
         .map_err(|e| {
             anyhow::anyhow!(
-                "receive from the order queue failed: {}",
+                "receive from {} failed: {}",
+                source.url,
                 aws_sdk_sqs::error::DisplayErrorContext(&e)
             )
         })?;
@@ -193,11 +194,15 @@ async fn delete_handled(
     let resp = tokio::time::timeout(CALL_TIMEOUT, delete)
         .await
         .map_err(|_| {
-            anyhow::anyhow!("delete from the order queue timed out after {CALL_TIMEOUT:?}")
+            anyhow::anyhow!(
+                "delete from {} timed out after {CALL_TIMEOUT:?}",
+                source.url
+            )
         })?
         .map_err(|e| {
             anyhow::anyhow!(
-                "delete from the order queue failed: {}",
+                "delete from {} failed: {}",
+                source.url,
                 aws_sdk_sqs::error::DisplayErrorContext(&e)
             )
         })?;

@@ -93,6 +93,17 @@ pub struct Config {
         value_parser = non_blank
     )]
     pub order_dlq_url: Option<String>,
+    /// SQS queue URL of the draw entries (each answered 202 `queued`; the consumer keeps them):
+    /// a queue of their own, so that orders never wait behind a crowd's entries and a draw
+    /// rebuilt after a loss waits for entries only ([`Config::entry_queue`]). It redrives into
+    /// the order queue's dead-letter queue. Unset: the entries share the order queue.
+    #[arg(
+        long = "entry-queue-url",
+        env = "ENTRY_QUEUE_URL",
+        value_name = "ENTRY_QUEUE_URL",
+        value_parser = non_blank
+    )]
+    pub entry_queue_url: Option<String>,
     /// Bound on one Redis call; past it the caller answers 503 instead of hanging.
     #[arg(long = "redis-timeout-ms", env = "REDIS_TIMEOUT_MS", value_name = "REDIS_TIMEOUT_MS",
           value_parser = millis, default_value = "300")]
@@ -184,6 +195,13 @@ pub struct Config {
 }
 
 impl Config {
+    /// The queue the draw entries go on: their own, or the order queue when none is set.
+    pub fn entry_queue(&self) -> &str {
+        self.entry_queue_url
+            .as_deref()
+            .unwrap_or(&self.order_queue_url)
+    }
+
     /// The environment alone (no command line): what tests and tools that parse their own
     /// arguments call. Fails on a missing required variable or a malformed value, naming it.
     pub fn from_env() -> anyhow::Result<Self> {

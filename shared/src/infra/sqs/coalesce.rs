@@ -72,6 +72,14 @@ impl Coalescer {
         }
     }
 
+    /// The most batches on their way at once.
+    pub fn slots(&self) -> usize {
+        self.line
+            .lock()
+            .expect("the line's lock is never poisoned")
+            .slots
+    }
+
     /// Messages waiting for a slot now.
     pub fn waiting(&self) -> usize {
         let line = self.line.lock().expect("the line's lock is never poisoned");

@@ -1,10 +1,12 @@
-//! The SQS client and the order queue, with bounded sends; a container's concurrent sends
-//! may share `SendMessageBatch` calls ([`coalesce`]).
+//! The SQS client and the order queues (the orders, and the draw entries on a queue of their
+//! own), with bounded sends; a container's concurrent sends may share `SendMessageBatch` calls
+//! ([`coalesce`]).
 
 mod coalesce;
 
 pub use coalesce::Coalescer;
 
+use crate::infra::config::Config;
 use aws_sdk_sqs::Client;
 use serde::Serialize;
 use std::fmt::Display;
@@ -27,7 +29,39 @@ pub enum QueueError {
     Attributes(String),
 }
 
-/// The order queue, with a bounded send.
+/// The entry function's two queues: the orders (first-come reservations) and the draw entries,
+/// each with a line of coalesced sends of its own; the same queue when no entry queue is set
+/// (`Config::entry_queue`).
+#[derive(Clone, Debug)]
+pub struct Queues {
+    pub orders: OrderQueue,
+    pub entries: OrderQueue,
+}
+
+impl Queues {
+    /// The queues `config` names, on one client.
+    pub fn new(client: Client, config: &Config) -> Self {
+        let orders = OrderQueue::new(client, config.order_queue_url.clone(), config.sqs_timeout);
+        match &config.entry_queue_url {
+            Some(url) if *url != orders.url => Self {
+                entries: orders.sibling(url.clone()),
+                orders,
+            },
+            _ => Self::one(orders),
+        }
+    }
+
+    /// Orders and entries on one queue (one line of coalesced sends).
+    pub fn one(queue: OrderQueue) -> Self {
+        Self {
+            entries: queue.clone(),
+            orders: queue,
+        }
+    }
+}
+
+/// An order queue (the orders, or the draw entries: both carry order messages), with a
+/// bounded send.
 #[derive(Clone, Debug)]
 pub struct OrderQueue {
     pub client: Client,
@@ -45,6 +79,12 @@ impl OrderQueue {
             timeout,
             coalesced: Coalescer::default(),
         }
+    }
+
+    /// Another queue on this one's client and timeout, with a line of coalesced sends of its
+    /// own of as many slots as this one's.
+    pub fn sibling(&self, url: impl Into<String>) -> Self {
+        Self::new(self.client.clone(), url, self.timeout).with_send_slots(self.coalesced.slots())
     }
 
     /// This queue with its coalesced sends on a line of their own of `slots` batches on
