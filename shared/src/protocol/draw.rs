@@ -139,8 +139,8 @@ pub async fn drive(
 pub const ENTRY_SETTLE: Duration = Duration::from_secs(10);
 
 /// Whether a rebuilt sale's draw may stop waiting for its queued entries: its window closed
-/// more than the send's timeout and [`ENTRY_SETTLE`] ago and the order queue holds no message
-/// (every entry sent before the close is written, and put back into the pool by the consumer
+/// more than the send's timeout and [`ENTRY_SETTLE`] ago and the entries' queue (`queue`) holds
+/// no message (every entry sent before the close is written, and put back into the pool by the consumer
 /// with its ticket), or `entry_wait` has passed since the close (an entry written later reads
 /// `entered_late`). False for a sale that does not wait, or whose window is open. A queue that
 /// cannot be read ends no wait before the bound.
@@ -173,7 +173,7 @@ async fn entries_written(
             Ok(false)
         }
         Err(e) => {
-            tracing::warn!(activity_id, error = %e, "the order queue's backlog is unknown; the draw waits");
+            tracing::warn!(activity_id, error = %e, "the entries queue's backlog is unknown; the draw waits");
             Ok(false)
         }
     }

@@ -179,7 +179,7 @@ pub enum EntrySent {
     TakenBack(QueueError),
 }
 
-/// Sends a draw entry Redis put in the pool to the order queue, so that the database keeps it
+/// Sends a draw entry Redis put in the pool to the entries' queue, so that the database keeps it
 /// (a pool Redis loses is rebuilt from what it keeps). A failed send claims the request as a
 /// 503 (`failed`, `unavailable`: the draw's callers take such entries out of the pool, should
 /// this call's leave not get through) and takes the entry out of the pool; with the database
