@@ -80,6 +80,43 @@ pub async fn insert_entries(
     .await
 }
 
+/// The newest live entry of `user_id` in sale `activity_id` other than request `except` (kept,
+/// no order row for its request, the user holding no live order in the sale), and whether it
+/// is kept late: what stands for the user once `except`, a newer entry answered 503, is taken
+/// out of the pool. One index range (`draw_entries_by_user`).
+pub async fn other_live_entry(
+    db: &PgPool,
+    activity_id: i64,
+    user_id: &str,
+    except: Uuid,
+) -> Result<Option<(Entry, bool)>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select d.request_id as "request_id!", d.quantity as "quantity!", d.late as "late!"
+           from draw_entries d
+           where d.activity_id = $1 and d.user_id = $2 and d.request_id <> $3
+             and not exists (select 1 from orders o where o.request_id = d.request_id)
+             and not exists (
+               select 1 from orders o
+               where o.activity_id = d.activity_id and o.user_id = d.user_id
+                 and order_is_live(o.status))
+           order by d.id desc
+           limit 1"#,
+        activity_id,
+        user_id,
+        except
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| {
+        let entry = Entry {
+            request_id: r.request_id,
+            user_id: user_id.to_string(),
+            quantity: r.quantity,
+        };
+        (entry, r.late)
+    }))
+}
+
 /// The next `limit` entries of sale `activity_id` after row `after`, in row order, each with
 /// whether it is **live**. An entry whose request has an order row (a claim after a 503, or a
 /// winner's order) is not, nor is one whose user holds a live order in the sale or has a newer

@@ -18,6 +18,7 @@ use crate::store::conn::{Redis, StoreError};
 use crate::store::draw::{self, Drawn, Restore, RestoreCursor};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrawError {
@@ -421,6 +422,40 @@ pub async fn rebuild(
     }
 }
 
+/// After request `left` of `user_id` was taken out of sale `activity_id`'s pool (answered 503):
+/// the user's other live entry the database keeps, if any, goes back in its place
+/// (`lua/pool_restore.lua` as the consumer runs it: queued with its ticket while no step ran,
+/// else late). The consumer may have found the user's field held by `left` when it kept that
+/// other entry (the user entered again after Redis lost the sale, before her first entry was
+/// written) and added nothing: without this, an entry answered 202 `queued` would take part in
+/// no draw. Answers whether one went back.
+pub async fn put_back_other_entry(
+    redis: &Redis,
+    db: &PgPool,
+    activity_id: i64,
+    user_id: &str,
+    left: Uuid,
+) -> Result<bool, DrawError> {
+    let Some((entry, late)) = kept::other_live_entry(db, activity_id, user_id, left).await? else {
+        return Ok(false);
+    };
+    let what = if late {
+        Restore::LateEntries
+    } else {
+        Restore::Entries
+    };
+    let restored = draw::restore(
+        redis,
+        activity_id,
+        None,
+        what,
+        RestoreCursor::None,
+        &[entry],
+    )
+    .await?;
+    Ok(restored.is_some_and(|r| r.put > 0))
+}
+
 /// Purchases answered 503 one [`leave_unanswered`] handles at most.
 pub const LEAVE_BATCH: i64 = 500;
 /// How old a 503's claim must be before the clean-up's cursor passes it: a row id is taken
@@ -448,7 +483,10 @@ pub async fn leave_unanswered(
     let mut cursor = after;
     let mut settled = true;
     for row in &rows {
-        left += usize::from(draw::leave(redis, activity_id, &row.user_id, row.request_id).await?);
+        if draw::leave(redis, activity_id, &row.user_id, row.request_id).await? {
+            left += 1;
+            put_back_other_entry(redis, db, activity_id, &row.user_id, row.request_id).await?;
+        }
         settled &= row.created_at < settled_before;
         if settled {
             cursor = row.id;

@@ -210,9 +210,13 @@ pub async fn send_entry(
     let a = &message.attempt;
     match giveback::claim(pool, a, FailureReason::Unavailable).await {
         Ok(_) => {
-            if let Err(e) = pool::leave(redis, activity_id, &a.user_id, request_id).await {
+            match pool::leave(redis, activity_id, &a.user_id, request_id).await {
+                Ok(true) => put_back_other(pool, redis, a).await,
+                Ok(false) => {}
                 // The claim stands: the drawer takes the entry out before the draw.
-                tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
+                Err(e) => {
+                    tracing::warn!(activity_id, %request_id, error = %e, "draw entry of a failed send not yet out of the pool");
+                }
             }
             tracing::warn!(activity_id, %request_id, %error, "draw entry not sent; taken back");
             EntrySent::TakenBack(error)
@@ -221,6 +225,20 @@ pub async fn send_entry(
             tracing::error!(activity_id, %request_id, %error, claim_error = %e,
                 "draw entry not sent and the database is out of reach; it stays in the pool");
             EntrySent::Queued
+        }
+    }
+}
+
+/// A draw entry `a` answered 503 left the pool: the user's other live kept entry, if any,
+/// goes back in its place (`protocol::draw::put_back_other_entry`). A failure is only logged:
+/// the claim stands, and the next rebuild of the pool puts the entry back.
+async fn put_back_other(db: &PgPool, redis: &Redis, a: &Attempt) {
+    let (id, user, left) = (a.activity_id, &a.user_id, a.request_id);
+    match crate::protocol::draw::put_back_other_entry(redis, db, id, user, left).await {
+        Ok(true) => tracing::info!(activity_id = id, %left, "the user's kept entry stands again"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(activity_id = id, %left, error = %e, "the user's kept entry not put back")
         }
     }
 }
@@ -278,15 +296,18 @@ where
     pause::point("entry.unanswered.after_claim", attempt.activity_id).await;
     // One attempt now, bounded: a lost answer from a healthy Redis is undone before the 503
     // goes out. A stalled Redis gets the rest in the background.
-    let first = tokio::time::timeout(bound, give_back_unanswered(redis, &attempt, &units_back));
+    let first = tokio::time::timeout(
+        bound,
+        give_back_unanswered(pool, redis, &attempt, &units_back),
+    );
     if matches!(first.await, Ok(Ok(()))) {
         return Unanswered::Unavailable;
     }
-    let redis = redis.clone();
+    let (pool, redis) = (pool.clone(), redis.clone());
     tokio::spawn(async move {
         for n in 1..=GIVE_BACK_ATTEMPTS {
             tokio::time::sleep(GIVE_BACK_RETRY).await;
-            match give_back_unanswered(&redis, &attempt, &units_back).await {
+            match give_back_unanswered(&pool, &redis, &attempt, &units_back).await {
                 Ok(()) => return,
                 Err(e) if n == GIVE_BACK_ATTEMPTS => {
                     tracing::warn!(request_id = %attempt.request_id, error = %e, "give-back left to reconcile");
@@ -338,6 +359,7 @@ async fn leave_without_claim(redis: &Redis, r: &Attempt, bound: Duration) -> Una
 
 /// The Redis half of [`unanswered`], after the claim.
 async fn give_back_unanswered(
+    db: &PgPool,
     redis: &Redis,
     r: &Attempt,
     units_back: &impl Fn(),
@@ -345,6 +367,7 @@ async fn give_back_unanswered(
     // A draw sale's entry: out of the pool (or, drawn a winner, given back below).
     if r.buckets == 1 && pool::leave(redis, r.activity_id, &r.user_id, r.request_id).await? {
         tracing::warn!(request_id = %r.request_id, "late draw entry taken out of the pool");
+        put_back_other(db, redis, r).await;
     }
     let mode = Compensation::Full;
     let units = ledger::compensate(redis, r.home(), &r.user_id, r.request_id, mode).await?;

@@ -22,6 +22,7 @@ on_both_redis!(
     a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff,
     an_entry_back_after_the_wait_reads_entered_late_and_is_counted,
     orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries,
+    an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503,
 );
 
 /// Twelve entrants, all answered 202 `queued`, their messages on the queue. The entrant with
@@ -225,5 +226,66 @@ async fn orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries
     );
     assert_eq!(consume_queue_of(&env, &entries_url).await?, 0);
     assert_eq!(draw_entry_rows(&env, b.id).await, 20);
+    Ok(())
+}
+
+/// Redis loses the sale before Alice's entry is written, and the rebuilt pool lacks it. She
+/// enters again, and while that second request's send is held (its batch paused before its
+/// call, on a dead queue) the consumer keeps her first entry: her field in the pool is the
+/// second's live entry, so nothing is added. The second's send fails: 503, and it leaves the
+/// pool. Her first entry, answered 202 `queued` and kept, goes back in its place (before: her
+/// field stayed the second's tombstone and the first took part in no draw), and she wins.
+async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    use seckill_shared::infra::pause;
+    use seckill_shared::infra::sqs::Queues;
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let (status, body) = buy(&app, &a, "alice", None).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("queued")),
+        "{body}"
+    );
+    let first: uuid::Uuid = body["requestId"].as_str().unwrap().parse()?;
+    lose_and_reload(&env, &a).await;
+    assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
+
+    let dead = Queues {
+        entries: testkit::dead_queue(&env).with_send_slots(1),
+        ..env.queues()
+    };
+    let broken = env.entry_router_on(dead, |_| {});
+    let held = pause::arm("queue.coalesce.before_send", a.id);
+    let second = {
+        let (broken, a) = (broken.clone(), a.clone());
+        tokio::spawn(async move { buy(&broken, &a, "alice", None).await })
+    };
+    assert!(held.reached_within(Duration::from_secs(10)).await);
+    consume_queue(&env).await?;
+    assert_eq!(
+        draw_entry_rows(&env, a.id).await,
+        1,
+        "the first entry is kept"
+    );
+    let holder = draw::pool_entry(&env.redis, a.id, "alice").await?.unwrap();
+    assert_ne!(holder.request_id, first, "the second holds her field");
+    held.resume();
+    let (status, body) = second.await?;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    let back = draw::pool_entry(&env.redis, a.id, "alice").await?;
+    assert_eq!(
+        back.map(|e| e.request_id),
+        Some(first),
+        "her kept entry stands again"
+    );
+    close_draw_window(&env, a.id).await;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(r.drawn && !r.orders_pending, "{r:?}");
+    assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
     Ok(())
 }
