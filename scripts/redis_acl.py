@@ -50,7 +50,7 @@ USERS: dict[str, dict] = {
         "scripts": [
             "purchase.lua", "borrow.lua", "credit.lua", "give_back.lua", "settle.lua",
             "cancel_begin.lua", "mark_lost.lua", "restore_user.lua", "pool_leave.lua",
-            "user_rate.lua",
+            "pool_restore.lua", "user_rate.lua",
         ],
         # The public view, a user's ledger entry and pool entry and a draw's state, the
         # buckets' stock. (A draw is reconcile's alone: its steps, its record and its orders.)
