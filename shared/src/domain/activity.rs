@@ -365,9 +365,13 @@ pub async fn remaining_stock(db: impl PgExecutor<'_>, id: i64) -> Result<Option<
 
 /// Total and remaining stock, with the row locked until the caller's transaction ends:
 /// reconcile's stock check, so no order or cancel commits between its reads and its fix.
+/// `for no key update`, the lock of every stock write (an `update` of the row's stock): it
+/// waits for the writers in flight and holds off the next ones, and leaves alone the key-share
+/// locks an order's insert takes on the row through its foreign key, which `for update` would
+/// queue behind (starved by a stream of orders, each one's insert and stock update apart).
 pub async fn lock_stock(conn: &mut PgConnection, id: i64) -> Result<(i64, i64), sqlx::Error> {
     let row = sqlx::query!(
-        "select total_stock, remaining_stock from activities where id = $1 for update",
+        "select total_stock, remaining_stock from activities where id = $1 for no key update",
         id
     )
     .fetch_one(conn)

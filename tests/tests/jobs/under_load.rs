@@ -5,6 +5,7 @@ use crate::env;
 use chrono::Utc;
 use reconcile::StockCheck;
 use seckill_shared::domain::order;
+use seckill_shared::infra::db;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
@@ -87,6 +88,8 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
     };
     // The consumer: each accepted reservation becomes an order (SQL transaction, then settle),
     // a little later, as if delivered through the queue. `Ok(false)`: the database refused it.
+    // A transaction the database ended as transient (a deadlock, say) is tried again, as SQS
+    // delivers the message again to the real consumer.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Uuid, i64)>();
     let consumer = {
         let env = env.clone();
@@ -96,7 +99,18 @@ async fn reconcile_during_a_load_of_purchases_breaks_no_invariant(
                 let env = env.clone();
                 orders.push(tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(rand::random_range(0..30))).await;
-                    match commit_order(&env, id, &user, rid, qty).await {
+                    let mut committed = commit_order(&env, id, &user, rid, qty).await;
+                    for _ in 0..5 {
+                        let transient = committed.as_ref().is_err_and(|e| {
+                            e.downcast_ref::<sqlx::Error>()
+                                .is_some_and(db::is_transient)
+                        });
+                        if !transient {
+                            break;
+                        }
+                        committed = commit_order(&env, id, &user, rid, qty).await;
+                    }
+                    match committed {
                         Ok(_) => {
                             ledger::settle(&env.redis, id, &user, &rid.to_string()).await?;
                             anyhow::Ok(true)
