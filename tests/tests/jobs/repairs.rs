@@ -365,3 +365,53 @@ async fn activity_stats_row_holds_the_numbers(kind: RedisKind) -> anyhow::Result
     assert_eq!(row, (3, 3, 7, Some(6), 1, 0, 1));
     Ok(())
 }
+
+/// The database's count holds the sale's row as every stock write does: while it is held
+/// (here by hand, as reconcile's role, between its lock and its sum), an order's insert goes
+/// through (its foreign key's key-share lock is not held off: before, `for update` queued it,
+/// and a stream of such inserts could starve the count) and only the order's stock update
+/// waits; the count sums what was committed before, and the order commits after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_count_holds_off_stock_writes_and_not_order_inserts() -> anyhow::Result<()> {
+    use seckill_shared::domain::purchase::Attempt;
+    use std::time::Duration;
+    let env = env(RedisKind::Standalone).await?;
+    let a = env.open_activity(10, 2).await?;
+    commit_order(&env, a.id, "before", Uuid::new_v4(), 1).await?;
+
+    let (reconcile_db, _) = env.login(Function::Reconcile);
+    let mut count = reconcile_db.begin().await?;
+    let (total, remaining) = activity::lock_stock(&mut count, a.id).await?;
+    assert_eq!((total, remaining), (10, 9));
+
+    let (consumer_db, _) = env.login(Function::Consumer);
+    let mut order_tx = consumer_db.begin().await?;
+    let attempt = Attempt {
+        request_id: Uuid::new_v4(),
+        activity_id: a.id,
+        user_id: "during".into(),
+        quantity: 2,
+        buckets: 1,
+    };
+    let insert = order::insert_confirmed(&mut order_tx, &attempt);
+    tokio::time::timeout(Duration::from_secs(2), insert)
+        .await
+        .expect("the order's insert is not held off by the count")?;
+    let taking = tokio::spawn(async move {
+        let taken = activity::take_stock(&mut order_tx, a.id, 2, None).await?;
+        order_tx.commit().await?;
+        anyhow::Ok(taken)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !taking.is_finished(),
+        "the stock update waits for the count"
+    );
+
+    let sold = order::sold_quantity(&mut *count, a.id).await?;
+    assert_eq!(total - sold, remaining, "the count is whole");
+    count.commit().await?;
+    assert_eq!(taking.await??, Some(7));
+    assert_eq!(db_remaining(&env, a.id).await, 7);
+    Ok(())
+}
