@@ -425,10 +425,12 @@ pub async fn rebuild(
 /// After request `left` of `user_id` was taken out of sale `activity_id`'s pool (answered 503):
 /// the user's other live entry the database keeps, if any, goes back in its place
 /// (`lua/pool_restore.lua` as the consumer runs it: queued with its ticket while no step ran,
-/// else late). The consumer may have found the user's field held by `left` when it kept that
-/// other entry (the user entered again after Redis lost the sale, before her first entry was
-/// written) and added nothing: without this, an entry answered 202 `queued` would take part in
-/// no draw. Answers whether one went back.
+/// else late, and then marked late in the database, as the consumer marks its own). The
+/// consumer may have found the user's field held by `left` when it kept that other entry (the
+/// user entered again after Redis lost the sale, before her first entry was written) and added
+/// nothing: without this, an entry answered 202 `queued` would take part in no draw. Answers
+/// whether one went back. Idempotent: a user whose field is held (that entry back already, or
+/// a newer one) gets nothing.
 pub async fn put_back_other_entry(
     redis: &Redis,
     db: &PgPool,
@@ -453,7 +455,13 @@ pub async fn put_back_other_entry(
         &[entry],
     )
     .await?;
-    Ok(restored.is_some_and(|r| r.put > 0))
+    let Some(restored) = restored else {
+        return Ok(false);
+    };
+    if !restored.late.is_empty() {
+        kept::mark_late(db, activity_id, &restored.late).await?;
+    }
+    Ok(restored.put > 0)
 }
 
 /// Purchases answered 503 one [`leave_unanswered`] handles at most.
@@ -466,7 +474,9 @@ pub const LEAVE_SETTLED: Duration = Duration::from_secs(60);
 
 /// Before a draw: takes the entries whose purchase was answered 503 out of the pool (see
 /// [`draw::leave`]), from the database's claims, so that the draw never picks one whose
-/// give-back did not reach Redis (a stalled Redis, a container frozen after its answer).
+/// give-back did not reach Redis (a stalled Redis, a container frozen after its answer); and
+/// for each, whoever took it out, puts the user's other kept entry back
+/// ([`put_back_other_entry`]), should the 503's own put-back not have got through.
 /// Incremental: up to [`LEAVE_BATCH`] claims after the cursor in the sale's meta, which then
 /// moves past those older than [`LEAVE_SETTLED`] (so a claim is handled once, or again only
 /// within that minute). Answers how many left.
@@ -485,8 +495,8 @@ pub async fn leave_unanswered(
     for row in &rows {
         if draw::leave(redis, activity_id, &row.user_id, row.request_id).await? {
             left += 1;
-            put_back_other_entry(redis, db, activity_id, &row.user_id, row.request_id).await?;
         }
+        put_back_other_entry(redis, db, activity_id, &row.user_id, row.request_id).await?;
         settled &= row.created_at < settled_before;
         if settled {
             cursor = row.id;

@@ -231,10 +231,16 @@ pub async fn send_entry(
 
 /// A draw entry `a` answered 503 left the pool: the user's other live kept entry, if any,
 /// goes back in its place (`protocol::draw::put_back_other_entry`). A failure is only logged:
-/// the claim stands, and the next rebuild of the pool puts the entry back.
+/// the claim stands, and the drawer's clean-up of the 503 claims, before its next draw step,
+/// puts the entry back.
 async fn put_back_other(db: &PgPool, redis: &Redis, a: &Attempt) {
     let (id, user, left) = (a.activity_id, &a.user_id, a.request_id);
-    match crate::protocol::draw::put_back_other_entry(redis, db, id, user, left).await {
+    let put_back = if pause::fail("entry.put_back", id) {
+        Err(StoreError::Timeout(redis.timeout).into())
+    } else {
+        crate::protocol::draw::put_back_other_entry(redis, db, id, user, left).await
+    };
+    match put_back {
         Ok(true) => tracing::info!(activity_id = id, %left, "the user's kept entry stands again"),
         Ok(false) => {}
         Err(e) => {

@@ -23,6 +23,8 @@ on_both_redis!(
     an_entry_back_after_the_wait_reads_entered_late_and_is_counted,
     orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries,
     an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503,
+    an_entry_whose_put_back_failed_is_put_back_by_the_drawer_before_it_draws,
+    a_kept_entry_put_back_after_the_draw_is_marked_late_by_whoever_puts_it_back,
 );
 
 /// Twelve entrants, all answered 202 `queued`, their messages on the queue. The entrant with
@@ -232,29 +234,27 @@ async fn orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries
 /// Redis loses the sale before Alice's entry is written, and the rebuilt pool lacks it. She
 /// enters again, and while that second request's send is held (its batch paused before its
 /// call, on a dead queue) the consumer keeps her first entry: her field in the pool is the
-/// second's live entry, so nothing is added. The second's send fails: 503, and it leaves the
-/// pool. Her first entry, answered 202 `queued` and kept, goes back in its place (before: her
-/// field stayed the second's tombstone and the first took part in no draw), and she wins.
-async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
-    kind: RedisKind,
-) -> anyhow::Result<()> {
+/// second's live entry, so nothing is added. The second's send then fails: 503, and it leaves
+/// the pool. Answers her first request id.
+async fn a_re_entry_answered_503_while_the_first_is_kept(
+    env: &TestEnv,
+    app: &Router,
+    a: &Activity,
+) -> anyhow::Result<uuid::Uuid> {
     use seckill_shared::infra::pause;
     use seckill_shared::infra::sqs::Queues;
-    let env = TestEnv::new(kind).await?;
-    let app = env.entry_router();
-    let a = env.draw_activity(3, 1).await?;
-    let (status, body) = buy(&app, &a, "alice", None).await;
+    let (status, body) = buy(app, a, "alice", None).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (StatusCode::ACCEPTED, Some("queued")),
         "{body}"
     );
     let first: uuid::Uuid = body["requestId"].as_str().unwrap().parse()?;
-    lose_and_reload(&env, &a).await;
+    lose_and_reload(env, a).await;
     assert_eq!(draw::pool_entry(&env.redis, a.id, "alice").await?, None);
 
     let dead = Queues {
-        entries: testkit::dead_queue(&env).with_send_slots(1),
+        entries: testkit::dead_queue(env).with_send_slots(1),
         ..env.queues()
     };
     let broken = env.entry_router_on(dead, |_| {});
@@ -264,9 +264,9 @@ async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
         tokio::spawn(async move { buy(&broken, &a, "alice", None).await })
     };
     assert!(held.reached_within(Duration::from_secs(10)).await);
-    consume_queue(&env).await?;
+    consume_queue(env).await?;
     assert_eq!(
-        draw_entry_rows(&env, a.id).await,
+        draw_entry_rows(env, a.id).await,
         1,
         "the first entry is kept"
     );
@@ -275,6 +275,19 @@ async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
     held.resume();
     let (status, body) = second.await?;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    Ok(first)
+}
+
+/// The re-entry answered 503: her first entry, answered 202 `queued` and kept, goes back in
+/// its place at once (before: her field stayed the second's tombstone and the first took part
+/// in no draw), and she wins.
+async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let first = a_re_entry_answered_503_while_the_first_is_kept(&env, &app, &a).await?;
 
     let back = draw::pool_entry(&env.redis, a.id, "alice").await?;
     assert_eq!(
@@ -287,5 +300,106 @@ async fn an_entry_kept_while_a_re_entry_is_in_flight_stands_again_after_its_503(
     let r = report.activity(a.id).unwrap();
     assert!(r.drawn && !r.orders_pending, "{r:?}");
     assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
+    Ok(())
+}
+
+/// The same, but the 503's own put-back does not get through (its function killed, its
+/// database read failed): her field stays the second's tombstone. The drawer's clean-up of the
+/// 503 claims puts her first entry back before its first step, though its own leave found the
+/// entry out already (before: only a leave of its own put back), and she wins.
+async fn an_entry_whose_put_back_failed_is_put_back_by_the_drawer_before_it_draws(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    use seckill_shared::infra::pause;
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let failed = pause::arm_failure("entry.put_back", a.id, 1);
+    let first = a_re_entry_answered_503_while_the_first_is_kept(&env, &app, &a).await?;
+    assert_eq!(failed.hits(), 1, "the 503's put-back failed");
+    let held = draw::pool_entry(&env.redis, a.id, "alice").await?;
+    assert_ne!(held.map(|e| e.request_id), Some(first), "not back yet");
+
+    close_draw_window(&env, a.id).await;
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    let r = report.activity(a.id).unwrap();
+    assert!(r.drawn && !r.orders_pending, "{r:?}");
+    assert_eq!(my_status(&app, &a, "alice").await, "confirmed");
+    let order = order_rows(&env, a.id).await;
+    assert_eq!(order.len(), 2, "her 503's claim and her order: {order:?}");
+    Ok(())
+}
+
+/// A kept entry put back only once the draw had begun is late, whoever puts it back: the entry
+/// (its role marks it) or the drawer's clean-up (its role marks it). Twelve entrants; the two
+/// with the lowest tickets each have a kept first entry and a later request answered 503 whose
+/// tombstone holds their field, and a draw ran before either was put back (a clean-up behind
+/// its batch, or a 503 that came during the draw). Both read `entered_late`, never
+/// `not_drawn`, and the database keeps them late (before: nobody put the drawer's back, and
+/// the entry's put-back left the database saying nothing).
+async fn a_kept_entry_put_back_after_the_draw_is_marked_late_by_whoever_puts_it_back(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    use seckill_shared::domain::purchase::Attempt;
+    use seckill_shared::domain::status::FailureReason;
+    use seckill_shared::protocol::{draw as drawing, giveback};
+    let env = TestEnv::new(kind).await?;
+    let app = env.entry_router();
+    let a = env.draw_activity(3, 1).await?;
+    let users = entrants(&app, &a, "e", 12).await;
+    let tickets = crate::tickets_of(&env, &a, &users).await;
+    let mut by_ticket: Vec<&String> = users.iter().collect();
+    by_ticket.sort_by_key(|u| tickets[*u]);
+    let (by_entry, by_drawer) = (by_ticket[0].clone(), by_ticket[1].clone());
+
+    let (entry_db, entry_redis) = env.login(Function::Entry);
+    let (consumer_db, _) = env.login(Function::Consumer);
+    let (mut firsts, mut seconds) = (HashMap::new(), HashMap::new());
+    for u in [&by_entry, &by_drawer] {
+        let second = draw::pool_entry(&env.redis, a.id, u).await?.unwrap();
+        let first = Entry {
+            request_id: uuid::Uuid::new_v4(),
+            user_id: u.clone(),
+            quantity: 1,
+        };
+        let mut tx = consumer_db.begin().await?;
+        kept::insert_entries(&mut tx, a.id, std::slice::from_ref(&first)).await?;
+        tx.commit().await?;
+        let attempt = Attempt {
+            request_id: second.request_id,
+            activity_id: a.id,
+            user_id: u.clone(),
+            quantity: 1,
+            buckets: 1,
+        };
+        giveback::claim(&entry_db, &attempt, FailureReason::Unavailable).await?;
+        assert!(draw::leave(&entry_redis, a.id, u, second.request_id).await?);
+        firsts.insert(u.clone(), first.request_id);
+        seconds.insert(u.clone(), second.request_id);
+    }
+    close_draw_window(&env, a.id).await;
+    assert!(matches!(
+        draw::draw(&env.redis, a.id, Duration::MAX).await?,
+        Drawn::Now { .. }
+    ));
+
+    let left = seconds[&by_entry];
+    assert!(
+        drawing::put_back_other_entry(&entry_redis, &entry_db, a.id, &by_entry, left).await?,
+        "the entry puts it back"
+    );
+    let report = env.reconcile().run(chrono::Utc::now()).await?;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    for u in [&by_entry, &by_drawer] {
+        let back = draw::pool_entry(&env.redis, a.id, u).await?;
+        assert_eq!(back.map(|e| e.request_id), Some(firsts[u]), "{u} back");
+        assert_eq!(my_status(&app, &a, u).await, "entered_late", "{u}");
+    }
+    let late: i64 =
+        sqlx::query_scalar("select count(*) from draw_entries where activity_id = $1 and late")
+            .bind(a.id)
+            .fetch_one(&env.pool)
+            .await?;
+    assert_eq!(late, 2, "the database keeps both late");
     Ok(())
 }
