@@ -59,9 +59,11 @@ end
 -- is below it nothing left can win, and the draw is done without walking the rest
 -- (draw.lua). A count may be high (an entry taken back after the draw began keeps its
 -- count), never low; a meta without `fitCounts` (loaded by a build that did not count) walks.
-local function count_entry(meta, qty)
+-- `fit_min`: the meta's `fitMin` when the caller read it already (false when it has none).
+local function count_entry(meta, qty, fit_min)
   redis.call('HINCRBY', meta, 'q:' .. qty, 1)
-  local low = tonumber(redis.call('HGET', meta, 'fitMin') or '')
+  if fit_min == nil then fit_min = redis.call('HGET', meta, 'fitMin') end
+  local low = tonumber(fit_min or '')
   if not low or tonumber(qty) < low then redis.call('HSET', meta, 'fitMin', qty) end
 end
 

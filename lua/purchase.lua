@@ -112,7 +112,7 @@ local function draw_admission(meta, draw_end, now, qty, counted)
       return ALREADY_PURCHASED, -1
     end
     if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return ALREADY_PURCHASED, -1 end
-    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants')
+    local pads = redis.call('HMGET', KEYS[1], 'drawKeyI', 'drawKeyO', 'maxEntrants', 'fitMin')
     if not pads[1] or not pads[2] then return redis.error_reply('ERR draw secret not loaded') end
     -- The sentinel is one member of `tickets`; an entrant taken back after a 503 keeps a ticket
     -- and may always come back.
@@ -125,7 +125,7 @@ local function draw_admission(meta, draw_end, now, qty, counted)
     local rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
     redis.call('HSET', KEYS[4], ARGV[1], pool_entry(ARGV[3], qty, rank, 'q'))
     redis.call('ZADD', KEYS[6], ticket, ARGV[1])
-    count_entry(KEYS[1], qty)
+    count_entry(KEYS[1], qty, pads[4])
     return QUEUED, rank
   end
   -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
