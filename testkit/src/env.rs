@@ -279,13 +279,7 @@ impl TestEnv {
     /// The entry's queues as the test's config names them: the test's order queue, and its
     /// entries' queue (on a line of coalesced sends of its own, as a fresh container has).
     pub fn queues(&self) -> Queues {
-        match &self.config.entry_queue_url {
-            Some(url) => Queues {
-                entries: self.queue.sibling(url.clone()),
-                orders: self.queue.clone(),
-            },
-            None => Queues::one(self.queue.clone()),
-        }
+        Queues::around(self.queue.clone(), self.config.entry_queue_url.as_deref())
     }
 
     /// The test's queues' URLs: the orders', then the entries' when it is another.

@@ -42,9 +42,15 @@ impl Queues {
     /// The queues `config` names, on one client.
     pub fn new(client: Client, config: &Config) -> Self {
         let orders = OrderQueue::new(client, config.order_queue_url.clone(), config.sqs_timeout);
-        match &config.entry_queue_url {
-            Some(url) if *url != orders.url => Self {
-                entries: orders.sibling(url.clone()),
+        Self::around(orders, config.entry_queue_url.as_deref())
+    }
+
+    /// `orders`, and the entries on `entry_url` when it names another queue (a sibling of
+    /// `orders`: same client and timeout, its own line of coalesced sends).
+    pub fn around(orders: OrderQueue, entry_url: Option<&str>) -> Self {
+        match entry_url {
+            Some(url) if url != orders.url => Self {
+                entries: orders.sibling(url.to_string()),
                 orders,
             },
             _ => Self::one(orders),
