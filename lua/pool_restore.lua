@@ -21,7 +21,10 @@
 -- KEYS[1] meta   KEYS[2] users   KEYS[3] ledger   KEYS[4] pool   KEYS[5] winners   KEYS[6] tickets
 -- ARGV[1] the load epoch the caller read ('' = any)
 -- ARGV[2] 'q' entries, 'l' entries the database keeps as late, 'w' winners
--- ARGV[3] '' the consumer's; else the loader's: its cursor after this chunk, 'recorded' (the
+-- ARGV[3] '' the consumer's; 'cleanup' the drawer's put-back of a 503's kept entry, as the
+--         consumer's but nothing while a rebuild is under way (the loader puts the entry back,
+--         knowing from the database whether the draw looked at it); else the loader's: its
+--         cursor after this chunk, 'recorded' (the
 --         rebuild of a sale whose outcome is recorded begins: the cutoff ARGV[4] is the
 --         draw's, final, from now on), or 'done' (the rebuild is whole, only while it is
 --         under way: the cursor goes, and with ARGV[4] the draw is marked done and recorded;
@@ -31,7 +34,8 @@
 -- ARGV[4] the recorded outcome's cutoff ('' = none)
 -- ARGV[5..] user, requestId, qty, for each entry
 --
--- Returns {code, restored, late request ids...}:
+-- Returns {code, restored, late request ids...}: for the consumer and the clean-up, an entry
+-- already held late is answered late again, so that a mark the database lost is made again.
 local NOT_LOADED = 0
 local RESTORED = 1
 local STALE = 2 -- another load's epoch: nothing written
@@ -42,7 +46,19 @@ if ARGV[1] ~= '' and ARGV[1] ~= meta[1] then return {STALE, 0, {}} end
 -- The pool and tickets are made with the meta (and their sentinels): never made here.
 if redis.call('EXISTS', KEYS[4]) == 0 then return {NOT_LOADED, 0, {}} end
 local now = now_ms()
-local loader = ARGV[3] ~= ''
+local loader = ARGV[3] ~= '' and ARGV[3] ~= 'cleanup'
+-- Whether `user`'s field holds this request late: answered late again.
+local function held_late(user, request_id)
+  local held_id, _, _, state = pool_fields(redis.call('HGET', KEYS[4], user) or '')
+  return state == 'l' and held_id == request_id
+end
+if ARGV[3] == 'cleanup' and meta[6] then
+  local late = {}
+  for i = 5, #ARGV - 2, 3 do
+    if held_late(ARGV[i], ARGV[i + 1]) then late[#late + 1] = ARGV[i + 1] end
+  end
+  return {RESTORED, 0, late}
+end
 if ARGV[3] == 'recorded' and meta[6] then
   redis.call('HSET', KEYS[1], 'drawCutoff', ARGV[4], 'recorded', '1')
   meta[7], meta[8] = ARGV[4], '1'
@@ -72,6 +88,9 @@ for i = 5, #ARGV - 2, 3 do
     -- A tombstone of another request (a 503 the user entered again after) is no entry.
     local held_id, _, _, state = pool_fields(held or '')
     if state == 'x' and held_id ~= request_id then held = nil end
+    if held and not loader and state == 'l' and held_id == request_id then
+      late[#late + 1] = request_id
+    end
     if not held then
       rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
       local state = ARGV[2]

@@ -65,7 +65,7 @@ pub async fn drive(
     until: Instant,
     entry_wait: Duration,
 ) -> Result<DrawRun, DrawError> {
-    let left = leave_unanswered(redis, db, activity_id).await?;
+    let left = leave_unanswered(redis, db, activity_id, until).await?;
     let end_wait = entries_written(redis, queue, activity_id, entry_wait).await?;
     let drawn = draw::draw_with(
         redis,
@@ -430,13 +430,17 @@ pub async fn rebuild(
 /// user entered again after Redis lost the sale, before her first entry was written) and added
 /// nothing: without this, an entry answered 202 `queued` would take part in no draw. Answers
 /// whether one went back. Idempotent: a user whose field is held (that entry back already, or
-/// a newer one) gets nothing.
+/// a newer one) gets nothing, and one held late is marked late again. `by_drawer`: the
+/// drawer's clean-up, which puts nothing back while a rebuild is under way (after a loss, the
+/// rebuild puts the entry back as the database says: late, or looked at by a draw already
+/// recorded, which a put-back now could not tell apart).
 pub async fn put_back_other_entry(
     redis: &Redis,
     db: &PgPool,
     activity_id: i64,
     user_id: &str,
     left: Uuid,
+    by_drawer: bool,
 ) -> Result<bool, DrawError> {
     let Some((entry, late)) = kept::other_live_entry(db, activity_id, user_id, left).await? else {
         return Ok(false);
@@ -446,15 +450,16 @@ pub async fn put_back_other_entry(
     } else {
         Restore::Entries
     };
-    let restored = draw::restore(
-        redis,
-        activity_id,
-        None,
-        what,
-        RestoreCursor::None,
-        &[entry],
-    )
-    .await?;
+    let cursor = if by_drawer {
+        RestoreCursor::Cleanup
+    } else {
+        RestoreCursor::None
+    };
+    let restored = draw::restore(redis, activity_id, None, what, cursor, &[entry]).await?;
+    pause::point("draw.put_back.before_mark", activity_id).await;
+    if pause::fail("draw.put_back.before_mark", activity_id) {
+        return Err(StoreError::Timeout(redis.timeout).into());
+    }
     let Some(restored) = restored else {
         return Ok(false);
     };
@@ -479,11 +484,13 @@ pub const LEAVE_SETTLED: Duration = Duration::from_secs(60);
 /// ([`put_back_other_entry`]), should the 503's own put-back not have got through.
 /// Incremental: up to [`LEAVE_BATCH`] claims after the cursor in the sale's meta, which then
 /// moves past those older than [`LEAVE_SETTLED`] (so a claim is handled once, or again only
-/// within that minute). Answers how many left.
+/// within that minute), and stops after the claim it handles at `until` (the rest go to the
+/// next run). Answers how many left.
 pub async fn leave_unanswered(
     redis: &Redis,
     db: &PgPool,
     activity_id: i64,
+    until: Instant,
 ) -> Result<usize, DrawError> {
     let after = draw::left_after(redis, activity_id).await?;
     let rows = order::unanswered_after(db, activity_id, after, LEAVE_BATCH).await?;
@@ -492,11 +499,14 @@ pub async fn leave_unanswered(
     let mut left = 0;
     let mut cursor = after;
     let mut settled = true;
-    for row in &rows {
+    for (handled, row) in rows.iter().enumerate() {
+        if handled > 0 && Instant::now() >= until {
+            break;
+        }
         if draw::leave(redis, activity_id, &row.user_id, row.request_id).await? {
             left += 1;
         }
-        put_back_other_entry(redis, db, activity_id, &row.user_id, row.request_id).await?;
+        put_back_other_entry(redis, db, activity_id, &row.user_id, row.request_id, true).await?;
         settled &= row.created_at < settled_before;
         if settled {
             cursor = row.id;

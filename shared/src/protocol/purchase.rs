@@ -238,7 +238,7 @@ async fn put_back_other(db: &PgPool, redis: &Redis, a: &Attempt) {
     let put_back = if pause::fail("entry.put_back", id) {
         Err(StoreError::Timeout(redis.timeout).into())
     } else {
-        crate::protocol::draw::put_back_other_entry(redis, db, id, user, left).await
+        crate::protocol::draw::put_back_other_entry(redis, db, id, user, left, false).await
     };
     match put_back {
         Ok(true) => tracing::info!(activity_id = id, %left, "the user's kept entry stands again"),

@@ -283,6 +283,9 @@ pub enum Restore {
 pub enum RestoreCursor<'a> {
     /// Not the loader's (the consumer's restore of one batch).
     None,
+    /// The drawer's put-back of a 503's kept entry: as the consumer's, but nothing while a
+    /// rebuild is under way (the loader puts the entry back as the database says).
+    Cleanup,
     /// The loader's first call in a sale whose outcome is recorded: its `cutoff` is final
     /// from now on (an entry the consumer puts back meanwhile is late, or a loser).
     Recorded { cutoff: &'a str },
@@ -320,6 +323,7 @@ pub async fn restore(
         });
     match cursor {
         RestoreCursor::None => inv.arg("").arg(""),
+        RestoreCursor::Cleanup => inv.arg("cleanup").arg(""),
         RestoreCursor::Recorded { cutoff } => inv.arg("recorded").arg(cutoff),
         RestoreCursor::At(id) => inv.arg(id).arg(""),
         RestoreCursor::Done { cutoff, wait } => inv
@@ -344,7 +348,8 @@ pub async fn restore(
 pub struct Restored {
     /// Entries or winners put back.
     pub put: i64,
-    /// The consumer's entries put back late (the draw had begun): the database keeps them so.
+    /// The consumer's entries put back late (the draw had begun), or found held late already:
+    /// the database keeps them so.
     pub late: Vec<Uuid>,
 }
 

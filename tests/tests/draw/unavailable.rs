@@ -125,16 +125,25 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
         .execute(&env.pool)
         .await?;
 
-    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 4);
+    assert_eq!(
+        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        4
+    );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
     // Read again from u3's claim on: nothing left to leave, the cursor held by u3.
-    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 0);
+    assert_eq!(
+        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        0
+    );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
     sqlx::query("update orders set created_at = now() - interval '2 minutes' where id = $1")
         .bind(claims[2])
         .execute(&env.pool)
         .await?;
-    assert_eq!(leave_unanswered(&env.redis, &env.pool, a.id).await?, 0);
+    assert_eq!(
+        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        0
+    );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[3]);
     for user in ["u1", "u2", "u3", "u4"] {
         assert_eq!(
@@ -234,4 +243,9 @@ async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Res
     enter(&env, b.id, "alice").await;
     assert_ne!(tickets(&env, b.id).await["alice"], ticket);
     Ok(())
+}
+
+/// A minute from now: a bound the clean-up never reaches here.
+fn soon() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(60)
 }

@@ -330,18 +330,20 @@ async fn an_entry_whose_put_back_failed_is_put_back_by_the_drawer_before_it_draw
     Ok(())
 }
 
-/// A kept entry put back only once the draw had begun is late, whoever puts it back: the entry
-/// (its role marks it) or the drawer's clean-up (its role marks it). Twelve entrants; the two
-/// with the lowest tickets each have a kept first entry and a later request answered 503 whose
-/// tombstone holds their field, and a draw ran before either was put back (a clean-up behind
-/// its batch, or a 503 that came during the draw). Both read `entered_late`, never
-/// `not_drawn`, and the database keeps them late (before: nobody put the drawer's back, and
-/// the entry's put-back left the database saying nothing).
+/// A kept entry put back only once the draw had begun is late, and the database keeps it so
+/// whoever put it back. Twelve entrants; the two with the lowest tickets each have a kept first
+/// entry and a later request answered 503 whose tombstone holds their field, and a draw ran
+/// before either was put back (both 503s' own put-backs failed, and the drawer's clean-up read
+/// the claims before they committed). The first's 503 puts hers back late after all, but dies
+/// before it marks it; the drawer's next clean-up marks it (found held late), and puts the
+/// second's back late and marks it. Both read `entered_late`, never `not_drawn` (before: the
+/// drawer put back only what its own leave took out, and a lost mark was never made again).
 async fn a_kept_entry_put_back_after_the_draw_is_marked_late_by_whoever_puts_it_back(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     use seckill_shared::domain::purchase::Attempt;
     use seckill_shared::domain::status::FailureReason;
+    use seckill_shared::infra::pause;
     use seckill_shared::protocol::{draw as drawing, giveback};
     let env = TestEnv::new(kind).await?;
     let app = env.entry_router();
@@ -384,10 +386,13 @@ async fn a_kept_entry_put_back_after_the_draw_is_marked_late_by_whoever_puts_it_
     ));
 
     let left = seconds[&by_entry];
-    assert!(
-        drawing::put_back_other_entry(&entry_redis, &entry_db, a.id, &by_entry, left).await?,
-        "the entry puts it back"
-    );
+    let dies = pause::arm_failure("draw.put_back.before_mark", a.id, 1);
+    let put = drawing::put_back_other_entry(&entry_redis, &entry_db, a.id, &by_entry, left, false);
+    assert!(put.await.is_err(), "put back, not marked");
+    assert_eq!(dies.hits(), 1);
+    let back = draw::pool_entry(&env.redis, a.id, &by_entry).await?;
+    assert_eq!(back.map(|e| e.request_id), Some(firsts[&by_entry]));
+    assert_eq!(late_rows(&env, &a).await, 0, "its mark lost");
     let report = env.reconcile().run(chrono::Utc::now()).await?;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     for u in [&by_entry, &by_drawer] {
@@ -395,11 +400,15 @@ async fn a_kept_entry_put_back_after_the_draw_is_marked_late_by_whoever_puts_it_
         assert_eq!(back.map(|e| e.request_id), Some(firsts[u]), "{u} back");
         assert_eq!(my_status(&app, &a, u).await, "entered_late", "{u}");
     }
-    let late: i64 =
-        sqlx::query_scalar("select count(*) from draw_entries where activity_id = $1 and late")
-            .bind(a.id)
-            .fetch_one(&env.pool)
-            .await?;
-    assert_eq!(late, 2, "the database keeps both late");
+    assert_eq!(late_rows(&env, &a).await, 2, "the database keeps both late");
     Ok(())
+}
+
+/// The sale's entries the database keeps as late.
+async fn late_rows(env: &TestEnv, a: &Activity) -> i64 {
+    sqlx::query_scalar("select count(*) from draw_entries where activity_id = $1 and late")
+        .bind(a.id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
 }
