@@ -102,8 +102,11 @@ impl Chaos {
     }
 
     /// A draw sale after its draw: drawn, every winner's request an order (or an allowed
-    /// failure), no loser's, and no loser holding any live order. Answers the pool by request
-    /// id.
+    /// failure), no loser's, and no loser holding any live order, but one whose entry the
+    /// database kept only after the draw was recorded (Redis lost the sale after the draw
+    /// while her entry was on the queue: absent from the pool, she bought a unit that came
+    /// back first come, first served, before the consumer put her entry back as a loser).
+    /// Answers the pool by request id.
     async fn check_draw(
         &self,
         id: i64,
@@ -123,13 +126,25 @@ impl Chaos {
             .filter(|r| is_live(&r.status))
             .map(|r| r.user_id.as_str())
             .collect();
+        let kept_after_draw: HashSet<Uuid> = sqlx::query_scalar(
+            "select e.request_id from draw_entries e join draw_outcomes o using (activity_id)
+             where e.activity_id = $1 and e.created_at > o.drawn_at",
+        )
+        .bind(id)
+        .fetch_all(&self.env.pool)
+        .await?
+        .into_iter()
+        .collect();
         let (mut winners_without, mut losers_with) = (Vec::new(), Vec::new());
         for (user, e) in &pool {
             let row = rows.get(&e.request_id);
             if e.won && row.is_none() {
                 winners_without.push(format!("{user} ({})", e.request_id));
             }
-            if !e.won && (row.is_some() || live_users.contains(user.as_str())) {
+            let bought_while_out = kept_after_draw.contains(&e.request_id);
+            if !e.won
+                && (row.is_some() || (live_users.contains(user.as_str()) && !bought_while_out))
+            {
                 losers_with.push(format!("{user} ({})", e.request_id));
             }
         }
