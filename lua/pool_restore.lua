@@ -47,18 +47,8 @@ if ARGV[1] ~= '' and ARGV[1] ~= meta[1] then return {STALE, 0, {}} end
 if redis.call('EXISTS', KEYS[4]) == 0 then return {NOT_LOADED, 0, {}} end
 local now = now_ms()
 local loader = ARGV[3] ~= '' and ARGV[3] ~= 'cleanup'
--- Whether `user`'s field holds this request late: answered late again.
-local function held_late(user, request_id)
-  local held_id, _, _, state = pool_fields(redis.call('HGET', KEYS[4], user) or '')
-  return state == 'l' and held_id == request_id
-end
-if ARGV[3] == 'cleanup' and meta[6] then
-  local late = {}
-  for i = 5, #ARGV - 2, 3 do
-    if held_late(ARGV[i], ARGV[i + 1]) then late[#late + 1] = ARGV[i + 1] end
-  end
-  return {RESTORED, 0, late}
-end
+-- The clean-up during a rebuild writes nothing (below, each entry only answered late again).
+local hold_only = ARGV[3] == 'cleanup' and meta[6]
 if ARGV[3] == 'recorded' and meta[6] then
   redis.call('HSET', KEYS[1], 'drawCutoff', ARGV[4], 'recorded', '1')
   meta[7], meta[8] = ARGV[4], '1'
@@ -91,7 +81,7 @@ for i = 5, #ARGV - 2, 3 do
     if held and not loader and state == 'l' and held_id == request_id then
       late[#late + 1] = request_id
     end
-    if not held then
+    if not held and not hold_only then
       rank = redis.call('HINCRBY', KEYS[1], 'poolSize', 1)
       local state = ARGV[2]
       if state == 'q' and (open or loader) then

@@ -136,7 +136,7 @@ impl TestEnv {
             &self.pool,
             &self.config,
             a.id,
-            std::time::Instant::now() + std::time::Duration::from_secs(60),
+            crate::a_minute_from_now(),
         )
         .await?;
         Ok(loaded)

@@ -53,8 +53,8 @@ pub use reads::{
 };
 pub use seckill_shared::infra::shape::local_redis_login;
 pub use steps::{
-    commit_order, consume, consume_queue, consume_queue_of, pay, purchase, reserve,
-    reserve_in_pool, restore_entrants, spawn_drawer,
+    a_minute_from_now, commit_order, consume, consume_queue, consume_queue_of, pay, purchase,
+    reserve, reserve_in_pool, restore_entrants, spawn_drawer,
 };
 
 /// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`

@@ -268,7 +268,12 @@ pub fn spawn_drawer(
     let (db, redis) = env.login(Function::Reconcile);
     let (queue, wait) = (env.queues().entries, env.config.draw_entry_wait);
     tokio::spawn(async move {
-        let until = std::time::Instant::now() + Duration::from_secs(60);
+        let until = crate::a_minute_from_now();
         drawing::drive(&redis, &db, &queue, activity_id, until, wait).await
     })
+}
+
+/// A minute from now: a deadline or share a step under test never reaches.
+pub fn a_minute_from_now() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(60)
 }

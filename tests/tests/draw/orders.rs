@@ -273,7 +273,7 @@ async fn a_sale_reloaded_after_its_draw_draws_nobody_again(kind: RedisKind) -> a
         &pool,
         &env.config,
         a.id,
-        std::time::Instant::now() + std::time::Duration::from_secs(60),
+        testkit::a_minute_from_now(),
     )
     .await?;
     assert!(draw::pool(&env.redis, a.id).await?.is_empty());

@@ -126,13 +126,13 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
         .await?;
 
     assert_eq!(
-        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        leave_unanswered(&env.redis, &env.pool, a.id, testkit::a_minute_from_now()).await?,
         4
     );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
     // Read again from u3's claim on: nothing left to leave, the cursor held by u3.
     assert_eq!(
-        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        leave_unanswered(&env.redis, &env.pool, a.id, testkit::a_minute_from_now()).await?,
         0
     );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[1]);
@@ -141,7 +141,7 @@ async fn the_503_clean_up_reads_each_claim_once(kind: RedisKind) -> anyhow::Resu
         .execute(&env.pool)
         .await?;
     assert_eq!(
-        leave_unanswered(&env.redis, &env.pool, a.id, soon()).await?,
+        leave_unanswered(&env.redis, &env.pool, a.id, testkit::a_minute_from_now()).await?,
         0
     );
     assert_eq!(draw::left_after(&env.redis, a.id).await?, claims[3]);
@@ -243,9 +243,4 @@ async fn a_re_entry_after_a_503_keeps_its_ticket(kind: RedisKind) -> anyhow::Res
     enter(&env, b.id, "alice").await;
     assert_ne!(tickets(&env, b.id).await["alice"], ticket);
     Ok(())
-}
-
-/// A minute from now: a bound the clean-up never reaches here.
-fn soon() -> std::time::Instant {
-    std::time::Instant::now() + std::time::Duration::from_secs(60)
 }

@@ -65,7 +65,7 @@ async fn lose_and_reload(env: &TestEnv, a: &Activity) {
         &pool,
         &env.config,
         a.id,
-        std::time::Instant::now() + std::time::Duration::from_secs(60),
+        testkit::a_minute_from_now(),
     )
     .await
     .unwrap();

@@ -239,13 +239,7 @@ async fn the_draw_waits_for_a_rebuild_between_its_chunks(kind: RedisKind) -> any
     assert_eq!(my_status(&app, &a, "u0").await, "queued");
     // The drawer's clean-up of the 503 claims, before it would draw.
     let (db, redis) = env.login(Function::Reconcile);
-    drawing::leave_unanswered(
-        &redis,
-        &db,
-        a.id,
-        std::time::Instant::now() + Duration::from_secs(60),
-    )
-    .await?;
+    drawing::leave_unanswered(&redis, &db, a.id, testkit::a_minute_from_now()).await?;
     let k = env.redis.keys(a.id);
     let held: Option<String> = env
         .redis

@@ -274,7 +274,7 @@ async fn a_lower_while_the_sale_is_lost_leaves_the_winners_their_units(
         &pool,
         &env.config,
         a.id,
-        std::time::Instant::now() + std::time::Duration::from_secs(60),
+        testkit::a_minute_from_now(),
     )
     .await?;
     assert_eq!(view::stock(&env.redis, a.id).await?, Some(0));

@@ -33,8 +33,7 @@ async fn run_in_a_hurry(
     job: &reconcile::Reconcile,
     at: chrono::DateTime<Utc>,
 ) -> anyhow::Result<reconcile::ReconcileReport> {
-    job.run_by(at, Instant::now() + Duration::from_secs(60))
-        .await
+    job.run_by(at, testkit::a_minute_from_now()).await
 }
 
 /// A sale whose ledger holds 2,500 stale reservations (more than one snapshot step reads, so
