@@ -39,12 +39,17 @@ impl Chaos {
             .filter(|a| a.activity_id == id)
             .cloned()
             .collect();
-        let pool = if self.draws.contains_key(&id) {
-            self.check_draw(id, &rows).await?
+        let (pool, kept_after_draw) = if self.draws.contains_key(&id) {
+            let kept_after_draw = self.kept_after_draw(id).await?;
+            (
+                self.check_draw(id, &rows, &kept_after_draw).await?,
+                kept_after_draw,
+            )
         } else {
-            HashMap::new()
+            (HashMap::new(), HashSet::new())
         };
-        let accepted = self.check_accepted_requests_resolved(id, &attempts, &rows, &pool);
+        let accepted =
+            self.check_accepted_requests_resolved(id, &attempts, &rows, &pool, &kept_after_draw);
         self.check_no_order_behind_another_answer(id, &attempts, &accepted, &rows);
         self.count(|r| {
             for row in rows.values() {
@@ -107,10 +112,26 @@ impl Chaos {
     /// while her entry was on the queue: absent from the pool, she bought a unit that came
     /// back first come, first served, before the consumer put her entry back as a loser).
     /// Answers the pool by request id.
+    /// The entries of draw sale `id` the database kept only after its draw was recorded:
+    /// Redis may have lost the sale after the draw while they were on the queue, and their
+    /// users bought a unit that came back, first come, first served, meanwhile.
+    async fn kept_after_draw(&self, id: i64) -> anyhow::Result<HashSet<Uuid>> {
+        Ok(sqlx::query_scalar(
+            "select e.request_id from draw_entries e join draw_outcomes o using (activity_id)
+             where e.activity_id = $1 and e.created_at > o.drawn_at",
+        )
+        .bind(id)
+        .fetch_all(&self.env.pool)
+        .await?
+        .into_iter()
+        .collect())
+    }
+
     async fn check_draw(
         &self,
         id: i64,
         rows: &HashMap<Uuid, Row>,
+        kept_after_draw: &HashSet<Uuid>,
     ) -> anyhow::Result<HashMap<Uuid, store::values::PoolEntry>> {
         let drawn = store::draw::draw(&self.patient.redis, id, Duration::MAX).await?;
         if !drawn.is_done() {
@@ -126,15 +147,6 @@ impl Chaos {
             .filter(|r| is_live(&r.status))
             .map(|r| r.user_id.as_str())
             .collect();
-        let kept_after_draw: HashSet<Uuid> = sqlx::query_scalar(
-            "select e.request_id from draw_entries e join draw_outcomes o using (activity_id)
-             where e.activity_id = $1 and e.created_at > o.drawn_at",
-        )
-        .bind(id)
-        .fetch_all(&self.env.pool)
-        .await?
-        .into_iter()
-        .collect();
         let (mut winners_without, mut losers_with) = (Vec::new(), Vec::new());
         for (user, e) in &pool {
             let row = rows.get(&e.request_id);
@@ -267,6 +279,7 @@ impl Chaos {
         attempts: &[Attempt],
         rows: &HashMap<Uuid, Row>,
         pool: &HashMap<Uuid, store::values::PoolEntry>,
+        kept_after_draw: &HashSet<Uuid>,
     ) -> HashSet<Uuid> {
         let mut accepted = HashSet::new();
         let (mut unresolved, mut wrong) = (Vec::new(), Vec::new());
@@ -290,9 +303,16 @@ impl Chaos {
                 // A queued entry the draw passed over holds nothing: it reads `not_drawn`. One
                 // Redis forgot before it was put back, whose user then entered again (and was
                 // queued: nothing of hers was in the pool), is stood for by her newer entry,
-                // with the same ticket: the draw decided that one.
+                // with the same ticket: the draw decided that one. One the database kept only
+                // after the draw, whose user bought meanwhile (Redis had lost the sale), is
+                // stood for by her order: an entry whose user holds a live order is not live,
+                // and no rebuild puts it back.
                 let passed_over = pool.get(&request_id).is_some_and(|e| !e.won);
-                let superseded = decided.contains(a.user.as_str());
+                let bought_while_out = kept_after_draw.contains(&request_id)
+                    && rows
+                        .values()
+                        .any(|r| r.user_id == a.user && is_live(&r.status));
+                let superseded = decided.contains(a.user.as_str()) || bought_while_out;
                 if !(a.queued && (passed_over || superseded)) {
                     unresolved.push(request_id);
                 }
