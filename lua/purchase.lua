@@ -17,7 +17,9 @@
 -- ARGV[5] the sale's bucket count the caller chose this bucket with (absent: 1)
 -- ARGV[6..] credits, three arguments each: transfer id, units, load epoch (units lua/borrow.lua
 --         took from other buckets for this purchase; each added to this bucket's stock once,
---         `in:<id>` in the meta, and only under the epoch it was taken in)
+--         `in:<id>` in the meta, and only under the epoch it was taken in); a purchase's
+--         second call with no credit (its first found the bucket short, and its sale-wide check
+--         found units back here) passes one empty argument, so that the rate counts it once
 --
 -- Returns {code, value, nowMs, epoch, credited} (credited: 1 when every credit is in this
 -- bucket's stock, now or before). The codes, and `value`:
@@ -41,8 +43,8 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
 
--- The per-user rate, on a sale with a `rate` (a call with credits is a purchase's second one,
--- counted on its first): counts this attempt (INCR, and PEXPIRE on the first of a second).
+-- The per-user rate, on a sale with a `rate` (a call with credits, or the one empty argument,
+-- is a purchase's second one, counted on its first): counts this attempt (INCR, and PEXPIRE on the first of a second).
 -- Answers the ms until the second is over when past the rate (nothing changed but the
 -- counter), then whether the attempt is counted.
 local function count_attempt(meta)

@@ -98,9 +98,11 @@ impl Hints {
 /// The home bucket holds `stock` units, fewer than asked: take what is missing from the other
 /// buckets, starting at a random one so that short buyers spread over the donors (those the
 /// container saw empty a moment ago skipped), and buy with the units taken as credits. No
-/// donor gave anything: `sold_out` once a sale-wide check finds every bucket empty; one it
-/// finds holding units is asked once more. Answers what the home bucket decided: accepted or
-/// refused (too few units in all buckets together is `sold_out`; they stay in the home bucket).
+/// donor gave anything: `sold_out` once a sale-wide check finds every bucket empty, the home
+/// bucket included; a donor it finds holding units is asked once more, and a home bucket it
+/// finds holding units (another buyer's borrow left them there) is asked again first. Answers
+/// what the home bucket decided: accepted or refused (too few units in all buckets together is
+/// `sold_out`; they stay in the home bucket).
 pub async fn borrow_and_buy(
     redis: &Redis,
     hints: &Hints,
@@ -109,9 +111,9 @@ pub async fn borrow_and_buy(
     home: Bucket,
     stock: i64,
 ) -> Result<Answer, StoreError> {
-    let sold_out = Answer::Refused(Refusal::SoldOut { stock_left: stock });
+    let sold_out = |stock_left| Answer::Refused(Refusal::SoldOut { stock_left });
     if hints.sold_out_now(attempt.activity_id) {
-        return Ok(sold_out);
+        return Ok(sold_out(stock));
     }
     let mut need = attempt.quantity - stock;
     let mut credits = Vec::new();
@@ -157,28 +159,32 @@ pub async fn borrow_and_buy(
             break;
         }
         // Nothing borrowed: the whole sale, read, before anyone is told `sold_out`. Units given
-        // back to a donor after it was asked show here.
+        // back to a donor after it was asked, or left in the home bucket by another buyer's
+        // borrow, show here.
         pause::point("purchase.before_check", attempt.activity_id).await;
-        match holding(redis, home).await {
-            Ok(found) if found.is_empty() => {
-                hints.saw_sold_out(attempt.activity_id, true);
-                return Ok(sold_out);
+        let held = holding(redis, home).await?;
+        if !held.home && held.donors.is_empty() {
+            hints.saw_sold_out(attempt.activity_id, true);
+            return Ok(sold_out(stock));
+        }
+        if held.home {
+            pause::point("purchase.home", attempt.activity_id).await;
+            match purchase::run_again(redis, home, attempt, deadline_ms).await? {
+                Answer::Short { stock: now } => need = attempt.quantity - now,
+                answer => return home_answer(attempt, answer),
             }
-            Ok(found) => {
-                unasked = donors
-                    .iter()
-                    .copied()
-                    .filter(|d| found.contains(d))
-                    .collect();
-                for d in &unasked {
-                    hints.saw_empty(*d, false);
-                }
-            }
-            Err(e) => return Err(e),
+        }
+        unasked = donors
+            .iter()
+            .copied()
+            .filter(|d| held.donors.contains(d))
+            .collect();
+        for d in &unasked {
+            hints.saw_empty(*d, false);
         }
     }
     if credits.is_empty() {
-        return Ok(sold_out);
+        return Ok(sold_out(attempt.quantity - need));
     }
     // Between the two steps of the transfers: the units are in the donors' ledgers. The
     // failure stands for a crash here: nothing of this call finishes them, reconcile does.
@@ -205,6 +211,21 @@ pub async fn borrow_and_buy(
         }
         finish_later(redis, home, unfinished);
     }
+    // Units the buyer did not take stay in the home bucket: this container's other short
+    // buyers find them there again without waiting out a hint.
+    let left_home = match answer {
+        Answer::Accepted(r) => r.stock_left > 0,
+        _ => credited,
+    };
+    if left_home {
+        hints.saw_sold_out(attempt.activity_id, false);
+        hints.saw_empty(home, false);
+    }
+    home_answer(attempt, answer)
+}
+
+/// What the home bucket decided, as the purchase's answer: accepted or refused.
+fn home_answer(attempt: &Attempt, answer: Answer) -> Result<Answer, StoreError> {
     match answer {
         answer @ (Answer::Accepted(_) | Answer::Refused(_)) => Ok(answer),
         // All the other buckets together held fewer units than asked; they are here now.
@@ -216,28 +237,41 @@ pub async fn borrow_and_buy(
     }
 }
 
+/// What a sale-wide check found holding units: the home bucket, and the donors.
+struct Held {
+    home: bool,
+    donors: Vec<Bucket>,
+}
+
 /// The sale-wide check of a short buyer whose donors gave nothing: every bucket's stock and
-/// stock sequence, read at once (one read per bucket, side by side), then again. Answers the
-/// donors holding units; empty when every bucket read empty both times with no stock sequence
-/// moved between the reads (a unit given back or credited meanwhile moves it): the sale held
-/// no unit at one moment between the two reads, not only each bucket at its own.
-async fn holding(redis: &Redis, home: Bucket) -> Result<Vec<Bucket>, StoreError> {
+/// stock sequence, the home bucket's included, read at once (one read per bucket, side by
+/// side), then again. Answers what held units in either read; nothing when every bucket read
+/// empty both times with no stock sequence moved between the reads (a unit given back or
+/// credited meanwhile moves it): the sale held no unit at one moment between the two reads,
+/// not only each bucket at its own.
+async fn holding(redis: &Redis, home: Bucket) -> Result<Held, StoreError> {
     let all: Vec<Bucket> = Bucket::all(home.activity_id, home.count).collect();
     let read = || futures::future::try_join_all(all.iter().map(|b| view::stock_and_seq(redis, *b)));
     let first = read().await?;
     let second = read().await?;
     let moved = first.iter().zip(&second).any(|(a, b)| a.1 != b.1);
-    let holding: Vec<Bucket> = all
+    let holds: Vec<Bucket> = all
         .iter()
         .zip(first.iter().zip(&second))
-        .filter(|(b, (x, y))| **b != home && (x.0 > 0 || y.0 > 0))
+        .filter(|(_, (x, y))| x.0 > 0 || y.0 > 0)
         .map(|(b, _)| *b)
         .collect();
-    if holding.is_empty() && moved {
-        // Units moved between the reads: not proven empty, every donor is asked once more.
-        return Ok(all.into_iter().filter(|b| *b != home).collect());
+    if holds.is_empty() && moved {
+        // Units moved between the reads: not proven empty, every bucket is asked once more.
+        return Ok(Held {
+            home: true,
+            donors: all.into_iter().filter(|b| *b != home).collect(),
+        });
     }
-    Ok(holding)
+    Ok(Held {
+        home: holds.contains(&home),
+        donors: holds.into_iter().filter(|b| *b != home).collect(),
+    })
 }
 
 /// How often, and how far apart, a purchase that failed midway retries finishing the

@@ -87,6 +87,30 @@ pub async fn run(
     deadline_ms: i64,
     credits: &[Credit],
 ) -> Result<(Answer, bool), StoreError> {
+    invoke(redis, home, attempt, deadline_ms, credits, false).await
+}
+
+/// [`run`] once more, with no credits, for a purchase whose first call its per-user rate
+/// already counted (a short buyer whose sale-wide check found units back in the home bucket).
+pub async fn run_again(
+    redis: &Redis,
+    home: Bucket,
+    attempt: &Attempt,
+    deadline_ms: i64,
+) -> Result<Answer, StoreError> {
+    Ok(invoke(redis, home, attempt, deadline_ms, &[], true)
+        .await?
+        .0)
+}
+
+async fn invoke(
+    redis: &Redis,
+    home: Bucket,
+    attempt: &Attempt,
+    deadline_ms: i64,
+    credits: &[Credit],
+    again: bool,
+) -> Result<(Answer, bool), StoreError> {
     let k = redis.bucket_keys(home);
     let mut inv = scripts::PURCHASE.prepare_invoke();
     inv.key(&k.meta)
@@ -102,6 +126,10 @@ pub async fn run(
         .arg(home.count);
     for c in credits {
         inv.arg(c.id.to_string()).arg(c.units).arg(c.epoch);
+    }
+    if again && credits.is_empty() {
+        // No credit, and still a second call: one empty argument says so.
+        inv.arg("");
     }
     let (code, value, now_ms, epoch, credited): (i64, i64, i64, i64, i64) =
         redis.script(&inv).await?;

@@ -1,6 +1,7 @@
 //! Units moving between buckets: a crash between the two steps of a borrow repaired by reconcile,
 //! a slow borrower and reconcile crediting the units once, a borrow delivered twice, a unit given
-//! back to a donor already asked, and a cancel and a re-buy across buckets.
+//! back to a donor already asked or to the buyer's own bucket, and a cancel and a re-buy
+//! across buckets.
 
 use crate::{attempt, commit_all, crowd, in_users, stocks, users_at_home, CLUSTER};
 use chrono::Utc;
@@ -218,6 +219,50 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
     protocol::buckets::finish_by_id(&env.redis, donor, home, id).await?;
     protocol::buckets::finish_by_id(&env.redis, donor, home, id).await?;
     assert_eq!(stocks(&env, &a).await, vec![6, 2, 4]);
+    invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
+/// A short buyer asks both donors, finds nothing, and pauses before its sale-wide check; a
+/// reservation in her own home bucket is given back meanwhile. The check reads the home bucket
+/// too, and she buys the unit there on a call her per-user rate (one a second) does not count
+/// again (a check of the donors alone told her `sold_out` with the unit in her own bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_back_in_the_buyers_own_bucket_is_found_by_the_sale_wide_check() -> anyhow::Result<()>
+{
+    let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
+    let new = testkit::new_activity().stock(3).buckets(3).rate(1).build();
+    let a = env.load_new(&new).await?;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let user = &users_at_home(a.id, 3, i, 1, "first")[0];
+        held.push(attempt(&env, &a, user, 1, 3).await?.unwrap());
+    }
+    let buyer = users_at_home(a.id, 3, 0, 1, "short")[0].clone();
+    let paused = pause::arm("purchase.before_check", a.id);
+    let short = {
+        let (env, a) = (env.clone(), a.clone());
+        tokio::spawn(async move { attempt(&env, &a, &buyer, 1, 3).await.unwrap() })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    // The buyer at home in bucket 0, hers too, gives her unit back (a 503's give-back, say).
+    let m = &held[0];
+    let units = store::ledger::compensate(
+        &env.redis,
+        m.home(),
+        &m.attempt.user_id,
+        m.attempt.request_id,
+        store::ledger::Compensation::Full,
+    )
+    .await?;
+    assert_eq!(units, Some(1));
+    paused.resume();
+    let bought = short.await?;
+    assert!(
+        bought.is_ok(),
+        "the unit in her own bucket was found: {bought:?}"
+    );
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     invariants::check(&env, a.id).await?;
     Ok(())
 }

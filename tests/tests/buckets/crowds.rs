@@ -1,7 +1,7 @@
 //! Crowds with demand far over the stock: exactly the stock sold whatever the bucket count, skewed
 //! buyers emptying their home bucket early and still buying every unit, the last unit found from
-//! any bucket, over HTTP without a 503, and a refusal of a sold-out sale that costs about one
-//! script call.
+//! any bucket, over HTTP without a 503, a refusal of a sold-out sale that costs about one
+//! script call, and units a borrow leaves behind ending the `sold_out` a container remembers.
 
 use crate::{
     attempt, attempt_with, commit_all, crowd, distinct_users, stocks, users_at_home, CLUSTER,
@@ -12,6 +12,7 @@ use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::infra::pause;
 use seckill_shared::protocol;
 use seckill_shared::Refusal;
+use std::time::Duration;
 use testkit::invariants;
 use testkit::TestEnv;
 
@@ -203,6 +204,60 @@ async fn a_refusal_of_a_sold_out_bucketed_sale_costs_about_one_script_call() -> 
     Ok(())
 }
 
+/// A borrow that took more than its buyer needs (half the donor's stock) is slow to put the
+/// units into its home bucket; meanwhile every bucket is bought empty and a short buyer's
+/// sale-wide check tells her `sold_out`, which the container remembers. The slow buyer then
+/// buys and leaves a unit in her home bucket: the container forgets the `sold_out`, and the
+/// next short buyer borrows that unit (on the remembered check she was told `sold_out` with a
+/// unit in stock, and the sale's crowd could end with it unsold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn units_a_borrow_leaves_in_its_home_bucket_end_a_remembered_sold_out() -> anyhow::Result<()>
+{
+    let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
+    let a = env.open_activity_in_buckets(12, 1, 3).await?;
+    // Buckets 0 and 2 bought empty; bucket 1 keeps its 4 units.
+    for index in [0, 2] {
+        for user in users_at_home(a.id, 3, index, 4, "first") {
+            assert!(attempt(&env, &a, &user, 1, 3).await?.is_ok());
+        }
+    }
+    assert_eq!(stocks(&env, &a).await, vec![0, 4, 0]);
+    let hints = protocol::buckets::Hints::new();
+    let paused = pause::arm("purchase.after_borrow", a.id);
+    let slow = {
+        let (env, a, hints) = (env.clone(), a.clone(), hints.clone());
+        let user = users_at_home(a.id, 3, 0, 1, "slow")[0].clone();
+        tokio::spawn(async move { attempt_with(&env, &hints, &a, &user, 1, 3).await.unwrap() })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    assert_eq!(
+        stocks(&env, &a).await,
+        vec![0, 2, 0],
+        "half of 4 on its way"
+    );
+    for user in users_at_home(a.id, 3, 1, 2, "donor") {
+        assert!(attempt(&env, &a, &user, 1, 3).await?.is_ok());
+    }
+    let told = users_at_home(a.id, 3, 2, 2, "short");
+    let refused = attempt_with(&env, &hints, &a, &told[0], 1, 3).await?;
+    assert!(
+        matches!(refused, Err(Refusal::SoldOut { .. })),
+        "{refused:?}"
+    );
+    paused.resume();
+    assert!(slow.await?.is_ok());
+    assert_eq!(
+        stocks(&env, &a).await,
+        vec![1, 0, 0],
+        "the unit the slow buyer left"
+    );
+    let next = attempt_with(&env, &hints, &a, &told[1], 1, 3).await?;
+    assert!(next.is_ok(), "the unit left in bucket 0 is found: {next:?}");
+    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    invariants::check(&env, a.id).await?;
+    Ok(())
+}
+
 /// A crowd through the entry's router on the cluster, 128 at a time: 1,500 buyers trying
 /// twice for 300 units in three buckets. No 503, every unit sold, the stock left 0 in every
 /// bucket.
@@ -232,8 +287,26 @@ async fn a_crowd_over_http_buys_every_unit_of_a_bucketed_sale_without_a_503() ->
         .take(3)
         .collect();
     assert_eq!(count(StatusCode::SERVICE_UNAVAILABLE), 0, "{unavailable:?}");
-    assert_eq!(count(StatusCode::ACCEPTED), 300);
-    assert_eq!(count(StatusCode::CONFLICT), requests.len() - 300);
-    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+    let mut seen: std::collections::BTreeMap<(u16, String), usize> = Default::default();
+    for (s, b) in &answers {
+        let code = b["error"]
+            .as_str()
+            .or(b["status"].as_str())
+            .unwrap_or("")
+            .to_string();
+        *seen.entry((s.as_u16(), code)).or_default() += 1;
+    }
+    let left = stocks(&env, &a).await;
+    assert_eq!(
+        count(StatusCode::ACCEPTED),
+        300,
+        "answers {seen:?}, stocks {left:?}"
+    );
+    assert_eq!(
+        count(StatusCode::CONFLICT),
+        requests.len() - 300,
+        "{seen:?}"
+    );
+    assert_eq!(left, vec![0, 0, 0]);
     Ok(())
 }
