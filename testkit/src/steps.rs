@@ -254,8 +254,10 @@ pub async fn pay(
     let event_id = format!("evt_test_{}", Uuid::new_v4().simple());
     let body = payments::succeeded_event(&event_id, &request, &payment.provider_payment_id);
     let event: payments::Event = serde_json::from_str(&body)?;
-    let settled = pay::settle(pool, LocalProvider.name(), &event, Utc::now(), timeout).await?;
-    Ok(settled.map_err(|mismatch| mismatch.to_string()))
+    match pay::settle(pool, LocalProvider.name(), &event, Utc::now()).await? {
+        Settled::Mismatched(mismatch) => Ok(Err(mismatch.to_string())),
+        settled => Ok(Ok(settled)),
+    }
 }
 
 /// Reconcile's draw part for sale `activity_id`, spawned as the drawer runs in AWS: reconcile's

@@ -31,6 +31,7 @@ mod draw;
 mod fields;
 mod ledger;
 mod orphans;
+mod refunds;
 mod release;
 mod report;
 mod stock;
@@ -52,11 +53,15 @@ pub struct Reconcile {
     /// The draw entries' queue (`Config::entry_queue`), whose backlog a rebuilt draw sale's
     /// draw waits on (built on first use: most runs never ask).
     queue: tokio::sync::OnceCell<OrderQueue>,
+    /// The payment provider, whose payments the release closes before an order's unit comes
+    /// back (`None`: no provider configured).
+    payments: Option<std::sync::Arc<dyn seckill_shared::infra::payments::Provider>>,
 }
 
 impl Reconcile {
     pub fn new(context: Context) -> Self {
         Self {
+            payments: context.config.payments.provider(),
             config: context.config,
             pool: context.pool,
             redis: context.redis,
@@ -102,9 +107,9 @@ impl Reconcile {
     ) -> anyhow::Result<ReconcileReport> {
         let budget = Budget::starting_now(self.config.reconcile_budget, deadline);
         let mut report = ReconcileReport::default();
-        let released = self
-            .release_unpaid_in(now, budget.release(), &mut report)
-            .await;
+        let release = budget.release();
+        let released = self.release_unpaid_in(now, release, &mut report).await;
+        self.refund_owed_in(now, release, &mut report).await;
 
         let due = activity::due_for_reconcile(
             &self.pool,

@@ -13,7 +13,8 @@ use crate::{is_stale, Reconcile, ReconcileFailure, ReconcileReport};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use seckill_shared::domain::order::{self, Order, UnpaidKey};
-use seckill_shared::protocol::cancel::{self, CancelOutcome, Canceller};
+use seckill_shared::protocol::cancel::{CancelOutcome, Canceller};
+use seckill_shared::protocol::pay;
 use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger;
 use seckill_shared::store::values::EntryKind;
@@ -108,7 +109,8 @@ impl Reconcile {
     async fn release(&self, o: &Order, now: DateTime<Utc>) -> anyhow::Result<Released> {
         let (pool, redis) = (&self.pool, &self.redis);
         let by = Canceller::PaymentTimeout;
-        let outcome = cancel::cancel_as(pool, redis, o, now, by).await?;
+        let provider = self.payments.as_deref();
+        let outcome = pay::cancel_unpaid(pool, redis, provider, o, now, by).await?;
         if outcome != CancelOutcome::Busy {
             return Ok(Released {
                 outcome,
@@ -127,7 +129,7 @@ impl Reconcile {
         };
         self.repair_cancel(bucket, &e, &HashSet::new(), now).await?;
         Ok(Released {
-            outcome: cancel::cancel_as(pool, redis, o, now, by).await?,
+            outcome: pay::cancel_unpaid(pool, redis, provider, o, now, by).await?,
             repaired: true,
         })
     }

@@ -26,6 +26,8 @@ pub struct ReconcileReport {
     /// Stale cancel entries (of attempts that never finished) the release met and repaired
     /// before releasing their orders.
     pub release_repaired: usize,
+    /// Payments owed back that this run refunded through the provider.
+    pub refunded: usize,
     /// Due sales this run had no time left for: the next run checks them first.
     pub deferred_ids: Vec<i64>,
     /// Activities or orders that failed this run (the next run retries them).

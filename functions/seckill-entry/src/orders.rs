@@ -11,7 +11,8 @@ use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::{ActivityId, OrderId};
 use seckill_shared::infra::pause;
-use seckill_shared::protocol::cancel::{self, CancelOutcome};
+use seckill_shared::protocol::cancel::{CancelOutcome, Canceller};
+use seckill_shared::protocol::pay;
 use seckill_shared::store::buckets;
 use seckill_shared::store::draw::{self as pool, DrawState};
 use seckill_shared::store::keys::Bucket;
@@ -212,7 +213,10 @@ pub(crate) async fn cancel(
     let s = &state.inner;
     db_guards::admit(&state, &identity.user_id).await?;
     let order = owned_order(&s.pool, order_id, &identity.user_id).await?;
-    let outcome = cancel::cancel_order(&s.pool, &s.redis, &order, chrono::Utc::now()).await?;
+    let provider = s.payments.as_deref();
+    let now = chrono::Utc::now();
+    let outcome =
+        pay::cancel_unpaid(&s.pool, &s.redis, provider, &order, now, Canceller::Owner).await?;
     let released_quantity = match outcome {
         CancelOutcome::Cancelled { quantity } => {
             // Units came back: this container must not keep answering sold_out from memory.

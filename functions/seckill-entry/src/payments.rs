@@ -1,19 +1,22 @@
 //! Paying: `POST /orders/{id}/pay` starts the order's payment at the provider and answers what
 //! the client needs to complete it; `POST /payments/webhook`, reached without a user token,
-//! takes the provider's signed events, and only a verified `payment_intent.succeeded` event
-//! for the payment's exact amount marks the order paid (`protocol::pay::settle`).
+//! takes the provider's signed events: only a verified `payment_intent.succeeded` event for the
+//! payment's exact amount marks the order paid, and a refund or a dispute made at the provider
+//! is recorded on the payment (`protocol::pay::settle`).
 
+use crate::counters::FUNCTION;
 use crate::{db_guards, EntryState};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use seckill_shared::domain::order;
-use seckill_shared::domain::payment::Payment;
+use seckill_shared::domain::payment::{Outcome, Payment};
 use seckill_shared::domain::status::PaymentStatus;
 use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::OrderId;
+use seckill_shared::infra::metrics;
 use seckill_shared::infra::payments::{signature, Event, StartedPayment};
 use seckill_shared::infra::secret::ExposeSecret;
 use seckill_shared::protocol::pay::{self, Mismatch, Settled, StartError, Started};
@@ -126,13 +129,19 @@ pub(crate) async fn pay(
 pub struct WebhookAnswer {
     event_id: String,
     /// `paid`, `already_paid`, `refund_due` (the order could no longer be paid: the money is
-    /// owed back, no unit comes back), or `ignored` (an event kind that pays nothing).
+    /// owed back, no unit comes back), `refunded` and `disputed` (a refund or a dispute at the
+    /// provider: no unit comes back), `mismatch` (not this stack's payment, or not its order,
+    /// amount or currency: nothing changed, recorded for the operator), or `ignored` (a kind
+    /// that changes nothing).
     #[schema(example = "paid")]
     outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     order_id: Option<i64>,
     /// The event was decided before (a redelivery): nothing changed now.
     replayed: bool,
+    /// Why a `mismatch` changed nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
 }
 
 #[utoipa::path(
@@ -140,17 +149,15 @@ pub struct WebhookAnswer {
     path = "/payments/webhook",
     tag = "orders",
     operation_id = "paymentWebhook",
-    summary = "The payment provider's signed events (Stripe-Signature); each event id is decided once",
+    summary = "The payment provider's signed events (Stripe-Signature): a payment's success, a refund, a dispute; each event id is decided once",
     request_body(content = String, content_type = "application/json",
-        description = "A provider event: `id`, `type`, `data.object` {`id`, `amount`, `currency`, `metadata.order_id`}"),
+        description = "A provider event: `id`, `type`, `data.object` {`id`, `amount`, `currency`, `payment_intent` (a charge's or a dispute's), `amount_refunded`, `metadata.order_id`}"),
     params(("Stripe-Signature" = Option<String>, Header,
         description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">`")),
     security(()),
     responses(
-        (status = 200, description = "Decided now or before (`replayed`), or ignored", body = WebhookAnswer),
+        (status = 200, description = "Decided now or before (`replayed`); a `mismatch` (not this stack's payment, or not its order, amount or currency) changed nothing and is acknowledged so that the provider does not retry it; or ignored", body = WebhookAnswer),
         (status = 400, description = "No, malformed, stale or wrong signature, or not an event (`bad_request`); nothing changed", body = ErrorBody),
-        (status = 404, description = "No such payment was started here; nothing changed", body = ErrorBody),
-        (status = 409, description = "The event's order, amount or currency is not the payment's (`conflict`); nothing changed", body = ErrorBody),
         (status = 503, description = "The database is out of reach, or no webhook secret is configured", body = ErrorBody),
         (status = 500, description = "Unexpected; logged", body = ErrorBody),
     )
@@ -177,23 +184,36 @@ pub(crate) async fn webhook(
     .map_err(|refused| ApiError::BadRequest(format!("signature refused: {refused}")))?;
     let event: Event = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("not a payment event: {e}")))?;
-    let timeout = s.config.payment_timeout;
-    let settled = pay::settle(&s.pool, provider.name(), &event, now, timeout).await?;
+    let settled = pay::settle(&s.pool, provider.name(), &event, now).await?;
     let answer = |outcome: &'static str, order_id, replayed| WebhookAnswer {
         event_id: event.id.clone(),
         outcome,
         order_id,
         replayed,
+        detail: None,
     };
     match settled {
-        Ok(Settled::Decided { outcome, order_id }) => {
+        Settled::Decided { outcome, order_id } => {
+            if outcome == Outcome::Disputed {
+                metrics::emit(FUNCTION, &[("PaymentDisputes", 1.0)], &[]);
+            }
             Ok(Json(answer(outcome.as_str(), Some(order_id), false)))
         }
-        Ok(Settled::Replayed { outcome, order_id }) => {
+        Settled::Replayed { outcome, order_id } => {
             Ok(Json(answer(outcome.as_str(), Some(order_id), true)))
         }
-        Ok(Settled::Ignored) => Ok(Json(answer("ignored", None, false))),
-        Err(unknown @ Mismatch::UnknownPayment(_)) => Err(ApiError::NotFound(unknown.to_string())),
-        Err(mismatch) => Err(ApiError::Conflict(mismatch.to_string())),
+        Settled::Ignored => Ok(Json(answer("ignored", None, false))),
+        Settled::Mismatched(mismatch) => {
+            metrics::emit(FUNCTION, &[("PaymentMismatches", 1.0)], &[]);
+            let order_id = match &mismatch {
+                Mismatch::UnknownPayment(_) => None,
+                Mismatch::OtherOrder { order, .. } => Some(*order),
+                Mismatch::Amount { .. } => None,
+            };
+            Ok(Json(WebhookAnswer {
+                detail: Some(mismatch.to_string()),
+                ..answer("mismatch", order_id, false)
+            }))
+        }
     }
 }

@@ -38,9 +38,15 @@ crate::domain::status::text_enum! {
         Paid = "paid",
         /// The order was already paid by this payment (another event of it came first).
         AlreadyPaid = "already_paid",
-        /// The order can no longer be paid (released, cancelled, past the payment timeout):
-        /// the money is owed back, the unit stays where it is.
+        /// The order can no longer be paid (cancelled while its payment succeeded anyway): the
+        /// money is owed back, the unit stays where it is.
         RefundDue = "refund_due",
+        /// A refund was made at the provider (`charge.refunded`).
+        Refunded = "refunded",
+        /// A dispute was opened or changed at the provider (`charge.dispute.*`).
+        Disputed = "disputed",
+        /// Its order, amount or currency is not the payment's: nothing changed.
+        Mismatch = "mismatch",
     }
 }
 
@@ -70,31 +76,50 @@ pub async fn by_provider_id_for_update(
     .await
 }
 
-/// Records the payment started for an order, unless one is recorded already; either way
-/// answers the order's one payment.
-pub async fn insert_or_get(
+/// Records the payment started for an order, unless one is recorded already, only while the
+/// order is `confirmed` (the database function `open_payment`, under the order's row lock: a
+/// cancel of the order commits before or after, never between). Answers the order's one
+/// payment, or `None` when the order is not confirmed.
+pub async fn open(
     db: impl PgExecutor<'_> + Copy,
     order_id: i64,
     provider: &str,
     provider_payment_id: &str,
     amount_minor: i64,
     currency: &str,
-) -> Result<Payment, sqlx::Error> {
-    sqlx::query!(
-        "insert into payments (order_id, provider, provider_payment_id, amount_minor, currency)
-         values ($1, $2, $3, $4, $5)
-         on conflict (order_id) do nothing",
+) -> Result<Option<Payment>, sqlx::Error> {
+    let opened = sqlx::query_scalar!(
+        r#"select open_payment($1, $2, $3, $4, $5) as "opened!""#,
         order_id,
         provider,
         provider_payment_id,
         amount_minor,
         currency
     )
+    .fetch_one(db)
+    .await?;
+    if !opened {
+        return Ok(None);
+    }
+    of_order(db, order_id).await
+}
+
+/// Records the order's payment cancelled at the provider (while it is still open); answers
+/// whether it was open.
+pub async fn mark_cancelled(
+    db: impl PgExecutor<'_>,
+    order_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query!(
+        "update payments set status = 'cancelled', updated_at = $2
+         where order_id = $1 and status = 'requires_payment'",
+        order_id,
+        now
+    )
     .execute(db)
     .await?;
-    of_order(db, order_id)
-        .await?
-        .ok_or(sqlx::Error::RowNotFound)
+    Ok(done.rows_affected() == 1)
 }
 
 /// Marks the order's payment succeeded.
@@ -196,4 +221,159 @@ pub async fn by_provider_id(
     )
     .fetch_optional(db)
     .await
+}
+
+/// Marks the order's payment owed back (unless a refund of it is under way or made already).
+pub async fn mark_refund_due(
+    conn: &mut PgConnection,
+    order_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update payments set refund_state = 'due', updated_at = $2
+         where order_id = $1 and refund_state is null",
+        order_id,
+        now
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A payment owed back, claimed for one refund attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundClaim {
+    pub order_id: i64,
+    pub provider: String,
+    pub provider_payment_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    /// Attempts so far, this one included.
+    pub attempts: i32,
+}
+
+/// Claims up to `limit` payments owed back, oldest first: those `due`, and those whose last
+/// attempt's claim is older than `lease` (its run crashed, or the provider refused). Each is
+/// `refunding` with one more attempt counted and its lease starting `now`; a concurrent claimer
+/// skips them (`skip locked`, and the lease once committed).
+pub async fn claim_refunds(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    lease: chrono::Duration,
+    limit: i64,
+) -> Result<Vec<RefundClaim>, sqlx::Error> {
+    let stale = now - lease;
+    sqlx::query_as!(
+        RefundClaim,
+        r#"update payments set refund_state = 'refunding', refund_attempts = refund_attempts + 1,
+                               updated_at = $1
+           where order_id in (
+               select order_id from payments
+                where refund_state = 'due' or (refund_state = 'refunding' and updated_at < $2)
+                order by updated_at limit $3
+                for update skip locked)
+           returning order_id, provider, provider_payment_id, amount_minor, currency,
+                     refund_attempts as attempts"#,
+        now,
+        stale,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Records the refund of the order's payment made at the provider as `refund_id` (`None`: the
+/// provider said it was refunded before, without the id): `refunded`, and the events that owed
+/// it marked refunded.
+pub async fn mark_refunded(
+    conn: &mut PgConnection,
+    order_id: i64,
+    refund_id: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let pid = sqlx::query_scalar!(
+        "update payments set refund_state = 'refunded', refund_id = coalesce($2, refund_id),
+                             updated_at = $3
+         where order_id = $1 returning provider_payment_id",
+        order_id,
+        refund_id,
+        now
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(pid) = pid {
+        sqlx::query!(
+            "update payment_events set refunded_at = $2
+             where provider_payment_id = $1 and outcome = 'refund_due' and refunded_at is null",
+            pid,
+            now
+        )
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// A refund attempt the provider refused or did not answer: its error kept for the operator;
+/// after `max_attempts` the payment is `failed` and no run tries it again.
+pub async fn refund_refused(
+    db: impl PgExecutor<'_>,
+    order_id: i64,
+    error: &str,
+    max_attempts: i32,
+) -> Result<bool, sqlx::Error> {
+    let failed = sqlx::query_scalar!(
+        r#"update payments
+              set refund_error = $2,
+                  refund_state = case when refund_attempts >= $3 then 'failed'
+                                      else refund_state end
+            where order_id = $1 and refund_state = 'refunding'
+        returning refund_state = 'failed' as "failed!""#,
+        order_id,
+        error,
+        max_attempts
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(failed.unwrap_or(false))
+}
+
+/// How many payments are owed back and not refunded yet, and how many refunds failed for good,
+/// each counted up to `cap`.
+pub async fn refund_counts(
+    db: impl PgExecutor<'_> + Copy,
+    cap: i64,
+) -> Result<(i64, i64), sqlx::Error> {
+    let open = sqlx::query_scalar!(
+        r#"select count(*) as "n!" from (select 1 from payments
+            where refund_state in ('due', 'refunding') limit $1) o"#,
+        cap
+    )
+    .fetch_one(db)
+    .await?;
+    let failed = sqlx::query_scalar!(
+        r#"select count(*) as "n!" from (select 1 from payments
+            where refund_state = 'failed' limit $1) f"#,
+        cap
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((open, failed))
+}
+
+/// Flags the order's payment disputed at the provider (the first time).
+pub async fn mark_disputed(
+    conn: &mut PgConnection,
+    order_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update payments set disputed_at = coalesce(disputed_at, $2), updated_at = $2
+         where order_id = $1",
+        order_id,
+        now
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
 }

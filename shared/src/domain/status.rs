@@ -179,8 +179,11 @@ text_enum! {
     pub enum PaymentStatus {
         /// Started; the buyer has not paid (as far as any verified event says).
         RequiresPayment = "requires_payment",
-        /// A verified event said the money was received.
+        /// A verified event, or the provider asked before a release, said the money was
+        /// received.
         Succeeded = "succeeded",
+        /// Cancelled at the provider before its order was cancelled: it can never be paid.
+        Cancelled = "cancelled",
     }
 }
 

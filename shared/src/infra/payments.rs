@@ -51,6 +51,12 @@ pub struct PaymentSettings {
     #[arg(long = "payment-webhook-secret", env = "PAYMENT_WEBHOOK_SECRET",
           value_name = "PAYMENT_WEBHOOK_SECRET", value_parser = secret, hide_env_values = true)]
     pub webhook_secret: Option<SecretString>,
+    /// The name this deployment gives its payments at the provider: in every payment's
+    /// idempotency key and metadata, so two stacks on one provider account never take each
+    /// other's payments or events for their own (the template sets the stack's name).
+    #[arg(long = "payment-stack", env = "PAYMENT_STACK", value_name = "PAYMENT_STACK",
+          value_parser = stack_name, default_value = "seckill")]
+    pub stack: String,
     /// How far a webhook event's signed timestamp may be from now, in seconds.
     #[arg(long = "payment-webhook-tolerance-secs", env = "PAYMENT_WEBHOOK_TOLERANCE_SECS",
           value_name = "PAYMENT_WEBHOOK_TOLERANCE_SECS", value_parser = tolerance,
@@ -67,6 +73,7 @@ impl PaymentSettings {
             "stripe" => Some(Arc::new(StripeProvider::new(
                 &self.api_base,
                 self.api_key.clone()?,
+                &self.stack,
             ))),
             _ => None,
         }
@@ -127,6 +134,20 @@ fn secret(value: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(value.to_string()))
 }
 
+/// A stack's name as CloudFormation allows it: letters, digits and hyphens, at most 128.
+fn stack_name(value: &str) -> Result<String, String> {
+    let ok = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(value.to_string())
+    } else {
+        Err("must be 1 to 128 letters, digits or hyphens".into())
+    }
+}
+
 /// Whole seconds, 1 to 3600: a zero window refuses every event, a long one lets a captured
 /// event be replayed for longer.
 fn tolerance(value: &str) -> Result<Duration, String> {
@@ -147,11 +168,22 @@ pub struct PaymentRequest {
 }
 
 impl PaymentRequest {
-    /// The key a provider deduplicates starts by: one payment per order, however often its
-    /// owner presses Pay.
-    pub fn idempotency_key(&self) -> String {
-        format!("seckill-order-{}", self.order_id)
+    /// The key a provider deduplicates starts by: one payment per order of this `stack`,
+    /// however often its owner presses Pay.
+    pub fn idempotency_key(&self, stack: &str) -> String {
+        format!("{stack}-order-{}", self.order_id)
     }
+}
+
+/// Where a payment stands at the provider, after a cancel was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Cancelled: it can never be paid; its client secret completes nothing any more.
+    Cancelled,
+    /// It succeeded before the cancel: the buyer paid, for this amount (minor units).
+    Succeeded { amount_minor: i64 },
+    /// Neither yet (a payment method that settles later is `processing`): ask again later.
+    Pending,
 }
 
 /// A payment the provider holds, as the client needs it.
@@ -190,6 +222,29 @@ pub trait Provider: Send + Sync + 'static {
     /// Where the client completes the stored payment `provider_payment_id`, if at a URL of
     /// ours.
     fn complete_url(&self, provider_payment_id: &str) -> Option<String>;
+
+    /// Cancels the payment `provider_payment_id` unless it succeeded already, and answers where
+    /// it stands after: asked again, it answers the same.
+    fn cancel<'a>(
+        &'a self,
+        provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<Closed, ProviderError>>;
+
+    /// Refunds the whole of `refund`'s payment, once per payment however often it is asked
+    /// (the provider's idempotency key is the stack's and the payment's): the refund's id,
+    /// or `None` when the provider says the payment was refunded before.
+    fn refund<'a>(
+        &'a self,
+        refund: &'a RefundRequest,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
+}
+
+/// A payment to give back whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRequest {
+    pub order_id: i64,
+    pub provider_payment_id: String,
+    pub amount_minor: i64,
 }
 
 /// The dev server's provider: a payment is a local id, and `POST <completeUrl>` on the dev
@@ -223,15 +278,35 @@ impl Provider for LocalProvider {
     fn complete_url(&self, provider_payment_id: &str) -> Option<String> {
         Some(format!("/payments/local/{provider_payment_id}/complete"))
     }
+
+    /// A local payment is charged only when its complete route sends the event, and that route
+    /// completes no payment the database records cancelled: nothing to cancel here.
+    fn cancel<'a>(
+        &'a self,
+        _provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<Closed, ProviderError>> {
+        Box::pin(async { Ok(Closed::Cancelled) })
+    }
+
+    /// The local provider holds no money: its refund is the payment's id, refunded.
+    fn refund<'a>(
+        &'a self,
+        refund: &'a RefundRequest,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async move { Ok(Some(format!("re_{}", refund.provider_payment_id))) })
+    }
 }
 
-/// Stripe: one PaymentIntent per order (`POST /v1/payment_intents`, form-encoded, the order
-/// id in its metadata, an idempotency key per order), completed by the client with Stripe.js
-/// and the intent's client secret.
+/// Stripe: one PaymentIntent per order (`POST /v1/payment_intents`, form-encoded, cards only,
+/// the order id and the stack's name in its metadata, an idempotency key per order and stack),
+/// completed by the client with Stripe.js and the intent's client secret; cancelled through
+/// `POST /v1/payment_intents/{id}/cancel`, read back when the cancel is refused.
 pub struct StripeProvider {
     client: reqwest::Client,
     intents: String,
+    refunds: String,
     api_key: SecretString,
+    stack: String,
 }
 
 /// How long a call to the provider may take: the pay route answers 503 past it, well inside
@@ -239,55 +314,137 @@ pub struct StripeProvider {
 pub const PROVIDER_TIMEOUT: Duration = Duration::from_millis(2500);
 
 impl StripeProvider {
-    pub fn new(api_base: &str, api_key: SecretString) -> Self {
+    pub fn new(api_base: &str, api_key: SecretString, stack: &str) -> Self {
         Self {
             client: reqwest::Client::builder()
                 .timeout(PROVIDER_TIMEOUT)
                 .build()
                 .expect("a TLS client"),
             intents: format!("{}/v1/payment_intents", api_base.trim_end_matches('/')),
+            refunds: format!("{}/v1/refunds", api_base.trim_end_matches('/')),
             api_key,
+            stack: stack.to_string(),
         }
     }
 
-    async fn create(&self, request: &PaymentRequest) -> Result<StartedPayment, ProviderError> {
-        use super::secret::ExposeSecret;
-        let failed = |message: String| ProviderError {
+    fn failed(message: String) -> ProviderError {
+        ProviderError {
             provider: "stripe",
             message,
-        };
-        let form = [
-            ("amount", request.amount_minor.to_string()),
-            ("currency", request.currency.clone()),
-            ("metadata[order_id]", request.order_id.to_string()),
-            ("automatic_payment_methods[enabled]", "true".into()),
-        ];
-        let response = self
-            .client
-            .post(&self.intents)
+        }
+    }
+
+    /// Sends `request` with the API key; the answer's status and JSON body.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, serde_json::Value), ProviderError> {
+        use super::secret::ExposeSecret;
+        let response = request
             .bearer_auth(self.api_key.expose_secret())
-            .header("Idempotency-Key", request.idempotency_key())
-            .form(&form)
             .send()
             .await
-            .map_err(|e| failed(format!("unreachable: {e}")))?;
+            .map_err(|e| Self::failed(format!("unreachable: {e}")))?;
         let status = response.status();
         let body: serde_json::Value = response
             .json()
             .await
-            .map_err(|e| failed(format!("{status}: unreadable answer: {e}")))?;
+            .map_err(|e| Self::failed(format!("{status}: unreadable answer: {e}")))?;
+        Ok((status, body))
+    }
+
+    fn refused(status: reqwest::StatusCode, body: &serde_json::Value) -> ProviderError {
+        let message = body["error"]["message"].as_str().unwrap_or("no message");
+        Self::failed(format!("{status}: {message}"))
+    }
+
+    async fn create(&self, request: &PaymentRequest) -> Result<StartedPayment, ProviderError> {
+        // Cards settle at once: a payment method that settles days later (a bank debit) could
+        // succeed after the order's payment timeout released its unit.
+        let form = [
+            ("amount", request.amount_minor.to_string()),
+            ("currency", request.currency.clone()),
+            ("payment_method_types[]", "card".into()),
+            ("metadata[order_id]", request.order_id.to_string()),
+            ("metadata[stack]", self.stack.clone()),
+        ];
+        let post = self
+            .client
+            .post(&self.intents)
+            .header("Idempotency-Key", request.idempotency_key(&self.stack))
+            .form(&form);
+        let (status, body) = self.send(post).await?;
         if !status.is_success() {
-            let message = body["error"]["message"].as_str().unwrap_or("no message");
-            return Err(failed(format!("{status}: {message}")));
+            return Err(Self::refused(status, &body));
         }
         let id = body["id"]
             .as_str()
-            .ok_or_else(|| failed("a PaymentIntent without an id".into()))?;
+            .ok_or_else(|| Self::failed("a PaymentIntent without an id".into()))?;
         Ok(StartedPayment {
             provider_payment_id: id.to_string(),
             complete_url: None,
             client_secret: body["client_secret"].as_str().map(str::to_string),
         })
+    }
+
+    /// `POST /v1/refunds` for the whole PaymentIntent, the stack's name and the order in the
+    /// refund's metadata, one idempotency key per payment. Stripe's `charge_already_refunded`
+    /// (refunded at the dashboard, say) is a refund made before.
+    async fn give_back(&self, refund: &RefundRequest) -> Result<Option<String>, ProviderError> {
+        let form = [
+            ("payment_intent", refund.provider_payment_id.clone()),
+            ("amount", refund.amount_minor.to_string()),
+            ("metadata[order_id]", refund.order_id.to_string()),
+            ("metadata[stack]", self.stack.clone()),
+        ];
+        let key = format!("{}-refund-{}", self.stack, refund.provider_payment_id);
+        let post = self
+            .client
+            .post(&self.refunds)
+            .header("Idempotency-Key", key)
+            .form(&form);
+        let (status, body) = self.send(post).await?;
+        if !status.is_success() {
+            if body["error"]["code"].as_str() == Some("charge_already_refunded") {
+                return Ok(None);
+            }
+            return Err(Self::refused(status, &body));
+        }
+        match body["id"].as_str() {
+            Some(id) => Ok(Some(id.to_string())),
+            None => Err(Self::failed("a refund without an id".into())),
+        }
+    }
+
+    /// Cancels the PaymentIntent; one Stripe refuses to cancel (it succeeded, or is
+    /// processing, or was cancelled before) is read back, and its status answers.
+    async fn close(&self, id: &str) -> Result<Closed, ProviderError> {
+        let path = format!("{}/{id}", self.intents);
+        let (status, body) = self
+            .send(self.client.post(format!("{path}/cancel")))
+            .await?;
+        let body = if status.is_success() {
+            body
+        } else if status.is_client_error() && status != reqwest::StatusCode::NOT_FOUND {
+            let (status, body) = self.send(self.client.get(&path)).await?;
+            if !status.is_success() {
+                return Err(Self::refused(status, &body));
+            }
+            body
+        } else {
+            return Err(Self::refused(status, &body));
+        };
+        match body["status"].as_str() {
+            Some("canceled") => Ok(Closed::Cancelled),
+            Some("succeeded") => Ok(Closed::Succeeded {
+                amount_minor: body["amount_received"]
+                    .as_i64()
+                    .or(body["amount"].as_i64())
+                    .unwrap_or(0),
+            }),
+            Some(_) => Ok(Closed::Pending),
+            None => Err(Self::failed("a PaymentIntent without a status".into())),
+        }
     }
 }
 
@@ -306,10 +463,29 @@ impl Provider for StripeProvider {
     fn complete_url(&self, _provider_payment_id: &str) -> Option<String> {
         None
     }
+
+    fn cancel<'a>(
+        &'a self,
+        provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<Closed, ProviderError>> {
+        Box::pin(self.close(provider_payment_id))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        refund: &'a RefundRequest,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(self.give_back(refund))
+    }
 }
 
-/// The kind of event that pays an order; every other kind is acknowledged and ignored.
+/// The kind of event that pays an order.
 pub const SUCCEEDED: &str = "payment_intent.succeeded";
+/// A refund made at the provider (the dashboard's, or ours): its object is the charge.
+pub const REFUNDED: &str = "charge.refunded";
+/// A dispute's events (`charge.dispute.created`, `…updated`, `…closed`): the object is the
+/// dispute. Every other kind is acknowledged and ignored.
+pub const DISPUTE_PREFIX: &str = "charge.dispute.";
 
 /// A provider event, as much of Stripe's event object as the webhook decides by.
 #[derive(Clone, Debug, Deserialize)]
@@ -327,15 +503,26 @@ pub struct EventData {
     pub object: EventPayment,
 }
 
-/// The payment an event is about.
+/// The object an event is about: the PaymentIntent of a success, the charge of a refund, the
+/// dispute of a dispute's event.
 #[derive(Clone, Debug, Deserialize)]
 pub struct EventPayment {
-    /// The provider's payment id (`pi_...`).
+    /// The object's id: the payment's (`pi_...`) for a success, else the charge's or the
+    /// dispute's.
     pub id: String,
-    /// Minor units.
+    /// Minor units: paid, charged, or disputed.
     pub amount: i64,
     pub currency: String,
-    /// What the payment was started with: `order_id`.
+    /// The payment a charge or a dispute belongs to.
+    #[serde(default)]
+    pub payment_intent: Option<String>,
+    /// A charge's refunded part, in minor units.
+    #[serde(default)]
+    pub amount_refunded: Option<i64>,
+    /// A charge's refunds, newest first (`data[0].id` is the last refund's id).
+    #[serde(default)]
+    pub refunds: Option<serde_json::Value>,
+    /// What the payment was started with: `order_id`, `stack`.
     #[serde(default)]
     pub metadata: std::collections::HashMap<String, String>,
 }
@@ -344,6 +531,16 @@ impl EventPayment {
     /// The order id the payment was started for, as its metadata says.
     pub fn order_id(&self) -> Option<i64> {
         self.metadata.get("order_id")?.parse().ok()
+    }
+
+    /// The provider's id of the payment the event is about.
+    pub fn payment_id(&self) -> &str {
+        self.payment_intent.as_deref().unwrap_or(&self.id)
+    }
+
+    /// The last refund's id, on a charge's event.
+    pub fn refund_id(&self) -> Option<&str> {
+        self.refunds.as_ref()?["data"][0]["id"].as_str()
     }
 }
 

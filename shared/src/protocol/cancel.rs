@@ -141,6 +141,15 @@ pub async fn cancel_as(
             Ok(CancelOutcome::Cancelled { quantity })
         }
         Committed::NotConfirmed => decided_first(pool, redis, &attempt, epoch).await,
+        Committed::PaymentOpen => {
+            // A payment opened since it was closed (its owner pressed Pay meanwhile): nothing
+            // changed; the attempt's entry goes, and the canceller closes the payment again.
+            if epoch.is_some() {
+                let id = attempt.cancel_id.to_string();
+                ledger::settle(redis, attempt.home(), attempt.user_id, &id).await?;
+            }
+            Ok(CancelOutcome::Busy)
+        }
         Committed::EpochMoved => {
             // Redis lost the sale (and this attempt's entry) and reloaded it meanwhile: the
             // reloaded stock was read without this cancel. Nothing changed; retry.
@@ -342,6 +351,9 @@ pub enum Committed {
     NotConfirmed,
     /// The sale was loaded into Redis from scratch since the announcement.
     EpochMoved,
+    /// The order's payment is open at the provider: it is closed first
+    /// (`protocol::pay::cancel_unpaid`).
+    PaymentOpen,
 }
 
 /// Commit: one transaction, conditional on the order being `confirmed`, on this attempt not
@@ -370,6 +382,7 @@ pub async fn commit_cancel(
     Ok(match row.outcome.as_str() {
         "cancelled" => Committed::Cancelled(i64::from(row.quantity)),
         "epoch_moved" => Committed::EpochMoved,
+        "payment_open" => Committed::PaymentOpen,
         _ => Committed::NotConfirmed,
     })
 }

@@ -2,10 +2,15 @@
 //! exactly the order's amount ([`start`]), and the provider's signed event marks the order paid
 //! ([`settle`]), once per event id. No call of a buyer marks anything paid.
 //!
-//! The event's one transaction locks the order and pays it only while it is `confirmed` and
-//! within the payment timeout; a cancel (its owner's, or the payment timeout's) updates the
-//! same row on the same condition, so whichever commits first wins, and a payment that loses
-//! is recorded `refund_due`: money back, never a unit back on sale.
+//! When the buyer paid decides, not when the event arrives: an order is cancelled (by its
+//! owner, or by the payment timeout's release) only after its payment was closed at the
+//! provider ([`cancel_unpaid`]): cancelled there, so that it can never succeed, or, when the
+//! provider says it succeeded, the order paid instead and its unit never back on sale. The
+//! database refuses the cancel of an order whose payment is still open, and opens a payment
+//! only for a confirmed order, under the order's row lock. So the event's one transaction pays
+//! any order still `confirmed`, however late it arrives; a payment that finds its order
+//! cancelled anyway (a provider that could not cancel it) is recorded `refund_due`: money
+//! back, never a unit back on sale.
 
 use crate::domain::activity;
 use crate::domain::order::{self, Order};
@@ -13,14 +18,17 @@ use crate::domain::payment::{self, EventRow, Outcome, Payment};
 use crate::domain::status::{OrderStatus, PaymentStatus};
 use crate::infra::pause;
 use crate::infra::payments::{
-    Event, PaymentRequest, Provider, ProviderError, StartedPayment, SUCCEEDED,
+    Closed, Event, PaymentRequest, Provider, ProviderError, StartedPayment, DISPUTE_PREFIX,
+    REFUNDED, SUCCEEDED,
 };
+use crate::protocol::cancel::{self, CancelError, CancelOutcome, Canceller};
+use crate::store::conn::Redis;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use sqlx::PgPool;
 use std::time::Duration;
 
-/// When an order's payment timeout passes: reconcile releases it after this, and a payment
-/// arriving later is owed back.
+/// When an order's payment timeout passes: no payment starts after it, and reconcile
+/// releases the order (its payment closed at the provider first).
 pub fn payment_deadline(order: &Order, timeout: Duration) -> DateTime<Utc> {
     order.created_at + ChronoDuration::from_std(timeout).unwrap_or(ChronoDuration::minutes(15))
 }
@@ -64,6 +72,15 @@ pub async fn start(
         .filter(|p| p.status == PaymentStatus::Succeeded)
     {
         return Ok(Started::Paid(p.clone()));
+    }
+    if let Some(p) = existing
+        .as_ref()
+        .filter(|p| p.status == PaymentStatus::Cancelled)
+    {
+        return Ok(Started::NotPayable(format!(
+            "order {}'s payment {} was cancelled: the order is being cancelled",
+            order.id, p.provider_payment_id
+        )));
     }
     match order.status {
         OrderStatus::Paid => {
@@ -115,7 +132,7 @@ pub async fn start(
         }
     };
     let mut started = provider.start(&request).await?;
-    let payment = payment::insert_or_get(
+    let opened = payment::open(
         pool,
         order.id,
         provider.name(),
@@ -124,6 +141,20 @@ pub async fn start(
         &request.currency,
     )
     .await?;
+    let Some(payment) = opened else {
+        // Cancelled or released since it was read: the payment just made at the provider is
+        // nobody's (its client secret was never handed out); closed there, as far as it goes.
+        if existing.is_none() {
+            if let Err(e) = provider.cancel(&started.provider_payment_id).await {
+                tracing::warn!(order_id = order.id, error = %e,
+                    "payment of an order cancelled meanwhile not cancelled at the provider");
+            }
+        }
+        return Ok(Started::NotPayable(format!(
+            "order {} was cancelled meanwhile",
+            order.id
+        )));
+    };
     if payment.provider_payment_id != started.provider_payment_id {
         // A concurrent start recorded its payment first: that one is the order's.
         started = StartedPayment {
@@ -138,17 +169,21 @@ pub async fn start(
 }
 
 /// What [`settle`] did with an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settled {
     /// Decided now.
     Decided { outcome: Outcome, order_id: i64 },
     /// Decided before (a redelivery): nothing changed now.
     Replayed { outcome: Outcome, order_id: i64 },
-    /// Not an event that pays (another kind): acknowledged, nothing changed.
+    /// Not an event that changes anything (another kind): acknowledged, nothing changed.
     Ignored,
+    /// Not this stack's payment, or not the payment it names (another order, amount or
+    /// currency): nothing changed, recorded for the operator (`mismatch`, when the payment is
+    /// ours) and acknowledged, so that the provider does not retry it for days.
+    Mismatched(Mismatch),
 }
 
-/// Why an event was refused; nothing changed.
+/// Why an event changed nothing though it was signed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Mismatch {
     #[error("no payment {0} was started here")]
@@ -168,60 +203,95 @@ pub enum Mismatch {
     },
 }
 
+/// The event kinds the webhook acts on: a payment that succeeded, a refund made at the
+/// provider, and a dispute's life (`charge.dispute.created`, `…closed`, …).
+fn acted_on(kind: &str) -> bool {
+    kind == SUCCEEDED || kind == REFUNDED || kind.starts_with(DISPUTE_PREFIX)
+}
+
 /// Decides a verified provider `event` at `now`, exactly once per event id, in one
-/// transaction: the payment it names must match (order, amount, currency), and the order is
-/// paid only while `confirmed` and within its payment `timeout`, else the payment is
-/// recorded `refund_due`.
+/// transaction under the payment's row lock; the payment it names must match (order, amount,
+/// currency: a refund's or a dispute's amount may be part of it). A success pays the order
+/// while it is `confirmed` (however late: it stays confirmed until its payment is closed at
+/// the provider), else the payment is owed back (`refund_due`). A refund at the provider marks
+/// the payment `refunded`, a dispute flags it: neither brings a unit back.
 pub async fn settle(
     pool: &PgPool,
     provider: &str,
     event: &Event,
     now: DateTime<Utc>,
-    timeout: Duration,
-) -> Result<Result<Settled, Mismatch>, sqlx::Error> {
-    if event.kind != SUCCEEDED {
-        return Ok(Ok(Settled::Ignored));
+) -> Result<Settled, sqlx::Error> {
+    if !acted_on(&event.kind) {
+        return Ok(Settled::Ignored);
     }
     if let Some((outcome, order_id)) = payment::event_outcome(pool, &event.id).await? {
-        return Ok(Ok(Settled::Replayed { outcome, order_id }));
+        return Ok(Settled::Replayed { outcome, order_id });
     }
-    let paid = &event.data.object;
+    let object = &event.data.object;
+    let payment_id = object.payment_id();
     let mut tx = pool.begin().await?;
-    let Some(payment) = payment::by_provider_id_for_update(&mut tx, provider, &paid.id).await?
+    let Some(payment) = payment::by_provider_id_for_update(&mut tx, provider, payment_id).await?
     else {
-        return Ok(Err(Mismatch::UnknownPayment(paid.id.clone())));
+        tracing::warn!(event_id = %event.id, kind = %event.kind,
+            "a signed event of a payment this stack did not start: acknowledged, ignored");
+        return Ok(Settled::Mismatched(Mismatch::UnknownPayment(
+            payment_id.to_string(),
+        )));
     };
-    if let Some(event_order) = paid.order_id().filter(|id| *id != payment.order_id) {
-        return Ok(Err(Mismatch::OtherOrder {
-            event: event_order,
-            payment: paid.id.clone(),
-            order: payment.order_id,
-        }));
-    }
-    if paid.amount != payment.amount_minor || !paid.currency.eq_ignore_ascii_case(&payment.currency)
+    let mismatch = if let Some(event_order) = object.order_id().filter(|id| *id != payment.order_id)
     {
-        return Ok(Err(Mismatch::Amount {
-            event_amount: paid.amount,
-            event_currency: paid.currency.clone(),
+        Some(Mismatch::OtherOrder {
+            event: event_order,
+            payment: payment_id.to_string(),
+            order: payment.order_id,
+        })
+    } else if (event.kind == SUCCEEDED && object.amount != payment.amount_minor)
+        || object.amount > payment.amount_minor
+        || !object.currency.eq_ignore_ascii_case(&payment.currency)
+    {
+        Some(Mismatch::Amount {
+            event_amount: object.amount,
+            event_currency: object.currency.clone(),
             amount: payment.amount_minor,
-            currency: payment.currency,
-        }));
-    }
+            currency: payment.currency.clone(),
+        })
+    } else {
+        None
+    };
     let order = order::get_for_payment(&mut tx, payment.order_id)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     pause::point("pay.settle_locked", order.activity_id).await;
-    let outcome = match order.status {
-        OrderStatus::Paid => Outcome::AlreadyPaid,
-        OrderStatus::Confirmed if now < payment_deadline(&order, timeout) => {
-            let marked = order::mark_paid(&mut tx, order.id, provider, &paid.id, now).await?;
-            if !marked {
-                return Err(sqlx::Error::RowNotFound);
+    let outcome = match (&mismatch, event.kind.as_str()) {
+        (Some(_), _) => Outcome::Mismatch,
+        (None, SUCCEEDED) => match order.status {
+            OrderStatus::Paid => Outcome::AlreadyPaid,
+            // A payment recorded cancelled pays nothing (the provider said it could not
+            // succeed).
+            OrderStatus::Confirmed if payment.status == PaymentStatus::RequiresPayment => {
+                let marked = order::mark_paid(&mut tx, order.id, provider, payment_id, now).await?;
+                if !marked {
+                    return Err(sqlx::Error::RowNotFound);
+                }
+                payment::mark_succeeded(&mut tx, order.id, now).await?;
+                Outcome::Paid
             }
-            payment::mark_succeeded(&mut tx, order.id, now).await?;
-            Outcome::Paid
+            _ => {
+                payment::mark_refund_due(&mut tx, order.id, now).await?;
+                Outcome::RefundDue
+            }
+        },
+        (None, REFUNDED) => {
+            let refund_id = object.refund_id();
+            if object.amount_refunded.unwrap_or(0) >= payment.amount_minor {
+                payment::mark_refunded(&mut tx, order.id, refund_id, now).await?;
+            }
+            Outcome::Refunded
         }
-        _ => Outcome::RefundDue,
+        (None, _) => {
+            payment::mark_disputed(&mut tx, order.id, now).await?;
+            Outcome::Disputed
+        }
     };
     let recorded = payment::insert_event(
         &mut tx,
@@ -229,9 +299,9 @@ pub async fn settle(
             event_id: &event.id,
             provider,
             kind: &event.kind,
-            provider_payment_id: &paid.id,
+            provider_payment_id: payment_id,
             order_id: order.id,
-            amount_minor: paid.amount,
+            amount_minor: object.amount,
             currency: &payment.currency,
             outcome,
         },
@@ -243,20 +313,148 @@ pub async fn settle(
         let (outcome, order_id) = payment::event_outcome(pool, &event.id)
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
-        return Ok(Ok(Settled::Replayed { outcome, order_id }));
+        return Ok(Settled::Replayed { outcome, order_id });
     }
     tx.commit().await?;
+    let (order_id, event_id) = (order.id, &event.id);
     match outcome {
-        Outcome::RefundDue => tracing::warn!(order_id = order.id, status = %order.status,
-            event_id = %event.id, "payment for an order that can no longer be paid: refund due"),
+        Outcome::RefundDue => tracing::warn!(order_id, status = %order.status, %event_id,
+            "payment for an order that can no longer be paid: refund due"),
+        Outcome::Disputed => tracing::warn!(order_id, %event_id, kind = %event.kind,
+            "payment disputed at the provider"),
+        Outcome::Mismatch => tracing::warn!(order_id, %event_id,
+            mismatch = %mismatch.as_ref().map(ToString::to_string).unwrap_or_default(),
+            "an event that does not match its payment: recorded, nothing changed"),
         _ => tracing::info!(
-            order_id = order.id,
+            order_id,
             outcome = outcome.as_str(),
-            "payment settled"
+            "payment event settled"
         ),
     }
-    Ok(Ok(Settled::Decided {
-        outcome,
-        order_id: order.id,
-    }))
+    Ok(match mismatch {
+        Some(m) => Settled::Mismatched(m),
+        None => Settled::Decided { outcome, order_id },
+    })
+}
+
+/// What [`close`] found of an order's payment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closing {
+    /// No payment open: none was started, or it is cancelled at the provider and recorded so.
+    /// The order may be cancelled.
+    Closed,
+    /// The provider said the payment succeeded: the order is paid now (or was).
+    Paid,
+    /// Not closed: the payment is neither cancelled nor succeeded at the provider yet, or the
+    /// provider is out of reach (or none is configured). Nothing changed; ask again later.
+    Open,
+}
+
+/// Closes `order`'s payment at the provider before the order may be cancelled: a payment still
+/// open is cancelled there and recorded `cancelled`; one the provider says succeeded pays the
+/// order, as its event would (the event, when it comes, finds it paid).
+pub async fn close(
+    pool: &PgPool,
+    provider: Option<&dyn Provider>,
+    order: &Order,
+    now: DateTime<Utc>,
+) -> Result<Closing, sqlx::Error> {
+    let Some(p) = payment::of_order(pool, order.id).await? else {
+        return Ok(Closing::Closed);
+    };
+    match p.status {
+        PaymentStatus::Cancelled => return Ok(Closing::Closed),
+        PaymentStatus::Succeeded => return Ok(Closing::Paid),
+        PaymentStatus::RequiresPayment => {}
+    }
+    let Some(provider) = provider.filter(|pr| pr.name() == p.provider) else {
+        tracing::error!(order_id = order.id, provider = %p.provider,
+            "an open payment and no client of its provider: the order waits");
+        return Ok(Closing::Open);
+    };
+    pause::point("pay.before_provider_cancel", order.activity_id).await;
+    let closed = match provider.cancel(&p.provider_payment_id).await {
+        Ok(closed) => closed,
+        Err(e) => {
+            tracing::warn!(order_id = order.id, error = %e,
+                "payment not closed at the provider; the order waits");
+            return Ok(Closing::Open);
+        }
+    };
+    pause::point("pay.after_provider_cancel", order.activity_id).await;
+    match closed {
+        Closed::Cancelled => {
+            payment::mark_cancelled(pool, order.id, now).await?;
+            tracing::info!(order_id = order.id, "payment cancelled at the provider");
+            Ok(Closing::Closed)
+        }
+        Closed::Succeeded { amount_minor } => paid_at_provider(pool, &p, amount_minor, now).await,
+        Closed::Pending => Ok(Closing::Open),
+    }
+}
+
+/// The provider said `p` succeeded for `amount_minor`: the order paid in one transaction under
+/// its row lock, as the event would pay it. An amount that is not the payment's pays nothing
+/// (the operator looks: an error is logged) and the order waits.
+async fn paid_at_provider(
+    pool: &PgPool,
+    p: &Payment,
+    amount_minor: i64,
+    now: DateTime<Utc>,
+) -> Result<Closing, sqlx::Error> {
+    if amount_minor != p.amount_minor {
+        tracing::error!(
+            order_id = p.order_id,
+            amount_minor,
+            expected = p.amount_minor,
+            "the provider's succeeded payment is not the order's amount; the order waits"
+        );
+        return Ok(Closing::Open);
+    }
+    let mut tx = pool.begin().await?;
+    let order = order::get_for_payment(&mut tx, p.order_id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    let closing = match order.status {
+        OrderStatus::Paid => Closing::Paid,
+        OrderStatus::Confirmed => {
+            let marked =
+                order::mark_paid(&mut tx, order.id, &p.provider, &p.provider_payment_id, now)
+                    .await?;
+            if !marked {
+                return Err(sqlx::Error::RowNotFound);
+            }
+            payment::mark_succeeded(&mut tx, order.id, now).await?;
+            tracing::info!(
+                order_id = p.order_id,
+                "paid at the provider before its cancel"
+            );
+            Closing::Paid
+        }
+        // Final already: the cancel answers what the row says.
+        _ => Closing::Closed,
+    };
+    tx.commit().await?;
+    Ok(closing)
+}
+
+/// Cancels `order` as `by` does ([`cancel::cancel_as`]), its payment closed at the provider
+/// first ([`close`]): a payment the provider says succeeded makes the order paid
+/// (`NotCancellable(paid)`), one not closed yet leaves the order as it is (`Busy`).
+pub async fn cancel_unpaid(
+    pool: &PgPool,
+    redis: &Redis,
+    provider: Option<&dyn Provider>,
+    order: &Order,
+    now: DateTime<Utc>,
+    by: Canceller,
+) -> Result<CancelOutcome, CancelError> {
+    if order.status == OrderStatus::Confirmed {
+        match close(pool, provider, order, now).await? {
+            Closing::Closed => {}
+            Closing::Paid => return Ok(CancelOutcome::NotCancellable(OrderStatus::Paid)),
+            Closing::Open => return Ok(CancelOutcome::Busy),
+        }
+    }
+    cancel::cancel_as(pool, redis, order, now, by).await
 }

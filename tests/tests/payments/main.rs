@@ -4,9 +4,12 @@
 //! real Redis and PostgreSQL, with the races against a cancel made to happen on purpose.
 //!
 //! Here the [`World`] of a sale with confirmed orders; the [`webhook`], the [`races`] of a payment
-//! with a cancel or the timeout, and [`stripe`].
+//! with a cancel or the timeout, [`stripe`], the payment's [`closing`] at a stateful fake of
+//! Stripe before its order's unit comes back, and the [`refunds`] of money owed back.
 
+mod closing;
 mod races;
+mod refunds;
 mod stripe;
 mod webhook;
 

@@ -1,21 +1,27 @@
-//! A payment racing a cancel or the timeout: a payment after either is owed back and brings no
-//! unit back, one landing inside a cancel wins, and a cancel waits for a locked payment.
+//! A payment racing a cancel or the timeout: a payment after a cancel is owed back and brings no
+//! unit back, one made in time pays however late its event, one landing inside a cancel wins, a
+//! cancel waits for a locked payment, and a payment opened inside a cancel keeps the order.
 
 use crate::{amount, world};
 use axum::http::StatusCode;
 use chrono::Utc;
 use seckill_shared::domain::order;
 use seckill_shared::domain::payment;
-use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::domain::status::{OrderStatus, PaymentStatus};
 use seckill_shared::infra::pause;
+use seckill_shared::infra::payments::LocalProvider;
 use seckill_shared::infra::shape::Function;
-use seckill_shared::protocol::cancel::{self, CancelOutcome};
+use seckill_shared::protocol::cancel::{self, CancelOutcome, Canceller};
+use seckill_shared::protocol::pay;
 use std::time::Duration;
 use testkit::snapshot;
 use testkit::{self, call, request};
 
+/// A payment event after its order's cancel (the local provider completed a payment the cancel
+/// had closed) is owed back and brings no unit back; one made in time whose event arrives past
+/// the payment timeout, before the release, pays the order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_payment_after_a_cancel_or_the_timeout_is_owed_back_and_brings_no_unit_back(
+async fn a_payment_after_a_cancel_is_owed_back_and_a_late_event_of_one_in_time_pays(
 ) -> anyhow::Result<()> {
     let w = world().await;
     let cancelled = w.confirmed("alice", 1).await;
@@ -37,38 +43,36 @@ async fn a_payment_after_a_cancel_or_the_timeout_is_owed_back_and_brings_no_unit
     assert_eq!(w.status(cancelled).await, OrderStatus::Cancelled);
     assert_eq!(w.stocks().await, stocks, "no unit moves");
 
-    // Past the payment timeout the order is being released: its payment is owed back too,
-    // and a new start is refused.
-    let expired = w.confirmed("bob", 1).await;
-    let (_, started) = w.start_pay(expired, "bob").await;
+    // Paid on time, its event late: past the payment timeout, the order not released yet,
+    // the event pays it (the release would have closed the payment at the provider first). A
+    // new start is refused.
+    let late = w.confirmed("bob", 1).await;
+    let (_, started) = w.start_pay(late, "bob").await;
     let timeout = w.env.config.payment_timeout.as_secs_f64();
     sqlx::query!(
         "update orders set created_at = created_at - make_interval(secs => $2) where id = $1",
-        expired,
+        late,
         timeout
     )
     .execute(&w.env.pool)
     .await?;
+    let (status, _) = w.start_pay(late, "bob").await;
+    assert_eq!(status, StatusCode::CONFLICT, "no start past the timeout");
+    let stocks = w.stocks().await;
     let (status, answer) = w
-        .deliver(w.event("evt_expired", &started, amount(&started)))
+        .deliver(w.event("evt_late_arrival", &started, amount(&started)))
         .await;
     assert_eq!(
         (status, answer["outcome"].as_str()),
-        (StatusCode::OK, Some("refund_due")),
+        (StatusCode::OK, Some("paid")),
         "{answer}"
     );
-    assert_eq!(
-        w.status(expired).await,
-        OrderStatus::Confirmed,
-        "the release takes it back, not the event"
-    );
-    let (status, _) = w.start_pay(expired, "bob").await;
-    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(w.status(late).await, OrderStatus::Paid);
+    assert_eq!(w.stocks().await, stocks, "no unit moves");
 
     let due = payment::refunds_due(&w.env.pool, 10).await?;
-    let mut owed: Vec<i64> = due.iter().map(|(_, order, _, _)| *order).collect();
-    owed.sort();
-    assert_eq!(owed, vec![cancelled, expired]);
+    let owed: Vec<i64> = due.iter().map(|(_, order, _, _)| *order).collect();
+    assert_eq!(owed, vec![cancelled]);
     Ok(())
 }
 
@@ -200,5 +204,46 @@ async fn a_payment_waiting_on_a_cancels_lock_reads_the_cancel_and_is_owed_back(
         "{answer}"
     );
     assert_eq!(w.status(id).await, OrderStatus::Cancelled);
+    Ok(())
+}
+
+/// A cancel closes the order's payment (none yet) and pauses after announcing itself; its owner
+/// presses Pay meanwhile and a payment opens. The cancel's database step refuses while a
+/// payment is open: nothing changes, the announcement is withdrawn, and the next cancel closes
+/// the payment first and cancels. (Checked before the lock, a cancel would release the unit of
+/// an order whose payment the buyer can still complete.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_opened_inside_a_cancel_keeps_the_order_until_it_is_closed() -> anyhow::Result<()>
+{
+    let w = world().await;
+    let id = w.confirmed("alice", 1).await;
+    let stocks = w.stocks().await;
+    let order = order::get(&w.env.pool, id).await?.unwrap();
+    let paused = pause::arm("cancel.after_begin", w.activity.id);
+    let ((pool, redis), o) = (w.env.login(Function::Entry), order.clone());
+    let canceller = tokio::spawn(async move {
+        let local = LocalProvider;
+        let by = Canceller::Owner;
+        pay::cancel_unpaid(&pool, &redis, Some(&local), &o, Utc::now(), by).await
+    });
+    tokio::time::timeout(Duration::from_secs(30), paused.reached()).await?;
+    let (status, started) = w.start_pay(id, "alice").await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    paused.resume();
+
+    assert_eq!(canceller.await??, CancelOutcome::Busy);
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
+    assert_eq!(w.stocks().await, stocks, "no unit came back");
+    let snap = snapshot(&w.env, w.activity.id).await;
+    assert!(snap.ledger.is_empty(), "announcement withdrawn: {snap:?}");
+
+    let (pool, redis) = w.env.login(Function::Entry);
+    let by = Canceller::Owner;
+    let again = pay::cancel_unpaid(&pool, &redis, Some(&LocalProvider), &order, Utc::now(), by);
+    assert_eq!(again.await?, CancelOutcome::Cancelled { quantity: 1 });
+    let p = payment::of_order(&w.env.pool, id).await?.unwrap();
+    assert_eq!(p.status, PaymentStatus::Cancelled);
+    let (status, _) = w.start_pay(id, "alice").await;
+    assert_eq!(status, StatusCode::CONFLICT);
     Ok(())
 }

@@ -130,7 +130,8 @@ fn with_stripe(w: &World, api_base: &str) -> Router {
 
 /// The Stripe provider's side of the contract, against a recording server: one
 /// PaymentIntent per order for the order's amount (form-encoded, the API key as bearer, the
-/// order's idempotency key, the order id in the metadata), its client secret handed to the
+/// stack's and the order's idempotency key, the order id and the stack's name in the metadata,
+/// cards only), its client secret handed to the
 /// buyer; a refusing or unreachable API answers 503 and records no payment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Result<()> {
@@ -174,6 +175,12 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
         assert_eq!(r.form["amount"], (3 * w.activity.price_minor).to_string());
         assert_eq!(r.form["currency"], "usd");
         assert_eq!(r.form["metadata[order_id]"], id.to_string());
+        assert_eq!(r.form["metadata[stack]"], "seckill");
+        assert_eq!(
+            r.form["payment_method_types[]"], "card",
+            "cards settle at once"
+        );
+        assert!(!r.form.contains_key("automatic_payment_methods[enabled]"));
     }
 
     let other = w.confirmed("bob", 1).await;

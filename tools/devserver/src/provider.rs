@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use seckill_shared::domain::payment;
+use seckill_shared::domain::status::PaymentStatus;
 use seckill_shared::infra::payments::{
     self, signature, LocalProvider, PaymentRequest, Provider, LOCAL_PAYMENT_PREFIX,
 };
@@ -66,6 +67,12 @@ async fn event_for(local: &Local, payment_id: &str) -> Result<Request<Body>, Api
     let payment = payment::by_provider_id(&local.pool, LocalProvider.name(), payment_id)
         .await?
         .ok_or_else(not_found)?;
+    if payment.status == PaymentStatus::Cancelled {
+        // As a provider refuses to confirm a cancelled payment: its order is being cancelled.
+        return Err(ApiError::Conflict(format!(
+            "payment {payment_id} was cancelled"
+        )));
+    }
     let request = PaymentRequest {
         order_id: payment.order_id,
         amount_minor: payment.amount_minor,

@@ -1,0 +1,268 @@
+//! A payment closed at the provider before its order's unit comes back, against localstripe (a
+//! stateful fake of Stripe's API, `scripts/stack.sh` starts it on 8420): the owner's cancel and
+//! the payment timeout's release cancel the PaymentIntent first; one the buyer paid makes the
+//! order paid instead, whenever its event arrives; a provider out of reach moves nothing.
+
+use crate::{world, World};
+use axum::http::StatusCode;
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::domain::payment;
+use seckill_shared::domain::status::{OrderStatus, PaymentStatus};
+use seckill_shared::infra::pause;
+use serde_json::Value;
+use std::time::Duration;
+use testkit::{self, call, request};
+
+/// Where localstripe listens.
+pub(crate) const LOCALSTRIPE: &str = "http://127.0.0.1:8420";
+
+/// The buyer's side of a PaymentIntent at localstripe, as Stripe.js would drive it: a card
+/// attached and the intent confirmed (4242…: succeeds at once). Answers the intent afterwards,
+/// or the error localstripe answered.
+pub(crate) async fn buyer_pays(payment_id: &str) -> Result<Value, Value> {
+    let http = reqwest::Client::new();
+    let post = |path: String, form: Vec<(&'static str, String)>| {
+        http.post(format!("{LOCALSTRIPE}{path}"))
+            .basic_auth("sk_test_buyer", Some(""))
+            .form(&form)
+            .send()
+    };
+    let card = vec![
+        ("type", "card".to_string()),
+        ("card[number]", "4242424242424242".into()),
+        ("card[exp_month]", "12".into()),
+        ("card[exp_year]", "2040".into()),
+        ("card[cvc]", "123".into()),
+    ];
+    let pm: Value = post("/v1/payment_methods".into(), card)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let attach = vec![("payment_method", pm["id"].as_str().unwrap().to_string())];
+    let path = format!("/v1/payment_intents/{payment_id}");
+    let attached = post(path.clone(), attach).await.unwrap();
+    if !attached.status().is_success() {
+        return Err(attached.json().await.unwrap());
+    }
+    let confirmed = post(format!("{path}/confirm"), vec![]).await.unwrap();
+    let ok = confirmed.status().is_success();
+    let body: Value = confirmed.json().await.unwrap();
+    if ok {
+        Ok(body)
+    } else {
+        Err(body)
+    }
+}
+
+/// The intent's status at localstripe.
+pub(crate) async fn intent_status(payment_id: &str) -> String {
+    let intent: Value = reqwest::Client::new()
+        .get(format!("{LOCALSTRIPE}/v1/payment_intents/{payment_id}"))
+        .basic_auth("sk_test_reader", Some(""))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    intent["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// The test's config pointed at the Stripe provider at `api_base`.
+pub(crate) fn stripe_at(config: &mut seckill_shared::infra::config::Config, api_base: &str) {
+    let payments = &mut config.payments;
+    payments.provider = "stripe".into();
+    payments.api_base = api_base.into();
+    payments.api_key = Some("sk_test_seckill".to_string().into());
+}
+
+/// The entry's router on the Stripe provider at localstripe.
+pub(crate) fn stripe_app(w: &World) -> axum::Router {
+    w.env
+        .entry_router_with(|c| stripe_at(&mut c.config, LOCALSTRIPE))
+}
+
+/// `POST /orders/{id}/pay` on `app` as `user`: the PaymentIntent's id.
+pub(crate) async fn start(app: &axum::Router, order_id: i64, user: &str) -> String {
+    let path = format!("/orders/{order_id}/pay");
+    let (status, started) = call(app, request("POST", &path, Some((user, "")), None)).await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert!(started["clientSecret"].is_string(), "{started}");
+    started["paymentId"].as_str().unwrap().to_string()
+}
+
+/// Moves order `id` past its payment timeout.
+pub(crate) async fn age(w: &World, id: i64) {
+    let timeout = w.env.config.payment_timeout.as_secs_f64() + 1.0;
+    sqlx::query!(
+        "update orders set created_at = created_at - make_interval(secs => $2) where id = $1",
+        id,
+        timeout
+    )
+    .execute(&w.env.pool)
+    .await
+    .unwrap();
+}
+
+/// One release run of reconcile (its own role) on the provider at `api_base`.
+async fn release(w: &World, api_base: &str) -> reconcile::ReconcileReport {
+    let job = w.env.reconcile_with(|c| stripe_at(&mut c.config, api_base));
+    let mut report = reconcile::ReconcileReport::default();
+    job.release_unpaid(Utc::now() + ChronoDuration::seconds(1), &mut report)
+        .await;
+    report
+}
+
+/// The owner's cancel cancels the PaymentIntent at the provider before the unit comes back:
+/// the client secret the buyer holds completes nothing any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_owners_cancel_cancels_the_payment_intent_first() -> anyhow::Result<()> {
+    let w = world().await;
+    let app = stripe_app(&w);
+    let id = w.confirmed("alice", 1).await;
+    let pi = start(&app, id, "alice").await;
+    assert_eq!(intent_status(&pi).await, "requires_payment_method");
+    let stocks = w.stocks().await;
+
+    let path = format!("/orders/{id}/cancel");
+    let (status, body) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(intent_status(&pi).await, "canceled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
+    assert_eq!(w.stocks().await, (stocks.0 + 1, stocks.1.map(|s| s + 1)));
+    let p = payment::of_order(&w.env.pool, id).await?.unwrap();
+    assert_eq!(p.status, PaymentStatus::Cancelled);
+    assert!(
+        buyer_pays(&pi).await.is_err(),
+        "a cancelled intent is not paid"
+    );
+    Ok(())
+}
+
+/// The buyer paid at the provider; the event never came (an outage, say). The release past the
+/// payment timeout asks the provider first: the order is paid, its unit stays sold, and the
+/// event when it comes finds it paid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_release_pays_an_order_the_buyer_paid_whose_event_has_not_come() -> anyhow::Result<()> {
+    let w = world().await;
+    let app = stripe_app(&w);
+    let id = w.confirmed("alice", 2).await;
+    let pi = start(&app, id, "alice").await;
+    buyer_pays(&pi).await.expect("paid at the provider");
+    assert_eq!(intent_status(&pi).await, "succeeded");
+    age(&w, id).await;
+    let stocks = w.stocks().await;
+
+    let report = release(&w, LOCALSTRIPE).await;
+
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.released_unpaid, 0);
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
+    assert_eq!(w.stocks().await, stocks, "the unit stays sold");
+    let p = payment::of_order(&w.env.pool, id).await?.unwrap();
+    assert_eq!(p.status, PaymentStatus::Succeeded);
+    let started = serde_json::json!({
+        "orderId": id, "paymentId": pi, "currency": p.currency, "amountMinor": p.amount_minor,
+    });
+    let event = testkit::provider_event(
+        &w.secret(),
+        "evt_after_the_release",
+        &started,
+        p.amount_minor,
+        Utc::now().timestamp(),
+    );
+    let (status, answer) = call(&app, event).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (StatusCode::OK, Some("already_paid")),
+        "{answer}"
+    );
+    Ok(())
+}
+
+/// The release pauses before it asks the provider to cancel, and the buyer pays meanwhile: the
+/// provider refuses the cancel, the release reads the intent succeeded and pays the order. Never
+/// both a cancelled order and a charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_made_while_the_release_runs_pays_the_order() -> anyhow::Result<()> {
+    let w = std::sync::Arc::new(world().await);
+    let app = stripe_app(&w);
+    let id = w.confirmed("alice", 1).await;
+    let pi = start(&app, id, "alice").await;
+    age(&w, id).await;
+    let stocks = w.stocks().await;
+    let paused = pause::arm("pay.before_provider_cancel", w.activity.id);
+    let releaser = {
+        let w = w.clone();
+        tokio::spawn(async move { release(&w, LOCALSTRIPE).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), paused.reached()).await?;
+    buyer_pays(&pi).await.expect("paid before the cancel");
+    paused.resume();
+    let report = releaser.await?;
+
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(intent_status(&pi).await, "succeeded");
+    assert_eq!(w.status(id).await, OrderStatus::Paid);
+    assert_eq!(w.stocks().await, stocks, "the unit stays sold");
+    Ok(())
+}
+
+/// The release cancels the intent and pauses before it records anything; the buyer, too late,
+/// tries to pay: the provider refuses, the release goes on and gives the unit back. Nobody was
+/// charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_tried_after_the_release_cancelled_the_intent_charges_nothing(
+) -> anyhow::Result<()> {
+    let w = std::sync::Arc::new(world().await);
+    let app = stripe_app(&w);
+    let id = w.confirmed("alice", 1).await;
+    let pi = start(&app, id, "alice").await;
+    age(&w, id).await;
+    let stocks = w.stocks().await;
+    let paused = pause::arm("pay.after_provider_cancel", w.activity.id);
+    let releaser = {
+        let w = w.clone();
+        tokio::spawn(async move { release(&w, LOCALSTRIPE).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), paused.reached()).await?;
+    assert!(buyer_pays(&pi).await.is_err(), "the provider refuses");
+    paused.resume();
+    let report = releaser.await?;
+
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.released_unpaid, 1);
+    assert_eq!(intent_status(&pi).await, "canceled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
+    assert_eq!(w.stocks().await, (stocks.0 + 1, stocks.1.map(|s| s + 1)));
+    Ok(())
+}
+
+/// The provider out of reach (a dead port): the release leaves
+/// an order with an open payment as it is, its unit sold, for a later run; it does not count as
+/// an error of the run. Once the provider answers, the order is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_out_of_reach_leaves_the_order_for_a_later_release() -> anyhow::Result<()> {
+    let w = world().await;
+    let app = stripe_app(&w);
+    let id = w.confirmed("alice", 1).await;
+    let pi = start(&app, id, "alice").await;
+    age(&w, id).await;
+    let stocks = w.stocks().await;
+
+    let report = release(&w, "http://127.0.0.1:1").await;
+
+    assert_eq!(report.released_unpaid, 0, "{report:?}");
+    assert_eq!(w.status(id).await, OrderStatus::Confirmed);
+    assert_eq!(w.stocks().await, stocks, "no unit moved");
+    assert_eq!(intent_status(&pi).await, "requires_payment_method");
+
+    let report = release(&w, LOCALSTRIPE).await;
+    assert_eq!(report.released_unpaid, 1, "{report:?}");
+    assert_eq!(intent_status(&pi).await, "canceled");
+    assert_eq!(w.status(id).await, OrderStatus::Cancelled);
+    Ok(())
+}
