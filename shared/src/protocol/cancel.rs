@@ -62,6 +62,10 @@ pub enum Canceller {
     /// timeout racing the owner) is a moment from its commit, so the attempt waits up to
     /// [`OTHER_ATTEMPT_WAIT`] for it and answers `AlreadyCancelled`.
     Owner,
+    /// The owner's request whose payment it just closed at the provider: the route's time went
+    /// there, so it never waits either (another attempt in flight is `Busy`, and the owner
+    /// retries).
+    OwnerAfterProvider,
     /// Reconcile's payment timeout: never waits. An order whose buyer has another entry in
     /// flight is `Busy` at once and comes back on the release's next lap; a wait here would
     /// spend the run's budget on attempts that crashed (their entries wait for reconcile).
@@ -317,7 +321,7 @@ async fn other_attempt(
     if cancelled().await? {
         return Ok(CancelOutcome::AlreadyCancelled);
     }
-    if by == Canceller::PaymentTimeout {
+    if by != Canceller::Owner {
         return Ok(CancelOutcome::Busy);
     }
     let entry = ledger::entry(redis, order.home(), &order.user_id).await?;

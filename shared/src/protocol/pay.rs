@@ -19,7 +19,7 @@ use crate::domain::status::{OrderStatus, PaymentStatus};
 use crate::infra::pause;
 use crate::infra::payments::{
     Closed, Event, PaymentRequest, Provider, ProviderError, StartedPayment, DISPUTE_PREFIX,
-    REFUNDED, SUCCEEDED,
+    PROVIDER_TIMEOUT, REFUNDED, SUCCEEDED,
 };
 use crate::protocol::cancel::{self, CancelError, CancelOutcome, Canceller};
 use crate::store::conn::Redis;
@@ -144,10 +144,18 @@ pub async fn start(
     let Some(payment) = opened else {
         // Cancelled or released since it was read: the payment just made at the provider is
         // nobody's (its client secret was never handed out); closed there, as far as it goes.
+        // One provider timeout in all, the read-back of a refused cancel included: the pay
+        // route's budget has room for one call here, not two.
         if existing.is_none() {
-            if let Err(e) = provider.cancel(&started.provider_payment_id).await {
-                tracing::warn!(order_id = order.id, error = %e,
-                    "payment of an order cancelled meanwhile not cancelled at the provider");
+            let cancel = provider.cancel(&started.provider_payment_id);
+            match tokio::time::timeout(PROVIDER_TIMEOUT, cancel).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(order_id = order.id, error = %e,
+                    "payment of an order cancelled meanwhile not cancelled at the provider"),
+                Err(_) => tracing::warn!(
+                    order_id = order.id,
+                    "payment of an order cancelled meanwhile: its cancel timed out"
+                ),
             }
         }
         return Ok(Started::NotPayable(format!(
@@ -340,9 +348,10 @@ pub async fn settle(
 /// What [`close`] found of an order's payment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Closing {
-    /// No payment open: none was started, or it is cancelled at the provider and recorded so.
-    /// The order may be cancelled.
-    Closed,
+    /// No payment open: none was started, or it is cancelled at the provider and recorded so
+    /// (`asked`: by this call, which spent its time on the provider). The order may be
+    /// cancelled.
+    Closed { asked: bool },
     /// The provider said the payment succeeded: the order is paid now (or was).
     Paid,
     /// Not closed: the payment is neither cancelled nor succeeded at the provider yet, or the
@@ -360,10 +369,10 @@ pub async fn close(
     now: DateTime<Utc>,
 ) -> Result<Closing, sqlx::Error> {
     let Some(p) = payment::of_order(pool, order.id).await? else {
-        return Ok(Closing::Closed);
+        return Ok(Closing::Closed { asked: false });
     };
     match p.status {
-        PaymentStatus::Cancelled => return Ok(Closing::Closed),
+        PaymentStatus::Cancelled => return Ok(Closing::Closed { asked: false }),
         PaymentStatus::Succeeded => return Ok(Closing::Paid),
         PaymentStatus::RequiresPayment => {}
     }
@@ -373,11 +382,21 @@ pub async fn close(
         return Ok(Closing::Open);
     };
     pause::point("pay.before_provider_cancel", order.activity_id).await;
-    let closed = match provider.cancel(&p.provider_payment_id).await {
-        Ok(closed) => closed,
-        Err(e) => {
+    // One provider timeout in all, the read-back of a refused cancel included: the owner's
+    // cancel route has room for one call, and the release tries again next lap.
+    let cancel = provider.cancel(&p.provider_payment_id);
+    let closed = match tokio::time::timeout(PROVIDER_TIMEOUT, cancel).await {
+        Ok(Ok(closed)) => closed,
+        Ok(Err(e)) => {
             tracing::warn!(order_id = order.id, error = %e,
                 "payment not closed at the provider; the order waits");
+            return Ok(Closing::Open);
+        }
+        Err(_) => {
+            tracing::warn!(
+                order_id = order.id,
+                "payment not closed at the provider in time; the order waits"
+            );
             return Ok(Closing::Open);
         }
     };
@@ -386,7 +405,7 @@ pub async fn close(
         Closed::Cancelled => {
             payment::mark_cancelled(pool, order.id, now).await?;
             tracing::info!(order_id = order.id, "payment cancelled at the provider");
-            Ok(Closing::Closed)
+            Ok(Closing::Closed { asked: true })
         }
         Closed::Succeeded { amount_minor } => paid_at_provider(pool, &p, amount_minor, now).await,
         Closed::Pending => Ok(Closing::Open),
@@ -432,7 +451,7 @@ async fn paid_at_provider(
             Closing::Paid
         }
         // Final already: the cancel answers what the row says.
-        _ => Closing::Closed,
+        _ => Closing::Closed { asked: true },
     };
     tx.commit().await?;
     Ok(closing)
@@ -440,7 +459,9 @@ async fn paid_at_provider(
 
 /// Cancels `order` as `by` does ([`cancel::cancel_as`]), its payment closed at the provider
 /// first ([`close`]): a payment the provider says succeeded makes the order paid
-/// (`NotCancellable(paid)`), one not closed yet leaves the order as it is (`Busy`).
+/// (`NotCancellable(paid)`), one not closed yet leaves the order as it is (`Busy`). An owner
+/// whose payment this call closed at the provider waits for no other attempt at the order
+/// ([`Canceller::OwnerAfterProvider`]): the route's time went to the provider.
 pub async fn cancel_unpaid(
     pool: &PgPool,
     redis: &Redis,
@@ -449,9 +470,14 @@ pub async fn cancel_unpaid(
     now: DateTime<Utc>,
     by: Canceller,
 ) -> Result<CancelOutcome, CancelError> {
+    let mut by = by;
     if order.status == OrderStatus::Confirmed {
         match close(pool, provider, order, now).await? {
-            Closing::Closed => {}
+            // Its time went to the provider: no wait for another attempt on top.
+            Closing::Closed { asked: true } if by == Canceller::Owner => {
+                by = Canceller::OwnerAfterProvider;
+            }
+            Closing::Closed { .. } => {}
             Closing::Paid => return Ok(CancelOutcome::NotCancellable(OrderStatus::Paid)),
             Closing::Open => return Ok(CancelOutcome::Busy),
         }
