@@ -26,6 +26,11 @@ alter table payments
 create index payments_refunds_open on payments (updated_at)
     where refund_state in ('due', 'refunding');
 create index payments_refunds_failed on payments (order_id) where refund_state = 'failed';
+-- Payments owed back before refunds were automatic.
+update payments p set refund_state = 'due'
+  from payment_events e
+ where e.provider_payment_id = p.provider_payment_id and e.outcome = 'refund_due'
+   and e.refunded_at is null and p.refund_state is null;
 
 -- The events that changed something: a refund or a dispute at the provider, and an event the
 -- webhook answered 200 without acting on (its payment, order, amount or currency not ours:
@@ -124,15 +129,12 @@ revoke insert on payments from seckill_entry;
 grant update (refund_state, refund_id, disputed_at) on payments to seckill_entry;
 grant update (refunded_at) on payment_events to seckill_entry;
 
--- The payment timeout's release closes payments at the provider: it records a cancelled one,
--- and pays the order of one the provider says succeeded, as the provider's event would. Its
+-- The payment timeout's release closes payments at the provider and records a cancelled one
+-- (one the provider says succeeded waits for its event, which alone marks an order paid). Its
 -- refunds claim, count and record each refund.
 grant update (status, updated_at, refund_state, refund_id, refund_attempts, refund_error)
     on payments to seckill_reconcile;
 grant update (refunded_at) on payment_events to seckill_reconcile;
-grant execute on function lock_order_for_payment(bigint) to seckill_reconcile;
-grant execute on function pay_confirmed_order(bigint, text, text, timestamptz)
-    to seckill_reconcile;
 
 do $$
 begin

@@ -254,7 +254,8 @@ pub async fn pay(
     let event_id = format!("evt_test_{}", Uuid::new_v4().simple());
     let body = payments::succeeded_event(&event_id, &request, &payment.provider_payment_id);
     let event: payments::Event = serde_json::from_str(&body)?;
-    match pay::settle(pool, LocalProvider.name(), &event, Utc::now()).await? {
+    let stack = &env.config.payments.stack;
+    match pay::settle(pool, LocalProvider.name(), stack, &event, Utc::now()).await? {
         Settled::Mismatched(mismatch) => Ok(Err(mismatch.to_string())),
         settled => Ok(Ok(settled)),
     }

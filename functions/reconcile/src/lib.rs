@@ -108,8 +108,8 @@ impl Reconcile {
         let budget = Budget::starting_now(self.config.reconcile_budget, deadline);
         let mut report = ReconcileReport::default();
         let release = budget.release();
-        let released = self.release_unpaid_in(now, release, &mut report).await;
         self.refund_owed_in(now, release, &mut report).await;
+        let released = self.release_unpaid_in(now, release, &mut report).await;
 
         let due = activity::due_for_reconcile(
             &self.pool,

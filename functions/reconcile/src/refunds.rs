@@ -1,9 +1,11 @@
 //! Payments owed back are refunded through the provider, exactly once each: a bounded batch per
-//! run, in the release's share after the release. Each payment is claimed first
-//! (`refunding`, one attempt counted, a lease), then refunded with one idempotency key per
-//! payment (a retry after a crash or a lost answer gets the same refund), then recorded
-//! `refunded` with the provider's refund id. A refusal keeps its error; after
-//! [`MAX_REFUND_ATTEMPTS`] the payment is `failed`, for the operator (metric `RefundsFailed`).
+//! run, at the start of the release's share (before the release, whose backlog could otherwise
+//! leave them no time). Each payment of the run's provider is claimed first (`refunding`, one
+//! attempt counted, a lease), then refunded whole with an idempotency key of the payment and
+//! the attempt (a retry within the attempt gets the same refund; a later attempt that meets a
+//! refund made before is told so, and records it), then recorded `refunded` with the
+//! provider's refund id. A refusal keeps its error; after [`MAX_REFUND_ATTEMPTS`] the payment
+//! is `failed`, for the operator (metric `RefundsFailed`).
 //! docs/invariants.md, "Refunds".
 
 use crate::budget::Share;
@@ -13,7 +15,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use seckill_shared::domain::payment::{self, RefundClaim};
 use seckill_shared::infra::metrics;
-use seckill_shared::infra::payments::{RefundRequest, PROVIDER_TIMEOUT};
+use seckill_shared::infra::payments::{Provider, PROVIDER_TIMEOUT};
 
 /// Payments claimed per run.
 const REFUND_BATCH: i64 = 10;
@@ -37,7 +39,8 @@ impl Reconcile {
     }
 
     /// Refunds the next payments owed back, within `share` (none once its hard end has passed,
-    /// nor when what is left of it cannot hold two provider calls: they wait for the next run).
+    /// nor when what is left of it cannot hold two provider calls: they wait for the next run),
+    /// and counts what waits.
     pub(crate) async fn refund_owed_in(
         &self,
         now: DateTime<Utc>,
@@ -50,11 +53,34 @@ impl Reconcile {
         let room = share
             .until
             .saturating_duration_since(std::time::Instant::now());
-        if share.over() || room < PROVIDER_TIMEOUT * 2 {
-            return;
+        if !share.over() && room >= PROVIDER_TIMEOUT * 2 {
+            self.refund_batch(provider, now, report).await;
         }
+        // Counted every run, refunds made or not: a run with no time for them still reports
+        // what waits (the alarm on `RefundsOwed` treats a missing point as fine).
+        match payment::refund_counts(&self.pool, COUNT_CAP).await {
+            Ok((open, failed)) => metrics::emit(
+                FUNCTION,
+                &[
+                    ("RefundsOwed", open as f64),
+                    ("RefundsFailed", failed as f64),
+                ],
+                &[],
+            ),
+            Err(e) => tracing::warn!(error = %e, "failed to count refunds"),
+        }
+    }
+
+    /// One claimed batch, refunded and recorded.
+    async fn refund_batch(
+        &self,
+        provider: &dyn Provider,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
         let lease = chrono::Duration::seconds(REFUND_LEASE_SECS);
-        let claims = match payment::claim_refunds(&self.pool, now, lease, REFUND_BATCH).await {
+        let claimed = payment::claim_refunds(&self.pool, provider.name(), now, lease, REFUND_BATCH);
+        let claims = match claimed.await {
             Ok(claims) => claims,
             Err(e) => {
                 report.errors.push(ReconcileFailure {
@@ -67,14 +93,13 @@ impl Reconcile {
         };
         let results: Vec<(RefundClaim, Result<Option<String>, String>)> =
             futures::stream::iter(claims)
-                .filter(|c| futures::future::ready(c.provider == provider.name()))
                 .map(|c| async move {
-                    let request = RefundRequest {
-                        order_id: c.order_id,
-                        provider_payment_id: c.provider_payment_id.clone(),
-                        amount_minor: c.amount_minor,
+                    let request = c.request();
+                    let refund = provider.refund(&request);
+                    let refunded = match tokio::time::timeout(PROVIDER_TIMEOUT, refund).await {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(_) => Err("no answer within the provider timeout".to_string()),
                     };
-                    let refunded = provider.refund(&request).await.map_err(|e| e.to_string());
                     (c, refunded)
                 })
                 .buffer_unordered(REFUND_CONCURRENCY)
@@ -82,17 +107,6 @@ impl Reconcile {
                 .await;
         for (c, refunded) in results {
             self.record_refund(&c, refunded, now, report).await;
-        }
-        match payment::refund_counts(&self.pool, COUNT_CAP).await {
-            Ok((open, failed)) => metrics::emit(
-                FUNCTION,
-                &[
-                    ("RefundsOwed", open as f64),
-                    ("RefundsFailed", failed as f64),
-                ],
-                &[],
-            ),
-            Err(e) => tracing::warn!(error = %e, "failed to count refunds"),
         }
     }
 

@@ -13,7 +13,8 @@ use crate::{is_stale, Reconcile, ReconcileFailure, ReconcileReport};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use seckill_shared::domain::order::{self, Order, UnpaidKey};
-use seckill_shared::protocol::cancel::{CancelOutcome, Canceller};
+use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::protocol::cancel::{self, CancelOutcome, Canceller};
 use seckill_shared::protocol::pay;
 use seckill_shared::store::keys::Home;
 use seckill_shared::store::ledger;
@@ -100,8 +101,9 @@ impl Reconcile {
         released
     }
 
-    /// One unpaid order, cancelled as the payment timeout does (never waiting for another
-    /// attempt). `Busy` because the buyer's entry in flight is a cancel entry older than the
+    /// One unpaid order, its payment closed at the provider first (`pay::close`: an order the
+    /// provider says was paid waits for its event), then cancelled as the payment timeout does
+    /// (never waiting for another attempt). `Busy` because the buyer's entry in flight is a cancel entry older than the
     /// grace period (an attempt that crashed or lost its database between its announcement
     /// and its commit): that entry is repaired first, as the ledger's repairs would (aborted
     /// in the database, then dropped, or finished when it had committed), and the order tried
@@ -109,8 +111,20 @@ impl Reconcile {
     async fn release(&self, o: &Order, now: DateTime<Utc>) -> anyhow::Result<Released> {
         let (pool, redis) = (&self.pool, &self.redis);
         let by = Canceller::PaymentTimeout;
-        let provider = self.payments.as_deref();
-        let outcome = pay::cancel_unpaid(pool, redis, provider, o, now, by).await?;
+        // The payment closed at the provider once, before either attempt below: the provider is
+        // asked at most once per order and run.
+        let not_closed = match pay::close(pool, self.payments.as_deref(), o, now).await? {
+            pay::Closing::Closed { .. } => None,
+            pay::Closing::Paid => Some(CancelOutcome::NotCancellable(OrderStatus::Paid)),
+            pay::Closing::PaidAwaitingEvent | pay::Closing::Open => Some(CancelOutcome::Busy),
+        };
+        if let Some(outcome) = not_closed {
+            return Ok(Released {
+                outcome,
+                repaired: false,
+            });
+        }
+        let outcome = cancel::cancel_as(pool, redis, o, now, by).await?;
         if outcome != CancelOutcome::Busy {
             return Ok(Released {
                 outcome,
@@ -129,7 +143,7 @@ impl Reconcile {
         };
         self.repair_cancel(bucket, &e, &HashSet::new(), now).await?;
         Ok(Released {
-            outcome: pay::cancel_unpaid(pool, redis, provider, o, now, by).await?,
+            outcome: cancel::cancel_as(pool, redis, o, now, by).await?,
             repaired: true,
         })
     }

@@ -184,7 +184,8 @@ pub(crate) async fn webhook(
     .map_err(|refused| ApiError::BadRequest(format!("signature refused: {refused}")))?;
     let event: Event = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("not a payment event: {e}")))?;
-    let settled = pay::settle(&s.pool, provider.name(), &event, now).await?;
+    let stack = &settings.stack;
+    let settled = pay::settle(&s.pool, provider.name(), stack, &event, now).await?;
     let answer = |outcome: &'static str, order_id, replayed| WebhookAnswer {
         event_id: event.id.clone(),
         outcome,

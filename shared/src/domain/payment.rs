@@ -252,12 +252,27 @@ pub struct RefundClaim {
     pub attempts: i32,
 }
 
-/// Claims up to `limit` payments owed back, oldest first: those `due`, and those whose last
+impl RefundClaim {
+    /// The refund's request: the whole payment, under an idempotency key of this attempt's
+    /// (a retry after a crash or a lost answer within the attempt gets the same refund; a
+    /// later attempt is a new request, and the provider refuses a second whole refund).
+    pub fn request(&self) -> crate::infra::payments::RefundRequest {
+        crate::infra::payments::RefundRequest {
+            order_id: self.order_id,
+            provider_payment_id: self.provider_payment_id.clone(),
+            amount_minor: self.amount_minor,
+            attempt: self.attempts,
+        }
+    }
+}
+
+/// Claims up to `limit` payments of `provider` owed back, oldest first: those `due`, and those whose last
 /// attempt's claim is older than `lease` (its run crashed, or the provider refused). Each is
 /// `refunding` with one more attempt counted and its lease starting `now`; a concurrent claimer
 /// skips them (`skip locked`, and the lease once committed).
 pub async fn claim_refunds(
     db: impl PgExecutor<'_>,
+    provider: &str,
     now: DateTime<Utc>,
     lease: chrono::Duration,
     limit: i64,
@@ -269,14 +284,16 @@ pub async fn claim_refunds(
                                updated_at = $1
            where order_id in (
                select order_id from payments
-                where refund_state = 'due' or (refund_state = 'refunding' and updated_at < $2)
+                where (refund_state = 'due' or (refund_state = 'refunding' and updated_at < $2))
+                  and provider = $4
                 order by updated_at limit $3
                 for update skip locked)
            returning order_id, provider, provider_payment_id, amount_minor, currency,
                      refund_attempts as attempts"#,
         now,
         stale,
-        limit
+        limit,
+        provider
     )
     .fetch_all(db)
     .await

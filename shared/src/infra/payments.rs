@@ -223,6 +223,13 @@ pub trait Provider: Send + Sync + 'static {
     /// ours.
     fn complete_url(&self, provider_payment_id: &str) -> Option<String>;
 
+    /// The payment `provider_payment_id` started before, read back: what the client completes
+    /// it with.
+    fn resume<'a>(
+        &'a self,
+        provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<StartedPayment, ProviderError>>;
+
     /// Cancels the payment `provider_payment_id` unless it succeeded already, and answers where
     /// it stands after: asked again, it answers the same.
     fn cancel<'a>(
@@ -230,9 +237,10 @@ pub trait Provider: Send + Sync + 'static {
         provider_payment_id: &'a str,
     ) -> BoxFuture<'a, Result<Closed, ProviderError>>;
 
-    /// Refunds the whole of `refund`'s payment, once per payment however often it is asked
-    /// (the provider's idempotency key is the stack's and the payment's): the refund's id,
-    /// or `None` when the provider says the payment was refunded before.
+    /// Refunds the whole of `refund`'s payment, once per attempt however often it is asked
+    /// (the provider's idempotency key is the stack's, the payment's and the attempt's; a
+    /// second whole refund the provider refuses as made before): the refund's id, or `None`
+    /// when the provider says the payment was refunded before.
     fn refund<'a>(
         &'a self,
         refund: &'a RefundRequest,
@@ -245,6 +253,9 @@ pub struct RefundRequest {
     pub order_id: i64,
     pub provider_payment_id: String,
     pub amount_minor: i64,
+    /// Which attempt, from 1: in the idempotency key, so that a retry after the provider
+    /// refused is asked anew (the provider keeps a key's first answer for a day).
+    pub attempt: i32,
 }
 
 /// The dev server's provider: a payment is a local id, and `POST <completeUrl>` on the dev
@@ -277,6 +288,19 @@ impl Provider for LocalProvider {
 
     fn complete_url(&self, provider_payment_id: &str) -> Option<String> {
         Some(format!("/payments/local/{provider_payment_id}/complete"))
+    }
+
+    fn resume<'a>(
+        &'a self,
+        provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<StartedPayment, ProviderError>> {
+        Box::pin(async move {
+            Ok(StartedPayment {
+                complete_url: self.complete_url(provider_payment_id),
+                provider_payment_id: provider_payment_id.to_string(),
+                client_secret: None,
+            })
+        })
     }
 
     /// A local payment is charged only when its complete route sends the event, and that route
@@ -388,7 +412,7 @@ impl StripeProvider {
     }
 
     /// `POST /v1/refunds` for the whole PaymentIntent, the stack's name and the order in the
-    /// refund's metadata, one idempotency key per payment. Stripe's `charge_already_refunded`
+    /// refund's metadata, one idempotency key per payment and attempt. Stripe's `charge_already_refunded`
     /// (refunded at the dashboard, say) is a refund made before.
     async fn give_back(&self, refund: &RefundRequest) -> Result<Option<String>, ProviderError> {
         let form = [
@@ -397,7 +421,10 @@ impl StripeProvider {
             ("metadata[order_id]", refund.order_id.to_string()),
             ("metadata[stack]", self.stack.clone()),
         ];
-        let key = format!("{}-refund-{}", self.stack, refund.provider_payment_id);
+        let key = format!(
+            "{}-refund-{}-{}",
+            self.stack, refund.provider_payment_id, refund.attempt
+        );
         let post = self
             .client
             .post(&self.refunds)
@@ -414,6 +441,21 @@ impl StripeProvider {
             Some(id) => Ok(Some(id.to_string())),
             None => Err(Self::failed("a refund without an id".into())),
         }
+    }
+
+    /// `GET /v1/payment_intents/{id}`: its client secret.
+    async fn read(&self, id: &str) -> Result<StartedPayment, ProviderError> {
+        let (status, body) = self
+            .send(self.client.get(format!("{}/{id}", self.intents)))
+            .await?;
+        if !status.is_success() {
+            return Err(Self::refused(status, &body));
+        }
+        Ok(StartedPayment {
+            provider_payment_id: id.to_string(),
+            complete_url: None,
+            client_secret: body["client_secret"].as_str().map(str::to_string),
+        })
     }
 
     /// Cancels the PaymentIntent; one Stripe refuses to cancel (it succeeded, or is
@@ -462,6 +504,13 @@ impl Provider for StripeProvider {
 
     fn complete_url(&self, _provider_payment_id: &str) -> Option<String> {
         None
+    }
+
+    fn resume<'a>(
+        &'a self,
+        provider_payment_id: &'a str,
+    ) -> BoxFuture<'a, Result<StartedPayment, ProviderError>> {
+        Box::pin(self.read(provider_payment_id))
     }
 
     fn cancel<'a>(

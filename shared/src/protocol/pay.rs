@@ -4,8 +4,9 @@
 //!
 //! When the buyer paid decides, not when the event arrives: an order is cancelled (by its
 //! owner, or by the payment timeout's release) only after its payment was closed at the
-//! provider ([`cancel_unpaid`]): cancelled there, so that it can never succeed, or, when the
-//! provider says it succeeded, the order paid instead and its unit never back on sale. The
+//! provider ([`cancel_unpaid`]): cancelled there, so that it can never succeed; when the
+//! provider says it succeeded, the order is left for its event to pay, its unit never back on
+//! sale. The
 //! database refuses the cancel of an order whose payment is still open, and opens a payment
 //! only for a confirmed order, under the order's row lock. So the event's one transaction pays
 //! any order still `confirmed`, however late it arrives; a payment that finds its order
@@ -103,32 +104,33 @@ pub async fn start(
             )))
         }
     }
-    // A payment started before keeps its amount; the provider answers the same payment again
-    // (one per order by its idempotency key), with what the client completes it with.
-    let request = match &existing {
-        Some(p) => PaymentRequest {
+    // A payment started before is read back at the provider (what the client completes it
+    // with); none yet: the sale's price times the quantity, started once per order and stack
+    // (the provider's idempotency key).
+    if let Some(p) = existing.as_ref().filter(|p| p.provider == provider.name()) {
+        let started = provider.resume(&p.provider_payment_id).await?;
+        return Ok(Started::Pending {
+            payment: p.clone(),
+            started,
+        });
+    }
+    let request = {
+        let Some(activity) = activity::get(pool, order.activity_id).await? else {
+            return Ok(Started::NotPayable(format!(
+                "order {} has no sale",
+                order.id
+            )));
+        };
+        if activity.price_minor <= 0 {
+            return Ok(Started::NotPayable(format!(
+                "sale {} has no price yet",
+                activity.id
+            )));
+        }
+        PaymentRequest {
             order_id: order.id,
-            amount_minor: p.amount_minor,
-            currency: p.currency.clone(),
-        },
-        None => {
-            let Some(activity) = activity::get(pool, order.activity_id).await? else {
-                return Ok(Started::NotPayable(format!(
-                    "order {} has no sale",
-                    order.id
-                )));
-            };
-            if activity.price_minor <= 0 {
-                return Ok(Started::NotPayable(format!(
-                    "sale {} has no price yet",
-                    activity.id
-                )));
-            }
-            PaymentRequest {
-                order_id: order.id,
-                amount_minor: activity.price_minor * order.quantity,
-                currency: activity.currency,
-            }
+            amount_minor: activity.price_minor * order.quantity,
+            currency: activity.currency,
         }
     };
     let mut started = provider.start(&request).await?;
@@ -218,7 +220,8 @@ fn acted_on(kind: &str) -> bool {
 }
 
 /// Decides a verified provider `event` at `now`, exactly once per event id, in one
-/// transaction under the payment's row lock; the payment it names must match (order, amount,
+/// transaction under the payment's row lock (an event whose metadata names another `stack` is
+/// ignored); the payment it names must match (order, amount,
 /// currency: a refund's or a dispute's amount may be part of it). A success pays the order
 /// while it is `confirmed` (however late: it stays confirmed until its payment is closed at
 /// the provider), else the payment is owed back (`refund_due`). A refund at the provider marks
@@ -226,10 +229,21 @@ fn acted_on(kind: &str) -> bool {
 pub async fn settle(
     pool: &PgPool,
     provider: &str,
+    stack: &str,
     event: &Event,
     now: DateTime<Utc>,
 ) -> Result<Settled, sqlx::Error> {
     if !acted_on(&event.kind) {
+        return Ok(Settled::Ignored);
+    }
+    // Another stack's payment on the same provider account: not ours to act on or count.
+    if event
+        .data
+        .object
+        .metadata
+        .get("stack")
+        .is_some_and(|s| s != stack)
+    {
         return Ok(Settled::Ignored);
     }
     if let Some((outcome, order_id)) = payment::event_outcome(pool, &event.id).await? {
@@ -352,16 +366,20 @@ pub enum Closing {
     /// (`asked`: by this call, which spent its time on the provider). The order may be
     /// cancelled.
     Closed { asked: bool },
-    /// The provider said the payment succeeded: the order is paid now (or was).
+    /// The order is paid (its event came).
     Paid,
+    /// The provider says the buyer paid; its signed event, the one thing that marks an order
+    /// paid, is on its way (the provider retries it for days). The unit stays sold: the order
+    /// is not cancelled, and the event pays it whenever it arrives.
+    PaidAwaitingEvent,
     /// Not closed: the payment is neither cancelled nor succeeded at the provider yet, or the
     /// provider is out of reach (or none is configured). Nothing changed; ask again later.
     Open,
 }
 
 /// Closes `order`'s payment at the provider before the order may be cancelled: a payment still
-/// open is cancelled there and recorded `cancelled`; one the provider says succeeded pays the
-/// order, as its event would (the event, when it comes, finds it paid).
+/// open is cancelled there and recorded `cancelled`. One the provider says succeeded is left
+/// to its event (nothing is marked paid here: only the provider's signed event does that).
 pub async fn close(
     pool: &PgPool,
     provider: Option<&dyn Provider>,
@@ -407,59 +425,22 @@ pub async fn close(
             tracing::info!(order_id = order.id, "payment cancelled at the provider");
             Ok(Closing::Closed { asked: true })
         }
-        Closed::Succeeded { amount_minor } => paid_at_provider(pool, &p, amount_minor, now).await,
+        Closed::Succeeded { amount_minor } => {
+            tracing::warn!(
+                order_id = order.id,
+                amount_minor,
+                "paid at the provider, its event not here yet: the order waits for it"
+            );
+            Ok(Closing::PaidAwaitingEvent)
+        }
         Closed::Pending => Ok(Closing::Open),
     }
 }
 
-/// The provider said `p` succeeded for `amount_minor`: the order paid in one transaction under
-/// its row lock, as the event would pay it. An amount that is not the payment's pays nothing
-/// (the operator looks: an error is logged) and the order waits.
-async fn paid_at_provider(
-    pool: &PgPool,
-    p: &Payment,
-    amount_minor: i64,
-    now: DateTime<Utc>,
-) -> Result<Closing, sqlx::Error> {
-    if amount_minor != p.amount_minor {
-        tracing::error!(
-            order_id = p.order_id,
-            amount_minor,
-            expected = p.amount_minor,
-            "the provider's succeeded payment is not the order's amount; the order waits"
-        );
-        return Ok(Closing::Open);
-    }
-    let mut tx = pool.begin().await?;
-    let order = order::get_for_payment(&mut tx, p.order_id)
-        .await?
-        .ok_or(sqlx::Error::RowNotFound)?;
-    let closing = match order.status {
-        OrderStatus::Paid => Closing::Paid,
-        OrderStatus::Confirmed => {
-            let marked =
-                order::mark_paid(&mut tx, order.id, &p.provider, &p.provider_payment_id, now)
-                    .await?;
-            if !marked {
-                return Err(sqlx::Error::RowNotFound);
-            }
-            payment::mark_succeeded(&mut tx, order.id, now).await?;
-            tracing::info!(
-                order_id = p.order_id,
-                "paid at the provider before its cancel"
-            );
-            Closing::Paid
-        }
-        // Final already: the cancel answers what the row says.
-        _ => Closing::Closed { asked: true },
-    };
-    tx.commit().await?;
-    Ok(closing)
-}
-
 /// Cancels `order` as `by` does ([`cancel::cancel_as`]), its payment closed at the provider
-/// first ([`close`]): a payment the provider says succeeded makes the order paid
-/// (`NotCancellable(paid)`), one not closed yet leaves the order as it is (`Busy`). An owner
+/// first ([`close`]): an order paid already is `NotCancellable(paid)`; one whose payment the
+/// provider says succeeded (its event on the way) or could not close yet stays as it is
+/// (`Busy`), its unit sold. An owner
 /// whose payment this call closed at the provider waits for no other attempt at the order
 /// ([`Canceller::OwnerAfterProvider`]): the route's time went to the provider.
 pub async fn cancel_unpaid(
@@ -479,7 +460,7 @@ pub async fn cancel_unpaid(
             }
             Closing::Closed { .. } => {}
             Closing::Paid => return Ok(CancelOutcome::NotCancellable(OrderStatus::Paid)),
-            Closing::Open => return Ok(CancelOutcome::Busy),
+            Closing::PaidAwaitingEvent | Closing::Open => return Ok(CancelOutcome::Busy),
         }
     }
     cancel::cancel_as(pool, redis, order, now, by).await

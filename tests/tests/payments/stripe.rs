@@ -91,6 +91,7 @@ async fn stripe_recorder(
     use axum::routing::post;
     type Seen = std::sync::Arc<std::sync::Mutex<Vec<Recorded>>>;
     let seen: Seen = Default::default();
+    let read_back = answer.clone();
     let handler = move |State(seen): State<Seen>, headers: HeaderMap, body: String| {
         let answer = answer.clone();
         async move {
@@ -111,6 +112,10 @@ async fn stripe_recorder(
     };
     let app = Router::new()
         .route("/v1/payment_intents", post(handler))
+        .route(
+            "/v1/payment_intents/{id}",
+            axum::routing::get(move || async move { (status, axum::Json(read_back)) }),
+        )
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -162,13 +167,19 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
         )
     );
     assert!(started.get("completeUrl").is_none());
+    // Pressed again: the payment started before, read back with its client secret; no
+    // second PaymentIntent is asked for.
     let (status, again) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;
     assert_eq!(
-        (status, &again["paymentId"]),
-        (StatusCode::OK, &started["paymentId"])
+        (status, &again["paymentId"], &again["clientSecret"]),
+        (
+            StatusCode::OK,
+            &started["paymentId"],
+            &started["clientSecret"]
+        )
     );
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
+    assert_eq!(seen.len(), 1);
     for r in &seen {
         assert_eq!(r.authorization, "Bearer sk_test_recorded");
         assert_eq!(r.idempotency_key, format!("seckill-order-{id}"));
