@@ -223,15 +223,21 @@ async fn a_borrow_delivered_twice_takes_once_and_answers_what_it_took() -> anyho
     Ok(())
 }
 
-/// A short buyer asks both donors, finds nothing, and pauses before its sale-wide check; a
-/// reservation in her own home bucket is given back meanwhile. The check reads the home bucket
-/// too, and she buys the unit there on a call her per-user rate (one a second) does not count
-/// again (a check of the donors alone told her `sold_out` with the unit in her own bucket).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_unit_back_in_the_buyers_own_bucket_is_found_by_the_sale_wide_check() -> anyhow::Result<()>
-{
+/// A sale of three units in three buckets (`rate`: the per-user rate), each unit bought by a
+/// buyer at home there; a fourth buyer at home in bucket 0 is short, asks both donors, finds
+/// nothing, and pauses before her sale-wide check while the buyer of bucket `back` gives her
+/// unit back (a 503's give-back, say). Answers what the short buyer was told, after checking
+/// that every unit is sold again when she bought.
+async fn short_buyer_while_a_unit_comes_back(
+    rate: i64,
+    back: usize,
+) -> anyhow::Result<Result<seckill_shared::domain::purchase::OrderMessage, Refusal>> {
     let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
-    let new = testkit::new_activity().stock(3).buckets(3).rate(1).build();
+    let new = testkit::new_activity()
+        .stock(3)
+        .buckets(3)
+        .rate(rate)
+        .build();
     let a = env.load_new(&new).await?;
     let mut held = Vec::new();
     for i in 0..3 {
@@ -245,8 +251,7 @@ async fn a_unit_back_in_the_buyers_own_bucket_is_found_by_the_sale_wide_check() 
         tokio::spawn(async move { attempt(&env, &a, &buyer, 1, 3).await.unwrap() })
     };
     assert!(paused.reached_within(Duration::from_secs(10)).await);
-    // The buyer at home in bucket 0, hers too, gives her unit back (a 503's give-back, say).
-    let m = &held[0];
+    let m = &held[back];
     let units = store::ledger::compensate(
         &env.redis,
         m.home(),
@@ -258,50 +263,34 @@ async fn a_unit_back_in_the_buyers_own_bucket_is_found_by_the_sale_wide_check() 
     assert_eq!(units, Some(1));
     paused.resume();
     let bought = short.await?;
+    if bought.is_ok() {
+        assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
+        invariants::check(&env, a.id).await?;
+    }
+    Ok(bought)
+}
+
+/// The unit comes back to the short buyer's own home bucket. The check reads the home bucket
+/// too, and she buys the unit there on a call her per-user rate (one a second) does not count
+/// again (a check of the donors alone told her `sold_out` with the unit in her own bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_back_in_the_buyers_own_bucket_is_found_by_the_sale_wide_check() -> anyhow::Result<()>
+{
+    let bought = short_buyer_while_a_unit_comes_back(1, 0).await?;
     assert!(
         bought.is_ok(),
         "the unit in her own bucket was found: {bought:?}"
     );
-    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
-    invariants::check(&env, a.id).await?;
     Ok(())
 }
 
-/// A short buyer asks both donors, finds nothing, and pauses before its sale-wide check; a
-/// reservation in a donor is given back meanwhile. The check finds the unit and the buyer
-/// borrows it: no `sold_out` while a unit is in stock somewhere (asking the donors one after
-/// another alone told this buyer `sold_out`).
+/// The unit comes back to a donor she already asked. The check finds it and she borrows it: no
+/// `sold_out` while a unit is in stock somewhere (asking the donors one after another alone
+/// told this buyer `sold_out`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_unit_given_back_to_a_donor_already_asked_is_found_by_the_sale_wide_check(
 ) -> anyhow::Result<()> {
-    let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
-    let a = env.open_activity_in_buckets(3, 1, 3).await?;
-    let mut held = Vec::new();
-    for i in 0..3 {
-        let user = &users_at_home(a.id, 3, i, 1, "first")[0];
-        held.push(attempt(&env, &a, user, 1, 3).await?.unwrap());
-    }
-    let buyer = users_at_home(a.id, 3, 0, 1, "short")[0].clone();
-    let paused = pause::arm("purchase.before_check", a.id);
-    let short = {
-        let (env, a) = (env.clone(), a.clone());
-        tokio::spawn(async move { attempt(&env, &a, &buyer, 1, 3).await.unwrap() })
-    };
-    assert!(paused.reached_within(Duration::from_secs(10)).await);
-    // The buyer at home in bucket 1 gives her unit back (a 503's give-back, say).
-    let m = &held[1];
-    let units = store::ledger::compensate(
-        &env.redis,
-        m.home(),
-        &m.attempt.user_id,
-        m.attempt.request_id,
-        store::ledger::Compensation::Full,
-    )
-    .await?;
-    assert_eq!(units, Some(1));
-    paused.resume();
-    let bought = short.await?;
+    let bought = short_buyer_while_a_unit_comes_back(0, 1).await?;
     assert!(bought.is_ok(), "the unit given back was found: {bought:?}");
-    assert_eq!(stocks(&env, &a).await, vec![0, 0, 0]);
     Ok(())
 }

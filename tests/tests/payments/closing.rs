@@ -93,6 +93,15 @@ pub(crate) async fn start(app: &axum::Router, order_id: i64, user: &str) -> Stri
     started["paymentId"].as_str().unwrap().to_string()
 }
 
+/// A confirmed order of `user` for `qty` units, its payment started through the entry's router
+/// on the Stripe provider at localstripe: the router, the order and its PaymentIntent.
+pub(crate) async fn started(w: &World, user: &str, qty: i64) -> (axum::Router, i64, String) {
+    let app = stripe_app(w);
+    let id = w.confirmed(user, qty).await;
+    let pi = start(&app, id, user).await;
+    (app, id, pi)
+}
+
 /// Moves order `id` past its payment timeout.
 pub(crate) async fn age(w: &World, id: i64) {
     let timeout = w.env.config.payment_timeout.as_secs_f64() + 1.0;
@@ -120,9 +129,7 @@ async fn release(w: &World, api_base: &str) -> reconcile::ReconcileReport {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_owners_cancel_cancels_the_payment_intent_first() -> anyhow::Result<()> {
     let w = world().await;
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 1).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 1).await;
     assert_eq!(intent_status(&pi).await, "requires_payment_method");
     let stocks = w.stocks().await;
 
@@ -148,9 +155,7 @@ async fn the_owners_cancel_cancels_the_payment_intent_first() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_release_leaves_an_order_the_buyer_paid_to_its_late_event() -> anyhow::Result<()> {
     let w = world().await;
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 2).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 2).await;
     buyer_pays(&pi).await.expect("paid at the provider");
     assert_eq!(intent_status(&pi).await, "succeeded");
     age(&w, id).await;
@@ -197,9 +202,7 @@ async fn paid_by_its_event(w: &World, app: &axum::Router, id: i64, pi: &str) {
 async fn a_payment_made_while_the_release_runs_keeps_the_order_for_its_event() -> anyhow::Result<()>
 {
     let w = std::sync::Arc::new(world().await);
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 1).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 1).await;
     age(&w, id).await;
     let stocks = w.stocks().await;
     let paused = pause::arm("pay.before_provider_cancel", w.activity.id);
@@ -228,9 +231,7 @@ async fn a_payment_made_while_the_release_runs_keeps_the_order_for_its_event() -
 async fn a_payment_tried_after_the_release_cancelled_the_intent_charges_nothing(
 ) -> anyhow::Result<()> {
     let w = std::sync::Arc::new(world().await);
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 1).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 1).await;
     age(&w, id).await;
     let stocks = w.stocks().await;
     let paused = pause::arm("pay.after_provider_cancel", w.activity.id);
@@ -251,15 +252,13 @@ async fn a_payment_tried_after_the_release_cancelled_the_intent_charges_nothing(
     Ok(())
 }
 
-/// The provider out of reach (a dead port): the release leaves
-/// an order with an open payment as it is, its unit sold, for a later run; it does not count as
-/// an error of the run. Once the provider answers, the order is released.
+/// The provider out of reach (a dead port): the release leaves an order with an open payment
+/// as it is, its unit sold, for a later run; it does not count as an error of the run. Once
+/// the provider answers, the order is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_out_of_reach_leaves_the_order_for_a_later_release() -> anyhow::Result<()> {
     let w = world().await;
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 1).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 1).await;
     age(&w, id).await;
     let stocks = w.stocks().await;
 

@@ -3,7 +3,7 @@
 //! payment and records the provider's refund id; concurrent runs refund once; a provider that
 //! refuses leaves the error for the operator and, after five attempts, the payment `failed`.
 
-use crate::closing::{age, buyer_pays, start, stripe_app, stripe_at, LOCALSTRIPE};
+use crate::closing::{age, buyer_pays, started, stripe_at, LOCALSTRIPE};
 use crate::{world, World};
 use axum::http::StatusCode;
 use chrono::{Duration as ChronoDuration, Utc};
@@ -16,9 +16,7 @@ use testkit::{self, call};
 /// provider that answered its cancel wrongly: the test records the cancel by hand), and the
 /// payment's event, arriving after, recorded `refund_due`. Answers the order and its intent.
 async fn owed_back(w: &World, user: &str) -> (i64, String) {
-    let app = stripe_app(w);
-    let id = w.confirmed(user, 1).await;
-    let pi = start(&app, id, user).await;
+    let (app, id, pi) = started(w, user, 1).await;
     buyer_pays(&pi).await.expect("paid at the provider");
     sqlx::query!(
         "update payments set status = 'cancelled' where order_id = $1",
@@ -179,9 +177,7 @@ async fn refused_refunds_are_retried_then_left_failed_for_the_operator() -> anyh
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_payment_for_a_held_order_is_not_refunded() -> anyhow::Result<()> {
     let w = world().await;
-    let app = stripe_app(&w);
-    let id = w.confirmed("alice", 1).await;
-    let pi = start(&app, id, "alice").await;
+    let (app, id, pi) = started(&w, "alice", 1).await;
     buyer_pays(&pi).await.expect("paid");
     age(&w, id).await;
     let job = w
