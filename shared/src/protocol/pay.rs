@@ -6,12 +6,11 @@
 //! owner, or by the payment timeout's release) only after its payment was closed at the
 //! provider ([`cancel_unpaid`]): cancelled there, so that it can never succeed; when the
 //! provider says it succeeded, the order is left for its event to pay, its unit never back on
-//! sale. The
-//! database refuses the cancel of an order whose payment is still open, and opens a payment
-//! only for a confirmed order, under the order's row lock. So the event's one transaction pays
-//! any order still `confirmed`, however late it arrives; a payment that finds its order
-//! cancelled anyway (a provider that could not cancel it) is recorded `refund_due`: money
-//! back, never a unit back on sale.
+//! sale. The database refuses the cancel of an order whose payment is still open, and opens a
+//! payment only for a confirmed order, under the order's row lock. So the event's one
+//! transaction pays any order still `confirmed`, however late it arrives; a payment that finds
+//! its order cancelled anyway (a provider that could not cancel it) is recorded `refund_due`:
+//! money back, refunded by reconcile, never a unit back on sale.
 
 use crate::domain::activity;
 use crate::domain::order::{self, Order};
@@ -221,8 +220,8 @@ fn acted_on(kind: &str) -> bool {
 
 /// Decides a verified provider `event` at `now`, exactly once per event id, in one
 /// transaction under the payment's row lock (an event whose metadata names another `stack` is
-/// ignored); the payment it names must match (order, amount,
-/// currency: a refund's or a dispute's amount may be part of it). A success pays the order
+/// ignored); the payment it names must match (order, amount, currency: a refund's or a
+/// dispute's amount may be part of it). A success pays the order
 /// while it is `confirmed` (however late: it stays confirmed until its payment is closed at
 /// the provider), else the payment is owed back (`refund_due`). A refund at the provider marks
 /// the payment `refunded`, a dispute flags it: neither brings a unit back.
