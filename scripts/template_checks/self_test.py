@@ -50,6 +50,14 @@ def acl_rule(t: Template, name: str) -> dict:
     return next(r for r in props(t, "EdgeWebAcl")["Rules"] if r.get("Name") == name)
 
 
+def webhook_rule_without_source_check(t: Template) -> None:
+    """The webhook rule's AndStatement without its NotStatement on the provider's IP set."""
+    rule = next(r for r in props(t, "EdgeWebAcl")["Rules"]
+                if "webhook-from-provider-only" in json.dumps(r))
+    statements = rule["Fn::If"][1]["Statement"]["AndStatement"]["Statements"]
+    statements[:] = [st for st in statements if "NotStatement" not in st]
+
+
 def distribution_config(t: Template) -> dict:
     return props(t, "EdgeDistribution")["DistributionConfig"]
 
@@ -117,7 +125,8 @@ def open_egress(t: Template) -> None:
 
 def bot_control_always(t: Template) -> None:
     rules = props(t, "EdgeWebAcl")["Rules"]
-    i = next(i for i, r in enumerate(rules) if "Fn::If" in r)
+    i = next(i for i, r in enumerate(rules)
+             if "Fn::If" in r and r["Fn::If"][1].get("Name") == "aws-bot-control")
     rules[i] = rules[i]["Fn::If"][1]
 
 
@@ -257,6 +266,9 @@ BREAKAGES = [
     ("the per-token rule covers every POST, not the purchase route",
      edge_on(lambda t: drop_regex_from_scope(acl_rule(t, "purchase-rate-per-token"))),
      "scoped down to the purchase route"),
+    ("the webhook rule no longer looks at the source address",
+     edge_on(webhook_rule_without_source_check),
+     "one rule blocks /payments/webhook"),
     ("the common rule set is missing",
      edge_on(lambda t: props(t, "EdgeWebAcl")["Rules"].remove(acl_rule(t, "aws-common"))),
      "AWSManagedRulesCommonRuleSet"),

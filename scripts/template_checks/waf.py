@@ -215,7 +215,39 @@ def check_web_acl(t: Template, acl: str) -> None:
                                          if found else None))
             check(len(found) == 1 and found[0].get("OverrideAction") == {"None": {}} and ok,
                   f"{acl}: Bot Control ({bot_group}) with {param}=on, enforcing, scoped down to the purchase route {why}")
+    check_webhook_sources(t, acl)
     check_waf_logging(t, acl)
+
+
+def check_webhook_sources(t: Template, acl: str) -> None:
+    """With EdgeWebhookSourceIps set, one rule blocks POST /payments/webhook from any address
+    outside the provider's IP set (IPV4, the parameter's addresses); empty, no such rule."""
+    param = "EdgeWebhookSourceIps"
+    check(str(t.doc.get("Parameters", {}).get(param, {}).get("Default")) == "",
+          f"parameter {param} exists and defaults to empty (no rule)")
+
+    def webhook_rules(tt: Template) -> list[dict]:
+        return [r for r in web_acl_rules(tt, acl)
+                if "webhook" in json.dumps((r.get("Statement") or {})).lower()]
+
+    check(not webhook_rules(t.with_params(**{param: ""})), f"{acl}: no webhook rule with {param} empty")
+    on = t.with_params(**{param: "3.18.12.63/32,3.130.192.231/32"})
+    found = webhook_rules(on)
+    stmts = ((found[0].get("Statement") or {}).get("AndStatement") or {}).get("Statements") if found else []
+    path = [s.get("ByteMatchStatement") for s in stmts or [] if "ByteMatchStatement" in s]
+    outside = [s.get("NotStatement", {}).get("Statement", {}).get("IPSetReferenceStatement")
+               for s in stmts or [] if "NotStatement" in s]
+    ok = (len(found) == 1 and "Block" in (found[0].get("Action") or {})
+          and len(path) == 1 and path[0].get("SearchString") == "/payments/webhook"
+          and path[0].get("PositionalConstraint") == "EXACTLY" and "UriPath" in (path[0].get("FieldToMatch") or {})
+          and len(outside) == 1 and outside[0] is not None)
+    check(ok, f"{acl}: with {param} set, one rule blocks /payments/webhook (UriPath EXACTLY) from addresses "
+              f"outside an IP set")
+    sets = [r for r in on.resources.values() if r.get("Type") == "AWS::WAFv2::IPSet"]
+    props = [on.evaluate(r.get("Properties", {})) for r in sets]
+    check(len(props) == 1 and props[0].get("Scope") == "CLOUDFRONT" and props[0].get("IPAddressVersion") == "IPV4"
+          and param_ref(on, sets[0].get("Properties", {}).get("Addresses")) == param,
+          f"an AWS::WAFv2::IPSet (CLOUDFRONT, IPV4) of {param}'s addresses")
 
 
 def check_waf_logging(t: Template, acl: str) -> None:
