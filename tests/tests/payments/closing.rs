@@ -231,7 +231,7 @@ async fn a_payment_made_while_the_release_runs_keeps_the_order_for_its_event() -
 async fn a_payment_tried_after_the_release_cancelled_the_intent_charges_nothing(
 ) -> anyhow::Result<()> {
     let w = std::sync::Arc::new(world().await);
-    let (app, id, pi) = started(&w, "alice", 1).await;
+    let (_, id, pi) = started(&w, "alice", 1).await;
     age(&w, id).await;
     let stocks = w.stocks().await;
     let paused = pause::arm("pay.after_provider_cancel", w.activity.id);
@@ -258,7 +258,7 @@ async fn a_payment_tried_after_the_release_cancelled_the_intent_charges_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_out_of_reach_leaves_the_order_for_a_later_release() -> anyhow::Result<()> {
     let w = world().await;
-    let (app, id, pi) = started(&w, "alice", 1).await;
+    let (_, id, pi) = started(&w, "alice", 1).await;
     age(&w, id).await;
     let stocks = w.stocks().await;
 

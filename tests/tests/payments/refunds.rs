@@ -177,7 +177,7 @@ async fn refused_refunds_are_retried_then_left_failed_for_the_operator() -> anyh
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_payment_for_a_held_order_is_not_refunded() -> anyhow::Result<()> {
     let w = world().await;
-    let (app, id, pi) = started(&w, "alice", 1).await;
+    let (_, id, pi) = started(&w, "alice", 1).await;
     buyer_pays(&pi).await.expect("paid");
     age(&w, id).await;
     let job = w
