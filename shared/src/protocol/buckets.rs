@@ -63,11 +63,22 @@ impl Hints {
 
     fn saw_empty(&self, bucket: Bucket, empty: bool) {
         let Some(h) = &self.0 else { return };
+        let key = (bucket.activity_id, bucket.index);
+        // Forgetting what was never remembered takes no write lock: every borrow that gave
+        // units, and every purchase that leaves units at home, forgets.
+        if !empty
+            && !h
+                .empty
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&key)
+        {
+            return;
+        }
         let mut seen = h.empty.write().unwrap_or_else(|p| p.into_inner());
         if seen.len() > Self::KEPT {
             seen.retain(|_, at| at.elapsed() < Self::EMPTY_FRESH);
         }
-        let key = (bucket.activity_id, bucket.index);
         if empty {
             seen.insert(key, Instant::now());
         } else {
@@ -83,6 +94,15 @@ impl Hints {
 
     fn saw_sold_out(&self, activity_id: i64, sold_out: bool) {
         let Some(h) = &self.0 else { return };
+        if !sold_out
+            && !h
+                .sold_out
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&activity_id)
+        {
+            return;
+        }
         let mut seen = h.sold_out.write().unwrap_or_else(|p| p.into_inner());
         if seen.len() > Self::KEPT {
             seen.retain(|_, at| at.elapsed() < Self::SOLD_OUT_FRESH);
