@@ -427,9 +427,11 @@ pub async fn write_orders(
     // No conflict target: a request that has a row and a user who holds a live order are
     // both passed over here, and told apart by the caller.
     let inserted: std::collections::HashSet<Uuid> = sqlx::query_scalar!(
-        r#"insert into orders (request_id, activity_id, user_id, quantity, status)
-           select w.request_id, $1, w.user_id, w.quantity, 'confirmed'
+        r#"insert into orders (request_id, activity_id, user_id, quantity, status,
+                                unit_price_minor, currency)
+           select w.request_id, a.id, w.user_id, w.quantity, 'confirmed', a.price_minor, a.currency
            from unnest($2::uuid[], $3::text[], $4::bigint[]) as w(request_id, user_id, quantity)
+           join activities a on a.id = $1
            on conflict do nothing
            returning request_id"#,
         activity_id,

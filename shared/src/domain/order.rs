@@ -16,7 +16,7 @@ macro_rules! order_rows {
             Order,
             $head + r#"id, request_id, activity_id, user_id, quantity,
                 status as "status: OrderStatus", failure_reason as "failure_reason: FailureReason",
-                created_at, updated_at, paid_at, cancelled_at, cancel_id,
+                created_at, updated_at, paid_at, cancelled_at, cancel_id, unit_price_minor, currency,
                 (select buckets from activities a where a.id = orders.activity_id) as "buckets!""#
                 + $tail
             $(, $arg)*
@@ -41,6 +41,10 @@ pub struct Order {
     pub cancelled_at: Option<DateTime<Utc>>,
     /// The cancel attempt that committed the cancellation.
     pub cancel_id: Option<Uuid>,
+    /// The price per unit the order was bought at, in the currency's minor units (none on a
+    /// `failed` row).
+    pub unit_price_minor: Option<i64>,
+    pub currency: Option<String>,
     /// The sale's bucket count (fixed once it has an order): with the user, it names the
     /// bucket that holds the order's quota and ledger entries.
     #[serde(skip)]
@@ -109,13 +113,16 @@ pub async fn sold_quantity(db: impl PgExecutor<'_>, activity_id: i64) -> Result<
     .await
 }
 
-/// The consumer's order insert for one message's attempt: a `confirmed` row, which is also the claim of
-/// the request (`orders_request_id_key`) and the one-live-order-per-user check
+/// The consumer's order insert for one message's attempt: a `confirmed` row at the sale's
+/// price (fixed since before the sale started), which is also the claim of the request (`orders_request_id_key`) and the one-live-order-per-user check
 /// (`orders_one_per_user`); both refuse it as unique violations. Returns the order id.
 pub async fn insert_confirmed(conn: &mut PgConnection, a: &Attempt) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         values ($1, $2, $3, $4, 'confirmed') returning id",
+        "insert into orders (request_id, activity_id, user_id, quantity, status,
+                             unit_price_minor, currency)
+         select $1, a.id, $3, $4, 'confirmed', a.price_minor, a.currency
+         from activities a where a.id = $2
+         returning id",
         a.request_id,
         a.activity_id,
         a.user_id,
@@ -137,9 +144,11 @@ pub async fn insert_confirmed_batch(
     quantities: &[i64],
 ) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
     let rows = sqlx::query!(
-        r#"insert into orders (request_id, activity_id, user_id, quantity, status)
-         select r, $2, u, q, 'confirmed'
+        r#"insert into orders (request_id, activity_id, user_id, quantity, status,
+                              unit_price_minor, currency)
+         select r, a.id, u, q, 'confirmed', a.price_minor, a.currency
          from unnest($1::uuid[], $3::text[], $4::int8[]) as t(r, u, q)
+         join activities a on a.id = $2
          on conflict (request_id) do nothing
          returning request_id, quantity"#,
         request_ids,

@@ -12,7 +12,6 @@
 //! its order cancelled anyway (a provider that could not cancel it) is recorded `refund_due`:
 //! money back, refunded by reconcile, never a unit back on sale.
 
-use crate::domain::activity;
 use crate::domain::order::{self, Order};
 use crate::domain::payment::{self, EventRow, Outcome, Payment};
 use crate::domain::status::{OrderStatus, PaymentStatus};
@@ -104,7 +103,7 @@ pub async fn start(
         }
     }
     // A payment started before is read back at the provider (what the client completes it
-    // with); none yet: the sale's price times the quantity, started once per order and stack
+    // with); none yet: the order's price times its quantity, started once per order and stack
     // (the provider's idempotency key).
     if let Some(p) = existing.as_ref().filter(|p| p.provider == provider.name()) {
         let started = provider.resume(&p.provider_payment_id).await?;
@@ -113,24 +112,23 @@ pub async fn start(
             started,
         });
     }
-    let request = {
-        let Some(activity) = activity::get(pool, order.activity_id).await? else {
-            return Ok(Started::NotPayable(format!(
-                "order {} has no sale",
-                order.id
-            )));
-        };
-        if activity.price_minor <= 0 {
-            return Ok(Started::NotPayable(format!(
-                "sale {} has no price yet",
-                activity.id
-            )));
-        }
-        PaymentRequest {
-            order_id: order.id,
-            amount_minor: activity.price_minor * order.quantity,
-            currency: activity.currency,
-        }
+    let (Some(unit_price_minor), Some(currency)) = (order.unit_price_minor, order.currency.clone())
+    else {
+        return Ok(Started::NotPayable(format!(
+            "order {} has no price",
+            order.id
+        )));
+    };
+    if unit_price_minor <= 0 {
+        return Ok(Started::NotPayable(format!(
+            "sale {} has no price",
+            order.activity_id
+        )));
+    }
+    let request = PaymentRequest {
+        order_id: order.id,
+        amount_minor: unit_price_minor * order.quantity,
+        currency,
     };
     let mut started = provider.start(&request).await?;
     let opened = payment::open(

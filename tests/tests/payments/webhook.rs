@@ -42,6 +42,35 @@ async fn a_payment_is_started_for_the_price_times_the_quantity_and_pays_nothing(
     Ok(())
 }
 
+/// The order keeps the price it was bought at, and its payment is started from that: the
+/// sale's row is changed under it here (a fixture: the admin API refuses a price change once
+/// the sale is 10 s from its start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_is_started_at_the_price_the_order_was_bought_at() -> anyhow::Result<()> {
+    let w = world().await;
+    let id = w.confirmed("alice", 2).await;
+    let row = seckill_shared::domain::order::get(&w.env.pool, id)
+        .await?
+        .unwrap();
+    assert_eq!(
+        (row.unit_price_minor, row.currency.as_deref()),
+        (Some(w.activity.price_minor), Some("usd"))
+    );
+    sqlx::query(
+        "update activities set price_minor = price_minor * 10, currency = 'eur' where id = $1",
+    )
+    .bind(w.activity.id)
+    .execute(&w.env.pool)
+    .await?;
+
+    let (status, started) = w.start_pay(id, "alice").await;
+
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert_eq!(amount(&started), 2 * w.activity.price_minor);
+    assert_eq!(started["currency"], "usd");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_wrong_or_stale_signature_is_refused_and_changes_nothing() -> anyhow::Result<()> {
     let w = world().await;
