@@ -7,7 +7,8 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
-use seckill_shared::infra::config::EdgeOrigin;
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::infra::config::{EdgeOrigin, OriginValue};
 use seckill_shared::Context;
 use serde_json::Value;
 use testkit::{call, request, RedisKind, TestEnv};
@@ -15,11 +16,22 @@ use testkit::{dead_pool, redis_stock};
 
 const CURRENT: &str = "origin-current-0123456789";
 const PREVIOUS: &str = "origin-previous-0123456789";
+const RETIRED: &str = "origin-retired-0123456789";
 
+/// The current value, a previous one still within its time, and one past it.
 fn origin() -> EdgeOrigin {
     EdgeOrigin {
         secret: Some(CURRENT.to_string().into()),
-        from_arn: vec![PREVIOUS.to_string().into()],
+        from_arn: vec![
+            OriginValue {
+                value: PREVIOUS.to_string().into(),
+                until: Some(Utc::now() + ChronoDuration::hours(1)),
+            },
+            OriginValue {
+                value: RETIRED.to_string().into(),
+                until: Some(Utc::now() - ChronoDuration::seconds(1)),
+            },
+        ],
         ..EdgeOrigin::default()
     }
 }
@@ -53,6 +65,7 @@ async fn a_request_without_the_origin_secret_is_refused_before_any_work() -> any
         ("no header", buy()),
         ("a wrong value", via("guess", buy())),
         ("a prefix of the value", via(&CURRENT[..10], buy())),
+        ("a previous value past its time", via(RETIRED, buy())),
     ] {
         let (status, body) = call(&app, req).await;
         assert_eq!(
@@ -105,7 +118,8 @@ async fn the_admin_routes_need_the_origin_secret_too() -> anyhow::Result<()> {
 }
 
 /// In AWS the functions read EDGE_ORIGIN_SECRET_ARN at a cold start: the current value and,
-/// after a rotation, the previous one.
+/// after a rotation, the previous one, until EDGE_ORIGIN_PREVIOUS_SECS after the current one
+/// was made; a previous value already past that is not taken at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_origin_secret_and_its_previous_value_are_read_from_secrets_manager(
 ) -> anyhow::Result<()> {
@@ -131,7 +145,7 @@ async fn the_origin_secret_and_its_previous_value_are_read_from_secrets_manager(
         use seckill_shared::infra::secret::ExposeSecret;
         o.accepted()
             .iter()
-            .map(|s| s.expose_secret().to_string())
+            .map(|s| s.value.expose_secret().to_string())
             .collect::<Vec<_>>()
     };
     assert_eq!(values(&origin), vec!["first-value"]);
@@ -144,5 +158,23 @@ async fn the_origin_secret_and_its_previous_value_are_read_from_secrets_manager(
         .await?;
     origin.resolve(&client).await?;
     assert_eq!(values(&origin), vec!["second-value", "first-value"]);
+    let until = origin.from_arn[1].until.expect("the previous value ends");
+    let left = until - Utc::now();
+    assert!(
+        left > ChronoDuration::hours(23) && left <= ChronoDuration::hours(24),
+        "the previous value ends a day after the current one was made, not {left}"
+    );
+    assert!(
+        origin.from_arn[0].until.is_none(),
+        "the current value has no end"
+    );
+
+    origin.previous_for = std::time::Duration::ZERO;
+    origin.resolve(&client).await?;
+    assert_eq!(
+        values(&origin),
+        vec!["second-value"],
+        "past its time: not taken"
+    );
     Ok(())
 }

@@ -5,8 +5,8 @@
 //! `GET /health/deep`, which IAM-signed monitors call on the execute-api URL itself.
 
 use crate::http::error::ApiError;
-use crate::infra::config::EdgeOrigin;
-use crate::infra::secret::{ExposeSecret, SecretString};
+use crate::infra::config::{EdgeOrigin, OriginValue};
+use crate::infra::secret::ExposeSecret;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -30,7 +30,7 @@ pub fn guard(router: Router, origin: &EdgeOrigin) -> Router {
 }
 
 async fn check(
-    State(accepted): State<Arc<Vec<SecretString>>>,
+    State(accepted): State<Arc<Vec<OriginValue>>>,
     req: Request,
     next: Next,
 ) -> Response {
@@ -38,11 +38,13 @@ async fn check(
         return next.run(req).await;
     }
     let given = req.headers().get(HEADER).map(|v| v.as_bytes());
-    // Compared in constant time, each accepted value whole.
+    // Compared in constant time, each accepted value whole; a previous value only until its
+    // end.
+    let now = chrono::Utc::now();
     let known = given.is_some_and(|given| {
         accepted
             .iter()
-            .any(|a| bool::from(a.expose_secret().as_bytes().ct_eq(given)))
+            .any(|a| bool::from(a.value.expose_secret().as_bytes().ct_eq(given)) && a.valid_at(now))
     });
     if known {
         next.run(req).await

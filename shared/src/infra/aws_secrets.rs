@@ -230,6 +230,16 @@ pub async fn read_stage(
     arn: &str,
     stage: &str,
 ) -> anyhow::Result<String> {
+    Ok(read_version(client, arn, stage).await?.0)
+}
+
+/// The `SecretString` of the version of `arn` labelled `stage`, and when that version was
+/// created (`None` when Secrets Manager does not say).
+pub async fn read_version(
+    client: &aws_sdk_secretsmanager::Client,
+    arn: &str,
+    stage: &str,
+) -> anyhow::Result<(String, Option<chrono::DateTime<chrono::Utc>>)> {
     let call = client
         .get_secret_value()
         .secret_id(arn)
@@ -244,8 +254,13 @@ pub async fn read_stage(
                 aws_sdk_secretsmanager::error::DisplayErrorContext(&e)
             )
         })?;
-    out.secret_string
-        .ok_or_else(|| anyhow::anyhow!("secret {arn} has no SecretString"))
+    let created = out
+        .created_date
+        .and_then(|d| chrono::DateTime::from_timestamp(d.secs(), d.subsec_nanos()));
+    let value = out
+        .secret_string
+        .ok_or_else(|| anyhow::anyhow!("secret {arn} has no SecretString"))?;
+    Ok((value, created))
 }
 
 /// The database URL from the credentials secret `arn` (its host replaced by `host` when set),

@@ -41,7 +41,7 @@ mod tests;
 mod topology;
 mod values;
 
-pub use edge::EdgeOrigin;
+pub use edge::{EdgeOrigin, OriginValue};
 pub use secret_refs::SecretRefs;
 pub use values::{millis, non_blank, MAX_PUBLIC_VIEW_CACHE, USER_DB_RATE_WINDOW};
 
