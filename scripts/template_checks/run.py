@@ -24,7 +24,7 @@ from .origin_secret import check_origin_secret
 from .report import check, failures
 from .shape import check_shape
 from .routes import check_admin_routes, check_deep_health, check_route_auth, check_route_throttles
-from .stage import check_log_groups, check_stage
+from .stage import check_log_groups, check_log_protection, check_stage
 
 
 def run_checks(t: Template) -> list[str]:
@@ -40,6 +40,7 @@ def run_checks(t: Template) -> list[str]:
     check_data_stores(t)
     check_stage(t)
     check_log_groups(t)
+    check_log_protection(t)
     check_egress(t)
     check_database(t)
     check_db_logins(t)

@@ -199,6 +199,16 @@ BREAKAGES = [
     ("the functions log at a level nobody can set",
      lambda t: t.globals["LoggingConfig"].pop("ApplicationLogLevel"),
      "logs at Lambda's ApplicationLogLevel"),
+    ("a function's log group masks nothing",
+     lambda t: props(t, "ReconcileLogGroup").pop("DataProtectionPolicy"),
+     "ReconcileFunction: its log group ReconcileLogGroup masks"),
+    ("the origin secret is audited but not masked",
+     lambda t: props(t, "EntryLogGroup")["DataProtectionPolicy"]["Statement"][1]["DataIdentifier"].remove("OriginSecret"),
+     "SeckillEntryFunction: its log group EntryLogGroup masks"),
+    ("a masking regex CloudWatch Logs refuses (a group)",
+     lambda t: props(t, "AdminLogGroup")["DataProtectionPolicy"]["Configuration"]["CustomDataIdentifier"][1]
+     .update(Regex="(sk|rk)_[a-z]{4}_[A-Za-z0-9]{10,}"),
+     "AdminFunction: its log group AdminLogGroup masks"),
     ("a function writes to a log group Lambda creates",
      lambda t: props(t, "PreheatFunction").pop("LoggingConfig"),
      "PreheatFunction: writes JSON to its own log group"),
@@ -353,6 +363,12 @@ BREAKAGES = [
      edge_on(lambda t: props(t, "EdgeResponseHeadersPolicy")["ResponseHeadersPolicyConfig"]["SecurityHeadersConfig"]
              ["ContentSecurityPolicy"].update(ContentSecurityPolicy="default-src 'self'; img-src 'self' data:; "
              "style-src 'self'; script-src 'self' 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")),
+     "security headers"),
+    ("the CSP with payments on lets scripts come from any https origin",
+     edge_on(lambda t: props(t, "EdgeResponseHeadersPolicy")["ResponseHeadersPolicyConfig"]["SecurityHeadersConfig"]
+             ["ContentSecurityPolicy"]["ContentSecurityPolicy"]["Fn::If"].__setitem__(1, "default-src 'self'; "
+             "img-src 'self' data:; style-src 'self'; script-src 'self' https:; connect-src 'self' https://api.stripe.com; "
+             "frame-src https://js.stripe.com https://hooks.stripe.com; frame-ancestors 'none'")),
      "security headers"),
     ("CloudFront writes no access log",
      edge_on(lambda t: distribution_config(t).pop("Logging")),
