@@ -5,9 +5,11 @@
 //!
 //! Here the [`World`] of a sale with confirmed orders; the [`webhook`], the [`races`] of a payment
 //! with a cancel or the timeout, [`stripe`], the payment's [`closing`] at a stateful fake of
-//! Stripe before its order's unit comes back, and the [`refunds`] of money owed back.
+//! Stripe before its order's unit comes back, the events that fake [`delivered`] itself, and the
+//! [`refunds`] of money owed back.
 
 mod closing;
+mod delivered;
 mod races;
 mod refunds;
 mod stripe;
