@@ -326,3 +326,86 @@ async fn an_event_met_by_a_dead_database_is_paid_on_its_redelivery() -> anyhow::
     assert_eq!(w.status(id).await, OrderStatus::Paid);
     Ok(())
 }
+
+/// Anonymous traffic on the webhook (no signature, or one made with another secret) while the
+/// provider delivers signed events, through the router: a refused request costs no database
+/// connection, so the signed deliveries, on the one connection a deployed entry holds, all pay
+/// in the middle of the flood. (In AWS the route's own throttle, and with the edge on the WAF's
+/// allow-list of the provider's addresses, bound what reaches the function at all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_unsigned_requests_does_not_stop_signed_deliveries() -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use seckill_shared::infra::shape::Function;
+
+    let w = world().await;
+    let mut entry = Function::Entry.local_config(&w.env.config)?;
+    entry.db_max_connections = 1;
+    let one_connection = entry.database_pool_lazy()?;
+    let app = w.env.entry_router_with(|c| c.pool = one_connection);
+    let mut signed = Vec::new();
+    for n in 0..5 {
+        let user = format!("payer{n}");
+        let id = w.confirmed(&user, 1).await;
+        let (_, started) = w.start_pay(id, &user).await;
+        signed.push((id, started));
+    }
+    let forged = |n: usize| {
+        let (_, started) = &signed[n % signed.len()];
+        let event = format!("evt_forged_{n}");
+        let mut req = testkit::provider_event(
+            "whsec_not_the_endpoints",
+            &event,
+            started,
+            amount(started),
+            Utc::now().timestamp(),
+        );
+        if n % 2 == 0 {
+            req.headers_mut().remove(signature::HEADER);
+        }
+        req
+    };
+
+    const FLOOD: usize = 4000;
+    let flood = futures::stream::iter(0..FLOOD)
+        .map(|n| call(&app, forged(n)))
+        .buffer_unordered(64)
+        .collect::<Vec<_>>();
+    let deliveries = async {
+        let mut answers = Vec::new();
+        for (n, (_, started)) in signed.iter().enumerate() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let event = w.event(&format!("evt_real_{n}"), started, amount(started));
+            answers.push(call(&app, event).await);
+        }
+        answers
+    };
+    let (flooded, delivered) = tokio::join!(flood, deliveries);
+
+    let refused = flooded
+        .iter()
+        .filter(|(status, body)| {
+            *status == StatusCode::BAD_REQUEST
+                && body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("signature refused"))
+        })
+        .count();
+    assert_eq!(
+        refused, FLOOD,
+        "every forged request is refused at its signature"
+    );
+    for ((id, _), (status, body)) in signed.iter().zip(&delivered) {
+        assert_eq!(
+            (*status, body["outcome"].as_str()),
+            (StatusCode::OK, Some("paid")),
+            "{body}"
+        );
+        assert_eq!(w.status(*id).await, OrderStatus::Paid);
+    }
+    assert_eq!(
+        w.events().await,
+        signed.len() as i64,
+        "only the signed events are recorded"
+    );
+    Ok(())
+}
