@@ -16,6 +16,8 @@
 //! - [`reads`]: what tests assert on (a snapshot, the stock, the rows, the lock's holder).
 //! - [`faults`]: what a crash, a loss or time leaves, made by hand, and pools that break or
 //!   count.
+//! - [`localstripe`]: the Stripe provider pointed at the fake of Stripe's API, and the buyer's
+//!   side of a PaymentIntent there.
 //! - [`private_redis`]: a redis-server of the test's own, to pause, flush or restart.
 //! - [`invariants`]: the one checker of a sale's books (conservation, no oversell, the users,
 //!   one live order per user).
@@ -30,6 +32,7 @@ pub mod faults;
 pub mod functions;
 pub mod http;
 pub mod invariants;
+pub mod localstripe;
 pub mod private_redis;
 pub mod reads;
 pub mod steps;

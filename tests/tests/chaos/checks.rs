@@ -399,3 +399,100 @@ impl Chaos {
         }
     }
 }
+
+/// An order and its payment, as the payment check reads them.
+#[derive(sqlx::FromRow)]
+struct PaymentEnd {
+    order: String,
+    activity: i64,
+    amount: i64,
+    /// The order's price times its quantity.
+    price: Option<i64>,
+    payment: String,
+    refund: Option<String>,
+}
+
+impl Chaos {
+    /// Every payment started agrees with the provider at quiescence: an order is paid only by
+    /// a payment the provider says succeeded, for the order's price times its quantity; money
+    /// taken at the provider paid its order or is owed back (a refund tracked); an order
+    /// cancelled (by its owner or the release) has its payment cancelled at the provider, or
+    /// its money owed back; a payment recorded cancelled is cancelled there.
+    pub async fn check_payments(&self) -> anyhow::Result<()> {
+        let started = lock(&self.payments).clone();
+        for (order_id, pi) in started {
+            let at_provider = testkit::localstripe::intent_status(&pi).await;
+            let row: Option<PaymentEnd> = sqlx::query_as(
+                "select o.status as \"order\", o.activity_id as activity, p.amount_minor as amount,
+                            o.unit_price_minor * o.quantity as price, p.status as payment,
+                            p.refund_state as refund
+                     from orders o join payments p on p.order_id = o.id
+                     where o.id = $1 and p.provider_payment_id = $2",
+            )
+            .bind(order_id)
+            .bind(&pi)
+            .fetch_optional(&self.env.pool)
+            .await?;
+            let Some(PaymentEnd {
+                order,
+                activity,
+                amount,
+                price,
+                payment,
+                refund,
+            }) = row
+            else {
+                self.violate(
+                    "payment_recorded",
+                    None,
+                    format!("order {order_id}: payment {pi} was started but has no row"),
+                );
+                continue;
+            };
+            let succeeded = at_provider == "succeeded";
+            let owed_back = matches!(refund.as_deref(), Some("due" | "refunding" | "refunded"));
+            let broken = match order.as_str() {
+                "paid" if !succeeded || payment != "succeeded" => {
+                    Some("paid without a payment that succeeded at the provider")
+                }
+                "paid" if Some(amount) != price => Some("paid an amount that is not its price"),
+                "cancelled" if succeeded && !owed_back => {
+                    Some("cancelled with the buyer's money taken and nothing owed back")
+                }
+                "cancelled" if !succeeded && at_provider != "canceled" => {
+                    Some("cancelled with its payment still open at the provider")
+                }
+                "confirmed" if succeeded && !owed_back => {
+                    Some("paid at the provider, its event delivered, the order not paid")
+                }
+                _ if payment == "cancelled" && at_provider != "canceled" => {
+                    Some("payment recorded cancelled, not cancelled at the provider")
+                }
+                _ => None,
+            };
+            if let Some(what) = broken {
+                self.violate(
+                    "payment_agrees_with_provider",
+                    Some(activity),
+                    format!(
+                        "order {order_id} ({order}, payment {payment}, refund {refund:?}) and \
+                         {pi} ({at_provider}): {what}"
+                    ),
+                );
+            }
+            self.count(|r| {
+                *r.payments
+                    .entry(match (order.as_str(), at_provider.as_str()) {
+                        ("paid", _) => "end: paid",
+                        ("cancelled", "canceled") => "end: cancelled at both",
+                        ("cancelled", _) => "end: cancelled, money owed back",
+                        ("confirmed", "canceled") => "end: confirmed, intent cancelled",
+                        ("confirmed", _) => "end: confirmed, intent open",
+                        _ => "end: other",
+                    })
+                    .or_default() += 1;
+            });
+        }
+        Ok(())
+    }
+}

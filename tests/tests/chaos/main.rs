@@ -9,7 +9,9 @@
 //! - SQS sends that store the message and then report a timeout (`queue.send.lost_reply`);
 //! - two consumers that sometimes handle a batch twice (in a row or at once), die mid-batch,
 //!   or finish it without deleting, so SQS redelivers it after the 2 s visibility timeout;
-//! - double-clicked cancels, pays, and the payment-timeout release of unpaid orders;
+//! - double-clicked cancels, pays through the Stripe provider at localstripe (the fake of
+//!   Stripe's API: a buyer who confirms, gives up half way, or pays while she cancels; the
+//!   provider's event late or twice), and the payment-timeout release of unpaid orders;
 //! - admin raises, lowers and extensions of the window, under the fenced lock;
 //! - preheat runs;
 //! - on the test's private standalone Redis: SIGSTOP for 0.3-1.5 s, then SIGCONT (the shared
@@ -31,9 +33,10 @@
 //! 202 resolved to an order or an allowed failure (a 202 `queued` also to a pool entry the
 //! draw passed over, whatever keys were lost: the database keeps the entries and the draw's
 //! outcome), every drawn winner's request to an order and no loser's, and no order behind any
-//! other answer. Once the actors stop, each draw sale's draw is finished and its winners'
-//! orders written as reconcile's draw part does (with reconcile off, in place of the runs that
-//! would come).
+//! other answer; and every payment against the provider (paid only by money taken, money taken
+//! paid its order or is owed back, a cancelled order's payment cancelled there). Once the
+//! actors stop, each draw sale's draw is finished and its winners' orders written as
+//! reconcile's draw part does (with reconcile off, in place of the runs that would come).
 //!
 //! A failure names its seed. The choices are seeded; the interleavings are real concurrency,
 //! so a replay makes the same choices, not always the same interleaving:
@@ -328,6 +331,7 @@ async fn run_seed(v: Variant, seed: u64, phase: Duration) -> anyhow::Result<Vec<
     for &id in &chaos.activities {
         chaos.check_activity(id).await?;
     }
+    chaos.check_payments().await?;
     chaos.print_report();
     let mut findings = chaos.findings();
     let stuck = chaos.clean_up(findings.is_empty()).await;

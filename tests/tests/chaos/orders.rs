@@ -1,7 +1,9 @@
-//! What happens to orders once confirmed: owners cancelling (a double click too) and paying, the
-//! payment-timeout release, and an admin raising, lowering and extending the sale.
+//! What happens to orders once confirmed: owners cancelling (a double click too) and paying
+//! through the Stripe provider at localstripe (the fake of Stripe's API), paying while
+//! cancelling, giving a payment up half way; the provider's event, late or twice; the
+//! payment-timeout release; and an admin raising, lowering and extending the sale.
 
-use crate::world::Chaos;
+use crate::world::{lock, Chaos};
 use anyhow::Context as _;
 use chrono::{Duration as ChronoDuration, Utc};
 use rand::rngs::StdRng;
@@ -13,15 +15,17 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::order::Order;
 use seckill_shared::domain::payment::Outcome;
 use seckill_shared::domain::settings::ActivityPatch;
+use seckill_shared::infra::payments::Event;
 use seckill_shared::infra::shape::Function;
-use seckill_shared::protocol::cancel;
-use seckill_shared::protocol::cancel::CancelOutcome;
-use seckill_shared::protocol::pay::Settled;
+use seckill_shared::protocol::cancel::{CancelOutcome, Canceller};
+use seckill_shared::protocol::pay::{self, Settled, Started};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::localstripe;
 
 /// Owners clicking on their confirmed orders: cancel twice at once (a double click), cancel
-/// once, pay; and now and then the payment-timeout release with a timeout of a few seconds.
+/// once, pay, pay and cancel at once; and now and then the payment-timeout release with a
+/// timeout of a few seconds.
 pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
     let mut rng = c.rng(400);
     while c.nap(rng.random_range(50..250)).await {
@@ -46,9 +50,15 @@ pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
             continue;
         };
         match roll {
-            0..45 => c.cancel(&order, true).await,
-            45..55 => c.cancel(&order, false).await,
-            _ => c.pay(&order).await,
+            0..25 => c.cancel(&order, true).await,
+            25..35 => c.cancel(&order, false).await,
+            35..55 => {
+                c.count(|r| *r.payments.entry("paid while cancelling").or_default() += 1);
+                let pay = c.pay(&order, &mut rng);
+                let cancel = c.cancel(&order, false);
+                tokio::join!(pay, cancel);
+            }
+            _ => c.pay(&order, &mut rng).await,
         }
     }
     Ok(())
@@ -56,17 +66,17 @@ pub async fn order_clicks(c: Arc<Chaos>) -> anyhow::Result<()> {
 
 impl Chaos {
     async fn cancel(&self, order: &Order, double_click: bool) {
-        // As the entry's cancel route runs it.
+        // As the entry's cancel route runs it: the payment closed at the provider first.
         let (pool, redis) = self.patient.login(Function::Entry);
         let (pool, redis) = (&pool, &redis);
+        let provider = Some(self.stripe.as_ref());
+        let click =
+            || pay::cancel_unpaid(pool, redis, provider, order, Utc::now(), Canceller::Owner);
         let outcomes = if double_click {
-            let (a, b) = tokio::join!(
-                cancel::cancel_order(pool, redis, order, Utc::now()),
-                cancel::cancel_order(pool, redis, order, Utc::now())
-            );
+            let (a, b) = tokio::join!(click(), click());
             vec![a, b]
         } else {
-            vec![cancel::cancel_order(pool, redis, order, Utc::now()).await]
+            vec![click().await]
         };
         let cancelled = outcomes
             .iter()
@@ -97,19 +107,86 @@ impl Chaos {
         });
     }
 
-    async fn pay(&self, order: &Order) {
-        let paid = testkit::pay(&self.patient, order.id, self.patient.config.payment_timeout).await;
-        let refused = !matches!(
-            paid,
-            Ok(Ok(Settled::Decided {
-                outcome: Outcome::Paid,
-                ..
-            }))
+    /// The owner pays as the storefront does with Stripe: the pay route starts the payment
+    /// (the PaymentIntent), the buyer confirms it at the provider (or gives up half way, for
+    /// the release to close), and the provider's event comes, now or up to 1.5 s late, now
+    /// and then twice at once.
+    async fn pay(&self, order: &Order, rng: &mut StdRng) {
+        let (abandon, delay, twice) = (
+            rng.random_bool(0.15),
+            Duration::from_millis(rng.random_range(0..1500)),
+            rng.random_bool(0.2),
         );
+        let (pool, _) = self.patient.login(Function::Entry);
+        let timeout = self.patient.config.payment_timeout;
+        let started = pay::start(&pool, self.stripe.as_ref(), order, Utc::now(), timeout).await;
+        let payment = match started {
+            Ok(Started::Pending { payment, .. }) => payment,
+            Ok(Started::Paid(_)) | Ok(Started::NotPayable(_)) | Err(_) => {
+                self.count(|r| {
+                    r.pays += 1;
+                    r.pays_refused += 1;
+                });
+                return;
+            }
+        };
+        let pi = payment.provider_payment_id.clone();
+        lock(&self.payments).push((order.id, pi.clone()));
+        let what = if abandon {
+            "abandoned"
+        } else if localstripe::buyer_pays(&pi).await.is_err() {
+            "refused at the provider"
+        } else {
+            tokio::time::sleep(delay).await;
+            // A redelivery is the same event, id and all.
+            let event_id = format!("evt_{}", uuid::Uuid::new_v4().simple());
+            let outcomes = if twice {
+                let (a, b) = tokio::join!(
+                    self.event(&pool, &pi, &event_id),
+                    self.event(&pool, &pi, &event_id)
+                );
+                vec![a, b]
+            } else {
+                vec![self.event(&pool, &pi, &event_id).await]
+            };
+            let paid = outcomes.iter().any(|o| {
+                matches!(
+                    o,
+                    Some(Settled::Decided {
+                        outcome: Outcome::Paid,
+                        ..
+                    })
+                )
+            });
+            if paid {
+                "paid by its event"
+            } else {
+                "paid at the provider, not the order"
+            }
+        };
         self.count(|r| {
             r.pays += 1;
-            r.pays_refused += u64::from(refused);
+            r.pays_refused += u64::from(what != "paid by its event");
+            *r.payments.entry(what).or_default() += 1;
         });
+    }
+
+    /// The provider's `payment_intent.succeeded` event about `pi`, as Stripe sends it (the
+    /// intent read from localstripe as its object), settled as the entry's webhook does; tried
+    /// again as the provider redelivers after an error.
+    async fn event(&self, pool: &sqlx::PgPool, pi: &str, event_id: &str) -> Option<Settled> {
+        let stack = &self.patient.config.payments.stack;
+        for _ in 0..3 {
+            let Ok(intent) = localstripe::intent(pi).await else {
+                continue;
+            };
+            let body = localstripe::succeeded_event_of(event_id, &intent);
+            let event: Event = serde_json::from_str(&body).expect("an event");
+            if let Ok(settled) = pay::settle(pool, "stripe", stack, &event, Utc::now()).await {
+                return Some(settled);
+            }
+        }
+        None
     }
 
     /// Reconcile's payment-timeout release alone (not a reconcile run), with a timeout of 1-4 s.

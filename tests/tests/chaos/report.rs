@@ -25,6 +25,8 @@ pub struct Report {
     pub cancels: BTreeMap<&'static str, u64>,
     pub pays: u64,
     pub pays_refused: u64,
+    /// What became of each payment started at the provider (abandoned, paid, event outcomes…).
+    pub payments: BTreeMap<&'static str, u64>,
     pub release_runs: u64,
     pub released: u64,
     pub release_deferred: u64,
@@ -85,6 +87,7 @@ impl fmt::Display for Report {
             self.release_errors,
             self.rows
         )?;
+        writeln!(f, "  payments at the provider: {:?}", self.payments)?;
         writeln!(f, "  admin: {:?}", self.admin)?;
         write!(
             f,

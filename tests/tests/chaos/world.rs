@@ -15,6 +15,7 @@ use crate::{
     ENTRY_REDIS_TIMEOUT_STANDALONE, MAX_RECEIVE_COUNT, PATIENT_REDIS_TIMEOUT, PER_ORDER_LIMIT,
     SOLD_OUT_CACHE_TTL, VISIBILITY_TIMEOUT_SECS,
 };
+use anyhow::Context as _;
 use chrono::{Duration as ChronoDuration, Utc};
 use order_consumer::Consumer;
 use rand::rngs::StdRng;
@@ -56,6 +57,10 @@ pub struct Chaos {
     pub attempts: Mutex<Vec<Attempt>>,
     pub report: Mutex<Report>,
     findings: Mutex<Vec<Finding>>,
+    /// Each payment started, (order id, PaymentIntent id), for the check at quiescence.
+    pub payments: Mutex<Vec<(i64, String)>>,
+    /// The Stripe provider at localstripe, as the entry and reconcile hold it.
+    pub stripe: Arc<dyn seckill_shared::infra::payments::Provider>,
 }
 
 /// One purchase click and its answer.
@@ -114,9 +119,17 @@ impl Chaos {
         let (private, env) = test_env(variant.kind).await?;
         let mut config = env.config.clone();
         config.redis_timeout = PATIENT_REDIS_TIMEOUT;
+        // Payments through the Stripe provider at localstripe (the fake of Stripe's API), under
+        // a stack name of this seed's own: localstripe is shared by every run.
+        testkit::localstripe::stripe_at(&mut config, testkit::localstripe::LOCALSTRIPE);
+        config.payments.stack = format!("chaos-{seed}-{}", Uuid::new_v4().simple());
         if variant.reconcile {
             config.reconcile_grace = Duration::from_millis(rng.random_range(1000..=2000));
         }
+        let patient_provider = config
+            .payments
+            .provider()
+            .context("the Stripe provider at localstripe")?;
         let mut patient = env.clone();
         patient.config = config;
         patient.reconnect().await?;
@@ -180,6 +193,8 @@ impl Chaos {
             attempts: Mutex::new(Vec::new()),
             report: Mutex::new(Report::default()),
             findings: Mutex::new(Vec::new()),
+            payments: Mutex::new(Vec::new()),
+            stripe: patient_provider,
         })
     }
 

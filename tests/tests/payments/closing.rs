@@ -9,74 +9,10 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::payment;
 use seckill_shared::domain::status::{OrderStatus, PaymentStatus};
 use seckill_shared::infra::pause;
-use serde_json::Value;
 use std::time::Duration;
 use testkit::{self, call, request};
 
-/// Where localstripe listens.
-pub(crate) const LOCALSTRIPE: &str = "http://127.0.0.1:8420";
-
-/// The buyer's side of a PaymentIntent at localstripe, as Stripe.js would drive it: a card
-/// attached and the intent confirmed (4242…: succeeds at once). Answers the intent afterwards,
-/// or the error localstripe answered.
-pub(crate) async fn buyer_pays(payment_id: &str) -> Result<Value, Value> {
-    let http = reqwest::Client::new();
-    let post = |path: String, form: Vec<(&'static str, String)>| {
-        http.post(format!("{LOCALSTRIPE}{path}"))
-            .basic_auth("sk_test_buyer", Some(""))
-            .form(&form)
-            .send()
-    };
-    let card = vec![
-        ("type", "card".to_string()),
-        ("card[number]", "4242424242424242".into()),
-        ("card[exp_month]", "12".into()),
-        ("card[exp_year]", "2040".into()),
-        ("card[cvc]", "123".into()),
-    ];
-    let pm: Value = post("/v1/payment_methods".into(), card)
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let attach = vec![("payment_method", pm["id"].as_str().unwrap().to_string())];
-    let path = format!("/v1/payment_intents/{payment_id}");
-    let attached = post(path.clone(), attach).await.unwrap();
-    if !attached.status().is_success() {
-        return Err(attached.json().await.unwrap());
-    }
-    let confirmed = post(format!("{path}/confirm"), vec![]).await.unwrap();
-    let ok = confirmed.status().is_success();
-    let body: Value = confirmed.json().await.unwrap();
-    if ok {
-        Ok(body)
-    } else {
-        Err(body)
-    }
-}
-
-/// The intent's status at localstripe.
-pub(crate) async fn intent_status(payment_id: &str) -> String {
-    let intent: Value = reqwest::Client::new()
-        .get(format!("{LOCALSTRIPE}/v1/payment_intents/{payment_id}"))
-        .basic_auth("sk_test_reader", Some(""))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    intent["status"].as_str().unwrap_or_default().to_string()
-}
-
-/// The test's config pointed at the Stripe provider at `api_base`.
-pub(crate) fn stripe_at(config: &mut seckill_shared::infra::config::Config, api_base: &str) {
-    let payments = &mut config.payments;
-    payments.provider = "stripe".into();
-    payments.api_base = api_base.into();
-    payments.api_key = Some("sk_test_seckill".to_string().into());
-}
+pub(crate) use testkit::localstripe::{buyer_pays, intent_status, stripe_at, LOCALSTRIPE};
 
 /// The entry's router on the Stripe provider at localstripe.
 pub(crate) fn stripe_app(w: &World) -> axum::Router {

@@ -29,6 +29,10 @@ async fn a_payment_is_started_for_the_price_times_the_quantity_and_pays_nothing(
         started["completeUrl"].as_str(),
         Some(format!("/payments/local/{payment_id}/complete").as_str())
     );
+    assert!(
+        started.get("publishableKey").is_none(),
+        "Stripe.js is for Stripe's payments only"
+    );
     assert_eq!(
         w.status(id).await,
         OrderStatus::Confirmed,
@@ -359,7 +363,7 @@ async fn a_flood_of_unsigned_requests_does_not_stop_signed_deliveries() -> anyho
             amount(started),
             Utc::now().timestamp(),
         );
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             req.headers_mut().remove(signature::HEADER);
         }
         req
