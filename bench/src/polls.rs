@@ -162,9 +162,11 @@ fn spread(i: usize, n: usize) -> usize {
 /// One order per buyer, all of one sale, in one statement.
 async fn fill_orders(pool: &PgPool, activity_id: i64, n: usize) -> anyhow::Result<()> {
     sqlx::query(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         select gen_random_uuid(), $1, 'buyer-' || lpad(g::text, 7, '0'), 1, 'confirmed'
-         from generate_series(0, $2 - 1) g",
+        "insert into orders (request_id, activity_id, user_id, quantity, status,
+                             unit_price_minor, currency)
+         select gen_random_uuid(), $1, 'buyer-' || lpad(g::text, 7, '0'), 1, 'confirmed',
+                a.price_minor, a.currency
+         from generate_series(0, $2 - 1) g, activities a where a.id = $1",
     )
     .bind(activity_id)
     .bind(n as i64)

@@ -335,8 +335,10 @@ async fn a_drawer_dead_after_a_chunk_leaves_every_winner_of_it_a_row(
         .map(|(u, _)| u)
         .expect("a winner");
     sqlx::query(
-        "insert into orders (request_id, activity_id, user_id, quantity, status)
-         values (gen_random_uuid(), $1, $2, 1, 'confirmed')",
+        "insert into orders (request_id, activity_id, user_id, quantity, status,
+                             unit_price_minor, currency)
+         select gen_random_uuid(), id, $2, 1, 'confirmed', price_minor, currency
+         from activities where id = $1",
     )
     .bind(a.id)
     .bind(&winner)
