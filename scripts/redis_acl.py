@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
 """The Redis ACL user of each function: the one place that says what each may run.
 
-A function's user may run its Lua scripts (EVALSHA, and SCRIPT LOAD after a failover or a
-SCRIPT FLUSH emptied the script cache), the commands those scripts call (read from lua/*.lua,
+A function's user may run its Lua scripts (EVALSHA only: it cannot load a script, so it runs no
+text but the project's), the commands those scripts call (read from lua/*.lua,
 with the functions of lua/prelude.lua each one calls, so a script that starts calling a new
 command widens only the users that run it), the commands
 the function sends itself, and what the client sends on every connection. Every key it may
 touch starts with `seckill:` (the functions' SECKILL_KEY_PREFIX default); no other key, no
 channel, no other command.
 
+The scripts are loaded by one more user, the loader (`seckill-loader`): SCRIPT LOAD and nothing
+else, no key. Preheat loads every script on every node at each run, and seckill-migrate after
+each migration (`shared/src/store/scripts.rs`, `load_all`), logged in as the loader; no function
+may load a script as itself.
+
     python3 scripts/redis_acl.py access FUNCTION    the access string of FUNCTION's user
     python3 scripts/redis_acl.py json               every user: name, access string, scripts
     python3 scripts/redis_acl.py prelude SCRIPT     the prelude's functions SCRIPT runs with
+    python3 scripts/redis_acl.py loader             the loader's name and access string
     python3 scripts/redis_acl.py apply HOST:PORT... ACL SETUSER every user, with its local
                                                     password, on each server (scripts/stack.sh)
     python3 scripts/redis_acl.py template           rewrite template.yaml's AccessString of each
@@ -37,10 +43,18 @@ LUA = Path(__file__).resolve().parent.parent / "lua"
 # Every key of the functions starts with the key prefix and a colon.
 KEY_PATTERN = "seckill:*"
 
-# What every user's connection sends besides its own commands: the script calls, the reload
-# after NOSCRIPT, the health check, and the cluster client's slot map. Not CLIENT SETINFO:
-# Redis 7.0/7.1 (ElastiCache's redis7) do not know it, and redis-rs ignores its refusal.
-BASE = ("EVALSHA", "SCRIPT|LOAD", "PING", "CLUSTER|SLOTS")
+# What every user's connection sends besides its own commands: the script calls, the health
+# check, and the cluster client's slot map. Not SCRIPT LOAD: a user that may load may run any
+# text it likes (a `while true do end` stops a shard, and no user may kill it). Not CLIENT
+# SETINFO: Redis 7.0/7.1 (ElastiCache's redis7) do not know it, and redis-rs ignores its refusal.
+BASE = ("EVALSHA", "PING", "CLUSTER|SLOTS")
+
+# The loader: loads the scripts (SCRIPT LOAD goes to every node of a cluster, replicas too, so a
+# failover finds them), touches no key, runs nothing.
+LOADER = {
+    "user": "seckill-loader",
+    "access": "on -@all +script|load +ping +cluster|slots",
+}
 
 # Per function (its binary's name): the scripts it runs, and the commands it sends itself; its
 # user's name is functions/shape.toml's `redis_user`. The binaries test
@@ -167,26 +181,30 @@ def every_user() -> dict[str, dict]:
 
 
 def apply(servers: list[str]) -> None:
+    logins = [(spec["user"], access(function)) for function, spec in USERS.items()]
+    logins.append((LOADER["user"], LOADER["access"]))
     for server in servers:
         host, port = server.rsplit(":", 1)
-        for function, spec in USERS.items():
-            rules = ["reset", f">{local_password(spec['user'])}"] + access(function).split()
+        for user, rules_text in logins:
+            rules = ["reset", f">{local_password(user)}"] + rules_text.split()
             out = subprocess.run(
-                ["redis-cli", "-h", host, "-p", port, "ACL", "SETUSER", spec["user"], *rules],
+                ["redis-cli", "-h", host, "-p", port, "ACL", "SETUSER", user, *rules],
                 capture_output=True, text=True, check=False,
             )
             if out.returncode != 0 or out.stdout.strip() != "OK":
-                raise SystemExit(f"ACL SETUSER {spec['user']} on {server}: {out.stdout}{out.stderr}".strip())
+                raise SystemExit(f"ACL SETUSER {user} on {server}: {out.stdout}{out.stderr}".strip())
 
 
 def rewrite_template(path: Path) -> None:
     """Sets the AccessString that follows each user's `UserName:` line in the template."""
     text = path.read_text()
-    for function, spec in USERS.items():
-        pattern = re.compile(r'(UserName: ' + re.escape(spec["user"]) + r'\n\s+AccessString: )"[^"]*"')
-        text, n = pattern.subn(lambda m: m.group(1) + '"' + access(function) + '"', text)
+    wanted = [(spec["user"], access(function)) for function, spec in USERS.items()]
+    wanted.append((LOADER["user"], LOADER["access"]))
+    for user, rules in wanted:
+        pattern = re.compile(r'(UserName: ' + re.escape(user) + r'\n\s+AccessString: )"[^"]*"')
+        text, n = pattern.subn(lambda m, rules=rules: m.group(1) + '"' + rules + '"', text)
         if n != 1:
-            raise SystemExit(f"{path}: no AccessString after UserName: {spec['user']}")
+            raise SystemExit(f"{path}: no AccessString after UserName: {user}")
     path.write_text(text)
 
 
@@ -197,6 +215,8 @@ def main(argv: list[str]) -> int:
         print(" ".join(name for name, _ in prelude_for((LUA / argv[1]).read_text())))
     elif argv == ["json"]:
         print(json.dumps(every_user(), indent=2))
+    elif argv == ["loader"]:
+        print(json.dumps(LOADER, indent=2))
     elif len(argv) >= 2 and argv[0] == "apply":
         apply(argv[1:])
     elif argv == ["template"]:

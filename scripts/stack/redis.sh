@@ -186,5 +186,5 @@ ensure_acl_users() {
     for p in "${CLUSTER_PORTS[@]}"; do servers+=("$HOST:$p"); done
     python3 "$REPO/scripts/redis_acl.py" apply "${servers[@]}" \
         || die "could not create the functions' Redis ACL users (scripts/redis_acl.py)"
-    summary redis-acl "$(python3 "$REPO/scripts/redis_acl.py" json | grep -c '"user"') function users on ${#servers[@]} servers"
+    summary redis-acl "$(python3 "$REPO/scripts/redis_acl.py" json | grep -c '"user"') function users and the script loader on ${#servers[@]} servers"
 }

@@ -79,7 +79,8 @@ def check_db_logins(t: Template) -> None:
         own_env = fn.get("Properties", {}).get("Environment", {}).get("Variables", {}) or {}
         secret = target_of(own_env.get("DATABASE_SECRET_ARN"))
         reads = secret_reads(fn)
-        uses_redis = {target_of(v) for k, v in t.env(fn).items() if k == "REDIS_AUTH_SECRET_ARN"} or redis
+        uses_redis = {target_of(v) for k, v in t.env(fn).items()
+                      if k in ("REDIS_AUTH_SECRET_ARN", "REDIS_LOADER_SECRET_ARN")} or redis
         if binary == MIGRATE_BINARY:
             joined = own_env.get("DATABASE_ROLE_SECRET_ARNS")
             parts = joined.get("Fn::Join") if isinstance(joined, dict) else None
@@ -87,8 +88,10 @@ def check_db_logins(t: Template) -> None:
             check(secret == master, f"{name}: DATABASE_SECRET_ARN is the master secret {master} (got {secret})")
             check(listed == set(roles.values()) and len(as_list(parts[1])) == len(roles),
                   f"{name}: DATABASE_ROLE_SECRET_ARNS joins every role's secret with ',' (got {sorted(listed)})")
-            check(reads == {master} | set(roles.values()),
-                  f"{name}: reads the master and every role secret, nothing else (got {sorted(reads)})")
+            loader = {target_of(own_env.get("REDIS_LOADER_SECRET_ARN"))} - {None}
+            check(reads == {master} | set(roles.values()) | loader,
+                  f"{name}: reads the master and every role secret (+ the script loader's Redis login), nothing "
+                  f"else (got {sorted(reads)})")
             continue
         role = DB_ROLE_OF_BINARY.get(binary)
         user, weak = secret_user(t, secret)

@@ -4,6 +4,7 @@ string is scripts/redis_acl.py's for it."""
 from __future__ import annotations
 
 import json
+import re
 
 import redis_acl  # scripts/redis_acl.py: the functions' Redis ACL users
 
@@ -40,8 +41,10 @@ def check_redis_users(t: Template) -> None:
               and str(default[1].get("AccessString", "")).split()[:1] == ["off"],
               f"{name}: the group's required default user is off (AccessString starts with 'off')")
         wanted = {users[spec["user"]][0] for spec in redis_acl.USERS.values() if spec["user"] in users}
+        wanted |= {users[redis_acl.LOADER["user"]][0]} if redis_acl.LOADER["user"] in users else set()
         check(members == wanted | ({default[0]} if default else set()),
-              f"{name}: the group holds the default user and one user per function, nothing else (got {sorted(members)})")
+              f"{name}: the group holds the default user, one user per function and the script loader, nothing else "
+              f"(got {sorted(members)})")
     genv = t.globals.get("Environment", {}).get("Variables", {}) or {}
     check("REDIS_AUTH_SECRET_ARN" not in genv, "Globals: no REDIS_AUTH_SECRET_ARN (each function names its own Redis login)")
     logins = {}
@@ -79,3 +82,41 @@ def check_redis_users(t: Template) -> None:
         others = set(logins.values()) - {logins.get(name)}
         reads = secret_reads(t.evaluate(fn))
         check(not reads & others, f"{name}: reads no other function's Redis login (got {sorted(reads & others)})")
+    check_script_loader(t, users)
+
+
+# The functions that load the scripts into Redis as the loader (`Function::loads_scripts`):
+# preheat at each run, seckill-migrate after migrating. No other may (it could run any text).
+SCRIPT_LOADERS = {"preheat", "seckill-migrate"}
+
+
+def check_script_loader(t: Template, users: dict) -> None:
+    """The loader user has scripts/redis_acl.py's access string (SCRIPT LOAD, no key) and the
+    token of its own generated secret as password; only the functions that load get that
+    secret, and only they may read it."""
+    entry = users.get(redis_acl.LOADER["user"])
+    check(entry is not None, f"an ElastiCache user named {redis_acl.LOADER['user']} (the script loader)")
+    if entry is None:
+        return
+    access = str(entry[1].get("AccessString", ""))
+    check(access == redis_acl.LOADER["access"],
+          f"{entry[0]}: AccessString is scripts/redis_acl.py's loader's (got {access!r}, want "
+          f"{redis_acl.LOADER['access']!r})")
+    passwords = [sub_text(pw) for pw in as_list((entry[1].get("AuthenticationMode") or {}).get("Passwords"))]
+    secrets = {m.group(1) for pw in passwords for m in [re.match(r"^\{\{resolve:secretsmanager:\$\{(\w+)\}:SecretString:token\}\}$", pw)] if m}
+    secret = next(iter(secrets)) if len(secrets) == 1 and len(passwords) == 1 else None
+    gen = props_of(t.resources.get(secret, {})).get("GenerateSecretString") or {}
+    try:
+        secret_user = json.loads(str(gen.get("SecretStringTemplate"))).get("username")
+    except (ValueError, AttributeError):
+        secret_user = None
+    check(secret is not None and secret_user == redis_acl.LOADER["user"]
+          and (t.number(gen.get("PasswordLength")) or 0) >= MIN_PASSWORD_LENGTH,
+          f"{entry[0]}: its password is the token of a generated secret of its own (got {passwords})")
+    for name, fn in t.functions():
+        given = target_of(t.env(fn).get("REDIS_LOADER_SECRET_ARN"))
+        loads = t.binary(fn) in SCRIPT_LOADERS
+        reads = secret in secret_reads(t.evaluate(fn))
+        check((given == secret and reads) if loads else (given is None and not reads),
+              f"{name}: {'gets and reads' if loads else 'neither gets nor reads'} the script loader's login "
+              f"(REDIS_LOADER_SECRET_ARN {given}, reads it: {reads})")

@@ -141,6 +141,17 @@ BREAKAGES = [
     ("a function's Redis user may run every command",
      lambda t: props(t, "RedisConsumerUser").update(AccessString="on ~* +@all"),
      "RedisConsumerUser: AccessString"),
+    ("a function's Redis user may load scripts again",
+     lambda t: props(t, "RedisEntryUser").update(
+         AccessString=props(t, "RedisEntryUser")["AccessString"].replace("+evalsha", "+evalsha +script|load")),
+     "RedisEntryUser: AccessString"),
+    ("the script loader may run what it loads",
+     lambda t: props(t, "RedisLoaderUser").update(AccessString="on -@all +script|load +evalsha +ping +cluster|slots"),
+     "RedisLoaderUser: AccessString is scripts/redis_acl.py's loader's"),
+    ("the entry gets the script loader's login",
+     lambda t: props(t, "SeckillEntryFunction")["Environment"]["Variables"].update(
+         REDIS_LOADER_SECRET_ARN={"Ref": "RedisLoaderSecret"}),
+     "SeckillEntryFunction: neither gets nor reads the script loader's login"),
     ("the Redis cluster takes one AUTH token again",
      lambda t: props(t, "RedisReplicationGroup").update(AuthToken="{{resolve:secretsmanager:x}}"),
      "RedisReplicationGroup: no AuthToken"),

@@ -210,6 +210,19 @@ impl FunctionLogins {
             })?;
             logins.insert(function, (pool, redis));
         }
+        // The scripts, as preheat loads them in AWS (no function's user may load one): before
+        // any function of the test calls one.
+        let preheat = Function::Preheat.local_config(config)?;
+        let loader = Redis::connect_loader(&preheat)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("preheat has no loader login"))?;
+        seckill_shared::store::scripts::load_all(&loader)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the scripts load as the loader ({e:#}): bash scripts/stack.sh creates it"
+                )
+            })?;
         Ok(Self(Arc::new(logins)))
     }
 

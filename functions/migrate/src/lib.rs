@@ -18,11 +18,14 @@
 
 mod scram;
 
+use anyhow::Context as _;
 pub use scram::verifier as scram_verifier;
 use seckill_shared::infra::aws_secrets::{self, RoleSecret};
-use seckill_shared::infra::config::{millis, SecretRefs};
+use seckill_shared::infra::config::{millis, RedisTopology, SecretRefs};
 use seckill_shared::infra::db;
 use seckill_shared::infra::secret::{ExposeSecret, SecretUrl};
+use seckill_shared::store::conn::Redis;
+use seckill_shared::store::scripts;
 use serde_json::{json, Value};
 use sqlx::{ConnectOptions, Connection};
 use std::time::Duration;
@@ -49,9 +52,30 @@ pub struct MigrateConfig {
         hide_env_values = true
     )]
     pub database_url: Option<SecretUrl>,
-    /// The master secret, the role secrets (REDIS_AUTH_SECRET_ARN is not read here).
+    /// The master secret, the role secrets, and the script loader's Redis login
+    /// (REDIS_AUTH_SECRET_ARN is not read here).
     #[command(flatten)]
     pub secrets: SecretRefs,
+    /// Where Redis is (one URL, or a cluster's nodes): with REDIS_LOADER_SECRET_ARN set too
+    /// (as in AWS), the run loads this build's scripts on every node after migrating, logged
+    /// in as the loader. Not needed to migrate alone.
+    #[arg(
+        long = "redis-url",
+        env = "REDIS_URL",
+        value_name = "REDIS_URL",
+        hide_env_values = true
+    )]
+    pub redis_url: Option<String>,
+    /// The one REDIS_URL is a cluster's configuration endpoint.
+    #[arg(
+        long = "redis-cluster",
+        env = "REDIS_CLUSTER",
+        value_name = "REDIS_CLUSTER",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub redis_cluster: bool,
     #[command(flatten)]
     pub database_ca: db::CaBundle,
     /// How long the run waits for its one database connection.
@@ -122,14 +146,42 @@ pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
     pool.close().await;
     let with_password = set_role_passwords(options, &roles).await?;
     tracing::info!(database = %target, ?newly, roles = ?with_password, "migrations applied");
+    let scripts = load_scripts(config).await?;
     Ok(json!({
         "database": target,
         "applied": newly,
         "latest": after.last(),
         "known": db::MIGRATOR.iter().map(|m| m.version).collect::<Vec<_>>(),
         "rolePasswordsSet": with_password,
+        "scriptsLoaded": scripts,
     }))
 }
+
+/// This build's scripts on every Redis node, loaded as the loader user, when
+/// REDIS_LOADER_SECRET_ARN names its login: a deploy's new scripts are there before a function
+/// of the new build needs them (no function may load one itself). Answers how many.
+pub async fn load_scripts(config: &MigrateConfig) -> anyhow::Result<usize> {
+    let Some(arn) = &config.secrets.redis_loader_secret_arn else {
+        return Ok(0);
+    };
+    let url = config
+        .redis_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+        .context("REDIS_LOADER_SECRET_ARN is set but REDIS_URL is not")?;
+    let client = aws_secrets::client().await;
+    let login = aws_secrets::RedisLogin::parse(&aws_secrets::read(&client, arn).await?)?;
+    let topology = RedisTopology::from_urls(url, config.redis_cluster).with_login(&login)?;
+    let loader = Redis::connect_with(&topology, SCRIPT_LOAD_TIMEOUT, "seckill")
+        .await
+        .context("failed to connect to redis as the script loader")?;
+    let loaded = scripts::load_all(&loader).await?;
+    tracing::info!(scripts = loaded, "scripts loaded into redis");
+    Ok(loaded)
+}
+
+/// Each SCRIPT LOAD's bound (on a cluster, one per node at once).
+const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Gives each role the password of its secret, on one connection of `options` that logs no
 /// statement. What is sent is the password's SCRAM-SHA-256 verifier ([`scram_verifier`]),

@@ -17,6 +17,7 @@ use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::Bucket;
 use seckill_shared::store::meta::{self, PreheatOutcome};
+use seckill_shared::store::scripts;
 use seckill_shared::{Config, Context};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -30,6 +31,8 @@ pub struct Preheat {
     config: Config,
     pool: PgPool,
     redis: Redis,
+    /// Redis as the script loader, connected at the first run that loads.
+    loader: tokio::sync::OnceCell<Redis>,
 }
 
 /// What one run did, returned as the Lambda's JSON result and logged.
@@ -51,6 +54,10 @@ pub struct PreheatReport {
     pub deferred_ids: Vec<i64>,
     /// Activities that could not be loaded this time (the next run retries them).
     pub errors: Vec<PreheatFailure>,
+    /// Scripts loaded on every Redis node as the loader (all of them, each run); 0 when this
+    /// process has no loader login or the load failed (`script_error`).
+    pub scripts_loaded: usize,
+    pub script_error: Option<String>,
 }
 
 /// One activity preheat could not load.
@@ -97,7 +104,26 @@ impl Preheat {
             config: context.config,
             pool: context.pool,
             redis: context.redis,
+            loader: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Loads every script on every Redis node as the loader (a node restarted or replaced
+    /// empty has them again), when this process holds the loader's login. Answers how many.
+    pub async fn load_scripts(&self) -> anyhow::Result<usize> {
+        if self.config.redis_loader.is_none() {
+            return Ok(0);
+        }
+        let loader = self
+            .loader
+            .get_or_try_init(|| async {
+                Redis::connect_loader(&self.config)
+                    .await?
+                    .context("no loader login")
+            })
+            .await
+            .context("failed to connect to redis as the script loader")?;
+        scripts::load_all(loader).await
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
@@ -129,10 +155,21 @@ impl Preheat {
             .checked_sub(FINISH_MARGIN)
             .unwrap_or(deadline)
             .max(Instant::now());
+        let mut report = PreheatReport::default();
+        // First the scripts, which every function's call needs and none may load itself.
+        match self.load_scripts().await {
+            Ok(n) => report.scripts_loaded = n,
+            Err(e) => {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "failed to load the scripts into redis"
+                );
+                report.script_error = Some(format!("{e:#}"));
+            }
+        }
         let due = activity::due_for_preheat(&self.pool, now, self.config.preheat_lead)
             .await
             .context("failed to list activities due for preheat")?;
-        let mut report = PreheatReport::default();
         for a in &due {
             match self.preheat_one(a, end).await {
                 Ok(PreheatOutcome::Loaded) => {
@@ -177,6 +214,10 @@ impl Preheat {
                 ("Loaded", report.loaded as f64),
                 ("Refreshed", report.refreshed as f64),
                 ("PreheatErrors", report.errors.len() as f64),
+                (
+                    "ScriptLoadFailures",
+                    f64::from(u8::from(report.script_error.is_some())),
+                ),
             ],
             &[],
         );
@@ -187,6 +228,7 @@ impl Preheat {
             refreshed = report.refreshed,
             deferred = report.deferred_ids.len(),
             errors = report.errors.len(),
+            scripts_loaded = report.scripts_loaded,
             "preheat finished"
         );
         Ok(report)

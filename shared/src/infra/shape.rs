@@ -69,12 +69,29 @@ impl Function {
                 .map_err(|()| anyhow::anyhow!("the database URL takes no password"))?;
             config.database_url = SecretUrl::from(url.to_string());
         }
+        if self.loads_scripts() {
+            config.redis_loader = Some(
+                config
+                    .redis
+                    .with_login(&local_redis_login(LOADER_REDIS_USER))?,
+            );
+        }
         if let Some(user) = &shape.redis_user {
             config.redis = config.redis.with_login(&local_redis_login(user))?;
         }
         Ok(config)
     }
+
+    /// Whether it loads the scripts into Redis, as the loader user (template.yaml gives it
+    /// REDIS_LOADER_SECRET_ARN): preheat at each run, seckill-migrate after migrating.
+    pub fn loads_scripts(self) -> bool {
+        matches!(self, Function::Preheat | Function::Migrate)
+    }
 }
+
+/// The Redis user that loads the scripts (scripts/redis_acl.py's loader): SCRIPT LOAD and
+/// nothing else.
+pub const LOADER_REDIS_USER: &str = "seckill-loader";
 
 impl Function {
     /// This function's config as its binary starts: [`Config::load`] (in AWS, its own secrets

@@ -69,11 +69,33 @@ pub struct Redis {
 impl Redis {
     /// Connects to the Redis the config names. Connection attempts are bounded as well.
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
-        let conn = connect_topology(&config.redis, config.redis_timeout).await?;
+        Self::connect_to(&config.redis, config).await
+    }
+
+    /// Connects as the script loader, when the config names its login
+    /// (`Config::redis_loader`): the handle [`crate::store::scripts::load_all`] takes.
+    pub async fn connect_loader(config: &Config) -> anyhow::Result<Option<Self>> {
+        match &config.redis_loader {
+            Some(topology) => Ok(Some(Self::connect_to(topology, config).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn connect_to(topology: &RedisTopology, config: &Config) -> anyhow::Result<Self> {
+        Self::connect_with(topology, config.redis_timeout, &config.key_prefix).await
+    }
+
+    /// Connects to `topology`, each call bounded by `timeout`, its keys under `prefix`.
+    pub async fn connect_with(
+        topology: &RedisTopology,
+        timeout: Duration,
+        prefix: &str,
+    ) -> anyhow::Result<Self> {
+        let conn = connect_topology(topology, timeout).await?;
         Ok(Self {
             conn,
-            prefix: config.key_prefix.clone(),
-            timeout: config.redis_timeout,
+            prefix: prefix.to_string(),
+            timeout,
         })
     }
 

@@ -1,15 +1,19 @@
 //! Every Lua script of `lua/`, compiled into the binary, and the way their reply codes are
 //! named on the Rust side.
 //!
-//! `redis::Script` runs them by EVALSHA and reloads on `NOSCRIPT` (on every cluster node), so
-//! a failover or a `SCRIPT FLUSH` costs one extra round trip, never an error. What Redis runs
+//! `redis::Script` runs them by EVALSHA. No function's Redis user may load a script (it would
+//! run any text it liked): the loader user does ([`load_all`], on every node, replicas too), at
+//! each preheat run and after each migration, so a node restarted or replaced empty has them
+//! again within a preheat period, and a deploy's new scripts are there once seckill-migrate has
+//! run. A function that meets `NOSCRIPT` meanwhile gets an error (its redis-rs reload is refused
+//! by the ACL) and answers as for Redis out of reach. What Redis runs
 //! is a script behind the functions of `lua/prelude.lua` it calls ([`with_prelude`]): the one
 //! writer and reader of each value format (docs/invariants.md, "The state"). A script's reply
 //! codes are named constants at its top (`local NOT_FOUND = 1`) and a [`codes!`] enum beside
 //! its wrapper; `shared/tests/script_codes.rs` reads every `return` of `lua/*.lua` and holds
 //! the two lists together.
 
-use crate::store::conn::StoreError;
+use crate::store::conn::{Redis, StoreError};
 use redis::Script;
 use std::sync::LazyLock;
 
@@ -177,6 +181,36 @@ pub fn with_prelude(source: &str) -> String {
     }
     text.push_str(source);
     text
+}
+
+/// Loads every script on every node of `loader`'s Redis (a cluster's replicas too: SCRIPT LOAD
+/// goes to all of them), logged in as the loader user. Idempotent; answers how many scripts.
+pub async fn load_all(loader: &Redis) -> anyhow::Result<usize> {
+    for (file, source) in SOURCES {
+        let text = with_prelude(source);
+        // A cluster answers one SHA per node, all the same; a single server one.
+        let answer: redis::Value = loader
+            .cmd(redis::cmd("SCRIPT").arg("LOAD").arg(&text))
+            .await?;
+        let want = Script::new(&text).get_hash().to_string();
+        let shas = sha_answers(&answer);
+        anyhow::ensure!(
+            !shas.is_empty() && shas.iter().all(|sha| *sha == want),
+            "SCRIPT LOAD of {file} answered {answer:?}, not its SHA {want}"
+        );
+    }
+    Ok(SOURCES.len())
+}
+
+/// The SHAs in a SCRIPT LOAD answer: one, or one per node.
+fn sha_answers(answer: &redis::Value) -> Vec<String> {
+    match answer {
+        redis::Value::BulkString(b) => vec![String::from_utf8_lossy(b).into_owned()],
+        redis::Value::SimpleString(s) => vec![s.clone()],
+        redis::Value::Array(items) => items.iter().flat_map(sha_answers).collect(),
+        redis::Value::Map(pairs) => pairs.iter().flat_map(|(_, v)| sha_answers(v)).collect(),
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]

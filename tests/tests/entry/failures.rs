@@ -138,3 +138,63 @@ async fn paused_redis_gets_a_fast_503_never_a_hang() -> anyhow::Result<()> {
     assert!(recovered, "purchases resume once Redis answers again");
     Ok(())
 }
+
+/// A node that lost its script cache (restarted or replaced empty): the entry, whose Redis user
+/// may not load a script, answers 503 and loads nothing; the next preheat run, as the loader,
+/// loads every script on the node, and purchases go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_without_its_scripts_answers_503_until_preheat_loads_them() -> anyhow::Result<()> {
+    let private = PrivateRedis::start().await;
+    let env = private
+        .env(Duration::from_millis(300), Duration::from_secs(1))
+        .await;
+    let a = env.open_activity(5, 1).await?;
+    let app = env.entry_router();
+    let mut raw = private.raw().await?;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut raw)
+        .await?;
+    let purchase = seckill_shared::store::scripts::PURCHASE
+        .get_hash()
+        .to_string();
+    let cached = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        let sha = purchase.clone();
+        async move {
+            let exists: Vec<bool> = redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&sha)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            exists[0]
+        }
+    };
+
+    let (status, body) = buy(&app, &a, "alice", None).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(!cached(&mut raw).await, "the entry loaded no script");
+    assert_eq!(testkit::redis_stock(&env, a.id).await, Some(5));
+
+    let report = env.preheat().run(chrono::Utc::now()).await?;
+    assert_eq!(report.script_error, None);
+    assert_eq!(
+        report.scripts_loaded,
+        seckill_shared::store::scripts::SOURCES.len()
+    );
+    assert!(cached(&mut raw).await);
+    let mut bought = None;
+    for _ in 0..30 {
+        let (status, _) = buy(&app, &a, "alice", None).await;
+        if status == StatusCode::ACCEPTED {
+            bought = Some(status);
+            break;
+        }
+        // The breaker the first 503 opened lets calls through again after its cooldown.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(bought, Some(StatusCode::ACCEPTED));
+    Ok(())
+}

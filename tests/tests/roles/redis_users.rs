@@ -86,6 +86,8 @@ async fn every_redis_user_is_refused_what_its_function_does_not_run() -> anyhow:
             ("KEYS", vec!["*"]),
             ("CONFIG", vec!["GET", "maxmemory"]),
             ("SCRIPT", vec!["FLUSH"]),
+            // No function loads a script: it would run any text it liked.
+            ("SCRIPT", vec!["LOAD", "while true do end"]),
             ("ACL", vec!["LIST"]),
             ("EVAL", vec!["return 1", "0"]),
             ("CLIENT", vec!["LIST"]),
@@ -162,4 +164,51 @@ fn the_acl_derivation_and_the_loader_pick_the_same_prelude_functions() {
             .collect();
         assert_eq!(derived, loaded, "{script}");
     }
+}
+
+/// The loader (scripts/redis_acl.py's `seckill-loader`) may load a script and nothing else: it
+/// runs none (EVALSHA), reads and writes no key, administers nothing; and
+/// `seckill_shared::infra::shape::LOADER_REDIS_USER` names the same user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loader_may_load_a_script_and_nothing_else() -> anyhow::Result<()> {
+    let env = new_env().await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/redis_acl.py"))
+        .arg("loader")
+        .output()?;
+    let declared: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let user = seckill_shared::infra::shape::LOADER_REDIS_USER;
+    assert_eq!(declared["user"], user);
+
+    let mut config = env.config.clone();
+    config.redis = config.redis.with_login(&testkit::local_redis_login(user))?;
+    let RedisTopology::Standalone(url) = &config.redis else {
+        unreachable!("the role tests run on standalone Redis")
+    };
+    let mut con = redis::Client::open(url.expose())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(&mut con)
+        .await?;
+    assert_eq!(sha, redis::Script::new("return 1").get_hash());
+    let key = format!("{}:acl-probe", env.config.key_prefix);
+    for (name, args) in [
+        ("EVALSHA", vec![sha.as_str(), "0"]),
+        ("EVAL", vec!["return 1", "0"]),
+        ("GET", vec![key.as_str()]),
+        ("HSET", vec![key.as_str(), "f", "1"]),
+        ("SCRIPT", vec!["FLUSH"]),
+        ("SCRIPT", vec!["KILL"]),
+        ("FLUSHALL", vec![]),
+        ("CONFIG", vec!["GET", "maxmemory"]),
+    ] {
+        let result: redis::RedisResult<redis::Value> =
+            redis::cmd(name).arg(&args).query_async(&mut con).await;
+        assert_refused(user, &format!("{name} {args:?}"), result);
+    }
+    Ok(())
 }

@@ -82,6 +82,8 @@ async fn migrate_with_entry_password(
     let config = MigrateConfig {
         database_url: Some(master.clone().into()),
         secrets: SecretRefs::default(),
+        redis_url: None,
+        redis_cluster: false,
         database_ca: pg.ca(),
         db_acquire_timeout: Duration::from_secs(10),
     };
@@ -235,6 +237,8 @@ async fn many_databases_migrated_at_once_on_a_new_server_share_one_set_of_role_b
         let config = MigrateConfig {
             database_url: Some(pg.url("localhost", "seckill", MASTER_PASSWORD, name).into()),
             secrets: SecretRefs::default(),
+            redis_url: None,
+            redis_cluster: false,
             database_ca: pg.ca(),
             db_acquire_timeout: Duration::from_secs(10),
         };

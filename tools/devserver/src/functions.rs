@@ -35,6 +35,10 @@ impl Functions {
         let admin = admin::AdminState::new(Context::connect(as_function(Function::Admin)?).await?);
         let consumer = order_consumer::Consumer::connect(as_function(Function::Consumer)?).await?;
         let preheat = preheat::Preheat::connect(as_function(Function::Preheat)?).await?;
+        // The scripts before the first request, as seckill-migrate loads them at a deploy
+        // (each preheat run loads them again).
+        let scripts = preheat.load_scripts().await?;
+        tracing::info!(scripts, "scripts loaded into redis as the loader");
         let reconcile = reconcile::Reconcile::connect(as_function(Function::Reconcile)?).await?;
         Ok(Self {
             entry_pool: entry.pool().clone(),

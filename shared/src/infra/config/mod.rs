@@ -192,6 +192,10 @@ pub struct Config {
     /// The origin secret CloudFront sends (the edge on): requests without it are refused.
     #[command(flatten)]
     pub edge_origin: EdgeOrigin,
+    /// Redis logged in as the script loader, for the processes that load the scripts
+    /// (preheat, seckill-migrate, the local dev server); `None`: this process loads none.
+    #[arg(skip)]
+    pub redis_loader: Option<RedisTopology>,
 }
 
 impl Config {
@@ -277,6 +281,11 @@ impl Config {
             let login = aws_secrets::RedisLogin::parse(&aws_secrets::read(client, arn).await?)?;
             self.redis = self.redis.with_login(&login)?;
             tracing::info!(user = ?login.username, "redis login read from Secrets Manager");
+        }
+        if let Some(arn) = &refs.redis_loader_secret_arn {
+            let login = aws_secrets::RedisLogin::parse(&aws_secrets::read(client, arn).await?)?;
+            self.redis_loader = Some(self.redis.with_login(&login)?);
+            tracing::info!(user = ?login.username, "script loader's redis login read from Secrets Manager");
         }
         Ok(())
     }

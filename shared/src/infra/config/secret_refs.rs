@@ -29,6 +29,15 @@ pub struct SecretRefs {
         value_name = "REDIS_AUTH_SECRET_ARN"
     )]
     pub redis_auth_secret_arn: Option<String>,
+    /// Secrets Manager ARN of the script loader's Redis login (JSON username + token: the
+    /// `seckill-loader` ElastiCache user, which may load scripts and nothing else). Set for
+    /// preheat and seckill-migrate, which load every script on every node; unset locally.
+    #[arg(
+        long = "redis-loader-secret-arn",
+        env = "REDIS_LOADER_SECRET_ARN",
+        value_name = "REDIS_LOADER_SECRET_ARN"
+    )]
+    pub redis_loader_secret_arn: Option<String>,
     /// Comma-separated Secrets Manager ARNs of the functions' database roles, each secret JSON
     /// {"username": "seckill_entry", "password": "..."}. Read by seckill-migrate only, which
     /// sets each role's password after migrating; the functions ignore it.
@@ -50,6 +59,7 @@ impl SecretRefs {
             &mut self.database_secret_arn,
             &mut self.database_host,
             &mut self.redis_auth_secret_arn,
+            &mut self.redis_loader_secret_arn,
         ] {
             if reference.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 *reference = None;
@@ -80,6 +90,8 @@ impl SecretRefs {
     /// Whether [`Config::resolve_secrets`] has nothing to read (the role secrets are not its
     /// to read).
     pub fn is_empty(&self) -> bool {
-        self.database_secret_arn.is_none() && self.redis_auth_secret_arn.is_none()
+        self.database_secret_arn.is_none()
+            && self.redis_auth_secret_arn.is_none()
+            && self.redis_loader_secret_arn.is_none()
     }
 }
