@@ -14,7 +14,8 @@
 #                                           the background with its output in LOG; sets
 #                                           SERVER_PID and URL, and returns once GET /health
 #                                           answers (dies after 60 s, or if the server exits)
-#   stop_devserver                          stops the server start_devserver started, if any
+#   stop_devserver [PID]                    stops the server start_devserver started (or PID),
+#                                           if any
 #
 # and expects the caller's own `die MESSAGE`.
 
@@ -68,8 +69,9 @@ start_devserver() {
 }
 
 stop_devserver() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
+    local pid="${1:-$SERVER_PID}"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
     fi
 }

@@ -45,6 +45,11 @@ PER_USER_SAMPLES = [("POST", "/activities/1/orders"), ("GET", "/activities/1/ord
 MIN_HSTS_SECS = 31536000
 CSP = {"default-src": ["'self'"], "img-src": ["'self'", "data:"], "style-src": ["'self'"], "script-src": ["'self'"],
        "connect-src": ["'self'"], "frame-ancestors": ["'none'"]}
+# With payments on (PaymentSecretArn: Stripe) the page confirms payments with Stripe.js: what
+# Stripe documents it needs besides, and nothing else.
+CSP_STRIPE = {**CSP, "script-src": ["'self'", "https://js.stripe.com"], "connect-src": ["'self'", "https://api.stripe.com"],
+              "frame-src": ["https://js.stripe.com", "https://hooks.stripe.com"]}
+SAMPLE_PAYMENT_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:seckill/payments-AbCdEf"
 STOREFRONT_ORIGIN_TYPES = ("s3",)
 
 
@@ -215,8 +220,13 @@ def check_security_headers(t: Template, dist: str, config: dict) -> None:
             problems.append(f"X-Frame-Options {frame}")
         if referrer.get("ReferrerPolicy") != "strict-origin-when-cross-origin":
             problems.append(f"Referrer-Policy {referrer}")
-        if csp_directives(csp.get("ContentSecurityPolicy")) != CSP:
-            problems.append(f"CSP {csp.get('ContentSecurityPolicy')!r}")
+        # The policy with payments off and on, whichever the parameters chose.
+        for arn, want in (("", CSP), (SAMPLE_PAYMENT_SECRET, CSP_STRIPE)):
+            policy = t.with_params(PaymentSecretArn=arn).evaluate(
+                t.resources[pid].get("Properties", {}).get("ResponseHeadersPolicyConfig") or {})
+            text = ((policy.get("SecurityHeadersConfig") or {}).get("ContentSecurityPolicy") or {}).get("ContentSecurityPolicy")
+            if csp_directives(text) != want:
+                problems.append(f"CSP with PaymentSecretArn={arn!r}: {text!r}")
         if not nosniff:
             problems.append("no X-Content-Type-Options")
         weak = [k for k, v in (("HSTS", hsts), ("nosniff", nosniff), ("frame", frame), ("referrer", referrer), ("CSP", csp))
@@ -224,7 +234,8 @@ def check_security_headers(t: Template, dist: str, config: dict) -> None:
         if weak:
             problems.append(f"not overriding the origin: {weak}")
         check(not problems, f"{pid}: security headers: HSTS >= {MIN_HSTS_SECS} s with includeSubDomains, nosniff, "
-              "X-Frame-Options DENY, Referrer-Policy strict-origin-when-cross-origin, the same-origin CSP"
+              "X-Frame-Options DENY, Referrer-Policy strict-origin-when-cross-origin, the same-origin CSP (and Stripe.js's "
+              "origins only with payments on)"
               + (f" -- {problems}" if problems else ""))
 
 

@@ -1,6 +1,8 @@
 """Fixtures of the browser suite: Debian's Chromium driven by Playwright, the dev server's API.
 
-scripts/browser-tests.sh starts a dev server of its own and passes its address as SECKILL_URL;
+scripts/browser-tests.sh starts a dev server of its own and passes its address as SECKILL_URL,
+and a second one that takes payments with Stripe against localstripe as SECKILL_STRIPE_URL
+(localstripe's address and the API key that server uses: LOCALSTRIPE_URL, LOCALSTRIPE_KEY);
 screenshots go to BROWSER_OUT (target/browser). Sales are created through the admin API with an
 admin token from POST /dev/token, as the operator page gets one.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -20,6 +23,9 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 BASE = os.environ.get("SECKILL_URL", "http://127.0.0.1:3000").rstrip("/")
+STRIPE_BASE = os.environ.get("SECKILL_STRIPE_URL", "").rstrip("/")
+LOCALSTRIPE = os.environ.get("LOCALSTRIPE_URL", "http://127.0.0.1:8420").rstrip("/")
+LOCALSTRIPE_KEY = os.environ.get("LOCALSTRIPE_KEY", "sk_test_browser")
 OUT = Path(os.environ.get("BROWSER_OUT", "target/browser"))
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # The machine's network is closed: without the background-networking flags Chromium keeps
@@ -116,6 +122,49 @@ class Api:
 @pytest.fixture(scope="session")
 def api() -> Api:
     return Api(BASE)
+
+
+@pytest.fixture(scope="session")
+def stripe_api() -> Api:
+    """The dev server that takes payments with Stripe (localstripe), which browser-tests.sh starts."""
+    if not STRIPE_BASE:
+        pytest.skip("SECKILL_STRIPE_URL is not set: run the suite with scripts/browser-tests.sh")
+    return Api(STRIPE_BASE)
+
+
+class Localstripe:
+    """localstripe's API, as Stripe's servers and a buyer's card would drive it (stdlib only)."""
+
+    def __init__(self, base: str, key: str) -> None:
+        self.base = base
+        self.key = key
+
+    def post(self, path: str, form: dict[str, str]) -> dict:
+        req = urllib.request.Request(self.base + path, data=urllib.parse.urlencode(form).encode(), method="POST")
+        req.add_header("Authorization", f"Bearer {self.key}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as res:
+                return json.loads(res.read())
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"localstripe {path}: {e.code} {e.read()!r}") from None
+
+    def intent(self, payment_id: str) -> dict:
+        req = urllib.request.Request(f"{self.base}/v1/payment_intents/{payment_id}")
+        req.add_header("Authorization", f"Bearer {self.key}")
+        with urllib.request.urlopen(req, timeout=10) as res:
+            return json.loads(res.read())
+
+    def attach_card(self, payment_id: str, card: dict[str, str]) -> dict:
+        """The card made a PaymentMethod, attached to the intent, and the intent confirmed with it:
+        what Stripe's servers do when Stripe.js's confirmCardPayment sends the card."""
+        pm = self.post("/v1/payment_methods", {"type": "card", **{f"card[{k}]": v for k, v in card.items()}})
+        self.post(f"/v1/payment_intents/{payment_id}", {"payment_method": pm["id"]})
+        return self.post(f"/v1/payment_intents/{payment_id}/confirm", {})
+
+
+@pytest.fixture(scope="session")
+def localstripe() -> Localstripe:
+    return Localstripe(LOCALSTRIPE, LOCALSTRIPE_KEY)
 
 
 @pytest.fixture(scope="session")

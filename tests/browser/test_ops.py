@@ -1,10 +1,15 @@
 """The operator page (web/ops.html) in Chromium: live charts of a running sale with an admin
-token, and the sale's row with its stats and reconcile state."""
+token, the sale's row with its stats and reconcile state, and the refunds and disputes that
+need a human."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import time
 
+import pytest
 from conftest import Api, sign_in, unique
 from playwright.sync_api import BrowserContext, expect
 
@@ -62,6 +67,80 @@ def test_the_operator_page_charts_a_running_sale(context: BrowserContext, api: A
         assert page.evaluate(INKED, canvas) > 1_000, f"{canvas} has its grid, labels and lines drawn"
     assert page.evaluate(COLOURED, ["chart-stock", BLUE]) > 100, "the redis stock line is drawn"
     assert page.evaluate(COLOURED, ["chart-rate", BLUE]) > 20, "the accepted/s line is drawn"
+
+
+def test_the_operator_page_lists_the_refunds_and_disputes_that_need_a_human(
+    context: BrowserContext, api: Api, shot
+):
+    # The payments' refund states are set by the owner, as reconcile and the webhook would
+    # (no API moves them): scripts/browser-tests.sh exports the dev server's DATABASE_URL.
+    database = os.environ.get("DATABASE_URL")
+    if not database:
+        pytest.skip("DATABASE_URL of the dev server's database (scripts/browser-tests.sh sets it)")
+    page = context.new_page()
+    page.goto("/ops.html")
+    sign_in(page, "ops")
+    # This suite's first payments are made below: nothing needs a human yet.
+    expect(page.locator("#payments-empty")).to_be_visible()
+    expect(page.locator("#payments-table")).to_be_hidden()
+    expect(page.locator("#p-failed")).to_have_text("0")
+
+    sale = api.create_sale("Refund sale", stock=5, starts_in=-1)
+    failed, disputed, owed, owed_now = (_paid_order(api, sale["id"], unique(n)) for n in ("f", "d", "o", "n"))
+    _psql(
+        database,
+        # Refused five times; the provider's answer is shown as text, never as markup.
+        f"""update payments set status = 'succeeded', refund_state = 'failed', refund_attempts = 5,
+                   refund_error = 'card_declined: <b id="injected">no</b>',
+                   updated_at = now() - interval '10 minutes' where order_id = {failed};
+            update payments set status = 'succeeded', disputed_at = now() - interval '20 minutes',
+                   updated_at = now() - interval '20 minutes' where order_id = {disputed};"""
+        # Owed back for an hour and for a moment, at a provider the dev server's reconcile
+        # (the local one, every 2 s) does not refund through: both stay owed.
+        f"""update payments set status = 'succeeded', provider = 'elsewhere', refund_state = 'due',
+                   updated_at = now() - interval '1 hour' where order_id = {owed};
+            update payments set status = 'succeeded', provider = 'elsewhere', refund_state = 'due',
+                   updated_at = now() where order_id = {owed_now};""",
+    )
+
+    rows = page.locator("#payments-body tr")
+    expect(rows).to_have_count(3)
+    expect(page.locator("#payments-empty")).to_be_hidden()
+    assert [rows.nth(i).get_attribute("data-order") for i in range(3)] == [str(failed), str(disputed), str(owed)]
+    first = rows.nth(0).locator("td")
+    expect(first.nth(1)).to_have_text(str(sale["id"]))
+    expect(first.nth(2)).to_have_text(f"pi_local_{failed}")
+    expect(first.nth(3)).to_contain_text("19.99")
+    expect(first.nth(4)).to_have_text("failed")
+    expect(first.nth(5)).to_have_text("5")
+    expect(first.nth(6)).to_have_text('card_declined: <b id="injected">no</b>')
+    expect(page.locator("#injected")).to_have_count(0)
+    expect(rows.nth(1).locator("td").nth(8)).to_have_text("20 min ago")
+    expect(rows.nth(2).locator("td").nth(4)).to_have_text("due")
+    expect(rows.nth(2).locator("td").nth(9)).to_have_text("60 min ago")
+    expect(page.locator("#p-failed")).to_have_text("1")
+    expect(page.locator("#p-disputed")).to_have_text("1")
+    expect(page.locator("#p-due")).to_have_text("2")
+    expect(page.locator("#p-oldest")).to_have_text("60 min ago")
+    expect(page.locator("#payments-note")).to_contain_text("owed for more than 5 min")
+    shot(page, "ops-payments")
+
+
+def _paid_order(api: Api, sale_id: int, user: str) -> int:
+    """A confirmed order of `user` with its payment started (the local provider's): its id."""
+    token = api.token(user)
+    assert api.purchase(token, sale_id).status == 202
+    deadline = time.monotonic() + 15
+    while (order := api.my_order(token, sale_id))["status"] != "confirmed":
+        assert time.monotonic() < deadline, order
+        time.sleep(0.2)
+    started = api.call("POST", f"/orders/{order['orderId']}/pay", token=token)
+    assert started.status == 200, started
+    return order["orderId"]
+
+
+def _psql(database: str, sql: str) -> None:
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", database, "-c", sql], check=True)
 
 
 def _at_least(n: int) -> re.Pattern:

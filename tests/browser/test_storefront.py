@@ -1,7 +1,7 @@
 """The storefront (web/index.html) in Chromium against a dev server: the countdown on the
 server's clock, buying at the opening with the button grey while the request is out, a second
-tab of the same buyer, a draw sale, a sold-out sale, cancel, and (once the payment provider
-API lands) pay."""
+tab of the same buyer, a draw sale, a sold-out sale, cancel, pay with the local provider, and
+pay by card with Stripe.js against localstripe."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import Api, sign_in, unique
+from conftest import LOCALSTRIPE, Api, Localstripe, sign_in, unique
 from playwright.sync_api import BrowserContext, Page, Route, expect
 
 
@@ -114,6 +114,88 @@ def test_pay_a_confirmed_order(context: BrowserContext, api: Api, shot):
     expect(page.locator("#order-status")).to_contain_text("Paid:")
     expect(page.locator("#pay")).to_be_hidden()
     shot(page, "storefront-paid")
+
+
+# A 3-D Secure test card (Stripe's, and localstripe's list of cards that need authentication),
+# as the buyer types it into the card Element; exp_year is two digits there.
+THREE_D_SECURE_CARD = {"number": "4000002500003155", "exp_month": "12", "exp_year": "40", "cvc": "123",
+                       "postal_code": "10115"}
+
+
+def test_pay_by_card_with_stripe_js(context: BrowserContext, stripe_api: Api, localstripe: Localstripe, shot):
+    """The page confirms the PaymentIntent with Stripe.js (localstripe's mock, from its origin,
+    which the page's CSP allows), and reads `paid` once localstripe's own signed webhook paid it.
+
+    localstripe's Stripe.js takes no card itself: its confirmCardPayment only completes the 3-D
+    Secure step of an intent Stripe's servers already confirmed with a card (it asks "Complete
+    authentication" or "Fail authentication" in a box of its own, then answers the intent). So
+    the test plays Stripe's servers for the card the buyer typed: that card attached and the
+    intent confirmed, `requires_action`. From there only the page's confirmCardPayment carries
+    the intent on to `succeeded`, and only localstripe's webhook carries the order to `paid`."""
+    sale = stripe_api.create_sale("Card sale", stock=2, starts_in=-1)
+    page = context.new_page()
+    # Chromium reports each thing the CSP refused on the console.
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+
+    def refused() -> list[str]:
+        return [m for m in console if "Content Security Policy" in m or m.startswith("pageerror")]
+
+    served = page.goto(f"{stripe_api.base}/?sale={sale['id']}")
+    csp = served.headers["content-security-policy"]
+    assert f"script-src 'self' {LOCALSTRIPE};" in csp and f"connect-src 'self' {LOCALSTRIPE};" in csp, csp
+    assert "stripe.com" not in csp, csp
+    sign_in(page, unique("card-payer"))
+    page.locator("#buy").click()
+    expect(order_status(page)).to_have_attribute("data-status", "confirmed", timeout=15_000)
+
+    with page.expect_response(lambda r: re.search(r"/orders/\d+/pay$", r.url) is not None) as started:
+        page.locator("#pay").click()
+    payment = started.value.json()
+    assert started.value.status == 200, payment
+    assert payment["provider"] == "stripe" and payment["status"] == "requires_payment", payment
+    assert payment["clientSecret"].startswith(f"{payment['paymentId']}_secret_"), payment
+    assert payment["publishableKey"].startswith("pk_test_"), payment
+    assert payment["jsUrl"] == f"{LOCALSTRIPE}/js.stripe.com/v3/" and "completeUrl" not in payment, payment
+    intent = payment["paymentId"]
+
+    # Stripe.js's card Element, mounted in the page's card form.
+    expect(page.locator("#card-form")).to_be_visible()
+    expect(page.locator("#pay")).to_be_hidden()
+    expect(page.locator("#card-pay")).to_contain_text("19.99")
+    field = lambda name: page.locator(f"#card-element input[placeholder='{name}']")  # noqa: E731
+    for name, value in THREE_D_SECURE_CARD.items():
+        field(name).fill(value)
+    typed = {name: field(name).input_value() for name in ("number", "exp_month", "exp_year", "cvc")}
+    typed["exp_year"] = "20" + typed["exp_year"]
+    shot(page, "storefront-card-form")
+
+    # A failed authentication: Stripe.js's refusal is shown, and nothing is paid.
+    assert localstripe.attach_card(intent, typed)["status"] == "requires_action"
+    page.locator("#card-pay").click()
+    page.get_by_role("button", name="Fail authentication").click()
+    expect(page.locator("#card-error")).to_contain_text("did not go through")
+    assert not refused(), refused()
+    expect(page.locator("#card-form")).to_be_visible()
+    expect(page.locator("#card-pay")).to_be_enabled()
+    assert localstripe.intent(intent)["status"] == "requires_payment_method"
+    page.wait_for_timeout(1500)
+    expect(order_status(page)).to_have_attribute("data-status", "confirmed")
+
+    # Again, authenticated: Stripe's event pays the order, and the page reads it.
+    assert localstripe.attach_card(intent, typed)["status"] == "requires_action"
+    page.locator("#card-pay").click()
+    page.get_by_role("button", name="Complete authentication").click()
+    expect(page.locator("#card-form")).to_be_hidden()
+    expect(order_status(page)).to_have_attribute("data-status", "paid", timeout=20_000)
+    expect(page.locator("#order-status")).to_contain_text("Paid:")
+    assert localstripe.intent(intent)["status"] == "succeeded"
+    shot(page, "storefront-paid-by-card")
+
+    # The page ran Stripe.js's confirmCardPayment, and its CSP refused nothing on the way.
+    assert sum("Stripe().confirmCardPayment()" in m for m in console) == 2, console
+    assert not refused(), refused()
 
 
 def with_view_fields(context: BrowserContext, sale_id: int, fields) -> None:

@@ -6,6 +6,7 @@
 
 use seckill_devserver::{DevConfig, DevServer};
 use seckill_shared::http::auth::{mint, JwtVerifier, ADMIN_SCOPE};
+use seckill_shared::Config;
 use serde_json::Value;
 use std::time::Duration;
 use testkit::{RedisKind, TestEnv};
@@ -15,7 +16,11 @@ use tokio::net::TcpStream;
 const SECRET: &str = "storefront-test-secret";
 
 async fn start(env: &TestEnv) -> DevServer {
-    let mut dev = DevConfig::new(env.config.clone(), SECRET);
+    start_with(env.config.clone()).await
+}
+
+async fn start_with(config: Config) -> DevServer {
+    let mut dev = DevConfig::new(config, SECRET);
     dev.addr = ([127, 0, 0, 1], 0).into();
     dev.pollers = 1;
     dev.preheat_every = None;
@@ -84,6 +89,11 @@ async fn the_pages_and_their_assets_are_served_without_a_token() -> anyhow::Resu
             "/admin/ops",
         ),
         (
+            "/assets/storefront/card.js",
+            "text/javascript; charset=utf-8",
+            "confirmCardPayment",
+        ),
+        (
             "/assets/style.css",
             "text/css; charset=utf-8",
             ":focus-visible",
@@ -97,8 +107,11 @@ async fn the_pages_and_their_assets_are_served_without_a_token() -> anyhow::Resu
         );
         assert!(head.contains("cache-control: no-cache"), "{path}: {head}");
         assert!(
-            head.contains("content-security-policy: default-src 'self'"),
-            "{path}: {head}"
+            head.contains(&format!(
+                "content-security-policy: {}\r\n",
+                seckill_devserver::web::CONTENT_SECURITY_POLICY
+            )),
+            "{path}: the same-origin policy without Stripe: {head}"
         );
         assert!(body.contains(marker), "{path} has {marker}");
     }
@@ -107,6 +120,34 @@ async fn the_pages_and_their_assets_are_served_without_a_token() -> anyhow::Resu
         (status, json(&body)["error"].as_str()),
         (404, Some("not_found"))
     );
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// With the `stripe` provider the pages may load Stripe.js, show its frames and let it call its
+/// API, from the configured origins only: localstripe's one here, and nothing of Stripe's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_stripe_the_pages_allow_the_origin_of_stripe_js_and_nothing_else() -> anyhow::Result<()>
+{
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let mut config = env.config.clone();
+    let fake = "http://127.0.0.1:8420";
+    config.payments.provider = "stripe".into();
+    config.payments.api_key = Some("sk_test_storefront".to_string().into());
+    config.payments.api_base = fake.into();
+    config.payments.js_url = format!("{fake}/js.stripe.com/v3/");
+    let server = start_with(config).await;
+
+    for path in ["/", "/assets/storefront/card.js"] {
+        let (status, head, _) = http(&server, "GET", path, None, "").await;
+        assert_eq!(status, 200, "{path}: {head}");
+        let want = format!(
+            "content-security-policy: default-src 'self'; script-src 'self' {fake}; \
+             style-src 'self'; img-src 'self' data:; connect-src 'self' {fake}; frame-src {fake}; \
+             base-uri 'none'; form-action 'self'; frame-ancestors 'none'\r\n"
+        );
+        assert!(head.contains(&want), "{path}: {head}");
+    }
     server.shutdown().await?;
     Ok(())
 }

@@ -1,6 +1,7 @@
-// The operator page: polls GET /admin/ops (queue, counters, reconcile) every second, the
-// chosen sale's GET /admin/activities/{id} every second, the others every 5 s, and draws
-// live line charts on <canvas> by hand. Needs a token with the seckill:admin scope.
+// The operator page: polls GET /admin/ops (queue, counters, reconcile, the refunds and
+// disputes that need a human) every second, the chosen sale's GET /admin/activities/{id} every
+// second, the others every 5 s, and draws live line charts on <canvas> by hand. Needs a token
+// with the seckill:admin scope. Server text goes in as textContent only.
 "use strict";
 
 (() => {
@@ -245,6 +246,7 @@
     state.ops = ops.data;
     state.serverOffsetMs = Date.parse(ops.data.now) - Date.now();
     renderOps(t);
+    renderPayments();
     renderSales();
   }
 
@@ -328,6 +330,76 @@
     if (prev && prev.id === state.selected) {
       rateChart.push(t, { accepted: Math.max(0, (units - prev.units) / Math.max(0.001, t - prev.t)), refused: null, unavailable: null });
     }
+  }
+
+  // ------------------------------------------------------------------ payments
+
+  // How long ago `iso` was on the server's clock, in its largest whole unit.
+  function ago(iso) {
+    const s = Math.max(0, Math.round((Date.parse(state.ops.now) - Date.parse(iso)) / 1000));
+    return `${duration(s)} ago`;
+  }
+
+  function duration(s) {
+    if (s < 120) return `${s} s`;
+    if (s < 2 * 3600) return `${Math.floor(s / 60)} min`;
+    if (s < 2 * 86400) return `${Math.floor(s / 3600)} h`;
+    return `${Math.floor(s / 86400)} d`;
+  }
+
+  // An amount in the currency's minor units, in the page's locale ("$19.99").
+  function money(minor, currency) {
+    try {
+      const f = new Intl.NumberFormat(undefined, { style: "currency", currency: currency.toUpperCase() });
+      return f.format(minor / 10 ** f.resolvedOptions().maximumFractionDigits);
+    } catch (e) {
+      return `${minor} ${currency}`;
+    }
+  }
+
+  function renderPayments() {
+    const p = state.ops.payments;
+    const c = p.counts;
+    // A count at the cap was not read further.
+    const count = (id, n, kind) => {
+      $(id).textContent = n >= p.countCap ? `${p.countCap}+` : String(n);
+      $(id).className = n > 0 ? kind : "";
+    };
+    count("p-due", c.refundsDue, "");
+    count("p-refunding", c.refundsRefunding, "");
+    count("p-failed", c.refundsFailed, "bad");
+    count("p-refunded", c.refundedRecently, "");
+    count("p-disputed", c.disputed, "bad");
+    $("p-refunded-label").textContent = `Refunded (last ${duration(p.refundedWithinSecs)})`;
+    $("p-oldest").textContent = c.oldestOwedAt ? ago(c.oldestOwedAt) : "–";
+    $("payments-note").textContent =
+      `Payments that need a human: refunds that failed, disputes, and refunds owed for more than ${duration(p.owedForSecs)}. Newest change first.`;
+
+    const rows = p.flagged.map((f) => {
+      const tr = document.createElement("tr");
+      tr.dataset.order = String(f.orderId);
+      const cell = (text, cls) => {
+        const td = document.createElement("td");
+        td.textContent = text;
+        if (cls) td.className = cls;
+        tr.append(td);
+      };
+      const owed = f.refundState === "due" || f.refundState === "refunding";
+      cell(String(f.orderId), "num");
+      cell(String(f.activityId), "num");
+      cell(f.providerPaymentId);
+      cell(money(f.amountMinor, f.currency), "num");
+      cell(f.refundState || "–", f.refundState === "failed" ? "bad" : owed ? "warn" : "");
+      cell(String(f.refundAttempts), "num");
+      cell(f.refundError || "–", "error");
+      cell(f.refundId || "–");
+      cell(f.disputedAt ? ago(f.disputedAt) : "–", f.disputedAt ? "bad" : "");
+      cell(ago(f.updatedAt));
+      return tr;
+    });
+    $("payments-body").replaceChildren(...rows);
+    $("payments-table").hidden = rows.length === 0;
+    $("payments-empty").hidden = rows.length > 0;
   }
 
   function phaseOf(a) {

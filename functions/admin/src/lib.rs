@@ -8,7 +8,8 @@
 //!   "Admin": a lower takes from Redis before the commit, a raise commits first).
 //! - `GET /admin/activities/{activityId}`, `GET /admin/activities`: a sale with its live
 //!   stats, a page of sales ([`stats`]).
-//! - `GET /admin/ops`: the operator page's numbers ([`ops`]).
+//! - `GET /admin/ops`: the operator page's numbers, and the refunds and disputes that need a
+//!   human ([`ops`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;

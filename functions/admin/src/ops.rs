@@ -12,8 +12,14 @@
 //!   per second from the sales' pending and confirmed quantities.
 //! - **reconcile**: the latest rows reconcile wrote to `activity_stats` (one per sale, newest
 //!   check first, at most [`RECONCILE_ROWS`]).
+//! - **payments**: what needs a human (docs/invariants.md, "Pay", Refunds): refunds owed,
+//!   under way, failed, made in the last [`REFUNDED_WITHIN`], and disputes, each counted up to
+//!   [`COUNT_CAP`]; and the payments to look at ([`payment::flagged`]): refunds failed,
+//!   disputes, refunds owed for longer than [`OWED_FOR`], newest change first, at most
+//!   [`FLAGGED_ROWS`].
 //!
-//! Nothing here is on a purchase's path: it reads the queue, one small table, and atomics.
+//! Nothing here is on a purchase's path: it reads the queue, one small table, the partial
+//! indexes of `payments`, and atomics.
 
 use crate::state::AdminState;
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -21,6 +27,7 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use chrono::{DateTime, SecondsFormat, Utc};
 use seckill_shared::domain::activity;
+use seckill_shared::domain::payment::{self, FlaggedPayment, PaymentCounts};
 use seckill_shared::http::auth::Admin;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::infra::sqs;
@@ -36,6 +43,20 @@ pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How many reconcile rows one answer carries.
 pub const RECONCILE_ROWS: i64 = 50;
+
+/// How many flagged payments one answer carries.
+pub const FLAGGED_ROWS: i64 = 50;
+
+/// Each payment count stops here: the page shows it with a "+" rather than read further.
+pub const COUNT_CAP: i64 = 10_000;
+
+/// A refund owed unchanged for longer than this is listed: reconcile (every minute, 10 refunds
+/// a run, a claim's lease of 60 s) has left it for several runs. One owed for less is its
+/// next run's.
+pub const OWED_FOR: Duration = Duration::from_secs(5 * 60);
+
+/// The window of the refunds-made count.
+pub const REFUNDED_WITHIN: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Cumulative answers to `POST /activities/{id}/orders` in this process, by outcome. Counted by
 /// a layer in front of the entry router (one relaxed increment per purchase answer); read by
@@ -112,6 +133,25 @@ pub struct ReconcileCheck {
     pub repairs: i64,
 }
 
+/// The payments section: the counts, and the payments a human has to look at.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentWatch {
+    pub counts: PaymentCounts,
+    /// Refunds failed, disputed payments, and refunds owed for longer than `owedForSecs`;
+    /// newest change first, a bounded number of them. Empty when nothing needs a human.
+    pub flagged: Vec<FlaggedPayment>,
+    /// Each count stops at this many.
+    #[schema(example = 10000)]
+    pub count_cap: i64,
+    /// How long a refund is owed before it is listed.
+    #[schema(example = 300)]
+    pub owed_for_secs: u64,
+    /// The window of `counts.refundedRecently`.
+    #[schema(example = 86400)]
+    pub refunded_within_secs: u64,
+}
+
 /// 200 body of `GET /admin/ops`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -123,6 +163,7 @@ pub struct Ops {
     /// `null` where this process does not see the purchases (the admin Lambda).
     pub counters: Option<Counters>,
     pub reconcile: Vec<ReconcileCheck>,
+    pub payments: PaymentWatch,
 }
 
 #[utoipa::path(
@@ -130,7 +171,7 @@ pub struct Ops {
     path = "/admin/ops",
     tag = "admin",
     operation_id = "ops",
-    summary = "Queue depth, this process's purchase counters and the latest reconcile checks, for the operator page",
+    summary = "Queue depth, this process's purchase counters, the latest reconcile checks, and the refunds and disputes that need a human, for the operator page",
     security(("bearer" = ["seckill:admin"])),
     responses(
         (status = 200, description = "The figures; a queue figure is null when the queue did not answer", body = Ops),
@@ -145,18 +186,20 @@ pub(crate) async fn ops(
     State(state): State<AdminState>,
     counts: Option<Extension<Arc<PurchaseCounts>>>,
 ) -> Result<Json<Ops>, ApiError> {
+    let now = Utc::now();
     let bound = state.config.sqs_timeout.min(QUEUE_TIMEOUT);
     let config = &state.config;
-    let (queue, reconcile) = tokio::join!(
+    let (queue, reconcile, payments) = tokio::join!(
         queue_depth(
             &config.order_queue_url,
             config.order_dlq_url.as_deref(),
             bound
         ),
         activity::latest_checks(&state.pool, RECONCILE_ROWS),
+        payment_watch(&state.pool, now),
     );
     Ok(Json(Ops {
-        now: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+        now: now.to_rfc3339_opts(SecondsFormat::Millis, true),
         queue,
         counters: counts.map(|Extension(c)| c.snapshot()),
         reconcile: reconcile?
@@ -168,7 +211,24 @@ pub(crate) async fn ops(
                 repairs: c.repairs,
             })
             .collect(),
+        payments: payments?,
     }))
+}
+
+/// The payments section as of `now`.
+async fn payment_watch(pool: &sqlx::PgPool, now: DateTime<Utc>) -> Result<PaymentWatch, ApiError> {
+    let ago = |d: Duration| now - chrono::Duration::from_std(d).expect("a constant in range");
+    let (counts, flagged) = tokio::try_join!(
+        payment::operator_counts(pool, ago(REFUNDED_WITHIN), COUNT_CAP),
+        payment::flagged(pool, ago(OWED_FOR), FLAGGED_ROWS),
+    )?;
+    Ok(PaymentWatch {
+        counts,
+        flagged,
+        count_cap: COUNT_CAP,
+        owed_for_secs: OWED_FOR.as_secs(),
+        refunded_within_secs: REFUNDED_WITHIN.as_secs(),
+    })
 }
 
 /// The SQS client, built on first use (the admin's other routes never need it).

@@ -17,7 +17,7 @@ use seckill_shared::http::auth::Identity;
 use seckill_shared::http::error::ErrorBody;
 use seckill_shared::http::extract::OrderId;
 use seckill_shared::infra::metrics;
-use seckill_shared::infra::payments::{signature, Event, StartedPayment};
+use seckill_shared::infra::payments::{signature, BrowserCheckout, Event, StartedPayment};
 use seckill_shared::infra::secret::ExposeSecret;
 use seckill_shared::protocol::pay::{self, Mismatch, Settled, StartError, Started};
 use seckill_shared::ApiError;
@@ -46,15 +46,31 @@ pub struct PaymentStarted {
     #[serde(skip_serializing_if = "Option::is_none")]
     complete_url: Option<String>,
     /// What the client completes the payment with at the provider (Stripe.js's
-    /// `confirmPayment` takes it).
+    /// `confirmCardPayment` takes it).
     #[serde(skip_serializing_if = "Option::is_none")]
     client_secret: Option<String>,
+    /// With a `clientSecret`: the provider's publishable key (Stripe's `pk_...`), for
+    /// `Stripe(publishableKey)`; absent when the server has none configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "pk_test_51Abc")]
+    publishable_key: Option<String>,
+    /// With a `publishableKey`: where the page loads Stripe.js from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "https://js.stripe.com/v3/")]
+    js_url: Option<String>,
 }
 
 impl PaymentStarted {
-    fn of(p: Payment, started: Option<StartedPayment>) -> Self {
+    /// The answer of `p`; `checkout` goes with a payment the client confirms at the provider
+    /// itself (one with a client secret).
+    fn of(p: Payment, started: Option<StartedPayment>, checkout: Option<BrowserCheckout>) -> Self {
         let (complete_url, client_secret) = match started {
             Some(s) => (s.complete_url, s.client_secret),
+            None => (None, None),
+        };
+        let checkout = checkout.filter(|_| client_secret.is_some());
+        let (publishable_key, js_url) = match checkout {
+            Some(c) => (Some(c.publishable_key), Some(c.js_url)),
             None => (None, None),
         };
         Self {
@@ -66,6 +82,8 @@ impl PaymentStarted {
             status: p.status,
             complete_url,
             client_secret,
+            publishable_key,
+            js_url,
         }
     }
 }
@@ -79,7 +97,7 @@ impl PaymentStarted {
     params(OrderId),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The order's one payment: `requires_payment` to complete, or `succeeded`", body = PaymentStarted),
+        (status = 200, description = "The order's one payment: `requires_payment` to complete (a POST of `completeUrl` with the local provider; with Stripe, Stripe.js from `jsUrl` confirms `clientSecret` with `publishableKey`), or `succeeded`", body = PaymentStarted),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such order, or someone else's", body = ErrorBody),
@@ -109,9 +127,10 @@ pub(crate) async fn pay(
     let timeout = s.config.payment_timeout;
     match pay::start(&s.pool, provider.as_ref(), &order, now, timeout).await {
         Ok(Started::Pending { payment, started }) => {
-            Ok(Json(PaymentStarted::of(payment, Some(started))))
+            let checkout = s.config.payments.browser_checkout();
+            Ok(Json(PaymentStarted::of(payment, Some(started), checkout)))
         }
-        Ok(Started::Paid(payment)) => Ok(Json(PaymentStarted::of(payment, None))),
+        Ok(Started::Paid(payment)) => Ok(Json(PaymentStarted::of(payment, None, None))),
         Ok(Started::NotPayable(why)) => Err(ApiError::Conflict(why)),
         Err(StartError::Db(e)) => Err(e.into()),
         Err(StartError::Provider(e)) => {

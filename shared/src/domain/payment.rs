@@ -1,7 +1,7 @@
 //! Payments: one per order, started at the provider for the order's amount, and the provider
 //! events that decided something, each stored once under its id.
 
-use super::status::PaymentStatus;
+use super::status::{PaymentStatus, RefundState};
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 
@@ -393,4 +393,118 @@ pub async fn mark_disputed(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// What the operator page counts of payments, each up to the cap it was counted to.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentCounts {
+    /// Owed back, not claimed yet (`due`).
+    pub refunds_due: i64,
+    /// Claimed by a reconcile run, or its attempt refused and waiting for the next
+    /// (`refunding`).
+    pub refunds_refunding: i64,
+    /// Refused too many times, left to the operator (`failed`).
+    pub refunds_failed: i64,
+    /// Recorded `refunded` since the time asked (a later dispute's event moves a payment's
+    /// time too).
+    pub refunded_recently: i64,
+    /// Payments with a dispute opened at the provider (`disputed_at`; a closed dispute is not
+    /// recorded apart, so this counts every dispute there was).
+    pub disputed: i64,
+    /// The oldest last change of a refund owed (`due` or `refunding`): how long the longest
+    /// has waited.
+    pub oldest_owed_at: Option<DateTime<Utc>>,
+}
+
+/// Counts for the operator page, each up to `cap` and each from a partial index of `payments`
+/// (migrations 0021 and 0023), so none reads the payments that need nothing; refunds made
+/// counted from `refunded_since`. The `due` count walks the open refunds' index in its order
+/// (skipping only the few `refunding`): without the order, a backlog of `due` makes a scan of
+/// the table look cheaper to the planner.
+pub async fn operator_counts(
+    db: impl PgExecutor<'_>,
+    refunded_since: DateTime<Utc>,
+    cap: i64,
+) -> Result<PaymentCounts, sqlx::Error> {
+    sqlx::query_as!(
+        PaymentCounts,
+        r#"select
+             (select count(*) from (select from payments where refund_state = 'due'
+                                     order by updated_at limit $1) d) as "refunds_due!",
+             (select count(*) from (select from payments where refund_state = 'refunding'
+                                     limit $1) r) as "refunds_refunding!",
+             (select count(*) from (select from payments where refund_state = 'failed'
+                                     limit $1) f) as "refunds_failed!",
+             (select count(*) from (select from payments where refund_state = 'refunded'
+                                       and updated_at >= $2 limit $1) m) as "refunded_recently!",
+             (select count(*) from (select from payments where disputed_at is not null
+                                     limit $1) s) as "disputed!",
+             (select min(updated_at) from payments
+               where refund_state in ('due', 'refunding')) as oldest_owed_at"#,
+        cap,
+        refunded_since
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// A payment the operator has to look at: its refund failed, it is disputed, or its refund has
+/// been owed for long.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlaggedPayment {
+    pub order_id: i64,
+    /// The sale the order is of.
+    pub activity_id: i64,
+    /// The provider's id of the payment (Stripe's PaymentIntent, `pi_...`).
+    pub provider_payment_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    /// `null`: nothing is owed back (a disputed payment that was not refunded).
+    pub refund_state: Option<RefundState>,
+    /// Refund attempts made.
+    pub refund_attempts: i32,
+    /// The provider's answer to the last refused attempt.
+    pub refund_error: Option<String>,
+    /// The provider's refund id, once refunded.
+    pub refund_id: Option<String>,
+    /// When the provider first told of a dispute.
+    pub disputed_at: Option<DateTime<Utc>>,
+    /// The payment's last change: a refund owed, claimed or recorded, a dispute's event.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The payments the operator has to look at, newest change first, at most `limit`: refunds
+/// `failed`, disputed payments, and refunds owed (`due` or `refunding`) not changed since
+/// `owed_before` (a refund owed for a moment is reconcile's next run's, not a human's). Each
+/// kind is read newest first from its own partial index, at most `limit` of it.
+pub async fn flagged(
+    db: impl PgExecutor<'_>,
+    owed_before: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<FlaggedPayment>, sqlx::Error> {
+    sqlx::query_as!(
+        FlaggedPayment,
+        r#"select p.order_id, o.activity_id, p.provider_payment_id, p.amount_minor, p.currency,
+                  p.refund_state as "refund_state: RefundState", p.refund_attempts,
+                  p.refund_error, p.refund_id, p.disputed_at, p.updated_at
+             from ((select order_id from payments where refund_state = 'failed'
+                     order by updated_at desc limit $1)
+                   union
+                   (select order_id from payments where disputed_at is not null
+                     order by updated_at desc limit $1)
+                   union
+                   (select order_id from payments
+                     where refund_state in ('due', 'refunding') and updated_at < $2
+                     order by updated_at desc limit $1)) flagged
+             join payments p on p.order_id = flagged.order_id
+             join orders o on o.id = p.order_id
+            order by p.updated_at desc, p.order_id desc
+            limit $1"#,
+        limit,
+        owed_before
+    )
+    .fetch_all(db)
+    .await
 }

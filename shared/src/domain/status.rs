@@ -187,6 +187,21 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// Where the money of a payment owed back stands (`payments.refund_state`; none while
+    /// nothing is owed). docs/invariants.md, "Pay", Refunds.
+    pub enum RefundState {
+        /// Owed back: its order could no longer be paid when the money arrived.
+        Due = "due",
+        /// Claimed by a reconcile run for one attempt (`updated_at` is the claim's lease).
+        Refunding = "refunding",
+        /// Given back at the provider (its refund id recorded when the provider named it).
+        Refunded = "refunded",
+        /// Refused too many times: left to the operator.
+        Failed = "failed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,7 +243,8 @@ mod tests {
                 PaymentStatus::ALL
                     .iter()
                     .map(|v| (serde_says(v), v.as_str())),
-            );
+            )
+            .chain(RefundState::ALL.iter().map(|v| (serde_says(v), v.as_str())));
         for (serde, text) in texts {
             assert_eq!(serde, text);
         }

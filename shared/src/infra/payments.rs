@@ -62,6 +62,39 @@ pub struct PaymentSettings {
           value_name = "PAYMENT_WEBHOOK_TOLERANCE_SECS", value_parser = tolerance,
           default_value = "300")]
     pub webhook_tolerance: Duration,
+    /// The provider's publishable key (Stripe's `pk_...`), answered to the page with a `stripe`
+    /// payment so that Stripe.js can confirm it. Not a secret: every buyer's browser gets it.
+    /// Unset: the pay route answers no key, and the storefront cannot take the card (a client
+    /// of its own may carry its key).
+    #[arg(long = "payment-publishable-key", env = "PAYMENT_PUBLISHABLE_KEY",
+          value_name = "PAYMENT_PUBLISHABLE_KEY", value_parser = publishable_key)]
+    pub publishable_key: Option<String>,
+    /// Where the page loads Stripe.js from: Stripe's own address (Stripe asks that it always be
+    /// loaded from there), or a local fake's. The dev server's Content-Security-Policy allows its
+    /// origin with the `stripe` provider.
+    #[arg(long = "payment-js-url", env = "PAYMENT_JS_URL", value_name = "PAYMENT_JS_URL",
+          value_parser = js_url, default_value = "https://js.stripe.com/v3/")]
+    pub js_url: String,
+}
+
+/// What a browser needs to confirm a payment with the provider's own script: the answer of a
+/// `stripe` pay carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrowserCheckout {
+    /// Stripe's `pk_...`, for `Stripe(publishableKey)`.
+    pub publishable_key: String,
+    /// Where Stripe.js is.
+    pub js_url: String,
+}
+
+/// The origins a page that confirms payments with Stripe.js must be allowed to reach: the
+/// script's (loaded from it, and its frames) and the API's (Stripe.js calls it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrowserOrigins {
+    /// The origin of PAYMENT_JS_URL (`https://js.stripe.com`).
+    pub script: String,
+    /// The origin of PAYMENT_API_BASE (`https://api.stripe.com`).
+    pub api: String,
 }
 
 impl PaymentSettings {
@@ -79,6 +112,30 @@ impl PaymentSettings {
         }
     }
 
+    /// What the page confirms a payment with, for the `stripe` provider with a publishable key;
+    /// `None` otherwise (the local provider completes at a URL of ours).
+    pub fn browser_checkout(&self) -> Option<BrowserCheckout> {
+        if self.provider != "stripe" {
+            return None;
+        }
+        Some(BrowserCheckout {
+            publishable_key: self.publishable_key.clone()?,
+            js_url: self.js_url.clone(),
+        })
+    }
+
+    /// The origins a storefront page must be allowed to reach to pay, for the `stripe` provider;
+    /// `None` for the others, whose page stays on its own origin.
+    pub fn browser_origins(&self) -> Option<BrowserOrigins> {
+        if self.provider != "stripe" {
+            return None;
+        }
+        Some(BrowserOrigins {
+            script: origin(&self.js_url)?,
+            api: origin(&self.api_base)?,
+        })
+    }
+
     /// A blank secret reference is no reference (`events/env.json` blanks the template's).
     pub fn drop_blank(&mut self) {
         if self
@@ -91,6 +148,9 @@ impl PaymentSettings {
     }
 
     /// `stripe` needs its API key and its webhook secret, from the environment or the secret.
+    /// Not its publishable key: reconcile parses the same settings and never meets a browser,
+    /// and a client of the API's own (an app) may carry its key; a pay answered without one
+    /// makes the storefront say it cannot take the card, and charges nothing.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.provider == "stripe" && self.secret_arn.is_none() {
             anyhow::ensure!(
@@ -132,6 +192,43 @@ fn secret(value: &str) -> Result<SecretString, String> {
         return Err("must not be blank".into());
     }
     Ok(SecretString::from(value.to_string()))
+}
+
+/// A publishable key: what every buyer's browser receives, so never a secret key (`sk_`) or a
+/// restricted one (`rk_`) pasted into the wrong setting.
+fn publishable_key(value: &str) -> Result<String, String> {
+    let plain = value.len() > 3
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if value.starts_with("pk_") && plain {
+        Ok(value.to_string())
+    } else {
+        Err("must be a publishable key (pk_...): it is sent to every buyer's browser".into())
+    }
+}
+
+/// An absolute URL a browser loads a script from: `https`, or `http` on a loopback host only
+/// (a local fake such as localstripe): a script fetched in clear could be anyone's.
+fn js_url(value: &str) -> Result<String, String> {
+    let url = url::Url::parse(value).map_err(|e| format!("not a URL: {e}"))?;
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    };
+    match url.scheme() {
+        "https" => Ok(value.to_string()),
+        "http" if loopback => Ok(value.to_string()),
+        _ => Err("must be an https URL (http only on a loopback host)".into()),
+    }
+}
+
+/// `scheme://host[:port]` of an absolute URL, as a Content-Security-Policy names a source.
+fn origin(value: &str) -> Option<String> {
+    let origin = url::Url::parse(value).ok()?.origin();
+    origin.is_tuple().then(|| origin.ascii_serialization())
 }
 
 /// A stack's name as CloudFormation allows it: letters, digits and hyphens, at most 128.
@@ -752,5 +849,63 @@ mod tests {
             &header["t=1000,".len()..]
         );
         assert_eq!(verify_at(SECRET, Some(&rolled), BODY), Ok(()));
+    }
+
+    #[test]
+    fn only_a_publishable_key_is_taken_for_the_browser() {
+        use super::publishable_key;
+        assert!(publishable_key("pk_test_51Abc").is_ok());
+        for bad in [
+            "sk_test_51Abc",
+            "rk_live_1",
+            "pk_",
+            "pk_test 1",
+            "",
+            "whsec_1",
+        ] {
+            assert!(publishable_key(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn stripe_js_is_loaded_over_tls_or_from_loopback() {
+        use super::js_url;
+        for ok in [
+            "https://js.stripe.com/v3/",
+            "http://127.0.0.1:8420/js.stripe.com/v3/",
+            "http://localhost:8420/js.stripe.com/v3/",
+            "http://[::1]:8420/v3/",
+        ] {
+            assert!(js_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://js.stripe.com/v3/",
+            "js.stripe.com/v3/",
+            "ftp://127.0.0.1/x",
+            "",
+        ] {
+            assert!(js_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port_only() {
+        use super::origin;
+        let cases = [
+            ("https://js.stripe.com/v3/", Some("https://js.stripe.com")),
+            ("https://api.stripe.com", Some("https://api.stripe.com")),
+            (
+                "http://127.0.0.1:8420/js.stripe.com/v3/",
+                Some("http://127.0.0.1:8420"),
+            ),
+            (
+                "https://api.stripe.com:443/v1",
+                Some("https://api.stripe.com"),
+            ),
+            ("not a url", None),
+        ];
+        for (url, want) in cases {
+            assert_eq!(origin(url).as_deref(), want, "{url}");
+        }
     }
 }

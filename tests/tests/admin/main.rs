@@ -2,10 +2,12 @@
 //! real PostgreSQL: a paused holder fenced out, a wiped token counter, concurrent admins,
 //! owner-checked release, renewals, live stock changes during a sale, and bad input.
 //!
-//! [`fencing`] (the lock under the admin's writes), live [`stock_changes`], and [`bad_requests`].
+//! [`fencing`] (the lock under the admin's writes), live [`stock_changes`], [`bad_requests`],
+//! and the operator page's [`payments`] to look at.
 
 mod bad_requests;
 mod fencing;
+mod payments;
 mod stock_changes;
 
 use admin::AdminState;

@@ -123,21 +123,29 @@ async fn stripe_recorder(
     (base, seen)
 }
 
-/// The entry's router with the Stripe provider at `api_base`.
-fn with_stripe(w: &World, api_base: &str) -> Router {
+/// The entry's router with the Stripe provider at `api_base`, and the publishable key
+/// `publishable_key` for the page's Stripe.js.
+fn with_stripe_key(w: &World, api_base: &str, publishable_key: Option<&str>) -> Router {
     w.env.entry_router_with(|c| {
         let payments = &mut c.config.payments;
         payments.provider = "stripe".into();
         payments.api_base = api_base.into();
         payments.api_key = Some("sk_test_recorded".to_string().into());
+        payments.publishable_key = publishable_key.map(str::to_string);
     })
+}
+
+/// The entry's router with the Stripe provider at `api_base` and a publishable key.
+fn with_stripe(w: &World, api_base: &str) -> Router {
+    with_stripe_key(w, api_base, Some("pk_test_recorded"))
 }
 
 /// The Stripe provider's side of the contract, against a recording server: one
 /// PaymentIntent per order for the order's amount (form-encoded, the API key as bearer, the
 /// stack's and the order's idempotency key, the order id and the stack's name in the metadata,
-/// cards only), its client secret handed to the
-/// buyer; a refusing or unreachable API answers 503 and records no payment.
+/// cards only), its client secret handed to the buyer with the publishable key and Stripe.js's
+/// address when the server has a key; a refusing or unreachable API answers 503 and records
+/// no payment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Result<()> {
     let w = world().await;
@@ -167,9 +175,18 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
         )
     );
     assert!(started.get("completeUrl").is_none());
+    assert_eq!(
+        (&started["publishableKey"], &started["jsUrl"]),
+        (
+            &"pk_test_recorded".into(),
+            &"https://js.stripe.com/v3/".into()
+        ),
+        "what the page's Stripe.js needs"
+    );
     // Pressed again: the payment started before, read back with its client secret; no
-    // second PaymentIntent is asked for.
-    let (status, again) = call(&app, request("POST", &path, Some(("alice", "")), None)).await;
+    // second PaymentIntent is asked for. A server without a publishable key answers none.
+    let keyless = with_stripe_key(&w, &base, None);
+    let (status, again) = call(&keyless, request("POST", &path, Some(("alice", "")), None)).await;
     assert_eq!(
         (status, &again["paymentId"], &again["clientSecret"]),
         (
@@ -178,6 +195,7 @@ async fn the_stripe_provider_starts_one_payment_intent_per_order() -> anyhow::Re
             &started["clientSecret"]
         )
     );
+    assert!(again.get("publishableKey").is_none() && again.get("jsUrl").is_none());
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
     for r in &seen {

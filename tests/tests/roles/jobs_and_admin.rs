@@ -205,6 +205,10 @@ async fn the_admin_role_creates_changes_and_reads_sales() -> anyhow::Result<()> 
     let (status, ops) = call(&app, request("GET", "/admin/ops", Some(ADMIN), None)).await;
     assert_eq!(status, StatusCode::OK, "{ops}");
     refused(&admin, "delete from activity_stats").await;
+    // It reads the payments it lists, a column each, and changes none.
+    refused(&admin, "update payments set refund_state = 'refunded'").await;
+    refused(&admin, "select provider, status from payments").await;
+    refused(&admin, "select unit_price_minor from orders").await;
     refused(
         &admin,
         "insert into activity_stats (activity_id, participants, sold, \

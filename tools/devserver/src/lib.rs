@@ -287,7 +287,8 @@ pub async fn start(dev: DevConfig) -> anyhow::Result<DevServer> {
 
     let mut router = app(functions.entry.clone(), functions.admin.clone(), verifier);
     let loopback = dev.addr.ip().to_canonical().is_loopback();
-    router = web::storefront(router, dev.jwt_secret.expose_secret(), loopback);
+    let csp = web::content_security_policy(&dev.config.payments);
+    router = web::storefront(router, dev.jwt_secret.expose_secret(), loopback, &csp);
     if loopback {
         let secret = dev.config.payments.webhook_secret.clone();
         router = provider::local_provider(router, functions.entry_pool.clone(), secret);

@@ -2,7 +2,8 @@
 //!
 //! - the storefront (`GET /`, `web/index.html`), the operator page (`GET /ops.html`) and their
 //!   assets (`GET /assets/*`), embedded in the binary at build time, outside the JWT check,
-//!   each with `Cache-Control: no-cache`;
+//!   each with `Cache-Control: no-cache` and the policy of [`content_security_policy`] (the
+//!   page's own origin, and Stripe.js's with the `stripe` provider);
 //! - `POST /dev/token` `{"user": "alice", "admin": false}` → `{"token", "user", "expiresIn"}`:
 //!   a token signed with the dev secret, as `make token` signs it, so the pages can sign a
 //!   name in. Only on a loopback address (off loopback tokens are the only thing between a
@@ -20,6 +21,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
 use seckill_shared::http::extract::JsonBody;
+use seckill_shared::infra::payments::PaymentSettings;
 use seckill_shared::ApiError;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -89,6 +91,11 @@ const ASSETS: &[Asset] = &[
         body: web_file!("assets/storefront/buyer.js"),
     },
     Asset {
+        path: "/assets/storefront/card.js",
+        content_type: JS,
+        body: web_file!("assets/storefront/card.js"),
+    },
+    Asset {
         path: "/assets/ops.js",
         content_type: JS,
         body: web_file!("assets/ops.js"),
@@ -105,18 +112,49 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
     style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
     form-action 'self'; frame-ancestors 'none'";
 
+/// Stripe.js's own origin.
+pub const STRIPE_JS_ORIGIN: &str = "https://js.stripe.com";
+/// The other origin Stripe documents Stripe.js's frames come from.
+pub const STRIPE_HOOKS_ORIGIN: &str = "https://hooks.stripe.com";
+
+/// The pages' policy for these payment settings: [`CONTENT_SECURITY_POLICY`], and with the
+/// `stripe` provider what Stripe.js needs besides, as Stripe documents it: its script and its
+/// frames from PAYMENT_JS_URL's origin (and from [`STRIPE_HOOKS_ORIGIN`] when that origin is
+/// Stripe's own), its calls to PAYMENT_API_BASE's origin. Against a local fake on one origin
+/// (localstripe) that origin is all it adds.
+pub fn content_security_policy(payments: &PaymentSettings) -> String {
+    let Some(origins) = payments.browser_origins() else {
+        return CONTENT_SECURITY_POLICY.to_string();
+    };
+    let mut frames = vec![origins.script.as_str()];
+    if origins.script == STRIPE_JS_ORIGIN {
+        frames.push(STRIPE_HOOKS_ORIGIN);
+    }
+    format!(
+        "default-src 'self'; script-src 'self' {script}; style-src 'self'; \
+         img-src 'self' data:; connect-src 'self' {api}; frame-src {frames}; base-uri 'none'; \
+         form-action 'self'; frame-ancestors 'none'",
+        script = origins.script,
+        api = origins.api,
+        frames = frames.join(" "),
+    )
+}
+
 /// How long a token from `POST /dev/token` lives: a working day.
 pub const DEV_TOKEN_TTL_SECS: u64 = 8 * 3600;
 
 /// The scope of every token `POST /dev/token` mints; admins get [`ADMIN_SCOPE`] too.
 pub const USER_SCOPE: &str = "seckill:user";
 
-/// `app` plus the pages, the purchase counter and (when `mint_tokens`) `POST /dev/token`.
-pub fn storefront(app: Router, jwt_secret: &str, mint_tokens: bool) -> Router {
+/// `app` plus the pages (served with the policy `csp`), the purchase counter and (when
+/// `mint_tokens`) `POST /dev/token`.
+pub fn storefront(app: Router, jwt_secret: &str, mint_tokens: bool, csp: &str) -> Router {
     let counts = Arc::new(PurchaseCounts::default());
+    let csp = HeaderValue::from_str(csp).expect("a policy is header-safe text");
     let mut pages = Router::new();
     for asset in ASSETS {
-        pages = pages.route(asset.path, get(move || serve(asset)));
+        let csp = csp.clone();
+        pages = pages.route(asset.path, get(move || serve(asset, csp)));
     }
     if mint_tokens {
         let secret: Arc<str> = Arc::from(jwt_secret);
@@ -130,15 +168,12 @@ pub fn storefront(app: Router, jwt_secret: &str, mint_tokens: bool) -> Router {
     .layer(Extension(counts))
 }
 
-async fn serve(asset: &'static Asset) -> Response {
+async fn serve(asset: &'static Asset, csp: HeaderValue) -> Response {
     let headers = [
         (CONTENT_TYPE, HeaderValue::from_static(asset.content_type)),
         (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         (X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-        (
-            HeaderName::from_static("content-security-policy"),
-            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-        ),
+        (HeaderName::from_static("content-security-policy"), csp),
     ];
     (headers, asset.body).into_response()
 }
@@ -275,9 +310,15 @@ mod tests {
     #[tokio::test]
     async fn tokens_are_minted_only_when_asked_to() {
         let app = || Router::new().route("/health", get(|| async { "ok" }));
-        assert_eq!(post_token(storefront(app(), "s", true)).await, 200);
+        assert_eq!(
+            post_token(storefront(app(), "s", true, CONTENT_SECURITY_POLICY)).await,
+            200
+        );
         // Off loopback the route does not exist at all.
-        assert_eq!(post_token(storefront(app(), "s", false)).await, 404);
+        assert_eq!(
+            post_token(storefront(app(), "s", false, CONTENT_SECURITY_POLICY)).await,
+            404
+        );
     }
 
     #[tokio::test]
@@ -294,7 +335,7 @@ mod tests {
                     c.snapshot().purchases_accepted.to_string()
                 }),
             );
-        let router = storefront(app, "s", false);
+        let router = storefront(app, "s", false, CONTENT_SECURITY_POLICY);
         for _ in 0..2 {
             let req = axum::http::Request::post("/activities/7/orders")
                 .body(axum::body::Body::empty())
@@ -307,6 +348,69 @@ mod tests {
         let body = router.oneshot(req).await.unwrap().into_body();
         let bytes = axum::body::to_bytes(body, 64).await.unwrap();
         assert_eq!(&bytes[..], b"2");
+    }
+
+    /// The policy's directives, each with its sources.
+    fn directives(policy: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+        policy
+            .split(';')
+            .filter_map(|d| {
+                let mut words = d.split_whitespace().map(str::to_string);
+                Some((words.next()?, words.collect()))
+            })
+            .collect()
+    }
+
+    fn payments(args: &[&str]) -> PaymentSettings {
+        #[derive(clap::Parser)]
+        struct Args {
+            #[command(flatten)]
+            payments: PaymentSettings,
+        }
+        let argv = ["devserver"].iter().chain(args);
+        <Args as clap::Parser>::try_parse_from(argv)
+            .expect("valid settings")
+            .payments
+    }
+
+    #[test]
+    fn the_pages_allow_stripe_js_only_with_the_stripe_provider() {
+        let stripe = |js: &str, api: &str| {
+            let args = ["--payment-provider", "stripe", "--payment-js-url", js];
+            directives(&content_security_policy(&payments(
+                &[&args[..], &["--payment-api-base", api]].concat(),
+            )))
+        };
+        let own = directives(CONTENT_SECURITY_POLICY);
+        let local = payments(&["--payment-provider", "local"]);
+        assert_eq!(directives(&content_security_policy(&local)), own);
+
+        // Stripe's own: what Stripe documents, and nothing else changes.
+        let mut want = own.clone();
+        let add = |want: &mut std::collections::BTreeMap<String, Vec<String>>, d: &str, s: &str| {
+            want.entry(d.to_string())
+                .or_default()
+                .extend(s.split(' ').map(str::to_string))
+        };
+        add(&mut want, "script-src", "https://js.stripe.com");
+        add(&mut want, "connect-src", "https://api.stripe.com");
+        add(
+            &mut want,
+            "frame-src",
+            "https://js.stripe.com https://hooks.stripe.com",
+        );
+        assert_eq!(
+            stripe("https://js.stripe.com/v3/", "https://api.stripe.com"),
+            want
+        );
+
+        // localstripe: its one origin, and nothing of Stripe's.
+        let mut want = own;
+        let fake = "http://127.0.0.1:8420";
+        add(&mut want, "script-src", fake);
+        add(&mut want, "connect-src", fake);
+        add(&mut want, "frame-src", fake);
+        assert_eq!(stripe(&format!("{fake}/js.stripe.com/v3/"), fake), want);
     }
 
     #[test]

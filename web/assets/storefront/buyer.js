@@ -2,6 +2,7 @@
 // backoff until it settles, pay and cancel).
 
 import { api, say, sayRefusal } from "./api.js";
+import { closeCard, payByCard } from "./card.js";
 import { render } from "./render.js";
 import { $, saleId, state, TOKEN_KEY } from "./state.js";
 
@@ -103,6 +104,8 @@ export async function readOrderOnce() {
 }
 
 function applyOrder(o) {
+  // Only a confirmed order is paid for: an order cancelled (or paid) meanwhile closes the card.
+  if (o.status !== "confirmed") closeCard(false);
   if (o.status === "paid" && state.waitingFor === "paid") {
     state.waitingFor = null;
     say("Payment received.");
@@ -115,8 +118,9 @@ function applyOrder(o) {
 // ------------------------------------------------------------------ pay and cancel
 
 // Pay: the server starts a payment at its provider; with the local provider the page
-// completes it at `completeUrl`. The order becomes paid only when the provider's event
-// reaches the server, so the page then waits for orders/me to say so.
+// completes it at `completeUrl`, with Stripe the buyer's card confirms it through Stripe.js
+// (card.js). The order becomes paid only when the provider's event reaches the server, so
+// the page then waits for orders/me to say so.
 export async function pay() {
   const id = state.order && state.order.orderId;
   if (!id || state.acting) return;
@@ -140,6 +144,12 @@ export async function pay() {
       return;
     }
     say("Payment sent; waiting for the provider's confirmation…");
+  } else if (p.clientSecret && p.status !== "succeeded") {
+    // The buyer may still cancel while typing the card.
+    state.acting = false;
+    render();
+    if (!(await payByCard(p))) return;
+    say("Payment sent; waiting for Stripe's confirmation…");
   } else if (p.provider && p.provider !== "local" && p.status !== "succeeded") {
     say(`Complete the payment with ${p.provider}; this page shows the result once it arrives.`);
   } else {
@@ -190,6 +200,7 @@ export function useToken(token) {
 }
 
 export function signOut(clearMessage = true) {
+  closeCard(false);
   state.token = null;
   state.order = null;
   state.waitingFor = null;

@@ -1,5 +1,6 @@
 // Drawing the page from `state`: the sale's facts and countdown, the Buy button and why it is
-// shut, the buyer's order step by step, the draw's commitment checked here, and the account.
+// shut, the buyer's order step by step (and its card form), the draw's commitment checked
+// here, and the account.
 
 import { refusalText, say } from "./api.js";
 import { $, drawEndMs, holding, limit, phase, saleId, serverNow, soldOut, state } from "./state.js";
@@ -213,10 +214,22 @@ function renderOrder() {
     ? `${n}: waiting for the payment's confirmation…`
     : text;
   const canAct = o.status === "confirmed" && !state.acting && state.waitingFor !== "paid";
-  $("pay").hidden = o.status !== "confirmed";
+  $("pay").hidden = o.status !== "confirmed" || !!state.card;
   $("cancel").hidden = o.status !== "confirmed";
   $("pay").disabled = !canAct;
   $("cancel").disabled = !canAct;
+  renderCard();
+}
+
+// The card form (card.js) while a Stripe payment waits for the buyer's card.
+function renderCard() {
+  const c = state.card;
+  $("card-form").hidden = !c;
+  if (!c) return;
+  const button = $("card-pay");
+  button.disabled = state.acting;
+  button.setAttribute("aria-busy", state.acting ? "true" : "false");
+  button.textContent = state.acting ? "Paying…" : `Pay ${formatPrice(c.amountMinor, c.currency.toUpperCase())}`;
 }
 
 function renderDraw() {

@@ -20,6 +20,7 @@ export const state = {
   blockedUntil: 0, // browser ms until which Retry-After keeps the button shut
   order: null, // {status, requestId, orderId, quantity, reason}
   acting: false, // pay or cancel on its way
+  card: null, // {amountMinor, currency} while the card form is open (card.js)
   waitingFor: null, // "paid" while a payment completes
   waitingSince: 0,
   viaDraw: false, // the order went through a draw's pool
