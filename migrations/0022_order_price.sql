@@ -8,10 +8,15 @@ alter table orders
     add column currency         text   check (currency ~ '^[a-z]{3}$');
 
 -- Orders from before the price was stored: the sale's price, which could not change after
--- they were made.
+-- they were made. `orders` forces its row-level security on its owner, the migrating user
+-- (0017), who passes no policy: lifted for this one statement, inside this migration's
+-- transaction (the table is locked by the `alter` above until it commits), so the backfill
+-- sees every row.
+alter table orders no force row level security;
 update orders o set unit_price_minor = a.price_minor, currency = a.currency
   from activities a
  where a.id = o.activity_id and o.status <> 'failed';
+alter table orders force row level security;
 
 alter table orders add constraint orders_priced
     check (status = 'failed' or (unit_price_minor is not null and currency is not null));

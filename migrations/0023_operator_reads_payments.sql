@@ -13,6 +13,8 @@ grant select (order_id, provider_payment_id, amount_minor, currency, refund_stat
               refund_attempts, refund_error, disputed_at, updated_at)
     on payments to seckill_admin;
 grant select (id) on orders to seckill_admin;
+-- Nor the provider's events, which it never reads.
+revoke select on payment_events from seckill_admin;
 
 -- Failed refunds newest first (`updated_at` is the last attempt's claim): the same rows as
 -- 0021's index, keyed by time, so the newest few are read without the rest.

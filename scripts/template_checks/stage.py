@@ -20,6 +20,8 @@ SECRET_SAMPLES = {
     "a webhook secret": "PAYMENT_WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIK2LWhFK",
     "a PaymentIntent's client secret": '"client_secret":"pi_3MtwBwLkdIwHu7ix28a3tqPa_secret_YrKJUKribcBjcG8HVhfZluoGH"',
     "the origin secret": '"x-origin-verify":"Qm9yZGVyQ29sbGllMTIzNDU2Nzg5MGFiY2RlZg"',
+    "a password in a database URL": "postgres://seckill_entry:Zm9vYmFyYmF6cXV4MTIz@proxy.local:5432/seckill",
+    "a token in a Redis URL": "rediss://seckill-loader:c2VjcmV0dG9rZW4xMjM0NTY3@cfg.cache.amazonaws.com:6379",
 }
 # CloudWatch Logs' custom data identifiers: at most 10, a name of letters, digits, _ and -, a
 # regex of at most 200 characters from this set (no parentheses, no colon).
@@ -128,4 +130,4 @@ def check_log_protection(t: Template) -> None:
                 problems.append(f"{what} is not masked")
         check(bool(policy) and not problems,
               f"{name}: its log group {group_id} masks bearer tokens, API keys, webhook, client and origin "
-              f"secrets" + (f" -- {problems}" if problems else "" if policy else " -- no DataProtectionPolicy"))
+              f"secrets, URL passwords" + (f" -- {problems}" if problems else "" if policy else " -- no DataProtectionPolicy"))

@@ -146,7 +146,18 @@ pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
     pool.close().await;
     let with_password = set_role_passwords(options, &roles).await?;
     tracing::info!(database = %target, ?newly, roles = ?with_password, "migrations applied");
-    let scripts = load_scripts(config).await?;
+    // The migrations are committed whatever comes of the load: its failure is reported, not
+    // the run's (the next preheat run loads them as well).
+    let scripts = match load_scripts(config).await {
+        Ok(n) => json!(n),
+        Err(e) => {
+            tracing::error!(
+                error = format!("{e:#}"),
+                "failed to load the scripts into redis"
+            );
+            json!({ "error": format!("{e:#}") })
+        }
+    };
     Ok(json!({
         "database": target,
         "applied": newly,
@@ -158,8 +169,9 @@ pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
 }
 
 /// This build's scripts on every Redis node, loaded as the loader user, when
-/// REDIS_LOADER_SECRET_ARN names its login: a deploy's new scripts are there before a function
-/// of the new build needs them (no function may load one itself). Answers how many.
+/// REDIS_LOADER_SECRET_ARN names its login: a deploy's new scripts are there as soon as the
+/// migration ran (no function may load one itself). Answers how many; bounded by
+/// [`SCRIPT_LOAD_BUDGET`] in all.
 pub async fn load_scripts(config: &MigrateConfig) -> anyhow::Result<usize> {
     let Some(arn) = &config.secrets.redis_loader_secret_arn else {
         return Ok(0);
@@ -175,10 +187,15 @@ pub async fn load_scripts(config: &MigrateConfig) -> anyhow::Result<usize> {
     let loader = Redis::connect_with(&topology, SCRIPT_LOAD_TIMEOUT, "seckill")
         .await
         .context("failed to connect to redis as the script loader")?;
-    let loaded = scripts::load_all(&loader).await?;
+    let loaded = tokio::time::timeout(SCRIPT_LOAD_BUDGET, scripts::load_all(&loader))
+        .await
+        .map_err(|_| anyhow::anyhow!("loading the scripts took over {SCRIPT_LOAD_BUDGET:?}"))??;
     tracing::info!(scripts = loaded, "scripts loaded into redis");
     Ok(loaded)
 }
+
+/// The whole load's bound: well inside the function's 60 s Timeout with the migrations.
+const SCRIPT_LOAD_BUDGET: Duration = Duration::from_secs(20);
 
 /// Each SCRIPT LOAD's bound (on a cluster, one per node at once).
 const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(5);

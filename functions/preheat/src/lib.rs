@@ -26,13 +26,14 @@ use std::time::{Duration, Instant};
 /// What a run keeps free before its deadline: the load in flight's last calls and the report.
 pub const FINISH_MARGIN: Duration = Duration::from_secs(5);
 
+/// The most of a run the scripts' load may take (a connection and one SCRIPT LOAD a script).
+pub const SCRIPT_LOAD_SHARE: Duration = Duration::from_secs(8);
+
 /// The job's clients and settings, built once per cold start.
 pub struct Preheat {
     config: Config,
     pool: PgPool,
     redis: Redis,
-    /// Redis as the script loader, connected at the first run that loads.
-    loader: tokio::sync::OnceCell<Redis>,
 }
 
 /// What one run did, returned as the Lambda's JSON result and logged.
@@ -104,26 +105,21 @@ impl Preheat {
             config: context.config,
             pool: context.pool,
             redis: context.redis,
-            loader: tokio::sync::OnceCell::new(),
         }
     }
 
     /// Loads every script on every Redis node as the loader (a node restarted or replaced
     /// empty has them again), when this process holds the loader's login. Answers how many.
+    /// Connected anew each run: a cluster client learns the nodes when it connects, and a warm
+    /// container's would miss a node added or replaced since.
     pub async fn load_scripts(&self) -> anyhow::Result<usize> {
-        if self.config.redis_loader.is_none() {
-            return Ok(0);
-        }
-        let loader = self
-            .loader
-            .get_or_try_init(|| async {
-                Redis::connect_loader(&self.config)
-                    .await?
-                    .context("no loader login")
-            })
+        let Some(loader) = Redis::connect_loader(&self.config)
             .await
-            .context("failed to connect to redis as the script loader")?;
-        scripts::load_all(loader).await
+            .context("failed to connect to redis as the script loader")?
+        else {
+            return Ok(0);
+        };
+        scripts::load_all(&loader).await
     }
 
     /// Builds the clients the config names. The pool connects lazily, so a container whose
@@ -156,8 +152,13 @@ impl Preheat {
             .unwrap_or(deadline)
             .max(Instant::now());
         let mut report = PreheatReport::default();
-        // First the scripts, which every function's call needs and none may load itself.
-        match self.load_scripts().await {
+        // First the scripts, which every function's call needs and none may load itself; within
+        // a share of the run, so the loads of the sales keep their time.
+        let share = SCRIPT_LOAD_SHARE.min(end.saturating_duration_since(Instant::now()));
+        let loaded = tokio::time::timeout(share, self.load_scripts())
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("loading the scripts took over {share:?}")));
+        match loaded {
             Ok(n) => report.scripts_loaded = n,
             Err(e) => {
                 tracing::error!(
