@@ -291,6 +291,7 @@ pub async fn change_with_guard(
     let change = Update::new(current, held, patch)?;
     admission_unchanged_once_started(&change)?;
     price_unchanged_once_started(&change)?;
+    price_unchanged_once_bought(ctx, &mut tx, &change).await?;
     if change.after.buckets != change.before.bucket_count() {
         relayout(ctx, guard, &mut tx, &change).await?;
         let updated =
@@ -346,6 +347,34 @@ fn price_unchanged_once_started(change: &Update) -> Result<(), ChangeError> {
     Err(ChangeError::Conflict(
         "priceMinor and currency can change only until 10 s before the sale starts".into(),
     ))
+}
+
+/// A sale whose start was moved back into the future after it opened keeps its price once
+/// anyone bought: an order in the database, or a reservation Redis holds that no order has yet
+/// (its stock below the database's remaining). An order's price is written from the sale's
+/// when the order is confirmed, which must be the price its buyer pressed buy at. Read under
+/// the sale's row lock (no order commits meanwhile) and its admin lock (no load or adjust);
+/// a reservation made meanwhile saw the sale open, so it was made at this same price.
+async fn price_unchanged_once_bought(
+    ctx: &Context,
+    tx: &mut sqlx::PgConnection,
+    change: &Update,
+) -> Result<(), ChangeError> {
+    let (before, after) = (&change.before, &change.after);
+    if after.price_minor == before.price_minor && after.currency == before.currency {
+        return Ok(());
+    }
+    let reserved = match buckets::stock(&ctx.redis, before.id, before.bucket_count()).await? {
+        Some(stock) => stock < before.remaining_stock,
+        None => false,
+    };
+    if reserved || order::exists_for(&mut *tx, before.id).await? {
+        return Err(ChangeError::Conflict(
+            "priceMinor and currency cannot change once the sale has an order or a reservation"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A new bucket count: only before the sale starts (by the window before and after the

@@ -3,11 +3,12 @@
 //! owner-checked release, renewals, live stock changes during a sale, and bad input.
 //!
 //! [`fencing`] (the lock under the admin's writes), live [`stock_changes`], [`bad_requests`],
-//! and the operator page's [`payments`] to look at.
+//! the [`prices`] buyers pressed buy at, and the operator page's [`payments`] to look at.
 
 mod bad_requests;
 mod fencing;
 mod payments;
+mod prices;
 mod stock_changes;
 
 use admin::AdminState;
