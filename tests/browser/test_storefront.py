@@ -1,7 +1,8 @@
 """The storefront (web/index.html) in Chromium against a dev server: the countdown on the
 server's clock, buying at the opening with the button grey while the request is out, a second
-tab of the same buyer, a draw sale, a sold-out sale, cancel, pay with the local provider, and
-pay by card with Stripe.js against localstripe."""
+tab of the same buyer, a draw sale, a sold-out sale, cancel, pay with the local provider, pay
+by card with Stripe.js against localstripe, and the buyer's own purchase, cancel and payment
+shown at once (not at the next poll), an older answer never over a newer one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from conftest import LOCALSTRIPE, Api, Localstripe, sign_in, unique
-from playwright.sync_api import BrowserContext, Page, Route, expect
+from playwright.sync_api import APIResponse, BrowserContext, Page, Route, expect
 
 
 def open_sale(context: BrowserContext, sale_id: int, user: str) -> Page:
@@ -377,3 +378,105 @@ def test_every_refusal_has_its_own_message(context: BrowserContext, api: Api, sh
     expect(page.locator("#who")).to_have_text(user)
     buy.click()
     expect(order_status(page)).to_have_attribute("data-status", re.compile("^(accepted|pending|confirmed)$"))
+
+
+# ------------------------------------------------------------------ the buyer's own changes, at once
+
+
+def stop_the_polls(page: Page) -> None:
+    """Stops the page's timers where they are (the context's clock is installed), so neither
+    the sale's regular poll nor the order's comes round again; requests and their answers
+    still run. What the page shows from then on, it read because of what the buyer did. Then
+    waits out the server's own copy of the view (at most 250 ms), so the next read is fresh."""
+    now_ms = page.evaluate("Date.now()")
+    page.clock.pause_at(datetime.fromtimestamp((now_ms + 50) / 1000, tz=timezone.utc))
+    page.wait_for_timeout(400)
+
+
+def hold_one_view_read(page: Page, sale_id: int) -> list[tuple[Route, APIResponse]]:
+    """Holds the page's next read of the sale's view with the answer the server gave then, to
+    be let through later: an old answer that arrives after newer ones."""
+    held: list[tuple[Route, APIResponse]] = []
+
+    def hold(route: Route) -> None:
+        if held or route.request.method != "GET":
+            route.continue_()
+            return
+        held.append((route, route.fetch()))
+
+    page.route(re.compile(rf".*/activities/{sale_id}$"), hold)
+    deadline = time.monotonic() + 5
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(20)
+    assert held, "the page polls the sale's view"
+    return held
+
+
+def test_taking_the_last_unit_reads_sold_out_at_once(context: BrowserContext, api: Api, shot):
+    sale = api.create_sale("Last unit sale", stock=1, starts_in=-1)
+    context.clock.install()
+    page = open_sale(context, sale["id"], unique("last-unit"))
+    expect(page.locator("#stock")).to_have_text("1")
+    expect(page.locator("#buy")).to_be_enabled()
+    stop_the_polls(page)
+
+    page.locator("#buy").click()
+    # No poll comes round: the purchase itself re-read the sale and the order.
+    expect(page.locator("#stock")).to_have_text("none")
+    expect(page.locator("#phase")).to_have_text("On sale, sold out")
+    expect(page.locator("#buy")).to_have_text("Sold out")
+    expect(order_status(page)).to_have_attribute("data-status", re.compile("^(pending|confirmed)$"))
+    shot(page, "storefront-last-unit-taken")
+
+
+def test_an_older_view_answer_does_not_overwrite_a_newer_one(context: BrowserContext, api: Api):
+    sale = api.create_sale("Late answer sale", stock=1, starts_in=-1)
+    context.clock.install()
+    page = open_sale(context, sale["id"], unique("late-answer"))
+    expect(page.locator("#stock")).to_have_text("1")
+    held = hold_one_view_read(page, sale["id"])
+    stop_the_polls(page)
+
+    page.locator("#buy").click()
+    expect(page.locator("#stock")).to_have_text("none")
+    expect(order_status(page)).to_have_attribute("data-status", re.compile("^(pending|confirmed)$"))
+    # Every read the purchase started has answered (the page's timers start no other).
+    page.wait_for_timeout(500)
+    # The poll sent before the purchase answers last, with the stock of then.
+    route, old = held[0]
+    assert old.json()["remainingStock"] == 1
+    route.fulfill(response=old)
+    page.wait_for_timeout(500)
+    assert page.locator("#stock").inner_text() == "none"
+    assert page.locator("#buy").inner_text() == "Sold out"
+
+
+def test_a_cancel_puts_the_unit_back_on_the_page_at_once(context: BrowserContext, api: Api, shot):
+    sale = api.create_sale("Give back sale", stock=1, starts_in=-1)
+    context.clock.install()
+    page = open_sale(context, sale["id"], unique("give-back"))
+    page.locator("#buy").click()
+    expect(order_status(page)).to_have_attribute("data-status", "confirmed", timeout=15_000)
+    expect(page.locator("#stock")).to_have_text("none")
+    stop_the_polls(page)
+
+    page.locator("#cancel").click()
+    expect(order_status(page)).to_have_attribute("data-status", "cancelled")
+    expect(page.locator("#stock")).to_have_text("1")
+    expect(page.locator("#phase")).to_have_text("On sale")
+    expect(page.locator("#buy")).to_be_enabled()
+    shot(page, "storefront-cancelled-at-once")
+
+
+def test_a_payment_reads_paid_at_once(context: BrowserContext, api: Api):
+    sale = api.create_sale("Paid at once sale", stock=2, starts_in=-1)
+    context.clock.install()
+    page = open_sale(context, sale["id"], unique("pays-at-once"))
+    page.locator("#buy").click()
+    expect(order_status(page)).to_have_attribute("data-status", "confirmed", timeout=15_000)
+    stop_the_polls(page)
+
+    page.locator("#pay").click()
+    # The local provider's complete route pays the order before it answers.
+    expect(order_status(page)).to_have_attribute("data-status", "paid")
+    expect(page.locator("#order-status")).to_contain_text("Paid:")

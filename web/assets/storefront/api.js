@@ -59,6 +59,24 @@ export async function api(method, path, body, init = {}) {
   };
 }
 
+// Reads of one thing (the sale's view, the buyer's order) may overlap: a poll still on its way
+// when the buyer's action reads again. Only the newest read's answer counts, so an older answer
+// that arrives late neither overwrites a newer one nor carries a second round of polls on.
+// `begin()` marks a read as sent and returns the check for its answer; `forget()` drops every
+// answer still on its way.
+export function newestOnly() {
+  let newest = 0;
+  return {
+    begin() {
+      const read = ++newest;
+      return () => read === newest;
+    },
+    forget() {
+      newest++;
+    },
+  };
+}
+
 export function refusalText(r) {
   const say = REFUSALS[r.error];
   return say ? say(r) : `Something went wrong (${r.status}): ${r.message}`;

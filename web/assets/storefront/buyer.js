@@ -1,10 +1,12 @@
 // The buyer: their token, and their order from Buy to its end (the 202, orders/me polled with
-// backoff until it settles, pay and cancel).
+// backoff until it settles, pay and cancel). Each of the buyer's actions, and each new status
+// of her order, reads the sale and the order again at once instead of waiting for a poll.
 
-import { api, say, sayRefusal } from "./api.js";
+import { api, newestOnly, say, sayRefusal } from "./api.js";
 import { closeCard, payByCard } from "./card.js";
 import { render } from "./render.js";
 import { $, saleId, state, TOKEN_KEY } from "./state.js";
+import { refreshView } from "./view.js";
 
 // orders/me backoff: 300 ms, then x1.6 per poll, at most 3 s.
 const POLL_FIRST_MS = 300;
@@ -28,27 +30,37 @@ export async function buy(event) {
   if (r.ok) {
     const status = r.data.status === "queued" ? "queued" : "accepted";
     // The order section says what happened; the message line is for refusals.
-    setOrder({ status, requestId: r.data.requestId, quantity });
-    pollOrder(true);
+    orderChangedHere({ status, requestId: r.data.requestId, quantity });
   } else {
-    sayRefusal(r);
-    if (r.retryAfterMs) state.blockedUntil = Date.now() + r.retryAfterMs;
-    if (r.error === "unauthorized") signOut(false);
-    // The buyer's existing order, so they see what they already hold.
-    if (r.error === "already_purchased") readOrderOnce();
+    purchaseRefused(r);
   }
   render();
 }
 
-function setOrder(order) {
-  state.order = order;
-  render();
+function purchaseRefused(r) {
+  sayRefusal(r);
+  if (r.retryAfterMs) state.blockedUntil = Date.now() + r.retryAfterMs;
+  if (r.error === "unauthorized") signOut(false);
+  // The buyer's existing order, so they see what they already hold.
+  if (r.error === "already_purchased") readOrderOnce();
+  // The page's stock was older than the server's.
+  if (r.error === "sold_out") refreshView();
+}
+
+// An answer to the buyer's own action (a 202, a cancel) changed her order: show it, and read the
+// sale (its stock moved with the order) and the order again at once. The order's read is sent
+// after the change, so a read still on its way from before it is dropped.
+function orderChangedHere(order) {
+  applyOrder(order);
+  refreshView();
+  readOrderOnce();
 }
 
 // ------------------------------------------------------------------ following the order
 
 let pollTimer = null;
 let pollDelay = POLL_FIRST_MS;
+const orderReads = newestOnly();
 
 // Statuses after which nothing changes by itself (a confirmed order waits for the buyer).
 function settled(status) {
@@ -56,32 +68,25 @@ function settled(status) {
   return ["paid", "cancelled", "failed", "not_drawn", "entered_late", "none"].includes(status);
 }
 
-// Polls GET …/orders/me with backoff until the status settles; honours Retry-After.
-function pollOrder(restart) {
+// Reads GET …/orders/me now (at the start, at sign-in, after each of the buyer's actions), then
+// polls it with backoff until the status settles; honours Retry-After. The read started here
+// supersedes any still on its way and the poll scheduled next: one round of polls at a time.
+export function readOrderOnce() {
+  if (!state.token || !saleId) return;
   clearTimeout(pollTimer);
-  if (restart) pollDelay = POLL_FIRST_MS;
-  pollTimer = setTimeout(pollOnce, pollDelay);
+  pollDelay = POLL_FIRST_MS;
+  pollOnce();
 }
 
 async function pollOnce() {
+  const isNewest = orderReads.begin();
   const r = await api("GET", `/activities/${saleId}/orders/me`, undefined, { cache: "no-store" });
+  // A newer read is on its way: its answer is shown, and it carries the polling on.
+  if (!isNewest()) return;
   let wait = pollDelay;
   pollDelay = Math.min(POLL_MAX_MS, pollDelay * POLL_FACTOR);
   if (r.ok) {
-    const fresh = r.data;
-    // Right after a 202 the order may not be visible yet: keep the accepted state.
-    if (fresh.status === "none" && state.order && state.order.status === "accepted") {
-      pollTimer = setTimeout(pollOnce, wait);
-      return;
-    }
-    applyOrder(fresh);
-    if (state.waitingFor === "paid" && Date.now() - state.waitingSince > PAY_WAIT_MS) {
-      state.waitingFor = null;
-      say("The payment has not come back yet. Reload the page later to see it.", "warn");
-      render();
-      return;
-    }
-    if (!settled(fresh.status)) pollTimer = setTimeout(pollOnce, pollDelay);
+    orderRead(r.data, wait);
     return;
   }
   if (r.error === "unauthorized") {
@@ -93,14 +98,29 @@ async function pollOnce() {
   pollTimer = setTimeout(pollOnce, wait);
 }
 
-export async function readOrderOnce() {
-  if (!state.token || !saleId) return;
-  const r = await api("GET", `/activities/${saleId}/orders/me`, undefined, { cache: "no-store" });
-  if (!r.ok) return;
-  if (r.data.status !== "none") {
-    applyOrder(r.data);
-    if (!settled(r.data.status)) pollOrder(true);
+// What orders/me said of the order. A status the page did not show yet (confirmed, paid,
+// cancelled, failed, ...) may come with the sale's stock moved, so the view is read again too.
+function orderRead(fresh, wait) {
+  // Right after a 202 the order may not be visible yet (a container's `none` may be up to a
+  // second old): keep what the 202 said.
+  if (fresh.status === "none" && state.order && ["accepted", "queued"].includes(state.order.status)) {
+    pollTimer = setTimeout(pollOnce, wait);
+    return;
   }
+  const before = state.order && state.order.status;
+  applyOrder(fresh);
+  if (before && before !== fresh.status) refreshView();
+  if (paymentOverdue()) return;
+  if (!settled(fresh.status)) pollTimer = setTimeout(pollOnce, pollDelay);
+}
+
+// Whether the page stopped waiting for a payment that has not come back in time (and said so).
+function paymentOverdue() {
+  if (state.waitingFor !== "paid" || Date.now() - state.waitingSince <= PAY_WAIT_MS) return false;
+  state.waitingFor = null;
+  say("The payment has not come back yet. Reload the page later to see it.", "warn");
+  render();
+  return true;
 }
 
 function applyOrder(o) {
@@ -158,7 +178,7 @@ export async function pay() {
   state.acting = false;
   state.waitingFor = "paid";
   state.waitingSince = Date.now();
-  pollOrder(true);
+  readOrderOnce();
   render();
 }
 
@@ -181,7 +201,7 @@ export async function cancel() {
   if (r.ok) {
     say("");
     state.waitingFor = null;
-    await readOrderOnce();
+    if (state.order) orderChangedHere({ ...state.order, status: r.data.status });
   } else {
     sayRefusal(r);
   }
@@ -205,6 +225,7 @@ export function signOut(clearMessage = true) {
   state.order = null;
   state.waitingFor = null;
   clearTimeout(pollTimer);
+  orderReads.forget();
   sessionStorage.removeItem(TOKEN_KEY);
   if (clearMessage) say("");
   render();

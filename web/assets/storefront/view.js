@@ -1,11 +1,16 @@
 // What the page reads from the server on its own: the server's clock (GET /health) and the
-// sale's public view (GET /activities/{id}), polled, with a render at each edge of the sale.
+// sale's public view (GET /activities/{id}), polled, read again at once when the buyer's own
+// action may have moved it, with a render at each edge of the sale.
 
-import { api } from "./api.js";
+import { api, newestOnly } from "./api.js";
 import { render } from "./render.js";
 import { drawEndMs, saleId, serverNow, state } from "./state.js";
 
 const VIEW_EVERY_MS = 1500;
+// The server keeps a view for up to 250 ms (per container), so a read right after the buyer's
+// own change may be answered from before it: after such a read the next comes once that copy
+// has lapsed, not a whole poll later.
+const VIEW_AGAIN_MS = 300;
 const CLOCK_SAMPLES = 5;
 export const CLOCK_RESYNC_MS = 60000;
 
@@ -35,10 +40,35 @@ export async function syncClock() {
   render();
 }
 
-export async function loadView() {
-  // no-cache: at this polling period the browser's copy (max-age=1) has always lapsed, and
+let viewTimer = null;
+const viewReads = newestOnly();
+
+// The regular poll of the public view.
+export function loadView() {
+  readView(VIEW_EVERY_MS);
+}
+
+// A read at once, when the buyer's purchase, payment or cancel, or her order's new status, may
+// have moved the sale's stock: the page shows it now rather than at the next poll.
+export function refreshView() {
+  readView(VIEW_AGAIN_MS);
+}
+
+// Reads the view now and schedules the next read from the answer. There is one timer, taken
+// over by each read, so a refresh moves the poll instead of starting a second one.
+async function readView(nextInMs) {
+  clearTimeout(viewTimer);
+  const isNewest = viewReads.begin();
+  // no-cache: the browser's copy (max-age=1) may be older than the buyer's own change, and
   // its stale-while-revalidate would show the copy one poll older.
   const r = await api("GET", `/activities/${saleId}`, undefined, { cache: "no-cache" });
+  // A newer read is on its way: its answer is shown, and it schedules the next.
+  if (!isNewest()) return;
+  showView(r);
+  viewTimer = setTimeout(loadView, r.ok || r.status === 503 ? nextInMs : VIEW_EVERY_MS * 3);
+}
+
+function showView(r) {
   if (r.ok) {
     state.view = r.data;
     state.viewError = null;
@@ -47,7 +77,6 @@ export async function loadView() {
   }
   render();
   scheduleEdges();
-  setTimeout(loadView, r.ok || r.status === 503 ? VIEW_EVERY_MS : VIEW_EVERY_MS * 3);
 }
 
 // A render exactly at the start, the draw's end and the end, so the button opens on time
