@@ -1,5 +1,5 @@
-//! Sales for tests: [`sale`], a builder of the admin's [`NewActivity`], and the env's ways of
-//! creating one and loading it into Redis as production does.
+//! Sales for tests: [`new_activity`], a builder of the admin's [`NewActivity`], and the env's
+//! ways of creating one and loading it into Redis as production does.
 
 use crate::env::TestEnv;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
@@ -31,7 +31,7 @@ pub fn new_activity() -> ActivityBuilder {
     })
 }
 
-/// The fields of a [`NewActivity`], set one by one ([`sale`]).
+/// The fields of a [`NewActivity`], set one by one ([`new_activity`]).
 #[derive(Clone, Debug)]
 pub struct ActivityBuilder(NewActivity);
 
@@ -108,7 +108,7 @@ impl TestEnv {
             .await
     }
 
-    /// [`Self::sale`] with its stock in `buckets` buckets.
+    /// [`Self::activity`] with its stock in `buckets` buckets.
     pub async fn activity_in_buckets(
         &self,
         stock: i64,
@@ -165,7 +165,7 @@ impl TestEnv {
         self.open_activity_in_buckets(stock, limit, 1).await
     }
 
-    /// [`Self::open_sale`] with its stock in `buckets` buckets.
+    /// [`Self::open_activity`] with its stock in `buckets` buckets.
     pub async fn open_activity_in_buckets(
         &self,
         stock: i64,

@@ -171,7 +171,7 @@ pub async fn migrate(config: &MigrateConfig) -> anyhow::Result<Value> {
 /// This build's scripts on every Redis node, loaded as the loader user, when
 /// REDIS_LOADER_SECRET_ARN names its login: a deploy's new scripts are there as soon as the
 /// migration ran (no function may load one itself). Answers how many; bounded by
-/// [`SCRIPT_LOAD_BUDGET`] in all.
+/// `SCRIPT_LOAD_BUDGET` in all.
 pub async fn load_scripts(config: &MigrateConfig) -> anyhow::Result<usize> {
     let Some(arn) = &config.secrets.redis_loader_secret_arn else {
         return Ok(0);

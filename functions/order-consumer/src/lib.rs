@@ -4,7 +4,7 @@
 //! What each message comes to is the protocol's decision
 //! ([`seckill_shared::protocol::consume`]); this crate is its batch driver: it parses the
 //! batch, keeps a draw's entries per sale, writes the orders of one sale in one transaction
-//! where it can ([`batch`]), decides the rest one by one, stops before the invocation's
+//! where it can (`batch`), decides the rest one by one, stops before the invocation's
 //! deadline, and reports the messages to redeliver and the batch's counters. Anything
 //! transient is retried by SQS. docs/invariants.md, "Consumer: an order message".
 

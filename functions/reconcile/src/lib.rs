@@ -1,12 +1,12 @@
 //! Reconcile: keeps Redis honest against the database, on a schedule
 //! (docs/invariants.md, "Reconcile"). [`Reconcile::run_by`] runs within a budget counted from
-//! the invocation's start and ending before its deadline ([`budget`]): first the release of
-//! unpaid orders past the payment timeout ([`release`]), then for every sale running or ended
-//! within the key expiry buffer, each in its share: a draw sale's draw part ([`draw`]: its
+//! the invocation's start and ending before its deadline (`budget`): first the release of
+//! unpaid orders past the payment timeout (`release`), then for every sale running or ended
+//! within the key expiry buffer, each in its share: a draw sale's draw part (`draw`: its
 //! rebuild, draw, record and winners' orders), the snapshot (a running sale Redis lost is loaded again), the
-//! ledger's repairs ([`ledger`]), orphan users ([`orphans`]) and the lost fields of live
-//! orders' holders ([`fields`]), the database against itself and Redis's stock against the
-//! database ([`stock`]), and the numbers ([`report`]). Every Redis change is one guarded script
+//! ledger's repairs (`ledger`), orphan users (`orphans`) and the lost fields of live
+//! orders' holders (`fields`), the database against itself and Redis's stock against the
+//! database (`stock`), and the numbers (`report`). Every Redis change is one guarded script
 //! and every give-back is claimed in the database first, so it is safe while purchases run,
 //! against a second reconcile, and when a run is cut short anywhere.
 

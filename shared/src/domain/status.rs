@@ -1,6 +1,6 @@
 //! Every status, reason and state a row or an answer carries: one enum each, from the column
 //! to the JSON answer. The database stores each as its text (a `check` constraint lists the
-//! values); [`text_enum!`] gives an enum that text in one list, read and written through
+//! values); `text_enum!` gives an enum that text in one list, read and written through
 //! `sqlx` and `serde` alike, so no caller compares or parses a string.
 
 /// Declares an enum stored and sent as text: each variant with its text, `as_str`, `parse`,

@@ -219,7 +219,7 @@ pub async fn client() -> aws_sdk_secretsmanager::Client {
     aws_sdk_secretsmanager::Client::new(&sdk)
 }
 
-/// The `SecretString` of the secret `arn`, bounded by [`READ_TIMEOUT`].
+/// The `SecretString` of the secret `arn`, bounded by `READ_TIMEOUT`.
 pub async fn read(client: &aws_sdk_secretsmanager::Client, arn: &str) -> anyhow::Result<String> {
     read_stage(client, arn, "AWSCURRENT").await
 }

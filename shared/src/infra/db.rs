@@ -23,7 +23,7 @@ use std::path::PathBuf;
 /// The schema, compiled into the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Every pool's options: each connection handed back goes through [`release_check`] before
+/// Every pool's options: each connection handed back goes through `release_check` before
 /// it is lent again.
 pub fn pool_options() -> PgPoolOptions {
     PgPoolOptions::new()

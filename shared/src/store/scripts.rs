@@ -9,7 +9,7 @@
 //! by the ACL) and answers as for Redis out of reach. What Redis runs
 //! is a script behind the functions of `lua/prelude.lua` it calls ([`with_prelude`]): the one
 //! writer and reader of each value format (docs/invariants.md, "The state"). A script's reply
-//! codes are named constants at its top (`local NOT_FOUND = 1`) and a [`codes!`] enum beside
+//! codes are named constants at its top (`local NOT_FOUND = 1`) and a `codes!` enum beside
 //! its wrapper; `shared/tests/script_codes.rs` reads every `return` of `lua/*.lua` and holds
 //! the two lists together.
 

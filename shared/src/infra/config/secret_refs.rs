@@ -3,7 +3,7 @@
 use super::values::trimmed;
 
 /// Which Secrets Manager secrets this process reads at its cold start (AWS only; unset
-/// locally, where nothing is read): part of [`Config`], parsed with it.
+/// locally, where nothing is read): part of [`Config`](super::Config), parsed with it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct SecretRefs {
     /// Secrets Manager ARN of the database credentials (JSON username, password, host, port,
@@ -87,8 +87,8 @@ impl SecretRefs {
         Ok(())
     }
 
-    /// Whether [`Config::resolve_secrets`] has nothing to read (the role secrets are not its
-    /// to read).
+    /// Whether [`Config::resolve_secrets`](super::Config::resolve_secrets) has nothing to read
+    /// (the role secrets are not its to read).
     pub fn is_empty(&self) -> bool {
         self.database_secret_arn.is_none()
             && self.redis_auth_secret_arn.is_none()

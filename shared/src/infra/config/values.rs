@@ -49,7 +49,8 @@ pub fn millis(value: &str) -> Result<Duration, String> {
     whole(value).map(Duration::from_millis)
 }
 
-/// The longest [`Config::public_view_cache_ttl`]: the view's stock may lag Redis by this.
+/// The longest [`Config::public_view_cache_ttl`](super::Config::public_view_cache_ttl): the
+/// view's stock may lag Redis by this.
 pub const MAX_PUBLIC_VIEW_CACHE: Duration = Duration::from_millis(250);
 
 /// [`millis`], at most [`MAX_PUBLIC_VIEW_CACHE`]: a longer value is refused, not clamped.
@@ -64,9 +65,9 @@ pub(super) fn view_cache_millis(value: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
-/// The window [`Config::user_db_rate_per_sec`] is counted over: two seconds, so a page that
-/// asks for its order, pays and asks again at once is not refused, while one user's loop is
-/// held to the rate on average.
+/// The window [`Config::user_db_rate_per_sec`](super::Config::user_db_rate_per_sec) is counted
+/// over: two seconds, so a page that asks for its order, pays and asks again at once is not
+/// refused, while one user's loop is held to the rate on average.
 pub const USER_DB_RATE_WINDOW: Duration = Duration::from_secs(2);
 
 /// The most [`Config::user_db_rate_per_sec`] takes: above it the limit would bound nothing a

@@ -1,6 +1,6 @@
 //! The SQS client and the order queues (the orders, and the draw entries on a queue of their
 //! own), with bounded sends; a container's concurrent sends may share `SendMessageBatch` calls
-//! ([`coalesce`]).
+//! (`coalesce`).
 
 mod coalesce;
 

@@ -1,7 +1,7 @@
 //! How the demo's sale admitted its buyers, and whether a draw's winners look drawn at random.
 //!
 //! A draw sale (`--admission draw`) answers the crowd's purchases in its window `queued`. Once
-//! the window has closed, [`settle`] has every pool entrant ask `GET /activities/{id}/orders/me`
+//! the window has closed, `settle` has every pool entrant ask `GET /activities/{id}/orders/me`
 //! until their status is final (`confirmed` for a winner once the consumer wrote the order,
 //! `not_drawn` for the rest), while reconcile, the drawer, runs each second as its schedule
 //! would (it draws, records and sends the winners), then reads the pool back from Redis: each entrant's arrival rank
