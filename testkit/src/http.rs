@@ -6,6 +6,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
 use chrono::Utc;
 use seckill_shared::domain::activity::Activity;
+use seckill_shared::http::auth::USER_SCOPE;
 use seckill_shared::infra::config::Config;
 use seckill_shared::infra::payments::{self, signature, PaymentRequest};
 use seckill_shared::infra::secret::ExposeSecret;
@@ -79,13 +80,13 @@ pub async fn buy(
     body: Option<&str>,
 ) -> (StatusCode, Value) {
     let path = format!("/activities/{}/orders", a.id);
-    call(app, request("POST", &path, Some((user, "")), body)).await
+    call(app, request("POST", &path, Some((user, USER_SCOPE)), body)).await
 }
 
 /// `user`'s status in `a` (`GET …/orders/me`), which answered 200.
 pub async fn my_status(app: &Router, a: &Activity, user: &str) -> String {
     let path = format!("/activities/{}/orders/me", a.id);
-    let (status, body) = call(app, request("GET", &path, Some((user, "")), None)).await;
+    let (status, body) = call(app, request("GET", &path, Some((user, USER_SCOPE)), None)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body["status"].as_str().unwrap_or_default().to_string()
 }
@@ -125,7 +126,11 @@ pub async fn pay_through_provider(
     user: &str,
 ) -> (StatusCode, Value) {
     let path = format!("/orders/{order_id}/pay");
-    let (status, started) = call(router, request("POST", &path, Some((user, "")), None)).await;
+    let (status, started) = call(
+        router,
+        request("POST", &path, Some((user, USER_SCOPE)), None),
+    )
+    .await;
     if status != StatusCode::OK {
         return (status, started);
     }

@@ -2,13 +2,13 @@
 //!
 //! # Layout
 //!
-//! - [`env`]: a test's own services: a fresh database, Redis key prefix and queue
+//! - [`env`](mod@env): a test's own services: a fresh database, Redis key prefix and queue
 //!   ([`TestEnv`]), on a standalone Redis or the cluster ([`RedisKind`]).
 //! - [`functions`]: each function's handle built from a [`TestEnv`], in one place
 //!   (`env.entry_router()`, `env.consumer()`, `env.reconcile()`, `env.preheat()`,
 //!   `env.admin_state()`, ...), and each function's Redis login.
-//! - [`sales`]: [`sale`], a builder of the admin's `NewActivity`, and the env's ways of
-//!   creating and loading a sale.
+//! - [`activities`]: [`new_activity`], a builder of the admin's `NewActivity`, and the env's
+//!   ways of creating and loading a sale.
 //! - [`http`]: requests as API Gateway delivers them, a router called in process, a purchase,
 //!   a status, a payment through the provider.
 //! - [`steps`]: the protocol's steps a test sets a state up with (a purchase, a reservation, an

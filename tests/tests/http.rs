@@ -11,7 +11,8 @@
 use seckill_devserver::{DevConfig, DevServer};
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::http::auth::mint;
-use seckill_shared::http::auth::ADMIN_SCOPE;
+use seckill_shared::http::auth::{ADMIN_SCOPE, USER_SCOPE};
+use seckill_shared::http::routes::{self, Auth};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use testkit::RedisKind;
@@ -103,7 +104,7 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
         &server,
         "POST",
         &orders(&activity),
-        Some(&bearer("alice", "")),
+        Some(&bearer("alice", USER_SCOPE)),
         r#"{"quantity": 1}"#,
     )
     .await;
@@ -129,7 +130,7 @@ async fn purchase_with_a_real_token_is_accepted_and_the_poller_confirms_it() -> 
         &server,
         "GET",
         &format!("{}/me", orders(&activity)),
-        Some(&bearer("alice", "")),
+        Some(&bearer("alice", USER_SCOPE)),
         "",
     )
     .await;
@@ -183,9 +184,12 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
     let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
 
-    let forged = format!("Bearer {}", mint("some-other-secret", "alice", "", 600)?);
+    let forged = format!(
+        "Bearer {}",
+        mint("some-other-secret", "alice", USER_SCOPE, 600)?
+    );
     let expired = format!("Bearer {}", expired_token("alice"));
-    let raw = mint(SECRET, "alice", "", 600)?;
+    let raw = mint(SECRET, "alice", USER_SCOPE, 600)?;
     for auth in [
         forged.as_str(),
         expired.as_str(),
@@ -210,11 +214,113 @@ async fn tokens_with_a_bad_signature_or_no_bearer_scheme_are_unauthorized() -> a
     Ok(())
 }
 
+/// As API Gateway's JWT authorizer checks the purchase route's `AuthorizationScopes`: a valid
+/// token without `seckill:user` is refused 403 before the function runs (nothing reserved), and
+/// the same buyer's token with it buys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_without_the_user_scope_is_forbidden_to_buy_and_one_with_it_buys(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let activity = env.open_activity(5, 1).await?;
+    let server = start(&env).await;
+
+    for scope in ["", ADMIN_SCOPE, "seckill:users openid"] {
+        let (status, body) = http(
+            &server,
+            "POST",
+            &orders(&activity),
+            Some(&bearer("alice", scope)),
+            r#"{"quantity":1}"#,
+        )
+        .await;
+        assert_eq!(status, 403, "scope {scope:?}: {body}");
+        assert_error_body(&format!("scope {scope:?}"), &body, "forbidden");
+    }
+    let stock = seckill_shared::store::view::stock(&env.redis, activity.id).await?;
+    assert_eq!(stock, Some(5), "nothing was reserved");
+
+    let (status, body) = http(
+        &server,
+        "POST",
+        &orders(&activity),
+        Some(&bearer("alice", USER_SCOPE)),
+        r#"{"quantity":1}"#,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// A route's pattern with every `{param}` as `1`.
+fn concrete(pattern: &str) -> String {
+    pattern
+        .split('/')
+        .map(|seg| if seg.starts_with('{') { "1" } else { seg })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Every row of `functions/routes.toml`, behind the dev server: a JWT route answers 401 without
+/// a token and 403 (the error JSON) to a token holding every scope but its own, and with one of
+/// its scopes the request reaches the handler (whatever the handler then answers, here on a
+/// database with no sale); a route without a token asks none (nor, locally, an IAM signature).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_route_asks_of_a_caller_what_its_row_says() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let server = start(&env).await;
+    let scopes = [USER_SCOPE, ADMIN_SCOPE];
+    let mut checked = 0;
+    for (method, pattern, row) in routes::all() {
+        let path = concrete(pattern);
+        let refused = |status: u16| status == 401 || status == 403;
+        if row.auth != Auth::Jwt {
+            let (status, body) = http(&server, method, &path, None, "").await;
+            assert!(
+                !refused(status),
+                "{method} {pattern} without a token: {status} {body}"
+            );
+            continue;
+        }
+        let (status, body) = http(&server, method, &path, None, "").await;
+        assert_eq!(status, 401, "{method} {pattern} without a token: {body}");
+        assert_error_body(&format!("{method} {pattern}"), &body, "unauthorized");
+
+        let others: Vec<&str> = scopes
+            .into_iter()
+            .filter(|s| !row.scopes.iter().any(|r| r == s))
+            .collect();
+        let (status, body) = http(
+            &server,
+            method,
+            &path,
+            Some(&bearer("alice", &others.join(" "))),
+            "",
+        )
+        .await;
+        assert_eq!(status, 403, "{method} {pattern} with {others:?}: {body}");
+        assert_error_body(&format!("{method} {pattern}"), &body, "forbidden");
+
+        for scope in &row.scopes {
+            let (status, body) =
+                http(&server, method, &path, Some(&bearer("alice", scope)), "").await;
+            assert!(
+                !refused(status),
+                "{method} {pattern} with {scope}: {status} {body}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 9, "{checked} routes behind the JWT authorizer");
+    server.shutdown().await?;
+    Ok(())
+}
+
 fn expired_token(user: &str) -> String {
     use jsonwebtoken::{encode, EncodingKey, Header};
     let claims = seckill_shared::http::auth::Claims {
         sub: user.into(),
-        scope: String::new(),
+        scope: USER_SCOPE.into(),
         exp: 1_000_000_000,
         iat: 999_999_000,
     };
@@ -247,7 +353,7 @@ async fn a_user_token_on_an_admin_route_is_forbidden_and_an_admin_token_creates(
         &server,
         "POST",
         "/admin/activities",
-        Some(&bearer("alice", "")),
+        Some(&bearer("alice", USER_SCOPE)),
         &body,
     )
     .await;

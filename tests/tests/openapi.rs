@@ -4,6 +4,8 @@
 //! The document is generated from the handlers by `seckill_devserver::openapi`; `make openapi`
 //! rewrites the committed copy.
 
+use seckill_shared::http::auth::{ADMIN_SCOPE, USER_SCOPE};
+use seckill_shared::http::routes::{self, Auth};
 use seckill_shared::ApiError;
 use serde_json::Value;
 
@@ -99,48 +101,62 @@ fn the_error_codes_are_the_ones_the_code_answers() {
 }
 
 #[test]
-fn only_the_public_view_the_health_checks_and_the_webhook_go_without_a_token() {
+fn each_operation_asks_for_what_its_route_s_row_says() {
     let doc = document();
     assert_eq!(doc["security"], serde_json::json!([{"bearer": []}]));
+    let schemes = &doc["components"]["securitySchemes"];
     assert_eq!(
-        doc["components"]["securitySchemes"]["bearer"],
+        schemes["bearer"],
         serde_json::json!({
             "type": "http",
             "scheme": "bearer",
             "bearerFormat": "JWT",
-            "description": doc["components"]["securitySchemes"]["bearer"]["description"],
+            "description": schemes["bearer"]["description"],
         })
     );
+    assert_eq!(schemes["sigv4"]["type"], "apiKey");
+    assert_eq!(schemes["sigv4"]["in"], "header");
+    assert_eq!(schemes["sigv4"]["name"], "Authorization");
     for (method, path, op) in operations(&doc) {
+        let row = routes::route(&method, &path)
+            .unwrap_or_else(|| panic!("{method} {path}: no row in functions/routes.toml"));
         let responses = &op["responses"];
-        let public = matches!(
-            (method.as_str(), path.as_str()),
-            ("GET", "/health")
-                | ("GET", "/health/deep")
-                | ("GET", "/activities/{activityId}")
-                | ("POST", "/payments/webhook")
-        );
-        if public {
-            assert_eq!(op["security"], serde_json::json!([{}]), "{method} {path}");
-            assert!(responses["401"].is_null(), "{method} {path} documents 401");
-            continue;
-        }
-        assert!(!responses["401"].is_null(), "{method} {path}: no 401");
-        if path.starts_with("/admin/") {
-            assert_eq!(
-                op["security"],
-                serde_json::json!([{"bearer": ["seckill:admin"]}]),
-                "{method} {path}"
-            );
-            assert!(!responses["403"].is_null(), "{method} {path}: no 403");
-        } else {
-            assert_eq!(
-                op["security"],
-                serde_json::json!([{"bearer": []}]),
-                "{method} {path}"
-            );
+        let what = format!("{method} {path}");
+        match row.auth {
+            Auth::None => {
+                assert_eq!(op["security"], serde_json::json!([{}]), "{what}");
+                assert!(responses["401"].is_null(), "{what} documents 401");
+            }
+            Auth::Iam => {
+                assert_eq!(op["security"], serde_json::json!([{"sigv4": []}]), "{what}");
+                assert!(responses["401"].is_null(), "{what} documents 401");
+            }
+            Auth::Jwt => {
+                assert_eq!(
+                    op["security"],
+                    serde_json::json!([{ "bearer": row.scopes }]),
+                    "{what}"
+                );
+                assert!(!responses["401"].is_null(), "{what}: no 401");
+                assert_eq!(
+                    !responses["403"].is_null(),
+                    !row.scopes.is_empty(),
+                    "{what}: a 403 for a token without the route's scope"
+                );
+            }
         }
     }
+    // The user routes need the user scope, the admin routes the admin scope.
+    let purchase = &doc["paths"]["/activities/{activityId}/orders"]["post"];
+    assert_eq!(
+        purchase["security"],
+        serde_json::json!([{"bearer": [USER_SCOPE]}])
+    );
+    let ops = &doc["paths"]["/admin/ops"]["get"];
+    assert_eq!(
+        ops["security"],
+        serde_json::json!([{"bearer": [ADMIN_SCOPE]}])
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! pages themselves.
 
 use seckill_devserver::{DevConfig, DevServer};
-use seckill_shared::http::auth::{mint, JwtVerifier, ADMIN_SCOPE};
+use seckill_shared::http::auth::{mint, JwtVerifier, ADMIN_SCOPE, USER_SCOPE};
 use seckill_shared::Config;
 use serde_json::Value;
 use std::time::Duration;
@@ -232,7 +232,7 @@ async fn ops_counts_purchases_and_shows_the_queue_and_reconcile() -> anyhow::Res
     let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
     let admin = mint(SECRET, "ops", ADMIN_SCOPE, 600)?;
-    let alice = mint(SECRET, "alice", "", 600)?;
+    let alice = mint(SECRET, "alice", USER_SCOPE, 600)?;
 
     let (status, _, body) = http(&server, "GET", "/admin/ops", Some(&admin), "").await;
     assert_eq!(status, 200, "{body}");
@@ -303,7 +303,7 @@ async fn a_buyer_pays_through_the_local_provider() -> anyhow::Result<()> {
     let env = TestEnv::new(RedisKind::Standalone).await?;
     let activity = env.open_activity(5, 1).await?;
     let server = start(&env).await;
-    let alice = mint(SECRET, "alice", "", 600)?;
+    let alice = mint(SECRET, "alice", USER_SCOPE, 600)?;
     let orders = format!("/activities/{}/orders", activity.id);
     let (status, _, _) = http(&server, "POST", &orders, Some(&alice), "{}").await;
     assert_eq!(status, 202);

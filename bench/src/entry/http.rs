@@ -7,7 +7,7 @@ use crate::strategies::open_activity;
 use crate::util::{self, Outcome};
 use axum::routing::get;
 use axum::Router;
-use seckill_shared::http::auth::{mint, JwtVerifier};
+use seckill_shared::http::auth::{mint, JwtVerifier, USER_SCOPE};
 use seckill_shared::store::conn::Redis;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +35,7 @@ pub(crate) async fn http(
     let tokens: Arc<Vec<String>> = Arc::new(
         b.users[..token_count]
             .iter()
-            .map(|u| mint(secret, u, "", 3600))
+            .map(|u| mint(secret, u, USER_SCOPE, 3600))
             .collect::<anyhow::Result<_>>()?,
     );
     let http = reqwest::Client::builder()
@@ -156,7 +156,7 @@ async fn public_view_on(
     let tokens: Arc<Vec<String>> = Arc::new(
         b.users[..b.users.len().min(2_000)]
             .iter()
-            .map(|u| mint(secret, u, "", 3600))
+            .map(|u| mint(secret, u, USER_SCOPE, 3600))
             .collect::<anyhow::Result<_>>()?,
     );
     let http = reqwest::Client::builder()

@@ -58,7 +58,6 @@ pub fn api() -> OpenApiRouter<AdminState> {
     operation_id = "createActivity",
     summary = "Create a published sale; one starting within the preheat lead is loaded into Redis at once",
     request_body = NewActivity,
-    security(("bearer" = ["seckill:admin"])),
     responses(
         (status = 201, description = "Created", body = Activity),
         (status = 400, description = "A field is missing, unknown or out of range (`bad_request`)", body = ErrorBody),

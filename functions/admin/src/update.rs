@@ -22,7 +22,6 @@ use seckill_shared::ApiError;
     summary = "Merge update under the activity's fenced lock",
     params(ActivityId),
     request_body = ActivityPatch,
-    security(("bearer" = ["seckill:admin"])),
     responses(
         (status = 200, description = "The activity after the change", body = Activity),
         (status = 400, description = "Empty patch, or a field unknown or out of range (`bad_request`)", body = ErrorBody),

@@ -1,5 +1,5 @@
 //! The entry's purchase counters (and its per-user database rate's refusals): aggregated in memory and written as one EMF line at most
-//! every [`Counters::FLUSH_EVERY`], so a flood of refusals costs an atomic increment each.
+//! every `Counters::FLUSH_EVERY`, so a flood of refusals costs an atomic increment each.
 
 use seckill_shared::infra::metrics;
 use seckill_shared::Refusal;

@@ -1,6 +1,6 @@
 //! What the entry keeps in front of the database for each user: the per-user rate of requests
-//! that reach it ([`admit`], counted in Redis so it holds across containers) and a short
-//! memory of the status read's "no order" answers ([`NoOrderCache`]). Together they keep one
+//! that reach it (`admit`, counted in Redis so it holds across containers) and a short
+//! memory of the status read's "no order" answers (`NoOrderCache`). Together they keep one
 //! account's loop from spending the reserved concurrency and the database connections the
 //! buyers and the order consumer need. docs/invariants.md, "A user's database rate".
 

@@ -58,7 +58,6 @@ pub const HEALTH_CACHE: &str = "no-store";
     tag = "health",
     operation_id = "health",
     summary = "Liveness: 200 whenever the function runs (no I/O, no token needed)",
-    security(()),
     responses(
         (status = 200, description = "The function answers, with its clock; dependencies are not asked (see `/health/deep`); `Cache-Control: no-store`", body = Health),
     )
@@ -97,7 +96,6 @@ pub struct DeepHealth {
     tag = "health",
     operation_id = "deepHealth",
     summary = "Readiness: asks Redis, the database and the order queues, at most once per 5 s per container (IAM-signed callers only in AWS)",
-    security(()),
     responses(
         (status = 200, description = "Each dependency answered within its bound", body = DeepHealth),
         (status = 503, description = "A dependency is out of reach (`unavailable`; which one is logged, not answered)", body = ErrorBody),

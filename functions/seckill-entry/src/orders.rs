@@ -62,7 +62,6 @@ impl MyOrder {
     operation_id = "myOrder",
     summary = "Where the caller's purchase of this activity is",
     params(ActivityId),
-    security(("bearer" = [])),
     responses(
         (status = 200, description = "The caller's reservation or latest order, or `none` (a `none` may be this container's answer of up to a second ago: an order another container accepted can show up to a second after it is committed; one accepted by the same container shows at once)", body = MyOrder),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
@@ -193,7 +192,6 @@ pub struct Cancelled {
     operation_id = "cancel",
     summary = "Cancel a confirmed order: stock and the user's quota come back, exactly once",
     params(OrderId),
-    security(("bearer" = [])),
     responses(
         (status = 200, description = "Cancelled (`releasedQuantity` 0 when it already was)", body = Cancelled),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),

@@ -95,7 +95,6 @@ impl PaymentStarted {
     operation_id = "pay",
     summary = "Start the payment of a confirmed order at the provider (the order becomes paid when the provider's signed event arrives)",
     params(OrderId),
-    security(("bearer" = [])),
     responses(
         (status = 200, description = "The order's one payment: `requires_payment` to complete (a POST of `completeUrl` with the local provider; with Stripe, Stripe.js from `jsUrl` confirms `clientSecret` with `publishableKey`), or `succeeded`", body = PaymentStarted),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),
@@ -173,7 +172,6 @@ pub struct WebhookAnswer {
         description = "A provider event: `id`, `type`, `data.object` {`id`, `amount`, `currency`, `payment_intent` (a charge's or a dispute's), `amount_refunded`, `metadata.order_id`}"),
     params(("Stripe-Signature" = Option<String>, Header,
         description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">`")),
-    security(()),
     responses(
         (status = 200, description = "Decided now or before (`replayed`); a `mismatch` (not this stack's payment, or not its order, amount or currency) changed nothing and is acknowledged so that the provider does not retry it; or ignored", body = WebhookAnswer),
         (status = 400, description = "No, malformed, stale or wrong signature, or not an event (`bad_request`); nothing changed", body = ErrorBody),

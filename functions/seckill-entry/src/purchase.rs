@@ -130,7 +130,6 @@ pub struct Accepted {
     // A ref, not the type: the body is optional (empty means `{"quantity": 1}`), and naming
     // `Option<PurchaseBody>` would document a JSON `null` as accepted, which it is not.
     request_body(content = ref("#/components/schemas/PurchaseBody"), description = "Optional: an empty body means `{\"quantity\": 1}`."),
-    security(("bearer" = [])),
     responses(
         (status = 202, description = "Reserved (`pending`; the order consumer writes the order), or in a draw sale's pool (`queued`)", body = Accepted),
         (status = 400, description = "Bad body or id (`bad_request`), or more than the per-order limit (`quantity_exceeds_limit`)", body = ErrorBody),

@@ -242,7 +242,6 @@ fn shared(e: Arc<ApiError>) -> ApiError {
     operation_id = "publicActivity",
     summary = "The public view of a sale (no token needed; from Redis while the sale is loaded)",
     params(ActivityId),
-    security(()),
     responses(
         (status = 200, description = "The sale, with the live remaining stock; `Cache-Control: public, max-age=1, stale-while-revalidate=2`", body = PublicActivity),
         (status = 400, description = "Bad id (`bad_request`)", body = ErrorBody),

@@ -15,6 +15,21 @@ use serde::{Deserialize, Serialize};
 /// The scope that grants the admin routes.
 pub const ADMIN_SCOPE: &str = "seckill:admin";
 
+/// The scope the user routes (purchase, my order, pay, cancel) need: template.yaml's
+/// `UserScope`, checked by the JWT authorizer (`functions/routes.toml`), not by the functions.
+pub const USER_SCOPE: &str = "seckill:user";
+
+/// The `scope` claim of a token as the user pool issues it: every buyer's holds
+/// [`USER_SCOPE`]; an operator's [`ADMIN_SCOPE`] as well, so one token serves both kinds of
+/// route.
+pub fn issued_scope(admin: bool) -> String {
+    if admin {
+        format!("{USER_SCOPE} {ADMIN_SCOPE}")
+    } else {
+        USER_SCOPE.to_string()
+    }
+}
+
 /// The verified caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {

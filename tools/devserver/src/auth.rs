@@ -5,23 +5,28 @@
 //! happens in a middleware in front of the very routers the Lambdas run: verify the HS256
 //! bearer token, attach [`request_context`] (with the claims, or without any when the token is
 //! missing or invalid, so the handlers' `Identity` extractor answers 401 exactly as it would in
-//! AWS), and strip the `Authorization` header so no handler can be tempted to read it.
+//! AWS), and strip the `Authorization` header so no handler can be tempted to read it. Then,
+//! once the router has matched a route, [`check_route`] answers what the authorizer answers
+//! for that route's row of `functions/routes.toml` (401 without a valid token, 403 without one
+//! of its scopes) before the handler runs, as API Gateway refuses before the function runs.
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use seckill_shared::http::auth::{request_context, JwtVerifier};
+use lambda_http::request::RequestContext;
+use seckill_shared::http::auth::{request_context, Identity, JwtVerifier};
 use seckill_shared::http::extract::with_fallbacks;
+use seckill_shared::http::routes;
 use std::sync::Arc;
 
-/// The one local app: the entry and admin routers merged, plus `GET /openapi.json`, behind the
-/// authorizer. Each router brings its own 404 answer (axum merges only one): they are reset and
-/// the same one is put on the whole, so an unknown path is the error JSON whichever router
-/// would have had it.
+/// The one local app: the entry and admin routers merged, each of their routes behind its
+/// scope check ([`check_route`]), plus `GET /openapi.json`, all behind the authorizer. Each
+/// router brings its own 404 answer (axum merges only one): they are reset and the same one is
+/// put on the whole, so an unknown path is the error JSON whichever router would have had it.
 pub fn app(entry: Router, admin: Router, verifier: JwtVerifier) -> Router {
     let document = Bytes::from(crate::openapi::render());
     let serve_document = get(move || {
@@ -31,6 +36,7 @@ pub fn app(entry: Router, admin: Router, verifier: JwtVerifier) -> Router {
     let merged = entry
         .reset_fallback()
         .merge(admin.reset_fallback())
+        .route_layer(middleware::from_fn(check_route))
         .route("/openapi.json", serve_document);
     with_fallbacks(merged).layer(middleware::from_fn_with_state(
         Arc::new(verifier),
@@ -63,6 +69,70 @@ pub async fn authorize(
     // Replaces anything already there: identity comes from this verification only.
     req.extensions_mut().insert(ctx);
     next.run(req).await
+}
+
+/// The authorizer's decision on the matched route (its row of `functions/routes.toml`, by the
+/// pattern the router matched): refused with the error JSON every route answers, or let
+/// through with the route's scopes the token holds in the context (`jwt.scopes`, as API
+/// Gateway fills it). A route the table lacks passes unchecked: `route_table_tests` below fails
+/// on any route of the two routers without a row.
+pub async fn check_route(mut req: Request, next: Next) -> Response {
+    let row = req
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|matched| routes::route(req.method().as_str(), matched.as_str()));
+    let Some(row) = row else {
+        return next.run(req).await;
+    };
+    let ctx = req.extensions_mut().get_mut::<RequestContext>();
+    let identity = ctx.as_deref().and_then(Identity::from_context);
+    match row.admit(identity.as_ref()) {
+        Ok(held) => {
+            if let Some(RequestContext::ApiGatewayV2(ctx)) = ctx {
+                if let Some(jwt) = ctx.authorizer.as_mut().and_then(|a| a.jwt.as_mut()) {
+                    jwt.scopes = (!held.is_empty()).then_some(held);
+                }
+            }
+            next.run(req).await
+        }
+        Err(refused) => refused.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod route_table_tests {
+    use std::collections::BTreeSet;
+
+    /// (METHOD, path) of every operation of an OpenAPI document: the routers' own listing of
+    /// what they serve (each router is built from its `api()`).
+    fn operations(doc: utoipa::openapi::OpenApi) -> BTreeSet<(String, String)> {
+        let json = serde_json::to_value(doc).expect("a document serializes");
+        let mut out = BTreeSet::new();
+        for (path, item) in json["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("a path item").keys() {
+                out.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_route_of_both_routers_has_its_row_and_every_row_its_route() {
+        let mut served = operations(seckill_entry::api().into_openapi());
+        served.extend(operations(admin::api().into_openapi()));
+        let rows: BTreeSet<(String, String)> = seckill_shared::http::routes::all()
+            .map(|(m, p, _)| (m.to_string(), p.to_string()))
+            .collect();
+        assert!(served.len() >= 13, "{served:?}");
+        let missing: Vec<_> = served.difference(&rows).collect();
+        assert!(
+            missing.is_empty(),
+            "routes without a row in functions/routes.toml (say there what API Gateway asks of \
+             a caller, and give template.yaml's event the same Auth): {missing:?}"
+        );
+        let stale: Vec<_> = rows.difference(&served).collect();
+        assert!(stale.is_empty(), "rows of no route: {stale:?}");
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! demo use it on an ephemeral port); [`serve`] is `start` plus Ctrl-C.
 //!
 //! # Layout
-//! - [`auth`]: the authorizer middleware and the merged app.
+//! - [`auth`]: the authorizer middleware (the token, then each route's scopes from
+//!   `functions/routes.toml`) and the merged app.
 //! - [`poller`]: the queue poller (Lambda's partial-batch semantics).
 //! - [`functions`]: builds the five functions from one config.
 //! - [`openapi`]: the OpenAPI document of both routers, served at `/openapi.json`.

@@ -19,7 +19,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::http::auth::{issued_scope, mint};
 use seckill_shared::http::extract::JsonBody;
 use seckill_shared::infra::payments::PaymentSettings;
 use seckill_shared::ApiError;
@@ -143,9 +143,6 @@ pub fn content_security_policy(payments: &PaymentSettings) -> String {
 /// How long a token from `POST /dev/token` lives: a working day.
 pub const DEV_TOKEN_TTL_SECS: u64 = 8 * 3600;
 
-/// The scope of every token `POST /dev/token` mints; admins get [`ADMIN_SCOPE`] too.
-pub const USER_SCOPE: &str = "seckill:user";
-
 /// `app` plus the pages (served with the policy `csp`), the purchase counter and (when
 /// `mint_tokens`) `POST /dev/token`.
 pub fn storefront(app: Router, jwt_secret: &str, mint_tokens: bool, csp: &str) -> Router {
@@ -241,11 +238,8 @@ async fn dev_token(
             req.user
         )));
     }
-    let scope = if req.admin {
-        format!("{USER_SCOPE} {ADMIN_SCOPE}")
-    } else {
-        USER_SCOPE.to_string()
-    };
+    // What the user pool issues: `seckill:user`, and `seckill:admin` too for an operator.
+    let scope = issued_scope(req.admin);
     let token = mint(&secret, &req.user, &scope, DEV_TOKEN_TTL_SECS).map_err(ApiError::Internal)?;
     tracing::info!(user = %req.user, admin = req.admin, "dev token minted");
     Ok(Json(TokenAnswer {

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use seckill_devserver::DevConfig;
 use seckill_shared::domain::order;
 use seckill_shared::domain::settings::{self, Admission};
-use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::http::auth::{issued_scope, mint};
 use seckill_shared::infra::shape::Function;
 use seckill_shared::store::buckets;
 use seckill_shared::store::conn::Redis;
@@ -189,7 +189,7 @@ struct CreatedActivity {
 /// An admin creates the sale, opening a few seconds from now; answers once it is preheated.
 async fn open_activity(stage: &Stage, opts: &DemoOptions) -> anyhow::Result<CreatedActivity> {
     let Stage { base, http, .. } = stage;
-    let admin = mint(&opts.jwt_secret, "demo-admin", ADMIN_SCOPE, 3600)?;
+    let admin = mint(&opts.jwt_secret, "demo-admin", &issued_scope(true), 3600)?;
     let start_at = Utc::now() + chrono::Duration::from_std(opts.opens_in)?;
     let end_at = start_at + chrono::Duration::minutes(30);
     let (id, buckets) = create_activity(http, base, &admin, opts, start_at, end_at).await?;

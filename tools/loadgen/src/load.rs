@@ -72,7 +72,13 @@ impl Plan {
         let users: Vec<User> = (0..spec.users)
             .map(|n| {
                 let id = format!("{}-{n}", spec.user_prefix);
-                let token = seckill_shared::http::auth::mint(&spec.secret, &id, "", 3600)?;
+                // A buyer's token holds `seckill:user`: only the `no_token` shots are refused.
+                let token = seckill_shared::http::auth::mint(
+                    &spec.secret,
+                    &id,
+                    seckill_shared::http::auth::USER_SCOPE,
+                    3600,
+                )?;
                 Ok(User {
                     id,
                     token: Arc::from(token),

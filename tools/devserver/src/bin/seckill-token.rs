@@ -2,10 +2,13 @@
 //! `seckill-token --users N --prefix u`: prints N user tokens (`u0` .. `u<N-1>`), one a line,
 //! for a load tool that needs a distinct buyer per request (`make wrk-check`).
 //!
-//! Signed with `SECKILL_JWT_SECRET` (HS256), exactly what the dev server verifies.
+//! Signed with `SECKILL_JWT_SECRET` (HS256), exactly what the dev server verifies. Its `scope`
+//! is what the user pool issues (`issued_scope`): `seckill:user`, and `seckill:user
+//! seckill:admin` with `--admin`; `--scope ''` mints one without any, to see the 403 the user
+//! routes answer it, locally as on AWS.
 
 use clap::Parser;
-use seckill_shared::http::auth::{mint, ADMIN_SCOPE};
+use seckill_shared::http::auth::{issued_scope, mint};
 use std::io::{BufWriter, Write};
 
 /// Prints a token the local dev server accepts, or many.
@@ -21,9 +24,12 @@ struct Args {
     /// The user ids' prefix in bulk mode.
     #[arg(long, default_value = "user-", requires = "users")]
     prefix: String,
-    /// Grant the admin scope (`seckill:admin`).
+    /// Grant the admin scope too (`seckill:user seckill:admin`).
     #[arg(long)]
     admin: bool,
+    /// The `scope` claim exactly, instead of what the pool issues (`--scope ''`: none).
+    #[arg(long, conflicts_with = "admin")]
+    scope: Option<String>,
     /// Lifetime of the token in seconds.
     #[arg(long, default_value_t = 24 * 3600)]
     ttl_secs: u64,
@@ -34,7 +40,8 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let scope = if args.admin { ADMIN_SCOPE } else { "" };
+    let scope = args.scope.unwrap_or_else(|| issued_scope(args.admin));
+    let scope = scope.as_str();
     let mut out = BufWriter::new(std::io::stdout().lock());
     match args.users {
         None => writeln!(
