@@ -95,13 +95,14 @@ fn variables_of(command: clap::Command) -> Vec<String> {
         .collect()
 }
 
-/// The README's "Configuration" table: each row's variable and its default cell.
-fn readme_settings() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let section = readme
-        .split("\n## Configuration\n")
+/// docs/configuration.md's "Settings" table: each row's variable and its default cell.
+fn documented_settings() -> Vec<(String, String)> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/configuration.md"))
+        .expect("docs/configuration.md");
+    let section = doc
+        .split("\n## Settings\n")
         .nth(1)
-        .expect("the README has a Configuration section");
+        .expect("docs/configuration.md has a Settings section");
     let section = section.split("\n## ").next().unwrap_or(section);
     section
         .lines()
@@ -114,10 +115,10 @@ fn readme_settings() -> Vec<(String, String)> {
 }
 
 #[test]
-fn the_readme_configuration_table_lists_every_setting_with_its_default() {
+fn the_configuration_doc_lists_every_setting_with_its_default() {
     let mut settings: Vec<clap::Arg> = Config::command().get_arguments().cloned().collect();
     settings.extend(MigrateConfig::command().get_arguments().cloned());
-    let table = readme_settings();
+    let table = documented_settings();
     let mut listed: Vec<&str> = table.iter().map(|(name, _)| name.as_str()).collect();
     listed.sort_unstable();
     let mut wanted: Vec<String> = settings
@@ -128,7 +129,7 @@ fn the_readme_configuration_table_lists_every_setting_with_its_default() {
     wanted.dedup();
     assert_eq!(
         listed, wanted,
-        "README.md's Configuration table against Config and MigrateConfig"
+        "docs/configuration.md's Settings table against Config and MigrateConfig"
     );
     for arg in &settings {
         let Some(name) = arg.get_env().map(|v| v.to_string_lossy().into_owned()) else {
@@ -140,7 +141,7 @@ fn the_readme_configuration_table_lists_every_setting_with_its_default() {
             if !default.is_empty() {
                 assert!(
                     cell.contains(&format!("`{default}`")),
-                    "{name}: the README says {cell:?}, the code's default is {default}"
+                    "{name}: docs/configuration.md says {cell:?}, the code's default is {default}"
                 );
             }
         }

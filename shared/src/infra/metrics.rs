@@ -1,7 +1,7 @@
 //! CloudWatch Embedded Metric Format: one JSON line on stdout becomes metrics in Lambda.
 //!
-//! Namespace `Seckill`; the dimension is the function name. See the README for the alarms
-//! these feed.
+//! Namespace `Seckill`; the dimension is the function name. The alarms these feed are in
+//! docs/deploy.md, "Alarms and the metrics that feed them".
 
 use serde_json::{json, Map, Value};
 
