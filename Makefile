@@ -3,7 +3,7 @@
 # unless your environment already sets them.
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
-#   make test         fmt check, clippy -D warnings, template checks (cfn-lint, sam validate,
+#   make test         fmt check, clippy -D warnings, cargo doc -D warnings, template checks (cfn-lint, sam validate,
 #                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
 #                     the standalone-Redis tests again on Valkey (make test-valkey), then
 #                     schemathesis against a dev server (scripts/schemathesis.sh), then the pages
@@ -16,10 +16,12 @@
 #                     purchase path; fails on any timeout, socket error, 5xx or lost order
 #   make draw-check   a draw at real size: 120,000 entrants through wrk on the dev server, the draw
 #                     triggered by a status read; fails if a PING waited > 25 ms or a winner has no order
-#   make demo         a live flash sale on the local stack (PROFILE=dev: the debug build); options: DEMO_ARGS="--buckets 3 --cluster"
+#   make demo         a live flash sale on the local stack (PROFILE=release: the Lambdas' profile; dev: the debug build); options: DEMO_ARGS="--buckets 3 --cluster"
 #                     (stock in 3 buckets, on the 3-node Redis Cluster), DEMO_ARGS="--admission draw"
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
-#   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice)
+#   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice; scope seckill:user,
+#                     with ADMIN=1 seckill:user seckill:admin, as the user pool issues; SCOPE='...' sets the
+#                     claim exactly: make token SCOPE= mints one without any, to see the user routes' 403)
 #   make openapi      regenerate docs/openapi.json from the handlers (a test fails when it is stale)
 #   make readme-check every command of README.md, run or accounted for
 #   make test-browser the storefront and operator pages in headless Chromium (Playwright, pytest)
@@ -28,7 +30,7 @@
 #   make chaos        the seeded chaos test over many seeds (defaults SEEDS=1..1000 MINUTES=10)
 #                     (no new seed starts after MINUTES; CHAOS_SECONDS=6 is each seed's phase)
 #   make tools-lambda cargo-lambda + aws-sam-cli into .tools/venv (make stack does it too)
-#   make build        Lambda bootstrap binaries (cargo lambda, arm64; x86_64 fallback)
+#   make build        Lambda bootstrap binaries, arm64 only (cargo lambda; scripts/check-build-tools.sh first)
 #   make clean-stack  stop the cluster nodes, Valkey, moto_server and fauxqs that `make stack` started
 #   make sqlx-prepare after changing a query: regenerate .sqlx/ (the offline query data every
 #                     build uses) against a freshly migrated scratch database; commit .sqlx/
@@ -76,13 +78,14 @@ test: stack
 	bash scripts/drop-test-dbs.sh
 	$(ENV) cargo fmt --all -- --check
 	$(ENV) cargo clippy --workspace --all-targets -- -D warnings
+	$(ENV) RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps # a broken doc link fails
 	$(ENV) cargo deny check licenses bans sources # deny.toml
 	$(ENV) $(VENV)/bin/cfn-lint template.yaml
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) $(VENV)/bin/python scripts/check-template.py --self-test # each check fails on a template that breaks it
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
-	$(ENV) if cargo nextest --version >/dev/null 2>&1; then cargo nextest run --workspace; else cargo test --workspace; fi
+	$(ENV) cargo nextest run --workspace
 	$(MAKE) --no-print-directory valkey-tests
 	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
 	bash scripts/browser-tests.sh # the storefront and operator pages in headless Chromium
@@ -101,9 +104,8 @@ valkey-tests:
 		|| { echo "no Valkey server at $$VALKEY_URL (bash scripts/stack.sh starts one)" >&2; exit 1; }
 	# --workspace, as `make test` built it: `-p seckill-tests` alone unifies other features of
 	# seckill-shared and rebuilds every workspace crate (minutes on two cores).
-	$(ENV) export REDIS_URL="$$VALKEY_URL" && if cargo nextest --version >/dev/null 2>&1; \
-		then cargo nextest run --workspace -E 'package(seckill-tests) and test(/::standalone$$/)'; \
-		else cargo test --workspace -- ::standalone --skip chaos; fi
+	$(ENV) export REDIS_URL="$$VALKEY_URL" \
+		&& cargo nextest run --workspace -E 'package(seckill-tests) and test(/::standalone$$/)'
 
 fmt:
 	cargo fmt --all
@@ -138,20 +140,30 @@ else
 $(error SQS must be fauxqs (default) or moto, not '$(SQS)')
 endif
 
-# `make serve` and `make demo` build with the release profile; PROFILE=dev builds (and runs) the
-# debug binaries instead, which `make test` has built already (scripts/readme-check.py uses it).
-PROFILE ?= release
-CARGO_PROFILE := $(if $(filter release,$(PROFILE)),--release,--profile $(PROFILE))
+# `make serve`, `make demo` and `make token` run binaries of ONE build: the dev server, the demo
+# and the token minter, built by one cargo command, so their features unify once and the second
+# target builds nothing. PROFILE picks its cargo profile: `local` (the default; optimised for a
+# first build on two cores, see Cargo.toml), `release` (the Lambdas' own: thin LTO, one codegen
+# unit; minutes longer to build), `dev` (the debug build `make test` made; readme-check uses it).
+PROFILE ?= local
+PROFILE_DIR := $(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
+APP_BINS := target/$(PROFILE_DIR)
+APP_BUILD := cargo build --profile $(PROFILE) -p seckill-devserver -p seckill-loadgen \
+	--bin seckill-devserver --bin seckill-demo --bin seckill-token
+# `make demo DEMO_ARGS=--cluster` (or `--buckets 3 --cluster`): the stack starts the cluster too.
+SERVE_CLUSTER := $(if $(findstring --cluster,$(DEMO_ARGS)),--cluster)
 
 demo:
-	bash scripts/stack.sh serve
-	export $(FAUXQS_SQS) && $(ENV) cargo run $(CARGO_PROFILE) -p seckill-loadgen --bin seckill-demo -- $(DEMO_ARGS)
+	bash scripts/stack.sh serve $(SERVE_CLUSTER)
+	$(ENV) $(APP_BUILD)
+	export $(FAUXQS_SQS) && $(ENV) $(APP_BINS)/seckill-demo $(DEMO_ARGS)
 
 # A load tool's connections are descriptors: the soft limit is lifted to the hard one first.
 serve:
 	bash scripts/stack.sh $(SERVE_STACK)
+	$(ENV) $(APP_BUILD)
 	ulimit -n "$$(ulimit -Hn)" 2>/dev/null || true; \
-		$(if $(SERVE_SQS),export $(SERVE_SQS) &&) $(ENV) cargo run $(CARGO_PROFILE) -p seckill-devserver
+		$(if $(SERVE_SQS),export $(SERVE_SQS) &&) $(ENV) $(APP_BINS)/seckill-devserver
 
 # scripts/wrk-check.sh starts the stack (with fauxqs) and installs wrk itself.
 wrk-check:
@@ -168,7 +180,9 @@ test-browser:
 	bash scripts/browser-tests.sh $(PYTEST_ARGS)
 
 token:
-	$(ENV) cargo run -q -p seckill-devserver --bin seckill-token -- --user $(USER_ID) $(if $(ADMIN),--admin)
+	$(ENV) $(APP_BUILD) -q
+	$(ENV) $(APP_BINS)/seckill-token --user $(USER_ID) $(if $(ADMIN),--admin) \
+		$(if $(filter command line,$(origin SCOPE)),--scope '$(SCOPE)')
 
 openapi:
 	$(ENV) cargo run -q -p seckill-devserver --bin seckill-openapi -- docs/openapi.json
@@ -178,13 +192,16 @@ tools-lambda:
 	test -x $(VENV)/bin/cargo-lambda -a -x $(VENV)/bin/sam || \
 		$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'cargo-lambda>=1.8,<2' 'aws-sam-cli>=1.140,<2'
 
-# arm64 matches template.yaml (Architectures: [arm64]); the x86_64 fallback is for machines where the
-# aarch64 std cannot be had (deploying it needs Architectures: [x86_64]).
+# arm64 only, as template.yaml deploys (Architectures: [arm64]): an x86_64 bootstrap in an arm64
+# function fails every invocation with "exec format error", so there is no fallback.
+# scripts/check-build-tools.sh first names what is missing (cargo-lambda: make tools-lambda; the
+# aarch64 std: rustup target add aarch64-unknown-linux-gnu; zig from the venv's cargo-lambda wheel).
 # cargo-lambda finds zig as `python3 -m ziglang`: the venv's python must come first on PATH, hence
 # `activate` (env.sh appends the venv, so the system python3 would win).
 build:
-	$(ENV) command -v cargo-lambda >/dev/null || { echo "cargo-lambda not found: run 'make tools-lambda' first" >&2; exit 1; }
-	$(ENV) source $(VENV)/bin/activate && { cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) || { echo "arm64 build failed; falling back to x86_64" >&2; cargo lambda build --release --x86-64 $(addprefix --bin ,$(LAMBDA_BINS)); }; }
+	bash scripts/check-build-tools.sh
+	$(ENV) source $(VENV)/bin/activate && cargo lambda build --release --arm64 $(addprefix --bin ,$(LAMBDA_BINS)) \
+		|| { echo "make build: the arm64 build failed (no x86_64 fallback: template.yaml deploys arm64)" >&2; exit 1; }
 
 # The Lambda binaries are built first so the bench can report their size and time to ready.
 bench: stack

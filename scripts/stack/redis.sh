@@ -181,9 +181,9 @@ stop_valkey() {
 # `seckill:`, a local password) on every Redis and Valkey server of the stack. ACL SETUSER with
 # `reset` first: running it again leaves each user exactly as declared. The servers keep no ACL
 # file, so a restarted server gets its users back here.
+# ensure_acl_users HOST:PORT...: the servers this run started or found.
 ensure_acl_users() {
-    local servers=("$HOST:$REDIS_PORT" "$HOST:$VALKEY_PORT") p
-    for p in "${CLUSTER_PORTS[@]}"; do servers+=("$HOST:$p"); done
+    local servers=("$@")
     python3 "$REPO/scripts/redis_acl.py" apply "${servers[@]}" \
         || die "could not create the functions' Redis ACL users (scripts/redis_acl.py)"
     summary redis-acl "$(python3 "$REPO/scripts/redis_acl.py" json | grep -c '"user"') function users and the script loader on ${#servers[@]} servers"

@@ -47,36 +47,34 @@ stop_moto() { stop_started "$MOTO_PID" moto_up "$MOTO_PORT"; }
 # ---------------------------------------------------------------------------------------------
 # SQS queues on the emulator (CreateQueue is idempotent for identical attributes)
 # ---------------------------------------------------------------------------------------------
-# ensure_queues [port] [summary label]: moto's port by default.
-ensure_queues() {
-    local port="${1:-$MOTO_PORT}" label="${2:-sqs-queue}" url
-    url="$(
-        QUEUE_NAME="$QUEUE_NAME" DLQ_NAME="$DLQ_NAME" ENDPOINT="http://$HOST:$port" \
-            "$VENV/bin/python" - <<'PY'
-import json, os
-import boto3
+# sqs_call PORT ACTION JSON: one call of SQS's JSON protocol (the one the Rust SDK speaks, and
+# both emulators answer) with curl; prints the answer. The emulators check no signature, but
+# want the header's shape.
+sqs_call() {
+    curl -sf --max-time 10 -XPOST "http://$HOST:$1/" \
+        -H "X-Amz-Target: AmazonSQS.$2" -H 'Content-Type: application/x-amz-json-1.0' \
+        -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0' \
+        -d "$3"
+}
 
-sqs = boto3.client(
-    "sqs",
-    endpoint_url=os.environ["ENDPOINT"],
-    region_name="us-east-1",
-    aws_access_key_id="test",
-    aws_secret_access_key="test",
-)
-dlq_url = sqs.create_queue(QueueName=os.environ["DLQ_NAME"])["QueueUrl"]
-dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-# The draw entries' queue of their own first, then the order queue; both redrive into the DLQ.
-for name in (os.environ["QUEUE_NAME"] + "-entries", os.environ["QUEUE_NAME"]):
-    url = sqs.create_queue(
-        QueueName=name,
-        Attributes={
-            "VisibilityTimeout": "30",
-            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
-        },
-    )["QueueUrl"]
-print(url)
-PY
-    )"
+# ensure_queues [port] [summary label]: moto's port by default. CreateQueue is idempotent for
+# identical attributes: the DLQ, then the draw entries' queue and the order queue, both
+# redriving into it.
+ensure_queues() {
+    local port="${1:-$MOTO_PORT}" label="${2:-sqs-queue}" dlq_url dlq_arn redrive name url
+    dlq_url="$(sqs_call "$port" CreateQueue "$(jq -nc --arg n "$DLQ_NAME" '{QueueName: $n}')" | jq -r .QueueUrl)" \
+        || die "could not create the queue $DLQ_NAME on $HOST:$port"
+    dlq_arn="$(sqs_call "$port" GetQueueAttributes \
+        "$(jq -nc --arg u "$dlq_url" '{QueueUrl: $u, AttributeNames: ["QueueArn"]}')" | jq -r .Attributes.QueueArn)" \
+        || die "could not read the ARN of $dlq_url"
+    # Spelled as Python's json.dumps spells it: the emulators compare it as a string, and queues
+    # an earlier stack.sh made with boto3 must compare equal.
+    redrive="$(printf '{"deadLetterTargetArn": "%s", "maxReceiveCount": "5"}' "$dlq_arn")"
+    for name in "$QUEUE_NAME-entries" "$QUEUE_NAME"; do
+        url="$(sqs_call "$port" CreateQueue "$(jq -nc --arg n "$name" --arg r "$redrive" \
+            '{QueueName: $n, Attributes: {VisibilityTimeout: "30", RedrivePolicy: $r}}')" | jq -r .QueueUrl)" \
+            || die "could not create the queue $name on $HOST:$port"
+    done
     summary "$label" "$url (entries $QUEUE_NAME-entries, DLQ $DLQ_NAME, maxReceiveCount 5)"
 }
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by scripts/stack.sh: the tools the project runs, installed where missing and pinned.
-# The Python venv (.tools/venv), cargo-deny, wrk (`stack.sh wrk`) and the browser suite's
+# The Python venv (.tools/venv), cargo-deny, cargo-nextest, wrk (`stack.sh wrk`) and the browser suite's
 # chromium + Playwright (`stack.sh browser`). Uses stack.sh's settings (VENV, the versions,
 # CHROMIUM) and its log, die, summary and apt_install.
 
@@ -65,6 +65,22 @@ ensure_cargo_deny() {
     log "cargo install cargo-deny $CARGO_DENY_VERSION (a few minutes, once)"
     cargo install --quiet --locked --version "$CARGO_DENY_VERSION" cargo-deny
     summary cargo-deny "$(command -v cargo-deny) installed"
+}
+
+# cargo-nextest at CARGO_NEXTEST_VERSION (`make test` and `make chaos` run the tests with it: its
+# per-test processes and the chaos profile in .config/nextest.toml), built once into cargo's own
+# bin directory when the one on PATH is not that version (a few minutes, the first time only).
+ensure_nextest() {
+    # Its first line: "cargo-nextest 0.9.143" or "cargo-nextest 0.9.143 (<commit> <date>)".
+    case "$(cargo nextest --version 2>/dev/null | head -1)" in
+        "cargo-nextest $CARGO_NEXTEST_VERSION" | "cargo-nextest $CARGO_NEXTEST_VERSION "*)
+            summary cargo-nextest "$(command -v cargo-nextest) $CARGO_NEXTEST_VERSION already installed"
+            return
+            ;;
+    esac
+    log "cargo install cargo-nextest $CARGO_NEXTEST_VERSION (a few minutes, once)"
+    cargo install --quiet --locked --version "$CARGO_NEXTEST_VERSION" cargo-nextest
+    summary cargo-nextest "$(command -v cargo-nextest) $CARGO_NEXTEST_VERSION installed"
 }
 
 # wrk (the HTTP load tool `make wrk-check` drives the dev server with), from Debian.
