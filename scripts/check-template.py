@@ -14,16 +14,19 @@ Parameters resolve to their defaults, overridden by `parameter_overrides` in sam
 ([default.deploy.parameters]) when that file sets any, so what gets deployed is what is checked.
 Every check runs in three modes: EdgeProtection=off, =on (CloudFront + WAF, with a sample
 EdgeDomainName and EdgeCertificateArn, which the edge requires) and =on with Storefront=true;
-a copy of the template with the edge, Bot Control and the storefront defaulting to on goes
-through cfn-lint and `sam validate --lint` (the Makefile lints the file as it is, the "off"
-mode); --no-lint skips that copy. Prints one line per check; exits 1 if any fails.
+the token issuer's checks (template_checks/identity.py) run each with JwtIssuer given and with
+UserPool=on; a copy of the template with the edge, Bot Control, the storefront and the user
+pool defaulting to on goes through cfn-lint and `sam validate --lint` (the Makefile lints the
+file as it is, the "off" mode); --no-lint skips that copy. Prints one line per check; exits 1 if
+any fails.
 
 --self-test proves the checks can fail: it breaks template.yaml in memory one way at a time
 (a budget over the account, a reservation below SQS's concurrency, an unthrottled public
 route, a cached per-user route, a missing WAF rule, open egress, a function holding the master
 secret, an origin without the origin secret, TLS 1.0 at the edge, a user route without its
 scope, a dashboard naming a metric no code emits, a public storefront bucket, the entry's
-Timeout below its time budget, a role's connection limit below its function's pool, ...) and
+Timeout below its time budget, a role's connection limit below its function's pool, a
+placeholder issuer, a buyer's app client allowed the admin scope, a client secret in the outputs, ...) and
 exits 1 unless each broken copy fails exactly the check meant to catch it and
 the unbroken template passes in every mode. A check the unbroken template already fails (say a
 dashboard metric the Rust code does not emit yet) is reported and fails the self-test, but does
@@ -67,7 +70,7 @@ def main(argv: list[str]) -> int:
         failed += run_checks(t)
     if "--no-lint" not in argv:
         failures.clear()
-        print(f"check-template: cfn-lint and sam validate on {path.name} with the edge on")
+        print(f"check-template: cfn-lint and sam validate on {path.name} with the edge and the user pool on")
         lint_edge_on(path)
         failed += failures
     if failed:

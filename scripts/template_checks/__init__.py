@@ -9,8 +9,13 @@
   reserved concurrency.
 - `access`: the entry's IAM policy, no wildcard grants, no secret value in the environment.
 - `local_invoke`: events/env.json for `sam local invoke` on the local stack.
+- `route_scopes`: each route's authorizer and scopes as functions/routes.toml (the dev server's
+  table) names them.
 - `routes`: throttles of the routes without a token, the admin routes, who may call each entry
   route, GET /health/deep behind IAM.
+- `identity`: who issues the tokens: no placeholder issuer, the Rules that make a deploy name
+  one, the JWT authorizer's issuer and audience, the opt-in Cognito user pool (UserPool=on),
+  no secret in the outputs.
 - `stage`: the HTTP API's stage throttling and access log, the log groups.
 - `network`: the functions' egress.
 - `database`: Aurora's deletion protection, one login role per function, RDS Proxy.

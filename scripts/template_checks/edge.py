@@ -8,6 +8,7 @@ import re
 
 from .model import (
     EDGE_ON,
+    IDENTITY_GIVEN,
     SAMPLE_CERTIFICATE,
     SAMPLE_DOMAIN,
     Template,
@@ -58,17 +59,21 @@ STOREFRONT_ORIGIN_TYPES = ("s3",)
 
 def check_rules(t: Template) -> None:
     """The Rules refuse the edge without a domain and certificate, and the storefront without the
-    edge; the defaults and a complete edge pass; the certificate must come from us-east-1."""
+    edge; the defaults and a complete edge pass; the certificate must come from us-east-1. Each
+    case names an issuer (IDENTITY_GIVEN): without one the issuer's own Rule refuses every
+    deploy (identity.check_issuer_rules)."""
     cert = SAMPLE_CERTIFICATE
-    check(not t.refusals(), f"Rules: the default parameters pass every Rule (refused by {t.refusals()})")
+    given = IDENTITY_GIVEN
+    check(not t.refusals(**given), f"Rules: the default parameters with an issuer pass every Rule "
+          f"(refused by {t.refusals(**given)})")
     for what, params in (("EdgeDomainName", {"EdgeProtection": "on", "EdgeCertificateArn": cert}),
                          ("EdgeCertificateArn", {"EdgeProtection": "on", "EdgeDomainName": SAMPLE_DOMAIN})):
-        check(bool(t.refusals(**params)), f"Rules: EdgeProtection=on is refused without {what}")
-    check(not t.refusals(**EDGE_ON), f"Rules: EdgeProtection=on with a domain and a us-east-1 certificate passes "
-          f"(refused by {t.refusals(**EDGE_ON)})")
-    check(bool(t.refusals(Storefront="true")), "Rules: Storefront=true is refused without EdgeProtection=on")
-    check(not t.refusals(Storefront="true", **EDGE_ON),
-          f"Rules: Storefront=true with the edge on passes (refused by {t.refusals(Storefront='true', **EDGE_ON)})")
+        check(bool(t.refusals(**given, **params)), f"Rules: EdgeProtection=on is refused without {what}")
+    check(not t.refusals(**given, **EDGE_ON), f"Rules: EdgeProtection=on with a domain and a us-east-1 certificate passes "
+          f"(refused by {t.refusals(**given, **EDGE_ON)})")
+    check(bool(t.refusals(**given, Storefront="true")), "Rules: Storefront=true is refused without EdgeProtection=on")
+    check(not t.refusals(**given, Storefront="true", **EDGE_ON),
+          f"Rules: Storefront=true with the edge on passes (refused by {t.refusals(**given, Storefront='true', **EDGE_ON)})")
     pattern = str(t.doc.get("Parameters", {}).get("EdgeCertificateArn", {}).get("AllowedPattern"))
     elsewhere = cert.replace("us-east-1", "eu-west-1")
     ok = all(bool(re.fullmatch(pattern, v)) == want for v, want in (("", True), (cert, True), (elsewhere, False)))

@@ -28,6 +28,13 @@ REGION = "us-east-1"
 SAMPLE_DOMAIN = "api.example.com"
 SAMPLE_CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
 EDGE_ON = {"EdgeProtection": "on", "EdgeDomainName": SAMPLE_DOMAIN, "EdgeCertificateArn": SAMPLE_CERTIFICATE}
+# The template has no default issuer (its Rules refuse a deploy without JwtIssuer + JwtAudience
+# or UserPool=on): a sample issuer for the checks that need the other Rules alone to decide.
+SAMPLE_ISSUER = "https://issuer.example.com/"
+IDENTITY_GIVEN = {"JwtIssuer": SAMPLE_ISSUER, "JwtAudience": "seckill-client"}
+# Who issues tokens: your provider, or the stack's own user pool (identity.py checks both).
+IDENTITY_MODES = (("UserPool=off, JwtIssuer given", {"UserPool": "off", **IDENTITY_GIVEN}),
+                  ("UserPool=on", {"UserPool": "on", "JwtIssuer": "", "JwtAudience": ""}))
 # Every check runs in each mode; the lint copy turns every switch on at once.
 EDGE_MODES = (("EdgeProtection=off", {"EdgeProtection": "off"}),
               ("EdgeProtection=on", EDGE_ON),

@@ -123,6 +123,17 @@ def open_egress(t: Template) -> None:
         "CidrIp": "0.0.0.0/0"}}
 
 
+def jwt_configuration(t: Template) -> dict:
+    return props(t, "HttpApi")["Auth"]["Authorizers"]["JwtAuthorizer"]["JwtConfiguration"]
+
+
+# A scope trigger that makes every token an operator's.
+ADMIN_FOR_EVERYONE = """def handler(event, context):
+    event["response"]["claimsAndScopeOverrideDetails"] = {"accessTokenGeneration": {"scopesToAdd": ["seckill:admin"]}}
+    return event
+"""
+
+
 def bot_control_always(t: Template) -> None:
     rules = props(t, "EdgeWebAcl")["Rules"]
     i = next(i for i, r in enumerate(rules)
@@ -132,6 +143,9 @@ def bot_control_always(t: Template) -> None:
 
 # (what is broken, how, a phrase every failing check of the broken copy must contain)
 BREAKAGES = [
+    ("the user routes' scope is deployed as another than the dev server checks",
+     lambda t: t.params.update(UserScope="seckill:buyer"),
+     "template.yaml: the JwtAuthorizer with ['seckill:buyer']"),
     ("preheat's Timeout is not the shape's",
      lambda t: props(t, "PreheatFunction").update(Timeout=29),
      "PreheatFunction: Timeout 29"),
@@ -427,6 +441,44 @@ BREAKAGES = [
     ("the edge forwards GET /health/deep to the origin",
      edge_on(lambda t: drop_behaviour(t, "/health/deep*")),
      "GET /health/deep (default)"),
+    # ---- the token issuer and the opt-in user pool (identity.py; its checks run both modes)
+    ("JwtIssuer defaults to a placeholder pool again",
+     lambda t: t.doc["Parameters"]["JwtIssuer"].update(Default="https://cognito-idp.us-east-1.amazonaws.com/us-east-1_EXAMPLE"),
+     "JwtIssuer"),
+    ("a deploy that names no issuer is accepted",
+     lambda t: t.doc["Rules"].pop("JwtIssuerOrUserPool"),
+     "a deploy naming neither is refused"),
+    ("with the pool on, the authorizer trusts a literal pool's issuer",
+     lambda t: jwt_configuration(t)["issuer"]["Fn::If"].__setitem__(1, "https://cognito-idp.us-east-1.amazonaws.com/us-east-1_AbCdEf123"),
+     "issuer"),
+    ("with the pool on, the authorizer's audience is JwtAudience, not the pool's clients",
+     lambda t: jwt_configuration(t).update(audience={"Ref": "JwtAudience"}),
+     "JwtAuthorizer (UserPool=on)"),
+    ("UserPool=off still creates the pool",
+     lambda t: t.resources["ApiUserPool"].pop("Condition"),
+     "UserPool=off creates no Cognito"),
+    ("anyone may sign up to the pool",
+     lambda t: props(t, "ApiUserPool")["AdminCreateUserConfig"].update(AllowAdminCreateUserOnly=False),
+     "no self sign-up"),
+    ("the resource server lacks the admin scope",
+     lambda t: props(t, "UserPoolResourceServer")["Scopes"].pop(),
+     "resource server"),
+    ("the buyer's client may administer too",
+     lambda t: props(t, "UserPoolBuyerClient")["AllowedOAuthScopes"].append({"Fn::Sub": "${UserPoolResourceServer}/${AdminScope}"}),
+     "exactly one client (the operator's)"),
+    ("the scope trigger is V2_0 (client_credentials tokens keep only the prefixed scopes)",
+     lambda t: props(t, "ApiUserPool")["LambdaConfig"]["PreTokenGenerationConfig"].update(LambdaVersion="V2_0"),
+     "pre-token-generation trigger V3_0"),
+    ("the scope trigger adds the admin scope to every token",
+     lambda t: props(t, "UserPoolScopeTrigger")["Code"].update(ZipFile=ADMIN_FOR_EVERYONE),
+     "UserPoolScopeTrigger: its code"),
+    ("no output gives the token endpoint",
+     lambda t: t.doc["Outputs"].pop("UserPoolTokenUrl"),
+     "token endpoint"),
+    ("an output gives the operator client's secret",
+     lambda t: t.doc["Outputs"].update(UserPoolAdminClientSecret={
+         "Condition": "UserPoolOn", "Value": {"Fn::GetAtt": ["UserPoolAdminClient", "ClientSecret"]}}),
+     "no secret in Outputs"),
     # ---- scopes and the webhook
     ("a user route takes any token (no UserScope)",
      lambda t: events_of(t, "SeckillEntryFunction")["CancelOrder"]["Properties"].pop("Auth"),
