@@ -3,7 +3,7 @@
 # unless your environment already sets them.
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
-#   make test         fmt check, clippy -D warnings, cargo doc -D warnings, template checks (cfn-lint, sam validate,
+#   make test         fmt check, clippy -D warnings, cargo doc -D warnings, template checks, the arm64 build's tools (cfn-lint, sam validate,
 #                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
 #                     the standalone-Redis tests again on Valkey (make test-valkey), then
 #                     schemathesis against a dev server (scripts/schemathesis.sh), then the pages
@@ -16,7 +16,7 @@
 #                     purchase path; fails on any timeout, socket error, 5xx or lost order
 #   make draw-check   a draw at real size: 120,000 entrants through wrk on the dev server, the draw
 #                     triggered by a status read; fails if a PING waited > 25 ms or a winner has no order
-#   make demo         a live flash sale on the local stack (PROFILE=release: the Lambdas' profile; dev: the debug build); options: DEMO_ARGS="--buckets 3 --cluster"
+#   make demo         a live flash sale on the local stack (PROFILE=local by default; release, dev); options: DEMO_ARGS="--buckets 3 --cluster"
 #                     (stock in 3 buckets, on the 3-node Redis Cluster), DEMO_ARGS="--admission draw"
 #                     (the opening decided by a draw; DEMO_ARGS=--help lists all)
 #   make token        a dev JWT: make token USER=bob [ADMIN=1]   (default user: alice; scope seckill:user,
@@ -84,6 +84,7 @@ test: stack
 	$(ENV) $(SAM) validate --lint
 	$(ENV) $(VENV)/bin/python scripts/check-template.py
 	$(ENV) $(VENV)/bin/python scripts/check-template.py --self-test # each check fails on a template that breaks it
+	$(ENV) bash scripts/check-build-tools.sh # what the arm64 deploy build needs, without building
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
 	$(ENV) cargo nextest run --workspace
 	$(MAKE) --no-print-directory valkey-tests

@@ -18,7 +18,8 @@
 //! - `interleavings`, `chaos`: pause points between protocol steps, and the seeded chaos run;
 //! - `db`, `roles`, `tls`: the pool, the least-privilege roles, TLS to the managed services;
 //! - `binaries`, `lambda_invoke`, `openapi`: the built binaries, every function under the
-//!   Lambda runtime API, and the OpenAPI document.
+//!   Lambda runtime API, and the OpenAPI document;
+//! - `toolchain`: the pinned toolchain and the declared `rust-version` are one.
 
 #[cfg(test)]
 mod tests {
