@@ -2,13 +2,13 @@
 # Drops the per-test databases (seckill_test_<uuid>) earlier test runs left behind.
 # Each integration test creates its own database so tests can run in parallel; they are not
 # dropped at the end of the test (a failing test's data is worth a look), but at the start of
-# the next `make test`.
+# the next `make test`. Eight at a time: each DROP DATABASE waits for a checkpoint, and
+# PostgreSQL serves concurrent requests for one with one (one at a time, 770 took 71 s).
 set -euo pipefail
 psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$@"; }
 dbs=$(psql_pg -tAc "select datname from pg_database where datname like 'seckill\_test\_%'")
-count=0
-for db in $dbs; do
-    psql_pg -c "drop database if exists \"$db\" with (force)" >/dev/null
-    count=$((count + 1))
-done
+count=$(printf '%s' "$dbs" | grep -c . || true)
+printf '%s\n' "$dbs" | grep . | xargs -r -P 8 -I{} \
+    psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 \
+    -c 'drop database if exists "{}" with (force)' >/dev/null
 echo "[test] dropped $count stale test database(s)"

@@ -75,21 +75,15 @@ log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 summary() { SUMMARY+=("$(printf '%-16s %s' "$1" "$2")"); }
 
-APT_UPDATED=0
-# apt_install PKG...: the packages only `make test` needs (chromium, wrk). As root they are
-# installed; as anyone else this says to run the prerequisites script once.
+# apt_install PKG...: the packages only some targets need (chromium, wrk, npm) come from
+# scripts/prerequisites.sh --test, which installs every one of them that is missing: root runs it
+# here, saying so; anyone else is told to run it with sudo.
 apt_install() {
     if [ "$(id -u)" -ne 0 ]; then
         die "missing packages ($*): run once: sudo bash scripts/prerequisites.sh --test"
     fi
-    command -v apt-get >/dev/null 2>&1 || die "missing packages ($*) and no apt-get here: install them by hand"
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        log "apt-get update"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    log "missing packages ($*): running scripts/prerequisites.sh --test as root"
+    bash "$REPO/scripts/prerequisites.sh" --test
 }
 
 # The machine-wide part (Debian packages, PostgreSQL running and reachable as postgres on
