@@ -7,8 +7,12 @@
 set -euo pipefail
 psql_pg() { psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 "$@"; }
 dbs=$(psql_pg -tAc "select datname from pg_database where datname like 'seckill\_test\_%'")
-count=$(printf '%s' "$dbs" | grep -c . || true)
-printf '%s\n' "$dbs" | grep . | xargs -r -P 8 -I{} \
+if [ -z "$dbs" ]; then
+    echo "[test] no stale test database"
+    exit 0
+fi
+count=$(printf '%s\n' "$dbs" | wc -l)
+printf '%s\n' "$dbs" | xargs -P 8 -I{} \
     psql -w -X -q -h 127.0.0.1 -p 5432 -U postgres -v ON_ERROR_STOP=1 \
     -c 'drop database if exists "{}" with (force)' >/dev/null
 echo "[test] dropped $count stale test database(s)"
