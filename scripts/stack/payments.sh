@@ -17,7 +17,7 @@ ensure_localstripe() {
     if [ ! -x "$VENV/bin/localstripe" ] \
         || [ "$("$VENV/bin/python" -m pip show localstripe 2>/dev/null | sed -n 's/^Version: //p')" != "$LOCALSTRIPE_VERSION" ]; then
         log "pip install localstripe==$LOCALSTRIPE_VERSION into $VENV (≈5 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "localstripe==$LOCALSTRIPE_VERSION"
     fi
     if localstripe_up; then

