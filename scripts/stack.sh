@@ -186,6 +186,7 @@ up() {
     ensure_localstripe
     ensure_cargo_deny
     ensure_nextest
+    ensure_rust_targets
 }
 
 # `make serve`, `make demo`, `make wrk-check`: only what they talk to. PostgreSQL, Redis, the

@@ -83,6 +83,38 @@ ensure_nextest() {
     summary cargo-nextest "$(command -v cargo-nextest) $CARGO_NEXTEST_VERSION installed"
 }
 
+# The targets and components rust-toolchain.toml lists (the aarch64 standard library of the
+# arm64 deploy build, rustfmt, clippy), added to the toolchain it names where missing. rustup
+# adds them by itself at the first cargo command, unless RUSTUP_AUTO_INSTALL=0 says not to (as
+# on some CI machines): then `make test` would stop at check-build-tools.sh or at `cargo fmt`.
+ensure_rust_targets() {
+    local toml="$REPO/rust-toolchain.toml" want missing=() item
+    if ! command -v rustup >/dev/null 2>&1; then
+        summary rust-targets "no rustup (README.md, Prerequisites)"
+        return
+    fi
+    # The `targets = [...]` and `components = [...]` lines, one quoted name after another.
+    want=$(sed -n 's/^\(targets\|components\) *= *\[\(.*\)\]/\1 \2/p' "$toml" | tr -d '",')
+    while read -r kind names; do
+        for item in $names; do
+            if [ "$kind" = targets ]; then
+                rustup target list --installed | grep -qx "$item" || missing+=("target:$item")
+            else
+                rustup component list --installed | grep -q "^$item" || missing+=("component:$item")
+            fi
+        done
+    done <<< "$want"
+    if [ ${#missing[@]} -eq 0 ]; then
+        summary rust-targets "every target and component of rust-toolchain.toml installed"
+        return
+    fi
+    for item in "${missing[@]}"; do
+        log "rustup ${item%%:*} add ${item#*:} (rust-toolchain.toml lists it)"
+        (cd "$REPO" && rustup "${item%%:*}" add "${item#*:}")
+    done
+    summary rust-targets "${missing[*]} added"
+}
+
 # wrk (the HTTP load tool `make wrk-check` drives the dev server with), from Debian.
 ensure_wrk() {
     if command -v wrk >/dev/null 2>&1; then
