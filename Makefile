@@ -4,12 +4,12 @@
 #
 #   make stack        start whatever of the local stack is missing (idempotent)
 #   make test         fmt check, clippy -D warnings, cargo doc -D warnings, template checks, the arm64 build's tools (cfn-lint, sam validate,
-#                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke),
-#                     the standalone-Redis tests again on Valkey (make test-valkey), then
+#                     scripts/check-template.py and its --self-test), the workspace tests (incl. cargo-lambda invoke;
+#                     every Redis test on a standalone Redis, the cluster and Valkey), then
 #                     schemathesis against a dev server (scripts/schemathesis.sh), then the pages
 #                     in headless Chromium (scripts/browser-tests.sh), then the README's commands
 #                     (scripts/readme-check.py)
-#   make test-valkey  every test that runs on standalone Redis, against Valkey (127.0.0.1:6380)
+#   make test-valkey  only the Valkey variants of the Redis tests (127.0.0.1:6380)
 #   make serve        the HTTP API on 127.0.0.1:3000 + queue poller + schedules, in one process (PROFILE=dev: debug),
 #                     its queue on fauxqs (127.0.0.1:4567); make serve SQS=moto serves on moto
 #   make wrk-check    load test: dev server on fauxqs, wrk 10 s x 256 connections on the accepted
@@ -63,7 +63,7 @@ MINUTES ?= 10
 SQLX_CLI_ROOT ?= .tools/sqlx-cli
 SQLX_SCRATCH_DB ?= seckill_sqlx_prepare
 
-.PHONY: help readme-check test-browser wrk-check draw-check stack test test-valkey valkey-tests fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
+.PHONY: help readme-check test-browser wrk-check draw-check stack test test-valkey valkey-check fmt clippy lint-template demo serve token openapi build tools-lambda bench chaos clean-stack stack-status sqlx-cli sqlx-prepare
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -86,8 +86,8 @@ test: stack
 	$(ENV) $(VENV)/bin/python scripts/check-template.py --self-test # each check fails on a template that breaks it
 	$(ENV) bash scripts/check-build-tools.sh # what the arm64 deploy build needs, without building
 	$(ENV) cargo build $(addprefix --bin ,$(LAMBDA_BINS)) # the binaries tests/tests/lambda_invoke.rs runs
-	$(ENV) cargo nextest run --workspace
-	$(MAKE) --no-print-directory valkey-tests
+	$(MAKE) --no-print-directory valkey-check
+	$(ENV) cargo nextest run --workspace # on_every_redis! tests included: Redis, the cluster, Valkey
 	bash scripts/schemathesis.sh # fuzzes a dev server with docs/openapi.json, a user and an admin token
 	bash scripts/browser-tests.sh # the storefront and operator pages in headless Chromium
 	$(MAKE) --no-print-directory readme-check
@@ -96,17 +96,17 @@ test: stack
 readme-check: stack
 	$(ENV) $(VENV)/bin/python scripts/readme-check.py
 
-# ElastiCache's default engine is Valkey: every test that on_both_redis! runs on a standalone
-# server runs again with REDIS_URL on Valkey, after checking that the server there is Valkey.
-test-valkey: stack valkey-tests
-
-valkey-tests:
-	$(ENV) redis-cli -u "$$VALKEY_URL" info server | tr -d '\r' | grep '^valkey_version:' \
-		|| { echo "no Valkey server at $$VALKEY_URL (bash scripts/stack.sh starts one)" >&2; exit 1; }
+# ElastiCache's default engine is Valkey: every test of on_every_redis! has a `::valkey`
+# variant, run on VALKEY_URL by `make test`'s one nextest run, after checking that the server
+# there is Valkey. `make test-valkey` runs those variants alone.
+test-valkey: stack valkey-check
 	# --workspace, as `make test` built it: `-p seckill-tests` alone unifies other features of
 	# seckill-shared and rebuilds every workspace crate (minutes on two cores).
-	$(ENV) export REDIS_URL="$$VALKEY_URL" \
-		&& cargo nextest run --workspace -E 'package(seckill-tests) and test(/::standalone$$/)'
+	$(ENV) cargo nextest run --workspace -E 'package(seckill-tests) and test(/::valkey$$/)'
+
+valkey-check:
+	$(ENV) redis-cli -u "$$VALKEY_URL" info server | tr -d '\r' | grep '^valkey_version:' \
+		|| { echo "no Valkey server at $$VALKEY_URL (bash scripts/stack.sh starts one)" >&2; exit 1; }
 
 fmt:
 	cargo fmt --all

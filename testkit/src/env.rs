@@ -18,6 +18,8 @@ pub enum RedisKind {
     Standalone,
     /// The 3-master cluster on 7001-7003 (`REDIS_CLUSTER_URLS`).
     Cluster,
+    /// A standalone Valkey, ElastiCache's default engine, on 127.0.0.1:6380 (`VALKEY_URL`).
+    Valkey,
 }
 
 /// A variable of the local stack: scripts/env.sh is the one place that sets them.
@@ -95,6 +97,7 @@ pub fn config(database_url: &str, kind: RedisKind) -> Config {
     );
     config.redis = match kind {
         RedisKind::Standalone => RedisTopology::Standalone(local_env("REDIS_URL").into()),
+        RedisKind::Valkey => RedisTopology::Standalone(local_env("VALKEY_URL").into()),
         RedisKind::Cluster => RedisTopology::Cluster(
             local_env("REDIS_CLUSTER_URLS")
                 .split(',')

@@ -60,7 +60,7 @@ pub use steps::{
     reserve, reserve_in_pool, restore_entrants, spawn_drawer,
 };
 
-/// What a test body run by [`on_both_redis!`] returns: like every test, a `Result` whose `Err`
+/// What a test body run by [`on_every_redis!`] returns: like every test, a `Result` whose `Err`
 /// fails it.
 pub trait Outcome {
     fn check(self);
@@ -74,10 +74,11 @@ impl<E: std::fmt::Debug> Outcome for Result<(), E> {
     }
 }
 
-/// Runs each `async fn(RedisKind)` as two tests, `<name>::standalone` and `<name>::cluster`,
-/// so every Redis-facing behaviour is proven on a single server and on Redis Cluster.
+/// Runs each `async fn(RedisKind)` as three tests, `<name>::standalone`, `<name>::cluster` and
+/// `<name>::valkey`, so every Redis-facing behaviour is proven on a single Redis server, on Redis
+/// Cluster and on a single Valkey server (ElastiCache's default engine), in one test run.
 #[macro_export]
-macro_rules! on_both_redis {
+macro_rules! on_every_redis {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -87,6 +88,10 @@ macro_rules! on_both_redis {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn cluster() {
                 $crate::Outcome::check(super::$name($crate::RedisKind::Cluster).await)
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn valkey() {
+                $crate::Outcome::check(super::$name($crate::RedisKind::Valkey).await)
             }
         }
     )*};

@@ -10,7 +10,7 @@ use seckill_shared::protocol::lock;
 use seckill_shared::protocol::lock::LockError;
 use seckill_shared::store::scripts;
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::LockHold;
 use testkit::RedisKind;
 use testkit::TestEnv;
@@ -109,7 +109,7 @@ async fn nested_holds_keep_the_lock_until_the_last_release_under_one_token(
     assert!(next.release().await?);
     Ok(())
 }
-on_both_redis!(nested_holds_keep_the_lock_until_the_last_release_under_one_token);
+on_every_redis!(nested_holds_keep_the_lock_until_the_last_release_under_one_token);
 
 async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release(
     kind: RedisKind,
@@ -147,7 +147,7 @@ async fn nested_guards_dropped_unreleased_are_given_back_by_the_outermost_releas
     );
     Ok(())
 }
-on_both_redis!(nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release);
+on_every_redis!(nested_guards_dropped_unreleased_are_given_back_by_the_outermost_release);
 
 /// `lua/lock_acquire.lua` re-entering for `owner` as a script whose answer never came back
 /// would: Redis counts a hold the guard does not know of.
@@ -186,7 +186,7 @@ async fn an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of(
     assert!(!is_busy(&env, id).await);
     Ok(())
 }
-on_both_redis!(an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of);
+on_every_redis!(an_outermost_release_ends_the_lock_even_with_a_hold_nobody_knows_of);
 
 async fn a_nested_release_delivered_twice_leaves_the_outer_hold(
     kind: RedisKind,
@@ -213,7 +213,7 @@ async fn a_nested_release_delivered_twice_leaves_the_outer_hold(
     assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
-on_both_redis!(a_nested_release_delivered_twice_leaves_the_outer_hold);
+on_every_redis!(a_nested_release_delivered_twice_leaves_the_outer_hold);
 
 async fn a_release_without_a_mode_is_an_error_and_keeps_every_hold(
     kind: RedisKind,
@@ -247,7 +247,7 @@ async fn a_release_without_a_mode_is_an_error_and_keeps_every_hold(
     assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
-on_both_redis!(a_release_without_a_mode_is_an_error_and_keeps_every_hold);
+on_every_redis!(a_release_without_a_mode_is_an_error_and_keeps_every_hold);
 
 async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: the lock held twice.
@@ -272,7 +272,7 @@ async fn a_release_by_a_non_owner_changes_nothing(kind: RedisKind) -> anyhow::Re
     assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
-on_both_redis!(a_release_by_a_non_owner_changes_nothing);
+on_every_redis!(a_release_by_a_non_owner_changes_nothing);
 
 async fn the_hold_count_survives_renewals(kind: RedisKind) -> anyhow::Result<()> {
     // Arrange: a 300 ms lease (renewed every 100 ms), held twice.
@@ -303,7 +303,7 @@ async fn the_hold_count_survives_renewals(kind: RedisKind) -> anyhow::Result<()>
     assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
-on_both_redis!(the_hold_count_survives_renewals);
+on_every_redis!(the_hold_count_survives_renewals);
 
 async fn a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next_holder_alone(
     kind: RedisKind,
@@ -345,6 +345,6 @@ async fn a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next
     assert_eq!(testkit::lock_hold(&env.redis, id).await?, None);
     Ok(())
 }
-on_both_redis!(
+on_every_redis!(
     a_paused_holders_nested_release_after_its_lease_expired_leaves_the_next_holder_alone
 );

@@ -17,7 +17,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
@@ -86,7 +86,7 @@ async fn a_loaded_sale_is_viewed_with_its_live_stock_and_no_database(
     }
     Ok(())
 }
-on_both_redis!(a_loaded_sale_is_viewed_with_its_live_stock_and_no_database);
+on_every_redis!(a_loaded_sale_is_viewed_with_its_live_stock_and_no_database);
 
 async fn an_admin_change_of_title_and_window_reaches_the_view(
     kind: RedisKind,
@@ -133,7 +133,7 @@ async fn an_admin_change_of_title_and_window_reaches_the_view(
     assert_eq!(shown["remainingStock"], 5);
     Ok(())
 }
-on_both_redis!(an_admin_change_of_title_and_window_reaches_the_view);
+on_every_redis!(an_admin_change_of_title_and_window_reaches_the_view);
 
 async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
     kind: RedisKind,
@@ -183,7 +183,7 @@ async fn before_preheat_the_view_comes_from_the_database_and_is_cached(
     assert_eq!(cache_control, CACHE_ERROR);
     Ok(())
 }
-on_both_redis!(before_preheat_the_view_comes_from_the_database_and_is_cached);
+on_every_redis!(before_preheat_the_view_comes_from_the_database_and_is_cached);
 
 async fn a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period(
     kind: RedisKind,
@@ -222,7 +222,7 @@ async fn a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period(
     );
     Ok(())
 }
-on_both_redis!(a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period);
+on_every_redis!(a_burst_for_an_unknown_id_costs_one_database_read_per_cache_period);
 
 /// Which dependency a row of [`DEEP_HEALTH`] breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,7 +313,7 @@ async fn health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_de
     }
     Ok(())
 }
-on_both_redis!(health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_dead);
+on_every_redis!(health_needs_no_dependency_and_the_deep_check_names_nothing_it_found_dead);
 
 fn parse_time(text: &str) -> chrono::DateTime<chrono::Utc> {
     text.parse().expect("an RFC 3339 time")
@@ -407,7 +407,7 @@ async fn random_ids_above_the_highest_sale_cost_no_database_read_each(
     );
     Ok(())
 }
-on_both_redis!(random_ids_above_the_highest_sale_cost_no_database_read_each);
+on_every_redis!(random_ids_above_the_highest_sale_cost_no_database_read_each);
 
 /// An id has one spelling: `+7`, `007` are 404 with no I/O at all (the database here is out
 /// of reach, so any read would answer 503); junk stays 400.

@@ -11,12 +11,12 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::redis_stock;
 use testkit::request;
 use testkit::RedisKind;
 
-on_both_redis!(
+on_every_redis!(
     paused_holder_is_fenced_out_after_its_lease_expires,
     a_raw_fenced_write_with_a_lower_token_is_refused,
     wiped_token_counter_still_issues_tokens_above_the_database,

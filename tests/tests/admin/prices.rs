@@ -6,11 +6,11 @@ use crate::{patch, setup};
 use admin::update_activity;
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::json;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::{consume, reserve};
 
-on_both_redis!(a_sale_moved_back_before_its_start_keeps_its_price_once_anyone_bought);
+on_every_redis!(a_sale_moved_back_before_its_start_keeps_its_price_once_anyone_bought);
 
 async fn a_sale_moved_back_before_its_start_keeps_its_price_once_anyone_bought(
     kind: RedisKind,

@@ -11,13 +11,13 @@ use seckill_shared::store::purchase::Reservation;
 use seckill_shared::Refusal;
 use serde_json::{json, Value};
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::{redis_stock, set_db_stock_by_hand};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     live_stock_changes_conserve_stock_with_concurrent_buyers,
     lowering_below_db_sold_is_refused_even_when_not_loaded,
     a_failed_db_write_gives_redis_its_units_back,
@@ -248,4 +248,4 @@ async fn a_sales_detail_reads_a_ledger_larger_than_one_step(kind: RedisKind) -> 
     assert_eq!(shown["stats"]["pendingCount"], json!(pending), "{shown}");
     Ok(())
 }
-on_both_redis!(a_sales_detail_reads_a_ledger_larger_than_one_step);
+on_every_redis!(a_sales_detail_reads_a_ledger_larger_than_one_step);

@@ -165,6 +165,7 @@ impl fmt::Display for Variant {
         let redis = match self.kind {
             RedisKind::Standalone => "standalone",
             RedisKind::Cluster => "cluster",
+            RedisKind::Valkey => "valkey",
         };
         let reconcile = if self.reconcile { "on" } else { "off" };
         write!(f, "{redis} redis, reconcile {reconcile}")

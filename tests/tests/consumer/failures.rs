@@ -11,13 +11,13 @@ use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::infra::sqs::OrderQueue;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{db_remaining, reserve, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     poison_message_is_reported_alone_and_the_others_commit,
     poison_message_on_the_real_queue_ends_in_the_dead_letter_queue,
     unreachable_database_reports_every_message_and_loses_nothing,

@@ -9,13 +9,13 @@ use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::store::purchase;
 use seckill_shared::store::purchase::Reservation;
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{db_remaining, reserve, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     batch_of_reservations_becomes_confirmed_orders,
     orders_sent_through_the_real_queue_commit_and_leave_it_empty,
     crowd_of_500_attempts_sells_exactly_the_stock,

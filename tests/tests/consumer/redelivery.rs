@@ -6,12 +6,12 @@ use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol::consume::Decision;
 use sqlx::{Connection, PgConnection, PgPool};
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{db_remaining, is_participant, reserve, snapshot};
 
-on_both_redis!(
+on_every_redis!(
     message_delivered_three_times_creates_one_order_and_no_compensation,
     message_delivered_twice_at_once_creates_one_order_and_no_compensation,
     redelivery_while_the_first_transaction_waits_creates_one_order,

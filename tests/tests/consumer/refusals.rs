@@ -6,12 +6,12 @@ use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::giveback;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{db_remaining, is_participant, reserve, set_db_stock_by_hand, snapshot};
 
-on_both_redis!(
+on_every_redis!(
     database_sold_out_compensates_redis_in_full_and_records_the_failure,
     user_who_already_holds_an_order_gets_the_stock_back_but_keeps_the_order,
     reservation_given_back_by_reconcile_is_never_committed_nor_given_back_again,

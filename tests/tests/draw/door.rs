@@ -11,12 +11,12 @@ use seckill_shared::infra::pause;
 use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::draw;
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{buy, consume_queue, dead_queue, draw_entry_rows, order_rows};
 
-on_both_redis!(
+on_every_redis!(
     a_crowds_entries_share_batches_and_each_waits_for_its_own,
     every_entry_of_a_failed_batch_is_answered_503_and_leaves_the_pool,
 );

@@ -17,12 +17,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use testkit::call;
 use testkit::close_draw_window;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::TestEnv;
 
-on_both_redis!(the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the_verifier,);
+on_every_redis!(the_revealed_secret_reproduces_every_ticket_and_the_winners_through_the_verifier,);
 
 const ENTRANTS: usize = 2_000;
 const STOCK: i64 = 200;

@@ -18,11 +18,11 @@ use seckill_shared::store::view;
 use std::time::Duration;
 use testkit::close_draw_window;
 use testkit::invariants;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 
-on_both_redis!(
+on_every_redis!(
     a_draw_where_nothing_left_fits_stops_without_walking_the_pool,
     an_entry_that_fits_is_looked_at_however_far_down,
     an_entry_passed_over_and_taken_back_between_two_steps_keeps_the_count,

@@ -17,7 +17,7 @@ use seckill_shared::store::draw;
 use seckill_shared::store::draw::Drawn;
 use std::time::Duration;
 use testkit::invariants;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{
@@ -25,7 +25,7 @@ use testkit::{
 };
 use testkit::{counting_pool, draw_entry_rows, my_status, restore_entrants, spawn_drawer};
 
-on_both_redis!(
+on_every_redis!(
     a_queued_users_status_read_after_a_draw_of_30_000_winners_costs_no_sql,
     a_sale_reloaded_after_its_draw_draws_nobody_again,
     a_draw_left_unwritten_past_the_grace_period_is_ordered_and_nothing_given_back,

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 use testkit::call;
 use testkit::invariants;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::TestEnv;
@@ -23,7 +23,7 @@ use testkit::{
 };
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     the_draw_runs_in_bounded_steps_that_others_run_between,
     a_status_read_across_the_draw_answers_what_the_draw_decided,
     a_full_pool_refuses_the_next_entrant_and_changes_nothing,

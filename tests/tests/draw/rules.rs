@@ -8,14 +8,14 @@ use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::domain::settings::DEFAULT_RATE_PER_SEC;
 use seckill_shared::store;
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{buy, call_with_headers, close_draw_window, order_rows, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     attempts_past_the_per_user_rate_are_429_and_change_nothing,

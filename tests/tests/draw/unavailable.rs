@@ -17,13 +17,13 @@ use seckill_shared::store::view;
 use seckill_shared::Refusal;
 use std::time::Duration;
 use testkit::invariants;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{buy, close_draw_window, consume_queue, order_rows, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     a_re_entry_after_a_503_keeps_its_ticket,
     a_draw_between_a_503s_claim_and_its_give_back_holds_nothing,
     a_draw_entry_answered_503_leaves_the_pool,

@@ -13,12 +13,12 @@ use seckill_shared::infra::shape::Function;
 use seckill_shared::store::draw::{self, Drawn};
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::{buy, call, close_draw_window, consume_queue, draw_entry_rows, my_status, request};
 use testkit::{consume_queue_of, order_rows};
 use testkit::{RedisKind, TestEnv};
 
-on_both_redis!(
+on_every_redis!(
     a_loss_with_entries_still_queued_waits_for_them_and_draws_by_the_cutoff,
     an_entry_back_after_the_wait_reads_entered_late_and_is_counted,
     orders_on_their_own_queue_neither_hold_the_draw_nor_wait_behind_entries,

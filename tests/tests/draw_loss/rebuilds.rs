@@ -14,11 +14,11 @@ use seckill_shared::protocol::draw as drawing;
 use seckill_shared::store::draw::{self, Drawn};
 use std::sync::Arc;
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::{buy, close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
 use testkit::{RedisKind, TestEnv};
 
-on_both_redis!(
+on_every_redis!(
     an_entry_answered_503_is_never_put_back,
     an_entry_kept_during_a_reload_is_in_the_pool_once,
     the_draw_waits_for_a_rebuild_between_its_chunks,

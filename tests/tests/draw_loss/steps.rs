@@ -16,11 +16,11 @@ use seckill_shared::store::draw::{self, Drawn};
 use seckill_shared::store::view;
 use std::collections::BTreeSet;
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::{close_draw_window, consume_queue, draw_entry_rows, my_status, order_rows};
 use testkit::{lose_activity, RedisKind, TestEnv};
 
-on_both_redis!(
+on_every_redis!(
     entries_survive_a_loss_inside_the_window,
     a_loss_between_the_record_and_the_orders_keeps_the_recorded_winners,
     a_loss_after_the_orders_loads_each_winner_as_a_buyer,

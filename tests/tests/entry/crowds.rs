@@ -12,13 +12,13 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{buy, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     purchase_script_runs_on_any_topology_without_crossslot,
     five_hundred_attempts_from_200_users_sell_exactly_the_stock_of_50,
     ten_thousand_requests_from_2000_users_sell_exactly_100_and_stock_never_goes_negative,

@@ -9,7 +9,7 @@ use seckill_shared::store::purchase;
 use seckill_shared::store::values::EntryKind;
 use std::time::{Duration, Instant};
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
@@ -17,7 +17,7 @@ use testkit::TestEnv;
 use testkit::{buy, dead_queue, snapshot};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     dead_queue_answers_503_and_gives_stock_and_quota_back,
     crash_between_script_and_send_leaves_the_reservation_in_the_ledger,
 );

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
@@ -21,7 +21,7 @@ use testkit::TestEnv;
 use testkit::{buy, call_with_headers, consume, counting_pool};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     one_user_looping_database_routes_gets_429_past_the_rate_without_reaching_the_database,
     a_repeated_none_is_answered_from_memory_and_our_own_purchase_shows_at_once,
     a_none_read_before_our_purchase_is_not_kept_after_it,

@@ -6,13 +6,13 @@ use crate::orders_path;
 use axum::http::StatusCode;
 use seckill_shared::domain::activity;
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{buy, db_remaining, orders_in_db, snapshot};
 
-on_both_redis!(
+on_every_redis!(
     user_id_in_the_body_is_ignored_in_favour_of_the_token,
     every_bad_input_gets_its_documented_4xx_and_changes_nothing,
     refusals_of_the_window_map_to_their_409s,

@@ -11,11 +11,11 @@ use seckill_shared::infra::pause;
 use seckill_shared::store::meta;
 use seckill_shared::store::view;
 use std::time::Duration;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 
-on_both_redis!(
+on_every_redis!(
     extending_a_running_sale_keeps_its_buyers_and_reservations_alive,
     preheat_racing_an_admin_lower_loads_what_the_database_holds,
     an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis,

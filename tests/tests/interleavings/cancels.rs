@@ -8,10 +8,10 @@ use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store::view;
 use testkit::invariants::verdict;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 
-on_both_redis!(
+on_every_redis!(
     a_late_second_cancel_gives_the_units_back_once,
     a_stale_cancel_resumed_after_another_finished_leaves_the_buyer_free_to_buy,
     a_cancel_never_takes_over_a_crashed_cancellers_entry,

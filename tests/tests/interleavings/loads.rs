@@ -18,12 +18,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use testkit::call;
 use testkit::invariants::verdict;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::RedisKind;
 use testkit::TestEnv;
 
-on_both_redis!(
+on_every_redis!(
     a_sale_created_inside_the_preheat_lead_is_buyable_at_once,
     a_published_sale_not_in_redis_answers_its_state_never_404,
     reloading_a_lost_running_sale_rebuilds_its_buyers,

@@ -13,12 +13,12 @@ use seckill_shared::store::ledger;
 use seckill_shared::store::view;
 use std::time::Duration;
 use testkit::call;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::request;
 use testkit::PrivateRedis;
 use testkit::RedisKind;
 
-on_both_redis!(
+on_every_redis!(
     a_send_that_times_out_after_storing_sells_nothing,
     a_send_that_times_out_after_the_consumer_committed_answers_202,
     reconcile_giving_back_a_late_reservation_beats_the_late_consumer,

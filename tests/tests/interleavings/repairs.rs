@@ -13,10 +13,10 @@ use seckill_shared::store::view;
 use sqlx::Connection;
 use std::time::Duration;
 use testkit::invariants::verdict;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 
-on_both_redis!(
+on_every_redis!(
     stock_correction_skips_a_stock_that_moved_and_came_back,
     orphan_cleanup_never_drops_a_user_who_bought_again_meanwhile,
     the_stock_fix_never_undoes_an_admin_lower_whose_lease_ran_out,

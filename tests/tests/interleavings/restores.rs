@@ -10,10 +10,10 @@ use seckill_shared::infra::pause;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::protocol::consume::Decision;
 use seckill_shared::store::view;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 
-on_both_redis!(
+on_every_redis!(
     restoring_a_lost_field_never_races_a_cancel_of_the_order,
     restoring_a_lost_field_never_races_the_buyers_new_purchase,
     restoring_a_lost_field_never_races_a_reload_of_the_sale,

@@ -7,14 +7,14 @@ use chrono::Utc;
 use seckill_shared::store;
 use seckill_shared::store::ledger;
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{after_grace, consume, db_remaining, is_participant, redis_stock, reserve, snapshot};
 use testkit::{age_reservations, close_draw_window, restore_entrants};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     a_draw_of_30_000_winners_is_ordered_over_runs_within_their_deadlines_while_another_sale_is_repaired,
     a_sale_with_a_huge_ledger_takes_its_share_and_the_next_sale_its_turn,
     the_orphan_check_of_a_huge_users_goes_on_where_the_last_run_stopped,

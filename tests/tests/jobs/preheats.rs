@@ -6,12 +6,12 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::store::purchase;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::{is_participant, redis_stock, reserve};
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads,
     preheat_twice_leaves_a_loaded_sale_unchanged,
     preheat_concurrent_with_purchases_never_resets_stock,

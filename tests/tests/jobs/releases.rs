@@ -9,12 +9,12 @@ use seckill_shared::domain::order;
 use seckill_shared::domain::status::OrderStatus;
 use seckill_shared::protocol::cancel;
 use std::time::{Duration, Instant};
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::{consume, db_remaining, is_participant, redis_stock, reserve, snapshot};
 use testkit::{dead_pool, invariants};
 
-on_both_redis!(
+on_every_redis!(
     unpaid_order_past_the_payment_timeout_is_released,
     the_payment_timeout_releases_every_sale_while_one_cannot_release_its_orders,
     unpaid_orders_behind_stale_cancel_entries_are_released_each_run_within_its_deadline,

@@ -18,7 +18,7 @@ use seckill_shared::store::cancel::CancelBegin;
 use seckill_shared::store::ledger;
 use seckill_shared::store::purchase;
 use seckill_shared::Refusal;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::{
     after_grace, commit_order, consume, db_remaining, is_participant, redis_stock, reserve,
@@ -26,7 +26,7 @@ use testkit::{
 };
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     stale_reservation_is_given_back_after_the_grace_period_only,
     reservation_whose_order_exists_is_dropped_without_stock_change,
     user_in_the_set_with_nothing_behind_it_is_removed,

@@ -12,11 +12,11 @@ use seckill_shared::protocol;
 use seckill_shared::protocol::cancel::CancelOutcome;
 use seckill_shared::store;
 use testkit::end_activity_by_hand;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     cancel_gives_stock_back_to_db_and_redis_exactly_once,
     a_user_who_cancelled_can_buy_again,
     concurrent_cancels_of_one_order_give_stock_back_once,

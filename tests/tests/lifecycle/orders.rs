@@ -9,12 +9,12 @@ use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
 use seckill_shared::domain::status::{FailureReason, OrderStatus};
 use seckill_shared::store::ledger;
 use serde_json::Value;
-use testkit::on_both_redis;
+use testkit::on_every_redis;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use uuid::Uuid;
 
-on_both_redis!(
+on_every_redis!(
     owner_pays_once_and_paying_again_is_idempotent,
     a_paid_order_cannot_be_cancelled,
     pay_after_cancel_is_refused,
