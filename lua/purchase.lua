@@ -1,11 +1,14 @@
 -- purchase.lua: decide one purchase atomically (the seckill-entry hot path).
 -- docs/invariants.md, "Entry: a purchase", "Bucketed sales" and "Draw admission", tells the
--- protocol; this script is its step 1. Every check runs before any write (but for the credits,
--- which move units another bucket already gave up, and the per-user rate's counter), in this
--- order: loaded, the caller's bucket count, the rate, the caller's deadline, the window, the
--- per-order limit, a draw sale's pool, stock, the user's field in `users`: the main at the
--- bottom, each concern a function above it. A first-come refusal runs at most three commands
--- (HMGET, TIME, HGET), a success six.
+-- protocol; this script is its step 1. First the meta's one read and the commonest answer of
+-- a hot sale: a sale of one bucket, first come, first served, whose stock is 0 is sold out,
+-- for any caller, whatever else would refuse her, before anything else is made or read. Then
+-- every check runs before any write (but for the credits, which move units another bucket
+-- already gave up, and the per-user rate's counter), in this order: loaded, the caller's
+-- bucket count, the rate, the caller's deadline, the window, the per-order limit, a draw
+-- sale's pool, stock, the user's field in `users`: the main at the bottom, each concern a
+-- function above it. A sold-out refusal runs one command (HMGET), any other first-come
+-- refusal at most three (HMGET, TIME, HGET), a success six.
 --
 -- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
 -- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
@@ -42,6 +45,19 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 --   second is over; nothing changed but the user's counter
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
+
+-- The meta, read once; then sold out, before any function is made (the prelude's and this
+-- script's are made below): the meta says the sale has one bucket and no draw
+-- (`oneBucketFirstCome`, which every write of its bucket count or admission sets: prelude.lua's
+-- mark_admission) and its stock is 0, and the caller has one bucket too and brings no credit.
+-- Nothing changes, and the answer is the bare code: no table to build.
+local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
+  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt', 'oneBucketFirstCome')
+if meta[12] == '1' and meta[5] == '0' and #ARGV <= 5 and (ARGV[5] or '1') == '1' then
+  return SOLD_OUT
+end
+
+--[[ prelude ]]
 
 -- The per-user rate, on a sale with a `rate` (a call with credits, or the one empty argument,
 -- is a purchase's second one, counted on its first): counts this attempt (INCR, and PEXPIRE on the first of a second).
@@ -162,8 +178,6 @@ local function reserve(meta, stock, qty, now)
   put_stock(KEYS[1], stock - qty, tonumber(meta[6] or '0'))
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
 if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
 local epoch = tonumber(meta[4] or '0')
 local buckets = tonumber(meta[7] or '1')

@@ -12,14 +12,14 @@
 //! - `ours`: `lua/purchase.lua` through `testkit::purchase`, as the strategies' `lua` row runs
 //!   it, on a sale loaded by the product's own preheat (`testkit::load_without_db`).
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
-//! - Under the failure-heavy workload only, ours' refusal path cut after each step, on ours'
-//!   keys and arguments, each answering a bare integer: `ours-read` (the meta HMGET, the
-//!   loaded and bucket-count checks, the rate and credits a refusal here skips), `ours-clock`
-//!   (+ TIME), `ours-checks` (+ every check up to the stock comparison). Each is the script's
-//!   own text (its prelude functions, its functions, its main) cut after a line of its main,
-//!   so it makes every closure the whole script makes. With `floor` below them and ours' whole
-//!   script above (which adds the answer table), the rows are the refusal's profile on the
-//!   server.
+//! - Ours cut after each step, on ours' keys and arguments, each answering a bare 0 and writing
+//!   nothing: under the failure-heavy workload `ours-head` (the meta's one HMGET alone, which
+//!   the sold-out answer then reads); under the success-heavy one `ours-meta` (the HMGET, the
+//!   functions made, the loaded and bucket-count checks), `ours-clock` (+ the rate and credits
+//!   a sale without them skips, TIME), `ours-checks` (+ the deadline, the window, the limit),
+//!   `ours-user` (+ the stock check and the user's HGET). Each is the script's own text as Redis
+//!   runs it, cut after a line of its main. With `floor` below them and ours' whole script above (the reservation's
+//!   writes and the answer), the rows are each path's profile on the server: what each µs buys.
 //!
 //! Each row also splits its server time: the µs spent inside the Redis commands the script
 //! called (their own `cmdstat_*` usec over the row) and the rest, which is the script call
@@ -53,29 +53,35 @@ static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
 /// `lua/purchase.lua` as Redis runs it (behind the prelude's functions it calls).
 static OURS_TEXT: LazyLock<String> =
     LazyLock::new(|| scripts::with_prelude(include_str!("../../lua/purchase.lua")));
-/// The line of the script's main each refusal step ends with: the meta read, whether the sale
-/// is loaded, the caller's bucket count, the rate (none here) and the credits (none on a
-/// refusal); then the server clock; then every check up to the stock comparison (a refusal's
-/// last step in a sale with one bucket; the step ends before the user's field is read, as
-/// that refusal does).
-const OURS_READ: &str = "if #ARGV > 5 then credited = take_credits(meta, epoch) end";
+/// The line of the script's main each step ends with. The meta's one HMGET (its second line).
+/// A success's steps: the functions made, whether the sale is loaded and the caller's bucket
+/// count; the rate (none here), the credits (none), the server clock; every check up to the
+/// stock; the stock check and the user's field.
+const OURS_HEAD: &str =
+    "  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt', 'oneBucketFirstCome')";
+const OURS_META: &str =
+    "if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end";
 const OURS_CLOCK: &str = "local now = now_ms()";
 const OURS_CHECKS: &str = "local stock = tonumber(meta[5] or '0')";
+const OURS_USER: &str = "code, value = refuse_or_replay(stock, qty, buckets)";
 
-/// Ours cut after the main's line `last`, answering `code` bare: its functions made as the
-/// whole script makes them, its main run up to that step.
-fn ours_cut(last: &str, code: i64) -> String {
+/// Ours cut after the main's line `last`, answering 0: what the whole script makes and runs
+/// up to that step.
+fn ours_cut(last: &str) -> String {
     let line = format!("\n{last}\n");
     let at = OURS_TEXT
         .find(&line)
         .unwrap_or_else(|| panic!("not a line of lua/purchase.lua: {last}"));
-    format!("{}return {code}\n", &OURS_TEXT[..at + line.len()])
+    format!("{}return 0\n", &OURS_TEXT[..at + line.len()])
 }
 
-static OURS_READ_ONLY: LazyLock<Script> = LazyLock::new(|| Script::new(&ours_cut(OURS_READ, 0)));
-static OURS_READ_CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(&ours_cut(OURS_CLOCK, 0)));
-static OURS_READ_CLOCK_CHECKS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&ours_cut(OURS_CHECKS, 5)));
+static OURS_CUTS: LazyLock<BTreeMap<&'static str, Script>> = LazyLock::new(|| {
+    Peer::STEPS
+        .iter()
+        .chain(&Peer::HEAD)
+        .map(|p| (p.name(), Script::new(&ours_cut(p.last_line()))))
+        .collect()
+});
 
 /// One purchase script of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,9 +91,11 @@ pub enum Peer {
     Hmdp,
     Ours,
     Floor,
-    OursRead,
+    OursHead,
+    OursMeta,
     OursClock,
     OursChecks,
+    OursUser,
 }
 
 impl Peer {
@@ -98,8 +106,31 @@ impl Peer {
         Peer::Ours,
         Peer::Floor,
     ];
-    /// Ours' refusal path cut after each step (failure-heavy only).
-    pub const STEPS: [Peer; 3] = [Peer::OursRead, Peer::OursClock, Peer::OursChecks];
+    /// The sold-out answer cut after its read (failure-heavy only).
+    pub const HEAD: [Peer; 1] = [Peer::OursHead];
+    /// A success cut after each step (success-heavy only).
+    pub const STEPS: [Peer; 4] = [
+        Peer::OursMeta,
+        Peer::OursClock,
+        Peer::OursChecks,
+        Peer::OursUser,
+    ];
+
+    /// The line of lua/purchase.lua's main a cut of ours ends with.
+    fn last_line(self) -> &'static str {
+        match self {
+            Peer::OursHead => OURS_HEAD,
+            Peer::OursMeta => OURS_META,
+            Peer::OursClock => OURS_CLOCK,
+            Peer::OursChecks => OURS_CHECKS,
+            Peer::OursUser => OURS_USER,
+            _ => unreachable!("{self:?} is no cut of ours"),
+        }
+    }
+
+    fn is_cut(self) -> bool {
+        Peer::HEAD.contains(&self) || Peer::STEPS.contains(&self)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -108,9 +139,11 @@ impl Peer {
             Peer::Hmdp => "hmdp",
             Peer::Ours => "ours",
             Peer::Floor => "floor",
-            Peer::OursRead => "ours-read",
+            Peer::OursHead => "ours-head",
+            Peer::OursMeta => "ours-meta",
             Peer::OursClock => "ours-clock",
             Peer::OursChecks => "ours-checks",
+            Peer::OursUser => "ours-user",
         }
     }
 
@@ -122,9 +155,11 @@ impl Peer {
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
             Peer::Ours => "ours: lua/purchase.lua via testkit::purchase",
             Peer::Floor => "floor: return 0 (any EVALSHA)",
-            Peer::OursRead => "ours' refusal, step 1: HMGET of the meta (+ loaded? bucket count?)",
-            Peer::OursClock => "ours' refusal, steps 1-2: + TIME",
-            Peer::OursChecks => "ours' refusal, steps 1-3: + the checks (bare code answered)",
+            Peer::OursHead => "ours' sold-out answer, its read alone: the meta's HMGET",
+            Peer::OursMeta => "ours' success, step 1: the meta's HMGET, the functions made",
+            Peer::OursClock => "ours' success, steps 1-2: + TIME",
+            Peer::OursChecks => "ours' success, steps 1-3: + the window and limit checks",
+            Peer::OursUser => "ours' success, steps 1-4: + the stock check, the user's HGET",
         }
     }
 }
@@ -175,7 +210,7 @@ pub async fn run(
     attempts: usize,
     concurrency: usize,
 ) -> anyhow::Result<Vec<ScriptRow>> {
-    for &peer in Peer::ALL.iter().chain(&Peer::STEPS) {
+    for &peer in Peer::ALL.iter().chain(&Peer::HEAD).chain(&Peer::STEPS) {
         let warm = Workload::success_heavy(attempts.min(2_000));
         measure(client, admin, &users, peer, warm, concurrency).await?;
     }
@@ -185,9 +220,9 @@ pub async fn run(
         Workload::failure_heavy(attempts),
     ] {
         let steps = if wl.name == "failure-heavy" {
-            &Peer::STEPS[..]
+            &Peer::HEAD[..]
         } else {
-            &[]
+            &Peer::STEPS[..]
         };
         for &peer in Peer::ALL.iter().chain(steps) {
             eprintln!(
@@ -283,10 +318,8 @@ async fn setup(
         Peer::Seed001 => Some(&*SEED001),
         Peer::Hmdp => Some(&*HMDP),
         Peer::Floor => Some(&*FLOOR),
-        Peer::OursRead => Some(&*OURS_READ_ONLY),
-        Peer::OursClock => Some(&*OURS_READ_CLOCK),
-        Peer::OursChecks => Some(&*OURS_READ_CLOCK_CHECKS),
         Peer::Ours => None,
+        cut => Some(&OURS_CUTS[cut.name()]),
     };
     let sha = match script {
         Some(s) => s.prepare_invoke().load_async(&mut con).await?,
@@ -327,7 +360,7 @@ async fn setup(
                 .await?;
         }
         Peer::Floor => {}
-        Peer::Ours | Peer::OursRead | Peer::OursClock | Peer::OursChecks => {
+        _ => {
             testkit::load_without_db(
                 &c.redis,
                 &open_activity(activity_id, wl.stock),
@@ -384,16 +417,16 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
             cmd.arg(0);
             (cmd.query_async(&mut cm).await?, 1)
         }
-        Peer::OursRead | Peer::OursClock | Peer::OursChecks => {
+        cut => {
+            debug_assert!(cut.is_cut());
             let k = c.redis.keys(1);
             cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
             cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
             // The bucket count `testkit::purchase` passes for a sale with one bucket.
             cmd.arg(purchase::far_deadline()).arg(1);
-            // Each cut answers one integer: 0 after the reads, 5 (sold out) after the checks.
+            // Each cut answers a bare 0.
             let code: i64 = cmd.query_async(&mut cm).await?;
-            let expected = if c.peer == Peer::OursChecks { 5 } else { 0 };
-            return Ok(if code == expected {
+            return Ok(if code == 0 {
                 Outcome::Refused
             } else {
                 Outcome::Error(format!("{} answered {code}", c.peer.name()))
@@ -412,16 +445,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_refusal_steps_cut_the_purchase_scripts_main_in_its_order() {
-        let steps: Vec<String> = [OURS_READ, OURS_CLOCK, OURS_CHECKS]
+    fn the_cuts_cut_the_purchase_scripts_main_in_its_order() {
+        let cuts: Vec<String> = Peer::HEAD
             .iter()
-            .map(|last| ours_cut(last, 0))
+            .chain(&Peer::STEPS)
+            .map(|p| ours_cut(p.last_line()))
             .collect();
-        for pair in steps.windows(2) {
+        for pair in cuts.windows(2) {
             let shorter = pair[0].trim_end_matches("return 0\n");
             assert!(pair[1].starts_with(shorter), "the steps are out of order");
             assert!(pair[1].len() > pair[0].len());
         }
-        assert!(OURS_TEXT.starts_with(steps[2].trim_end_matches("return 0\n")));
+        for cut in &cuts {
+            assert!(OURS_TEXT.starts_with(cut.trim_end_matches("return 0\n")));
+        }
+        // The sold-out answer's read comes before any function is made.
+        assert!(!cuts[0].contains("local function "));
     }
 }

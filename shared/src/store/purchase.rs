@@ -131,8 +131,12 @@ async fn invoke(
         // No credit, and still a second call: one empty argument says so.
         inv.arg("");
     }
-    let (code, value, now_ms, epoch, credited): (i64, i64, i64, i64, i64) =
-        redis.script(&inv).await?;
+    let (code, value, now_ms, epoch, credited) = match redis.script(&inv).await? {
+        // The sold-out answer from the stock alone: the bare code, nothing else to tell.
+        redis::Value::Int(code) if code == Code::SoldOut as i64 => (code, 0, 0, 0, 1),
+        reply => redis::from_redis_value::<(i64, i64, i64, i64, i64)>(reply)
+            .map_err(redis::RedisError::from)?,
+    };
     let answer = match Code::read(code)? {
         Code::Accepted => Answer::Accepted(Reservation {
             stock_left: value,

@@ -170,16 +170,23 @@ pub fn prelude_for(source: &str) -> Vec<PreludeFunction> {
     taken
 }
 
-/// What Redis runs for `source`: the prelude's functions it calls, then the script. Each
+/// The line of a script where its prelude functions go, when not at its top: what runs above
+/// it (purchase.lua's sold-out answer) makes none of them.
+pub const PRELUDE_HERE: &str = "--[[ prelude ]]\n";
+
+/// What Redis runs for `source`: the prelude's functions it calls, then the script (or the
+/// script's lines down to its [`PRELUDE_HERE`] line, the functions, then the rest). Each
 /// function is a closure made on every call, so a script carries only the ones it uses;
 /// `scripts/redis_acl.py` counts the commands of the same ones.
 pub fn with_prelude(source: &str) -> String {
-    let mut text = String::new();
+    let marker = format!("\n{PRELUDE_HERE}");
+    let at = source.find(&marker).map_or(0, |at| at + marker.len());
+    let mut text = String::from(&source[..at]);
     for f in prelude_for(source) {
         text.push_str(f.text);
         text.push('\n');
     }
-    text.push_str(source);
+    text.push_str(&source[at..]);
     text
 }
 
@@ -254,6 +261,28 @@ mod tests {
         assert!(draw.starts_with("local function now_ms()"));
         assert!(draw.contains("local function put_stock("));
         assert!(!draw.contains("local function add_stock("));
+    }
+
+    #[test]
+    fn a_script_with_the_prelude_line_makes_no_function_above_it() {
+        let source = "local x = 1\nif x then return 0 end\n--[[ prelude ]]\nreturn now_ms()\n";
+        let text = with_prelude(source);
+        assert!(text.starts_with(
+            "local x = 1\nif x then return 0 end\n--[[ prelude ]]\nlocal function now_ms()"
+        ));
+        assert!(text.ends_with("\nend\nreturn now_ms()\n"), "{text}");
+        // purchase.lua: the sold-out answer's HMGET and return come before any function.
+        let purchase = with_prelude(include_str!("../../../lua/purchase.lua"));
+        let first_function = purchase
+            .find("local function ")
+            .expect("purchase.lua has functions");
+        let sold_out = purchase
+            .find("  return SOLD_OUT\nend\n")
+            .expect("the sold-out answer");
+        assert!(
+            sold_out < first_function,
+            "a function is made before the sold-out answer"
+        );
     }
 
     #[test]

@@ -16,10 +16,106 @@ use testkit::{buy, call_with_headers, close_draw_window, order_rows, snapshot};
 use uuid::Uuid;
 
 on_every_redis!(
+    only_a_sale_of_one_bucket_first_come_is_sold_out_from_its_stock_alone,
     the_rate_counts_attempts_not_deliveries_nor_the_draw_retry,
     the_admission_rules_are_checked_and_fixed_once_the_sale_started,
     attempts_past_the_per_user_rate_are_429_and_change_nothing,
 );
+
+/// `oneBucketFirstCome`, which lets purchase.lua answer sold out from the stock alone, is `1`
+/// exactly while the sale has one bucket and no draw: from the load, through an admin's
+/// change of its admission before the start and back, and `0` in every bucket of a bucketed
+/// sale and for a draw sale. A draw sale whose units were all won answers a loser
+/// `already_purchased`, as before, never `sold_out` from the stock alone.
+async fn only_a_sale_of_one_bucket_first_come_is_sold_out_from_its_stock_alone(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = TestEnv::new(kind).await?;
+    let admin = env.admin_router();
+    let ops = Some(("ops", "seckill:admin"));
+    let flag = |meta: String| {
+        let redis = env.redis.clone();
+        async move {
+            let value: Option<String> = redis
+                .cmd(redis::cmd("HGET").arg(meta).arg("oneBucketFirstCome"))
+                .await?;
+            anyhow::Ok(value)
+        }
+    };
+    let now = chrono::Utc::now();
+    let later = testkit::new_activity()
+        .stock(5)
+        .limit(1)
+        .window(
+            now + chrono::Duration::hours(1),
+            now + chrono::Duration::hours(2),
+        )
+        .build();
+    let a = env.load_new(&later).await?;
+    let meta = env.redis.keys(a.id).meta;
+    assert_eq!(
+        flag(meta.clone()).await?.as_deref(),
+        Some("1"),
+        "first come"
+    );
+    let path = format!("/admin/activities/{}", a.id);
+    for (change, want) in [
+        (r#"{"admission": "draw", "drawWindowMs": 2000}"#, "0"),
+        (r#"{"admission": "fcfs"}"#, "1"),
+    ] {
+        let (status, answer) = call(&admin, request("PUT", &path, ops, Some(change))).await;
+        assert_eq!(status, StatusCode::OK, "{change}: {answer}");
+        assert_eq!(flag(meta.clone()).await?.as_deref(), Some(want), "{change}");
+    }
+    let bucketed = env
+        .load_new(&testkit::new_activity().stock(6).limit(1).buckets(3).build())
+        .await?;
+    for index in 0..3 {
+        let home = store::keys::Bucket {
+            activity_id: bucketed.id,
+            index,
+            count: 3,
+        };
+        let meta = env.redis.bucket_keys(home).meta;
+        assert_eq!(flag(meta).await?.as_deref(), Some("0"), "bucket {index}");
+    }
+
+    // A draw of one unit, two entrants: one wins it. The other, asking again, is told she
+    // is in (already_purchased) as before, not sold out from the stock alone. (The winner
+    // asking again is told sold out, by the stock check of the whole script, as before.)
+    let d = env.draw_activity(1, 1).await?;
+    assert_eq!(flag(env.redis.keys(d.id).meta).await?.as_deref(), Some("0"));
+    for user in ["alice", "bob"] {
+        let app = env.entry_router();
+        assert_eq!(
+            testkit::buy(&app, &d, user, None).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    close_draw_window(&env, d.id).await;
+    assert!(
+        store::draw::draw(&env.redis, d.id, std::time::Duration::ZERO)
+            .await?
+            .is_done(),
+        "one step draws both"
+    );
+    let snap = snapshot(&env, d.id).await;
+    assert_eq!(snap.stock, Some(0), "the one unit was won");
+    let winner = &snap
+        .ledger
+        .first()
+        .expect("the winner's reservation")
+        .user_id;
+    let loser = if winner == "alice" { "bob" } else { "alice" };
+    // A router of its own: no sold-out memory of another answer.
+    let (status, body) = testkit::buy(&env.entry_router(), &d, loser, None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_purchased")),
+        "{loser}, who lost the draw, asks again: {body}"
+    );
+    Ok(())
+}
 
 /// A user firing 50 attempts within a second at a sale limited to 5 per user and second: the
 /// first buys, the next 4 are `already_purchased`, the other 45 are 429 `rate_limited` with

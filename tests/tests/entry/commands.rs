@@ -1,5 +1,5 @@
-//! What a purchase costs Redis: at most six commands, a refusal at most three, counted inside the
-//! scripts.
+//! What a purchase costs Redis: at most six commands, a refusal at most three, and a sold-out
+//! one sale's refusal one, counted inside the scripts.
 
 use seckill_shared::store::purchase;
 use std::time::Duration;
@@ -23,6 +23,10 @@ enum Before {
     OtherRequest,
     /// The same request's script already ran (a delivery twice).
     SameRequest,
+    /// Bob bought the sale's last unit.
+    SoldOut,
+    /// The same request's script already ran and took the last unit.
+    SameRequestTookTheLast,
 }
 
 /// One outcome of `purchase.lua` and the most Redis commands it may run.
@@ -47,6 +51,13 @@ const COUNTED: &[Counted] = &[
     Counted { outcome: "sold_out", window: Window::Open, stock: 1, quantity: 2, past_deadline: false, before: Before::Nothing, max_commands: 3 },
     Counted { outcome: "already_purchased", window: Window::Open, stock: 5, quantity: 1, past_deadline: false, before: Before::OtherRequest, max_commands: 3 },
     Counted { outcome: "accepted", window: Window::Open, stock: 5, quantity: 1, past_deadline: false, before: Before::SameRequest, max_commands: 3 },
+    // A sale of one bucket, first come, first served, with nothing left: sold out from the
+    // meta's one read, whatever else would refuse (here the deadline or the limit), and the
+    // delivery twice of the purchase that took the last unit, as before.
+    Counted { outcome: "sold_out", window: Window::Open, stock: 1, quantity: 1, past_deadline: false, before: Before::SoldOut, max_commands: 1 },
+    Counted { outcome: "sold_out", window: Window::Open, stock: 1, quantity: 1, past_deadline: true, before: Before::SoldOut, max_commands: 1 },
+    Counted { outcome: "sold_out", window: Window::Open, stock: 1, quantity: 3, past_deadline: false, before: Before::SoldOut, max_commands: 1 },
+    Counted { outcome: "sold_out", window: Window::Open, stock: 1, quantity: 1, past_deadline: false, before: Before::SameRequestTookTheLast, max_commands: 1 },
 ];
 
 /// The commands scripts ran since the last `CONFIG RESETSTAT`: every command `INFO
@@ -81,9 +92,10 @@ async fn commands_inside_scripts(
 
 /// Every outcome of the purchase script, run once on a server of this test's own right after
 /// `CONFIG RESETSTAT`: a success costs at most six commands, any refusal at most three (they
-/// are the bulk of a sale's traffic).
+/// are the bulk of a sale's traffic), and a refusal of a sold-out sale one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> anyhow::Result<()> {
+async fn a_purchase_runs_at_most_six_commands_a_refusal_three_and_sold_out_one(
+) -> anyhow::Result<()> {
     let private = PrivateRedis::start().await;
     let env = private
         .env(Duration::from_secs(2), Duration::from_secs(1))
@@ -105,14 +117,15 @@ async fn a_purchase_runs_at_most_six_commands_and_a_refusal_at_most_three() -> a
         let request_id = Uuid::new_v4();
         let earlier = match case.before {
             Before::Nothing => None,
-            Before::OtherRequest => Some(Uuid::new_v4()),
-            Before::SameRequest => Some(request_id),
+            Before::OtherRequest => Some(("alice", Uuid::new_v4())),
+            Before::SameRequest | Before::SameRequestTookTheLast => Some(("alice", request_id)),
+            Before::SoldOut => Some(("bob", Uuid::new_v4())),
         };
-        if let Some(earlier) = earlier {
+        if let Some((buyer, earlier)) = earlier {
             let first = testkit::purchase(
                 &env.redis,
                 a.id,
-                "alice",
+                buyer,
                 1,
                 earlier,
                 purchase::far_deadline(),
