@@ -129,10 +129,12 @@ impl DemoReport {
             let pct = 100.0 * *v as f64 / self.requests.max(1) as f64;
             let _ = writeln!(o, "  {k:<24}{v:>8}  {pct:>5.1}%");
         }
-        let _ = writeln!(o, "requests as planned");
-        for (k, v) in &self.requests_by_kind {
-            let _ = writeln!(o, "  {k:<24}{v:>8}");
-        }
+        let planned: Vec<String> = self
+            .requests_by_kind
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        let _ = writeln!(o, "as planned      {}", planned.join(", "));
         let _ = writeln!(o, "throughput      {:.0} req/s", self.throughput);
         let _ = writeln!(
             o,
@@ -193,9 +195,25 @@ impl DemoReport {
             self.conservation,
             verdict(self.conservation_ok)
         );
-        let _ = writeln!(o, "reconcile       {}", self.reconcile);
+        let _ = writeln!(o, "reconcile       {}", reconcile_summary(&self.reconcile));
         let _ = writeln!(o, "chart           {}", self.chart);
     }
+}
+
+/// Reconcile's verdict in one line: its stock check, the drift it found and the repairs it
+/// made (its whole answer is in the JSON report).
+fn reconcile_summary(answer: &serde_json::Value) -> String {
+    let number = |field: &str| answer[field].as_i64().unwrap_or(0);
+    let check = answer["stockCheck"]["status"]
+        .as_str()
+        .map(|status| format!("stock check {status}, "))
+        .unwrap_or_default();
+    format!(
+        "{check}drift {}, {} repairs, {} unpaid released (its whole answer in the report)",
+        number("drift"),
+        number("repairs"),
+        number("releasedUnpaid"),
+    )
 }
 
 /// "standalone", or the cluster's masters.
