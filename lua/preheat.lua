@@ -51,12 +51,9 @@ if version then
       'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
       'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15],
       'maxEntrants', ARGV[20])
-    mark_admission(KEYS[1])
     expire_all()
     return META_REFRESHED
   end
-  -- A meta loaded before `oneBucketFirstCome` existed gets it at the next run.
-  mark_admission(KEYS[1])
   expire_all()
   return ALREADY_LOADED
 end
@@ -69,6 +66,5 @@ redis.call('HINCRBY', KEYS[1], 'seq', 1)
 -- A draw sale's pool is rebuilt from the database's entries (pool_restore.lua, from the
 -- cursor `restoreAt`); its draw waits until the rebuild is whole and drops the cursor.
 if tonumber(ARGV[12] or '0') > 0 then redis.call('HSET', KEYS[1], 'restoreAt', '0') end
-mark_admission(KEYS[1])
 expire_all()
 return LOADED

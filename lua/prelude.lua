@@ -93,15 +93,6 @@ local function add_stock(meta, units)
   return stock
 end
 
--- Writes the meta's `oneBucketFirstCome` from its `buckets` and `drawEndMs`: '1' for a sale of
--- one bucket, first come, first served, which purchase.lua answers sold out from its stock
--- alone; '0' for any other. Every script that writes either field calls it after the write.
-local function mark_admission(meta)
-  local m = redis.call('HMGET', meta, 'buckets', 'drawEndMs')
-  local plain = (m[1] or '1') == '1' and tonumber(m[2] or '0') <= 0
-  redis.call('HSET', meta, 'oneBucketFirstCome', plain and '1' or '0')
-end
-
 -- A draw entrant's ticket: the first 52 bits (13 hex digits, exact as a score) of
 -- HMAC-SHA1(the sale's secret, user id), from the two padded keys the load wrote in the meta
 -- (`drawKeyI`, `drawKeyO`). The same user always gets the same ticket.

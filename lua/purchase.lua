@@ -2,7 +2,8 @@
 -- docs/invariants.md, "Entry: a purchase", "Bucketed sales" and "Draw admission", tells the
 -- protocol; this script is its step 1. First the meta's one read and the commonest answer of
 -- a hot sale: a sale of one bucket, first come, first served, whose stock is 0 is sold out,
--- for any caller, whatever else would refuse her, before anything else is made or read. Then
+-- for any caller, whatever else would refuse her or count her attempt, before anything else is
+-- made or read. Then
 -- every check runs before any write (but for the credits, which move units another bucket
 -- already gave up, and the per-user rate's counter), in this order: loaded, the caller's
 -- bucket count, the rate, the caller's deadline, the window, the per-order limit, a draw
@@ -25,7 +26,8 @@
 --         found units back here) passes one empty argument, so that the rate counts it once
 --
 -- Returns {code, value, nowMs, epoch, credited} (credited: 1 when every credit is in this
--- bucket's stock, now or before). The codes, and `value`:
+-- bucket's stock, now or before), or the bare code SOLD_OUT from the meta's read alone (value
+-- 0, no credit). The codes, and `value`:
 local ACCEPTED = 0 -- stock taken, user added, reservation recorded, seq bumped; value = units
 --   left. Also the answer when the user's field already names this request (the script
 --   delivered twice), unless that first run took a one-bucket sale's last units: then sold_out.
@@ -47,13 +49,14 @@ local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the 
 --   of them; nothing changed
 
 -- The meta, read once; then sold out, before any function is made (the prelude's and this
--- script's are made below): the meta says the sale has one bucket and no draw
--- (`oneBucketFirstCome`, which every write of its bucket count or admission sets: prelude.lua's
--- mark_admission) and its stock is 0, and the caller has one bucket too and brings no credit.
--- Nothing changes, and the answer is the bare code: no table to build.
+-- script's are made below): the sale has one bucket (no `buckets`, or 1) and no draw
+-- (`drawEndMs` 0), its stock is 0, and the caller has one bucket too and brings no credit.
+-- Nothing changes, and the answer is the bare code: no table to build. (A value written in
+-- another form, a `1.0`, only misses this and takes the whole way.)
 local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt', 'oneBucketFirstCome')
-if meta[12] == '1' and meta[5] == '0' and #ARGV <= 5 and (ARGV[5] or '1') == '1' then
+  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
+if meta[5] == '0' and (meta[7] or '1') == '1' and (meta[8] or '0') == '0' and #ARGV <= 5
+    and (ARGV[5] or '1') == '1' then
   return SOLD_OUT
 end
 

@@ -57,8 +57,7 @@ static OURS_TEXT: LazyLock<String> =
 /// A success's steps: the functions made, whether the sale is loaded and the caller's bucket
 /// count; the rate (none here), the credits (none), the server clock; every check up to the
 /// stock; the stock check and the user's field.
-const OURS_HEAD: &str =
-    "  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt', 'oneBucketFirstCome')";
+const OURS_HEAD: &str = "  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')";
 const OURS_META: &str =
     "if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end";
 const OURS_CLOCK: &str = "local now = now_ms()";

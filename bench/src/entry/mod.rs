@@ -453,9 +453,9 @@ async fn bare_loop(
         let sha = sha.clone();
         let request_ids = request_ids.clone();
         async move {
-            // purchase.lua answers {code, value, nowMs, epoch, credited}: the code is all this
-            // row reads.
-            let r: redis::RedisResult<Vec<i64>> = redis::cmd("EVALSHA")
+            // purchase.lua answers {code, value, nowMs, epoch, credited}, or a bare sold-out
+            // code: the code is all this row reads.
+            let r: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
                 .arg(sha.as_str())
                 .arg(3)
                 .arg(&k.meta)
@@ -467,8 +467,8 @@ async fn bare_loop(
                 .arg(purchase::far_deadline())
                 .query_async(&mut cm)
                 .await;
-            match r.as_deref() {
-                Ok([c, ..]) if *c == code => Outcome::Refused,
+            match r.and_then(purchase::reply) {
+                Ok(answer) if answer.0 == code => Outcome::Refused,
                 Ok(answer) => {
                     Outcome::Error(format!("script answered {answer:?}, expected {code}"))
                 }

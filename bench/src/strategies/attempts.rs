@@ -217,8 +217,8 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
 async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     let mut cm = c.cm.clone();
     c.calls.fetch_add(1, Ordering::Relaxed);
-    // purchase.lua answers {code, value, nowMs, epoch, credited}.
-    let answer: Vec<i64> = redis::cmd("EVALSHA")
+    // purchase.lua answers {code, value, nowMs, epoch, credited}, or a bare sold-out code.
+    let answer: redis::Value = redis::cmd("EVALSHA")
         .arg(&c.purchase_sha)
         .arg(3)
         .arg(&c.keys.meta)
@@ -230,7 +230,7 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         .arg(purchase::far_deadline())
         .query_async(&mut cm)
         .await?;
-    Ok(if answer.first() == Some(&0) {
+    Ok(if purchase::reply(answer)?.0 == 0 {
         Outcome::Sold
     } else {
         Outcome::Refused

@@ -131,12 +131,7 @@ async fn invoke(
         // No credit, and still a second call: one empty argument says so.
         inv.arg("");
     }
-    let (code, value, now_ms, epoch, credited) = match redis.script(&inv).await? {
-        // The sold-out answer from the stock alone: the bare code, nothing else to tell.
-        redis::Value::Int(code) if code == Code::SoldOut as i64 => (code, 0, 0, 0, 1),
-        reply => redis::from_redis_value::<(i64, i64, i64, i64, i64)>(reply)
-            .map_err(redis::RedisError::from)?,
-    };
+    let (code, value, now_ms, epoch, credited) = reply(redis.script(&inv).await?)?;
     let answer = match Code::read(code)? {
         Code::Accepted => Answer::Accepted(Reservation {
             stock_left: value,
@@ -161,6 +156,15 @@ async fn invoke(
         Code::PoolFull => Answer::Refused(Refusal::PoolFull),
     };
     Ok((answer, credited == 1))
+}
+
+/// `purchase.lua`'s reply as its five numbers `{code, value, nowMs, epoch, credited}`; the
+/// bare sold-out code (its answer from the meta's read alone) reads as `{5, 0, 0, 0, 1}`.
+pub fn reply(value: redis::Value) -> Result<(i64, i64, i64, i64, i64), redis::RedisError> {
+    match value {
+        redis::Value::Int(code) if code == Code::SoldOut as i64 => Ok((code, 0, 0, 0, 1)),
+        reply => Ok(redis::from_redis_value(reply)?),
+    }
 }
 
 /// A purchase deadline that never passes, for callers with no timeout of their own to honour

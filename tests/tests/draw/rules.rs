@@ -22,69 +22,29 @@ on_every_redis!(
     attempts_past_the_per_user_rate_are_429_and_change_nothing,
 );
 
-/// `oneBucketFirstCome`, which lets purchase.lua answer sold out from the stock alone, is `1`
-/// exactly while the sale has one bucket and no draw: from the load, through an admin's
-/// change of its admission before the start and back, and `0` in every bucket of a bucketed
-/// sale and for a draw sale. A draw sale whose units were all won answers a loser
-/// `already_purchased`, as before, never `sold_out` from the stock alone.
+/// purchase.lua answers sold out from the meta's read alone only for a sale of one bucket,
+/// first come, first served. A draw sale emptied by its draw answers a loser
+/// `already_purchased`, as before, never `sold_out`; a bucketed sale whose buyer's home bucket
+/// is empty sells her a unit from another bucket.
 async fn only_a_sale_of_one_bucket_first_come_is_sold_out_from_its_stock_alone(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = TestEnv::new(kind).await?;
-    let admin = env.admin_router();
-    let ops = Some(("ops", "seckill:admin"));
-    let flag = |meta: String| {
-        let redis = env.redis.clone();
-        async move {
-            let value: Option<String> = redis
-                .cmd(redis::cmd("HGET").arg(meta).arg("oneBucketFirstCome"))
-                .await?;
-            anyhow::Ok(value)
-        }
-    };
-    let now = chrono::Utc::now();
-    let later = testkit::new_activity()
-        .stock(5)
-        .limit(1)
-        .window(
-            now + chrono::Duration::hours(1),
-            now + chrono::Duration::hours(2),
-        )
-        .build();
-    let a = env.load_new(&later).await?;
-    let meta = env.redis.keys(a.id).meta;
-    assert_eq!(
-        flag(meta.clone()).await?.as_deref(),
-        Some("1"),
-        "first come"
-    );
-    let path = format!("/admin/activities/{}", a.id);
-    for (change, want) in [
-        (r#"{"admission": "draw", "drawWindowMs": 2000}"#, "0"),
-        (r#"{"admission": "fcfs"}"#, "1"),
-    ] {
-        let (status, answer) = call(&admin, request("PUT", &path, ops, Some(change))).await;
-        assert_eq!(status, StatusCode::OK, "{change}: {answer}");
-        assert_eq!(flag(meta.clone()).await?.as_deref(), Some(want), "{change}");
-    }
-    let bucketed = env
-        .load_new(&testkit::new_activity().stock(6).limit(1).buckets(3).build())
-        .await?;
-    for index in 0..3 {
-        let home = store::keys::Bucket {
-            activity_id: bucketed.id,
-            index,
-            count: 3,
-        };
-        let meta = env.redis.bucket_keys(home).meta;
-        assert_eq!(flag(meta).await?.as_deref(), Some("0"), "bucket {index}");
+    // Three buckets of one unit each; two buyers of bucket 0 (home of the first unit's buyer
+    // and then of a second buyer whose home bucket is empty).
+    let bucketed = env.open_activity_in_buckets(3, 1, 3).await?;
+    let home = |user: &str| store::keys::Bucket::home(bucketed.id, 3, user).index;
+    let mut users = (0..).map(|i| format!("u{i}")).filter(|u| home(u) == 0);
+    let app = env.entry_router();
+    for user in [users.next().unwrap(), users.next().unwrap()] {
+        let (status, body) = testkit::buy(&app, &bucketed, &user, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{user} of bucket 0: {body}");
     }
 
     // A draw of one unit, two entrants: one wins it. The other, asking again, is told she
     // is in (already_purchased) as before, not sold out from the stock alone. (The winner
     // asking again is told sold out, by the stock check of the whole script, as before.)
     let d = env.draw_activity(1, 1).await?;
-    assert_eq!(flag(env.redis.keys(d.id).meta).await?.as_deref(), Some("0"));
     for user in ["alice", "bob"] {
         let app = env.entry_router();
         assert_eq!(
