@@ -2,6 +2,11 @@
 //! then the SQS batch handler (partial batch failures), which stops short of the invocation's
 //! deadline. All logic lives in `lib.rs`.
 
+// The release profile's inlining nests the batch's futures past rustc's default query depth
+// (128): without this, `cargo build --release` (and so `sam build`) stops at "queries overflow
+// the depth limit" computing the layout of main's async block.
+#![recursion_limit = "256"]
+
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use order_consumer::Consumer;

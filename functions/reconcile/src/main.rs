@@ -5,6 +5,11 @@
 //! [`reconcile::Reconcile::run_by`] with the invocation's deadline (the Lambda context's),
 //! so the run's budget counts from the invocation's start and ends before Lambda's Timeout.
 
+// The release profile's inlining nests the run's futures past rustc's default query depth (128):
+// without this, `cargo build --release` (and so `sam build`) stops at "queries overflow the
+// depth limit" computing the layout of main's async block.
+#![recursion_limit = "256"]
+
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use reconcile::Reconcile;
 use seckill_shared::infra::deadline;
