@@ -2,14 +2,13 @@
 -- docs/invariants.md, "Entry: a purchase", "Bucketed sales" and "Draw admission", tells the
 -- protocol; this script is its step 1. First the meta's one read and the commonest answer of
 -- a hot sale: a sale of one bucket, first come, first served, whose stock is 0 is sold out,
--- for any caller, whatever else would refuse her or count her attempt, before anything else is
--- made or read. Then
--- every check runs before any write (but for the credits, which move units another bucket
--- already gave up, and the per-user rate's counter), in this order: loaded, the caller's
--- bucket count, the rate, the caller's deadline, the window, the per-order limit, a draw
--- sale's pool, stock, the user's field in `users`: the main at the bottom, each concern a
--- function above it. A sold-out refusal runs one command (HMGET), any other first-come
--- refusal at most three (HMGET, TIME, HGET), a success six.
+-- for any caller, whatever else would refuse her or count her attempt, before anything else
+-- is made or read. Then every check runs before any write (but for the credits, which move
+-- units another bucket already gave up, and the per-user rate's counter), in this order:
+-- loaded, the caller's bucket count, the rate, the caller's deadline, the window, the
+-- per-order limit, a draw sale's pool, stock, the user's field in `users`: the main at the
+-- bottom, each concern a function above it. A sold-out refusal runs one command (HMGET), any
+-- other first-come refusal at most three (HMGET, TIME, HGET), a success six.
 --
 -- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
 -- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
