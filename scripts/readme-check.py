@@ -76,7 +76,7 @@ DOCS_RULES: list[tuple[str, str]] = [
     (r"^make sqlx-prepare$", "rewrites .sqlx/; `make test` builds offline from the committed .sqlx/"),
     (r"^git add \.sqlx$", "a commit, not a check"),
     (r"^make chaos\b", "`make test` runs the chaos binary (three seeds in each of its four runs); "
-     "`make chaos` is the same binary over many seeds, run before an issue is resolved"),
+     "`make chaos` is the same binary over many seeds, run before a change lands"),
     (r"^make (wrk-check|draw-check)\b",
      "load checks of minutes each (wrk at 256 connections, a draw of 120,000 entrants); run by hand "
      "before a release, each fails on its own findings"),

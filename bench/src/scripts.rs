@@ -4,9 +4,9 @@
 //! carries.
 //!
 //! - the combined check-and-set script (GET stock, SISMEMBER user, DECR, SADD),
-//!   `bench/scripts/combined_check_and_set.lua` (rows and ratios name it `seed000`).
+//!   `bench/scripts/combined_check_and_set.lua` (rows and ratios name it `combined`).
 //! - atomic deduction on a goods hash (HGET + HINCRBY), `bench/scripts/hget_hincrby.lua`
-//!   (rows name it `seed001`).
+//!   (rows name it `hget-hincrby`).
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
 //! - `ours`: `lua/purchase.lua` through `testkit::purchase`, as the strategies' `lua` row runs
@@ -42,9 +42,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use uuid::Uuid;
 
-static SEED000: LazyLock<Script> =
+static COMBINED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/combined_check_and_set.lua")));
-static SEED001: LazyLock<Script> =
+static HGET_HINCRBY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hget_hincrby.lua")));
 static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
@@ -85,8 +85,8 @@ static OURS_CUTS: LazyLock<BTreeMap<&'static str, Script>> = LazyLock::new(|| {
 /// One purchase script of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
-    Seed000,
-    Seed001,
+    Combined,
+    HgetHincrby,
     Hmdp,
     Ours,
     Floor,
@@ -99,8 +99,8 @@ pub enum Peer {
 
 impl Peer {
     pub const ALL: [Peer; 5] = [
-        Peer::Seed000,
-        Peer::Seed001,
+        Peer::Combined,
+        Peer::HgetHincrby,
         Peer::Hmdp,
         Peer::Ours,
         Peer::Floor,
@@ -133,8 +133,8 @@ impl Peer {
 
     pub fn name(self) -> &'static str {
         match self {
-            Peer::Seed000 => "seed000",
-            Peer::Seed001 => "seed001",
+            Peer::Combined => "combined",
+            Peer::HgetHincrby => "hget-hincrby",
             Peer::Hmdp => "hmdp",
             Peer::Ours => "ours",
             Peer::Floor => "floor",
@@ -149,8 +149,8 @@ impl Peer {
     /// What the script does, for the table.
     pub fn what(self) -> &'static str {
         match self {
-            Peer::Seed000 => "seed 000: GET, SISMEMBER, DECR, SADD",
-            Peer::Seed001 => "seed 001: HGET, HINCRBY (no user check)",
+            Peer::Combined => "combined: GET, SISMEMBER, DECR, SADD",
+            Peer::HgetHincrby => "hget-hincrby: HGET, HINCRBY (no user check)",
             Peer::Hmdp => "hmdp: GET, SISMEMBER, INCRBY, SADD, XADD",
             Peer::Ours => "ours: lua/purchase.lua via testkit::purchase",
             Peer::Floor => "floor: return 0 (any EVALSHA)",
@@ -313,8 +313,8 @@ async fn setup(
     let tag = format!("{prefix}:{{{activity_id}}}");
     let mut con = admin.clone();
     let script = match peer {
-        Peer::Seed000 => Some(&*SEED000),
-        Peer::Seed001 => Some(&*SEED001),
+        Peer::Combined => Some(&*COMBINED),
+        Peer::HgetHincrby => Some(&*HGET_HINCRBY),
         Peer::Hmdp => Some(&*HMDP),
         Peer::Floor => Some(&*FLOOR),
         Peer::Ours => None,
@@ -343,14 +343,14 @@ async fn setup(
         redis,
     };
     match peer {
-        Peer::Seed000 | Peer::Hmdp => {
+        Peer::Combined | Peer::Hmdp => {
             let _: () = redis::cmd("SET")
                 .arg(&c.stock)
                 .arg(wl.stock)
                 .query_async(&mut con)
                 .await?;
         }
-        Peer::Seed001 => {
+        Peer::HgetHincrby => {
             let _: i64 = redis::cmd("HSET")
                 .arg(&c.goods)
                 .arg("stock")
@@ -394,11 +394,11 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
                 Outcome::Refused
             });
         }
-        Peer::Seed000 => {
+        Peer::Combined => {
             cmd.arg(2).arg(&c.stock).arg(&c.users).arg(user);
             (cmd.query_async(&mut cm).await?, 1)
         }
-        Peer::Seed001 => {
+        Peer::HgetHincrby => {
             cmd.arg(1).arg(&c.goods).arg("stock").arg(1);
             (cmd.query_async(&mut cm).await?, 1)
         }

@@ -53,9 +53,9 @@ fn difference(rows: &[ScriptRow], workload: &str) -> Option<String> {
         rows.iter()
             .find(|r| r.script == script && r.workload == workload)
     };
-    let (ours, seed) = (find("ours")?, find("seed000")?);
-    let extra = ours.server_us_per_call? - seed.server_us_per_call?;
-    let in_commands = ours.commands_us_per_call? - seed.commands_us_per_call?;
+    let (ours, combined) = (find("ours")?, find("combined")?);
+    let extra = ours.server_us_per_call? - combined.server_us_per_call?;
+    let in_commands = ours.commands_us_per_call? - combined.commands_us_per_call?;
     let floor = find("floor")
         .and_then(|r| r.server_us_per_call)
         .map_or_else(String::new, |v| {
@@ -64,7 +64,7 @@ fn difference(rows: &[ScriptRow], workload: &str) -> Option<String> {
     Some(format!(
         "- {workload}: ours costs {extra:+.2} µs/call over the combined script: {in_commands:+.2} µs in Redis commands ({:.2} against {:.2} per call), {:+.2} µs of call and Lua{floor}.\n",
         ours.redis_commands_per_call - 1.0,
-        seed.redis_commands_per_call - 1.0,
+        combined.redis_commands_per_call - 1.0,
         extra - in_commands,
     ))
 }

@@ -186,10 +186,10 @@ fn script_row(
 /// empty script under one workload.
 fn scripts() -> Vec<ScriptRow> {
     vec![
-        script_row("seed000", "success-heavy", Some(4.0), Some(1.5)),
+        script_row("combined", "success-heavy", Some(4.0), Some(1.5)),
         script_row("hmdp", "success-heavy", None, None),
         script_row("ours", "success-heavy", Some(6.0), Some(2.25)),
-        script_row("seed000", "failure-heavy", Some(2.0), Some(0.5)),
+        script_row("combined", "failure-heavy", Some(2.0), Some(0.5)),
         script_row("ours", "failure-heavy", Some(2.2), Some(1.0)),
         script_row("floor", "failure-heavy", Some(0.75), Some(0.0)),
     ]

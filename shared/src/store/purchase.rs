@@ -238,6 +238,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_bare_sold_out_code_reads_as_its_table_and_no_other_bare_code_does() {
+        use redis::Value::{Array, Int};
+        assert_eq!(reply(Int(5)).unwrap(), (5, 0, 0, 0, 1));
+        let table = Array(vec![Int(0), Int(7), Int(1_700), Int(3), Int(1)]);
+        assert_eq!(reply(table).unwrap(), (0, 7, 1_700, 3, 1));
+        for bare in [0, 1, 6] {
+            assert!(reply(Int(bare)).is_err(), "a bare {bare} is no answer");
+        }
+    }
+
+    #[test]
     fn a_code_the_wrapper_does_not_know_is_an_error_not_an_outcome() {
         assert_eq!(Code::read(0).unwrap(), Code::Accepted);
         assert_eq!(Code::read(12).unwrap(), Code::RateLimited);
