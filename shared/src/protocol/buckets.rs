@@ -117,12 +117,13 @@ impl Hints {
 
 /// The home bucket holds `stock` units, fewer than asked: take what is missing from the other
 /// buckets, starting at a random one so that short buyers spread over the donors (those the
-/// container saw empty a moment ago skipped), and buy with the units taken as credits. No
-/// donor gave anything: `sold_out` once a sale-wide check finds every bucket empty, the home
-/// bucket included; a donor it finds holding units is asked once more, and a home bucket it
-/// finds holding units (another buyer's borrow left them there) is asked again first. Answers
-/// what the home bucket decided: accepted or refused (too few units in all buckets together is
-/// `sold_out`; they stay in the home bucket).
+/// container saw empty a moment ago skipped), and buy with the units taken as credits. The
+/// donors gave less than is missing (nothing, or part of it): a sale-wide check reads every
+/// bucket, the home bucket and the skipped donors included; every bucket empty is `sold_out`
+/// when nothing was taken, a donor it finds holding units is asked once more, and a home
+/// bucket it finds holding units (another buyer's borrow left them there) is asked again
+/// first when nothing was taken. Answers what the home bucket decided: accepted or refused
+/// (too few units in all buckets together is `sold_out`; they stay in the home bucket).
 pub async fn borrow_and_buy(
     redis: &Redis,
     hints: &Hints,
@@ -175,19 +176,31 @@ pub async fn borrow_and_buy(
                 }
             }
         }
-        if !credits.is_empty() || round == 1 {
+        if need <= 0 || round == 1 {
             break;
         }
-        // Nothing borrowed: the whole sale, read, before anyone is told `sold_out`. Units given
-        // back to a donor after it was asked, or left in the home bucket by another buyer's
-        // borrow, show here.
+        // Still short after every donor the hints did not skip: the whole sale, read, before
+        // anyone is told `sold_out`. Units given back to a donor after it was asked or to one
+        // the hints skipped, or left in the home bucket by another buyer's borrow, show here.
         pause::point("purchase.before_check", attempt.activity_id).await;
-        let held = holding(redis, home).await?;
+        let held = match holding(redis, home).await {
+            Ok(held) => held,
+            Err(e) => {
+                finish_later(redis, home, asked);
+                return Err(e);
+            }
+        };
         if !held.home && held.donors.is_empty() {
+            if !credits.is_empty() {
+                // Too few units in the sale: the home bucket, with the units in hand, says so.
+                break;
+            }
             hints.saw_sold_out(attempt.activity_id, true);
             return Ok(sold_out(stock));
         }
-        if held.home {
+        // Units in the home bucket are bought with the credits when there are any; without,
+        // the home bucket is asked again first.
+        if held.home && credits.is_empty() {
             pause::point("purchase.home", attempt.activity_id).await;
             match purchase::run_again(redis, home, attempt, deadline_ms).await? {
                 Answer::Short { stock: now } => need = attempt.quantity - now,

@@ -3,7 +3,7 @@
 //! back to a donor already asked or to the buyer's own bucket, and a cancel and a re-buy
 //! across buckets.
 
-use crate::{attempt, commit_all, crowd, in_users, stocks, users_at_home, CLUSTER};
+use crate::{attempt, attempt_with, commit_all, crowd, in_users, stocks, users_at_home, CLUSTER};
 use chrono::Utc;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::order;
@@ -292,5 +292,74 @@ async fn a_unit_given_back_to_a_donor_already_asked_is_found_by_the_sale_wide_ch
 ) -> anyhow::Result<()> {
     let bought = short_buyer_while_a_unit_comes_back(0, 1).await?;
     assert!(bought.is_ok(), "the unit given back was found: {bought:?}");
+    Ok(())
+}
+
+/// A buyer of several units borrows part of what she is short of, from the one donor her
+/// container's hints did not skip; the skipped donor, found empty a moment ago by another
+/// buyer's borrow, is given units back while she is between her hints and her borrows. She is
+/// told `sold_out` only after a sale-wide check, which finds those units, and buys (without
+/// the check, the units in hand were put into her home bucket and she was told `sold_out`
+/// with enough units in the sale, an answer her entry remembers and repeats to every buyer of
+/// as many units for a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partial_borrow_checks_the_whole_sale_before_sold_out() -> anyhow::Result<()> {
+    let env = std::sync::Arc::new(TestEnv::new(CLUSTER).await?);
+    let a = env.open_activity_in_buckets(9, 4, 3).await?;
+    let mut held = std::collections::HashMap::new();
+    for (index, buyers) in [(0, 3), (1, 1), (2, 3)] {
+        let mut messages = Vec::new();
+        for user in users_at_home(a.id, 3, index, buyers, "first") {
+            messages.push(attempt(&env, &a, &user, 1, 3).await?.expect("own stock"));
+        }
+        held.insert(index, messages);
+    }
+    assert_eq!(stocks(&env, &a).await, vec![0, 2, 0]);
+    let hints = protocol::buckets::Hints::new();
+
+    // Three asked of a sale holding two: bucket 1 gives both, bucket 2 is found empty (and
+    // skipped by this container's next borrows for a second); the two wait in bucket 0.
+    let first = users_at_home(a.id, 3, 0, 1, "three")[0].clone();
+    let told = attempt_with(&env, &hints, &a, &first, 3, 3).await?;
+    assert!(matches!(told, Err(Refusal::SoldOut { .. })), "{told:?}");
+    assert_eq!(stocks(&env, &a).await, vec![2, 0, 0]);
+    let give_back = |m: &seckill_shared::domain::purchase::OrderMessage| {
+        let env = env.clone();
+        let (home, user, request) = (m.home(), m.attempt.user_id.clone(), m.attempt.request_id);
+        async move {
+            store::ledger::compensate(
+                &env.redis,
+                home,
+                &user,
+                request,
+                store::ledger::Compensation::Full,
+            )
+            .await
+        }
+    };
+    assert_eq!(give_back(&held[&1][0]).await?, Some(1));
+    assert_eq!(stocks(&env, &a).await, vec![2, 1, 0]);
+
+    // Four asked: two at home, one from bucket 1; bucket 2 is skipped on the hint while two of
+    // its units come back.
+    let paused = pause::arm("purchase.borrow", a.id);
+    let four = {
+        let (env, a, hints) = (env.clone(), a.clone(), hints.clone());
+        let user = users_at_home(a.id, 3, 0, 1, "four")[0].clone();
+        tokio::spawn(async move { attempt_with(&env, &hints, &a, &user, 4, 3).await.unwrap() })
+    };
+    assert!(paused.reached_within(Duration::from_secs(10)).await);
+    for m in &held[&2][..2] {
+        assert_eq!(give_back(m).await?, Some(1));
+    }
+    assert_eq!(stocks(&env, &a).await, vec![2, 1, 2], "five units for four");
+    paused.resume();
+    let bought = four.await?;
+    assert!(
+        bought.as_ref().is_ok_and(|m| m.attempt.quantity == 4),
+        "four units of five in stock: {bought:?}"
+    );
+    assert_eq!(stocks(&env, &a).await.iter().sum::<i64>(), 1);
+    invariants::check(&env, a.id).await?;
     Ok(())
 }
