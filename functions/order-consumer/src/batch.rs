@@ -1,7 +1,7 @@
 //! The batch fast path's driver: one hot activity row serialises every order transaction on
-//! it, so a batch's messages are grouped by sale and each group is written in one transaction
-//! by [`consume::commit_group`], which commits only what the one-by-one path would. What it
-//! does not commit goes one by one.
+//! it, so a batch's messages are grouped by sale and each group is written in one statement
+//! (its own transaction) by [`consume::commit_group`], which commits only what the one-by-one
+//! path would. What it does not commit goes one by one.
 
 use crate::{Consumer, Item};
 use seckill_shared::domain::purchase::OrderMessage;
@@ -9,7 +9,7 @@ use seckill_shared::protocol::consume;
 use std::collections::BTreeMap;
 
 impl Consumer {
-    /// Per sale, one transaction for the whole group. Returns the messages it committed and
+    /// Per sale, one statement for the whole group. Returns the messages it committed and
     /// the rest, which the one-by-one path decides.
     pub(crate) async fn write_batches(&self, items: Vec<Item>) -> (Vec<Item>, Vec<Item>) {
         let mut groups: BTreeMap<i64, Vec<Item>> = BTreeMap::new();

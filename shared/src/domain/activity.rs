@@ -281,10 +281,11 @@ pub async fn due_for_reconcile(
     .await
 }
 
-/// The conditional stock decrement of an order (or of a batch of them, `units` summed): enough
-/// stock, and the sale not loaded from scratch since the reservations were made (`epoch`, the
-/// load epoch the messages carry; `None` for messages that carry none). Returns the stock left,
-/// or `None` when the row refused (or does not exist).
+/// The conditional stock decrement of an order: enough stock, and the sale not loaded from
+/// scratch since the reservation was made (`epoch`, the load epoch the message carries; `None`
+/// for messages that carry none). Returns the stock left, or `None` when the row refused (or
+/// does not exist). The consumer's batch statement (`confirm_orders`, migrations/0024) takes a
+/// group's summed units under the same condition.
 pub async fn take_stock(
     conn: &mut PgConnection,
     id: i64,

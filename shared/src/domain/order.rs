@@ -132,37 +132,44 @@ pub async fn insert_confirmed(conn: &mut PgConnection, a: &Attempt) -> Result<i6
     .await
 }
 
-/// The batch form of [`insert_confirmed`]: one `confirmed` row per (request id, user,
-/// quantity) of one activity, skipping request ids that already have a row (claimed or
-/// decided: the per-message path applies those). Returns the request ids and quantities it
-/// inserted.
-pub async fn insert_confirmed_batch(
-    conn: &mut PgConnection,
+/// The batch path's one statement (`confirm_orders`, migrations/0024): one `confirmed` row per
+/// (request id, user, quantity) of sale `activity_id`, skipping request ids that already have a
+/// row (claimed or decided: the per-message path applies those), and the inserted rows' units
+/// taken from the sale's stock under load epoch `epoch` as [`crate::domain::activity::take_stock`]
+/// takes them, in the statement's own transaction: one round trip, and no client turn while the
+/// sale's row is locked. Returns the request ids it inserted.
+///
+/// Any error rolled the whole group back: [`is_short_stock`] (the sale cannot cover the units,
+/// or its epoch moved), `orders_one_per_user`, or anything unexpected.
+///
+/// Unchecked at compile time (`sqlx::query_scalar`, not the macro): the consumer's batch path
+/// tests run it, as the consumer's own role.
+pub async fn confirm_batch(
+    db: impl PgExecutor<'_>,
     activity_id: i64,
+    epoch: Option<i64>,
     request_ids: &[Uuid],
     user_ids: &[String],
     quantities: &[i64],
-) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"insert into orders (request_id, activity_id, user_id, quantity, status,
-                              unit_price_minor, currency)
-         select r, a.id, u, q, 'confirmed', a.price_minor, a.currency
-         from unnest($1::uuid[], $3::text[], $4::int8[]) as t(r, u, q)
-         join activities a on a.id = $2
-         on conflict (request_id) do nothing
-         returning request_id, quantity"#,
-        request_ids,
-        activity_id,
-        user_ids,
-        quantities
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.request_id, r.quantity))
-        .collect())
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar("select confirm_orders($1, $2, $3, $4, $5)")
+        .bind(activity_id)
+        .bind(epoch)
+        .bind(request_ids)
+        .bind(user_ids)
+        .bind(quantities)
+        .fetch_all(db)
+        .await
 }
+
+/// [`confirm_batch`] refused the group because its sale cannot take the units (too little
+/// stock, or a load epoch other than the messages').
+pub fn is_short_stock(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(SHORT_STOCK))
+}
+
+/// The SQLSTATE `confirm_orders` raises when the sale cannot take the group's units.
+const SHORT_STOCK: &str = "SK002";
 
 /// Records `m` as `failed` with `why`, unless a row with its request id exists. Returns
 /// whether this call inserted it: the claim of [`crate::protocol::giveback`].

@@ -4,7 +4,7 @@
 //! the ledger is claimed `reservation_expired`; otherwise one transaction inserts the order
 //! and takes the stock (under the message's load epoch), and a business refusal gives the
 //! units back through the arbiter. [`commit_group`] writes many messages of one sale in one
-//! transaction when that commits exactly what [`decide`] would. A draw's entry messages are
+//! statement when that commits exactly what [`decide`] would. A draw's entry messages are
 //! kept, not ordered ([`keep_entries`]). Every step is safe to repeat.
 //! docs/invariants.md, "Consumer: an order message".
 
@@ -264,10 +264,10 @@ pub async fn keep_entries(
     Ok(())
 }
 
-/// The batch path for `messages` of one sale: one transaction with one multi-row insert and
-/// one aggregated conditional stock update, instead of one transaction (and one turn on the
-/// hot activity row) per order. Returns the positions in `messages` of those it committed;
-/// the caller decides the rest one by one with [`decide`].
+/// The batch path for `messages` of one sale: one statement in its own transaction (one
+/// multi-row insert and one aggregated conditional stock update, `confirm_orders`) instead of
+/// one transaction (and one turn on the hot activity row) per order. Returns the positions in
+/// `messages` of those it committed; the caller decides the rest one by one with [`decide`].
 ///
 /// It commits only what [`decide`] would have committed: messages whose reservation is in the
 /// ledger and with no row yet (the insert skips request ids someone claimed meanwhile), one
@@ -321,6 +321,8 @@ pub async fn commit_group(
     // A stable lock order (by user) between concurrent batches of the same activity.
     held.sort_by(|a, b| a.1.attempt.user_id.cmp(&b.1.attempt.user_id));
     let group: Vec<&OrderMessage> = held.iter().map(|(_, m)| *m).collect();
+    // The ledger read, the statement not yet run: a give-back may claim one of the group now.
+    pause::point("consumer.batch.before_write", activity_id).await;
     let inserted = match write_group(pool, activity_id, &group).await {
         Ok(Some(inserted)) => inserted,
         Ok(None) => {
@@ -367,13 +369,14 @@ async fn ledger_entries(
     Ok(entries)
 }
 
-/// The batch transaction. `Ok(None)`: rolled back, the group goes one by one.
+/// The batch statement ([`order::confirm_batch`]): the group's rows and their units in one
+/// round trip and one transaction. `Ok(None)`: it rolled back, the group goes one by one.
 async fn write_group(
     pool: &PgPool,
     activity_id: i64,
     messages: &[&OrderMessage],
 ) -> Result<Option<HashSet<Uuid>>, sqlx::Error> {
-    // One epoch per transaction; a group that spans a reload goes one by one.
+    // One epoch per statement; a group that spans a reload goes one by one.
     let epoch = messages[0].load_epoch;
     if messages.iter().any(|m| m.load_epoch != epoch) {
         return Ok(None);
@@ -381,30 +384,19 @@ async fn write_group(
     let request_ids: Vec<Uuid> = messages.iter().map(|m| m.attempt.request_id).collect();
     let users: Vec<String> = messages.iter().map(|m| m.attempt.user_id.clone()).collect();
     let quantities: Vec<i64> = messages.iter().map(|m| m.attempt.quantity).collect();
-    let mut tx = pool.begin().await?;
-    let inserted =
-        order::insert_confirmed_batch(&mut tx, activity_id, &request_ids, &users, &quantities)
-            .await;
-    let inserted = match inserted {
-        Ok(rows) => rows,
+    let confirmed =
+        order::confirm_batch(pool, activity_id, epoch, &request_ids, &users, &quantities).await;
+    match confirmed {
+        Ok(inserted) => Ok(Some(inserted.into_iter().collect())),
+        // Short stock or a moved epoch, a second order of a user, an unknown sale: nothing
+        // committed, and each message's own decision tells which.
         Err(e)
-            if db::is_unique_violation(&e, "orders_one_per_user")
+            if order::is_short_stock(&e)
+                || db::is_unique_violation(&e, "orders_one_per_user")
                 || db::is_foreign_key_violation(&e) =>
         {
-            return Ok(None);
+            Ok(None)
         }
-        Err(e) => return Err(e),
-    };
-    if inserted.is_empty() {
-        tx.rollback().await?;
-        return Ok(Some(HashSet::new()));
+        Err(e) => Err(e),
     }
-    let units: i64 = inserted.iter().map(|(_, q)| *q).sum();
-    let left = activity::take_stock(&mut tx, activity_id, units, epoch).await?;
-    if left.is_none() {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    tx.commit().await?;
-    Ok(Some(inserted.into_iter().map(|(r, _)| r).collect()))
 }

@@ -1,6 +1,7 @@
 //! The batch fast path gives the same results as the per-message path, falls back when the
-//! database cannot cover the whole batch or a user would hold two orders, and is measured against
-//! the per-message baseline.
+//! database cannot cover the whole batch or a user would hold two orders, leaves a request
+//! claimed meanwhile to its claim, and is measured against the per-message baseline. Its one
+//! statement (`confirm_orders`) keeps no row of a group it refuses.
 
 use crate::{event, event_of, open_activity, record, record_of, rows};
 use aws_lambda_events::event::sqs::SqsMessage;
@@ -8,12 +9,15 @@ use futures::StreamExt;
 use seckill_shared::domain::purchase::OrderMessage;
 use seckill_shared::domain::status::FailureReason;
 use seckill_shared::domain::status::OrderStatus;
+use seckill_shared::domain::{activity, order};
+use seckill_shared::infra::pause;
 use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol::giveback;
 use std::time::Instant;
 use testkit::RedisKind;
 use testkit::TestEnv;
 use testkit::{db_remaining, reserve, set_db_stock_by_hand, snapshot};
+use uuid::Uuid;
 
 /// What a scenario leaves behind, without the random request ids: the rows as
 /// (user, quantity, status, reason), DB remaining stock, Redis stock, participants, ledger size.
@@ -220,6 +224,101 @@ async fn batch_path_falls_back_on_a_one_per_user_conflict() -> anyhow::Result<()
     assert_eq!(fast.redis_stock, Some(5));
     assert_eq!(fast.pending, 0);
     Ok(())
+}
+
+/// A group as `commit_group` hands it to the statement: one unit per user, fresh request ids.
+fn group_of(users: &[&str]) -> (Vec<Uuid>, Vec<String>, Vec<i64>) {
+    (
+        users.iter().map(|_| Uuid::now_v7()).collect(),
+        users.iter().map(|u| u.to_string()).collect(),
+        vec![1; users.len()],
+    )
+}
+
+/// The batch statement, as the consumer's own role, keeps none of a group whose units the sale
+/// cannot take (too little stock, or a load epoch other than the messages'): the rows it
+/// inserted roll back with it, and the caller can tell the refusal from any other error.
+#[tokio::test]
+async fn the_batch_statement_keeps_no_row_of_a_group_the_stock_cannot_take() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let a = open_activity(&env, 10, 1).await;
+    set_db_stock_by_hand(&env, a.id, 2).await;
+    let consumer = env.login(Function::Consumer).0;
+    let epoch = activity::load_epoch(&env.pool, a.id).await?;
+    let (ids, users, quantities) = group_of(&["k0", "k1", "k2"]);
+
+    let short = order::confirm_batch(&consumer, a.id, epoch, &ids, &users, &quantities).await;
+    let (two_ids, two_users, two_quantities) = (&ids[..2], &users[..2], &quantities[..2]);
+    let moved = epoch.map(|e| e + 1);
+    let other_epoch =
+        order::confirm_batch(&consumer, a.id, moved, two_ids, two_users, two_quantities).await;
+
+    for refused in [short, other_epoch] {
+        let e = refused.expect_err("the group is refused");
+        assert!(order::is_short_stock(&e), "{e:?}");
+    }
+    assert!(rows(&env, a.id).await.is_empty());
+    assert_eq!(db_remaining(&env, a.id).await, 2);
+
+    let mut taken =
+        order::confirm_batch(&consumer, a.id, epoch, two_ids, two_users, two_quantities).await?;
+    taken.sort();
+    assert_eq!(taken, two_ids, "v7 ids, made in order");
+    assert_eq!(db_remaining(&env, a.id).await, 0);
+    Ok(())
+}
+
+/// A request claimed `failed` by a give-back between the batch's ledger read and its write
+/// keeps its claim: the others of the group are committed through the batch path, and the
+/// claimed one is applied one by one (its units went back with the claim, once).
+#[tokio::test]
+async fn a_request_claimed_while_its_group_is_read_keeps_its_claim() -> anyhow::Result<()> {
+    let env = TestEnv::new(RedisKind::Standalone).await?;
+    let a = open_activity(&env, 10, 1).await;
+    let mut messages = Vec::new();
+    for i in 0..4 {
+        messages.push(reserve(&env, a.id, &format!("g{i}"), 1).await);
+    }
+    let claimed = messages[2].clone();
+    let paused = pause::arm("consumer.batch.before_write", a.id);
+    let c = env.consumer();
+    let event = event_of(&messages);
+    let batch = tokio::spawn(async move { c.handle_batch_with_stats(event).await });
+    paused.reached().await;
+
+    let (pool, redis) = env.login(Function::Reconcile);
+    let why = FailureReason::ReservationExpired;
+    giveback::give_back(&pool, &redis, &claimed.attempt, why).await?;
+    paused.resume();
+    let (resp, stats) = batch.await?;
+
+    assert!(resp.batch_item_failures.is_empty(), "{resp:?}");
+    assert_eq!(
+        (
+            stats.batched,
+            stats.committed,
+            stats.duplicates,
+            stats.compensations
+        ),
+        (3, 3, 1, 0),
+        "{stats:?}"
+    );
+    let end = final_state(&env, a.id).await;
+    assert!(end
+        .rows
+        .contains(&("g2".into(), 1, OrderStatus::Failed, Some(why))));
+    assert_eq!(count_confirmed(&end), 3);
+    assert_eq!(end.db_remaining, 10 - 3);
+    assert_eq!(end.redis_stock, Some(10 - 3));
+    assert_eq!(end.pending, 0);
+    Ok(())
+}
+
+fn count_confirmed(f: &Final) -> usize {
+    f.rows
+        .iter()
+        .filter(|r| r.2 == OrderStatus::Confirmed)
+        .count()
 }
 
 /// Committed orders per second through `handle_batch`, batch path against one transaction per
