@@ -61,6 +61,9 @@ pub struct NodeShare {
     pub share: f64,
     /// Every command over the row (the scripts' own calls included; `INFO` not counted).
     pub commands: u64,
+    /// The node process's CPU time over the row (`INFO cpu`: `used_cpu_user` +
+    /// `used_cpu_sys`), ms.
+    pub cpu_ms: f64,
 }
 
 /// One bucket count under the crowd.
@@ -81,6 +84,13 @@ pub struct BucketRow {
     /// time: the rate while there was stock to sell (the rest of the crowd is refusals).
     pub selling_attempts_per_s: f64,
     pub nodes: Vec<NodeShare>,
+    /// The bench process's CPU time over the row (every thread's, from
+    /// `/proc/self/task/*/schedstat`), ms: the crowd's client side, the hints and the borrows.
+    pub bench_cpu_ms: f64,
+    /// The cores the bench and the three nodes kept busy together over the row (their CPU time
+    /// ÷ the row's wall time), against the machine's `cores`.
+    pub cores_busy: f64,
+    pub cores: usize,
     pub script_calls_per_attempt: f64,
     /// Commands the three nodes executed per attempt, the scripts' own calls included.
     pub redis_commands_per_attempt: f64,
@@ -201,6 +211,7 @@ async fn measure(
 ) -> anyhow::Result<BucketRow> {
     let activity = open_activity(config, redis, pool, sizes.stock, count).await?;
     let before = nodes.commandstats().await?;
+    let cpu_before = (nodes.cpu_ms().await?, own_cpu_ms());
     // The clock starts with the crowd (`run_tasks` starts its own a moment later).
     let ctx = Arc::new(Ctx {
         redis: redis.clone(),
@@ -219,7 +230,15 @@ async fn measure(
     })
     .await;
     let after = nodes.commandstats().await?;
+    let cpu_after = (nodes.cpu_ms().await?, own_cpu_ms());
     run.warn_errors(&format!("{count} bucket(s)"));
+    let node_cpu: Vec<f64> = cpu_before
+        .0
+        .iter()
+        .zip(&cpu_after.0)
+        .map(|(b, a)| a - b)
+        .collect();
+    let bench_cpu_ms = cpu_after.1 - cpu_before.1;
 
     let held = nodes.buckets_held(activity.id, count).await?;
     let per_node: Vec<(u64, u64)> = before
@@ -234,14 +253,19 @@ async fn measure(
         .iter()
         .zip(&held)
         .zip(&per_node)
-        .map(|((node, &buckets), &(script_calls, commands))| NodeShare {
-            node: node.clone(),
-            buckets,
-            script_calls,
-            share: 100.0 * script_calls as f64 / scripts.max(1) as f64,
-            commands,
-        })
+        .zip(&node_cpu)
+        .map(
+            |(((node, &buckets), &(script_calls, commands)), &cpu_ms)| NodeShare {
+                node: node.clone(),
+                buckets,
+                script_calls,
+                share: 100.0 * script_calls as f64 / scripts.max(1) as f64,
+                commands,
+                cpu_ms,
+            },
+        )
         .collect();
+    let busy_ms = bench_cpu_ms + node_cpu.iter().sum::<f64>();
 
     let (mut stock_left, mut in_transfer, mut reserved) = (0, 0, 0);
     for (_, snap) in buckets::snapshots(redis, activity.id, count).await? {
@@ -264,6 +288,9 @@ async fn measure(
         selling_attempts_per_s: (ctx.last_activity_index.load(Ordering::Relaxed) + 1) as f64
             / sold_out_after.as_secs_f64().max(1e-9),
         nodes: shares,
+        bench_cpu_ms,
+        cores_busy: busy_ms / 1e3 / run.elapsed.as_secs_f64().max(1e-9),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         script_calls_per_attempt: scripts as f64 / attempts,
         redis_commands_per_attempt: commands as f64 / attempts,
         sold: run.counts.sold,
@@ -348,6 +375,21 @@ fn script_calls(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -
         .sum()
 }
 
+/// CPU time of every thread of this process so far, ms (the first field of each thread's
+/// `schedstat`: ns on a CPU). Threads that ended are not counted; the runtime's workers live
+/// as long as the bench.
+fn own_cpu_ms() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e6
+}
+
 /// A standalone connection to each node of the cluster, in `REDIS_CLUSTER_URLS` order.
 struct Nodes {
     names: Vec<String>,
@@ -381,6 +423,24 @@ impl Nodes {
         let mut all = Vec::new();
         for con in &mut self.cons {
             all.push(util::commandstats(con).await?);
+        }
+        Ok(all)
+    }
+
+    /// Each node process's CPU time so far (`INFO cpu`: `used_cpu_user` + `used_cpu_sys`), ms.
+    async fn cpu_ms(&mut self) -> anyhow::Result<Vec<f64>> {
+        let mut all = Vec::new();
+        for con in &mut self.cons {
+            let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
+            let seconds: f64 = info
+                .lines()
+                .filter_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    matches!(name, "used_cpu_user" | "used_cpu_sys")
+                        .then(|| value.trim().parse::<f64>().ok())?
+                })
+                .sum();
+            all.push(seconds * 1e3);
         }
         Ok(all)
     }

@@ -1,12 +1,14 @@
-//! The order consumer's committed orders/s against one transaction per order on the same
-//! table.
+//! The order consumer's committed orders/s against one transaction per order, and against bare
+//! single-row inserts, on the same table.
 //!
 //! Reservations are made with `testkit::purchase` on the real Redis, turned into order messages
 //! and grouped in SQS batches of 10 built in-process. `instances` consumers (each with its own
 //! pool of `conns` connections and its own Redis connection, as separate Lambda containers)
 //! take batches concurrently. The baseline runs the same two statements (order insert +
 //! conditional stock update) in one transaction per order, with `instances × conns`
-//! connections, on a fresh activity of the same size.
+//! connections, on a fresh activity of the same size. The bare inserts are the floor the batch
+//! path is held to: one autocommit single-row `INSERT` per order (the consumer's own order
+//! insert, no stock update), with the same connections, on another fresh activity.
 
 use crate::util;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
@@ -49,7 +51,10 @@ pub struct ConsumerResults {
     pub handle_batch: ConsumerRun,
     pub handle_batch_per_message: ConsumerRun,
     pub baseline: ConsumerRun,
+    pub bare_inserts: ConsumerRun,
     pub consumer_vs_baseline: f64,
+    /// The batch path's orders/s over the bare inserts'.
+    pub consumer_batch_vs_bare_inserts: f64,
 }
 
 pub async fn run(
@@ -67,15 +72,19 @@ pub async fn run(
     let result = async {
         let batch = consumer_run(&config, pool, &redis, orders, instances, true).await?;
         let single = consumer_run(&config, pool, &redis, orders, instances, false).await?;
-        let baseline = baseline_run(database_url, pool, orders, instances * conns as usize).await?;
+        let connections = instances * conns as usize;
+        let baseline = baseline_run(database_url, pool, orders, connections).await?;
+        let bare = bare_inserts_run(database_url, pool, orders, connections).await?;
         Ok::<_, anyhow::Error>(ConsumerResults {
             instances,
             connections_per_instance: conns,
             batch_size: 10,
             consumer_vs_baseline: batch.orders_per_s / baseline.orders_per_s,
+            consumer_batch_vs_bare_inserts: batch.orders_per_s / bare.orders_per_s,
             handle_batch: batch,
             handle_batch_per_message: single,
             baseline,
+            bare_inserts: bare,
         })
     }
     .await;
@@ -312,6 +321,65 @@ async fn baseline_run(
     let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
     let r = ConsumerRun {
         what: "baseline: one transaction per order".into(),
+        orders,
+        committed: run.counts.sold,
+        failed_or_retried: run.counts.refused + run.counts.errors,
+        batched: 0,
+        seconds: run.elapsed.as_secs_f64(),
+        orders_per_s: run.counts.sold as f64 / run.elapsed.as_secs_f64(),
+        db_orders,
+        db_remaining_stock,
+    };
+    eprintln!(
+        "  {:<44} {:>9.0} orders/s  committed {}",
+        r.what, r.orders_per_s, r.committed
+    );
+    Ok(r)
+}
+
+/// The floor the batch path is held to: one autocommit `INSERT` of one order row per statement
+/// (`order::insert_confirmed` on a pooled connection, no transaction around it, no stock update),
+/// with `connections` connections, on a fresh activity of the same size.
+async fn bare_inserts_run(
+    database_url: &str,
+    pool: &PgPool,
+    orders: usize,
+    connections: usize,
+) -> anyhow::Result<ConsumerRun> {
+    let a = new_activity(pool, orders).await?;
+    let p = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections as u32)
+        .min_connections(connections as u32)
+        .connect(database_url)
+        .await?;
+    let activity_id = a.id;
+    let pp = p.clone();
+    let run = util::run_tasks(connections, orders, move |i| {
+        let p = pp.clone();
+        async move {
+            let attempt = Attempt {
+                request_id: Uuid::now_v7(),
+                activity_id,
+                user_id: format!("buyer-{i:07}"),
+                quantity: 1,
+                buckets: 1,
+            };
+            let inserted = match p.acquire().await {
+                Ok(mut conn) => order::insert_confirmed(&mut conn, &attempt).await,
+                Err(e) => Err(e),
+            };
+            match inserted {
+                Ok(_) => util::Outcome::Sold,
+                Err(e) => util::Outcome::Error(e.to_string()),
+            }
+        }
+    })
+    .await;
+    run.warn_errors("bare inserts");
+    p.close().await;
+    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
+    let r = ConsumerRun {
+        what: "bare inserts: one autocommit single-row INSERT per order".into(),
         orders,
         committed: run.counts.sold,
         failed_or_retried: run.counts.refused + run.counts.errors,

@@ -20,6 +20,9 @@
 //!   `ours-user` (+ the stock check and the user's HGET). Each is the script's own text as Redis
 //!   runs it, cut after a line of its main. With `floor` below them and ours' whole script above (the reservation's
 //!   writes and the answer), the rows are each path's profile on the server: what each µs buys.
+//! - `ours-commands` (success-heavy only): ours' success path as its six Redis commands alone,
+//!   writing what ours writes, with no function made and nothing checked,
+//!   `bench/scripts/ours_commands.lua`: the floor under any script that keeps what ours keeps.
 //!
 //! Each row also splits its server time: the µs spent inside the Redis commands the script
 //! called (their own `cmdstat_*` usec over the row) and the rest, which is the script call
@@ -49,6 +52,8 @@ static HGET_HINCRBY: LazyLock<Script> =
 static HMDP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/hmdp_seckill.lua")));
 static FLOOR: LazyLock<Script> = LazyLock::new(|| Script::new("return 0"));
+static OURS_COMMANDS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/ours_commands.lua")));
 
 /// `lua/purchase.lua` as Redis runs it (behind the prelude's functions it calls).
 static OURS_TEXT: LazyLock<String> =
@@ -95,6 +100,7 @@ pub enum Peer {
     OursClock,
     OursChecks,
     OursUser,
+    OursCommands,
 }
 
 impl Peer {
@@ -114,6 +120,9 @@ impl Peer {
         Peer::OursChecks,
         Peer::OursUser,
     ];
+
+    /// Ours' success path as its commands alone (success-heavy only).
+    pub const COMMANDS: [Peer; 1] = [Peer::OursCommands];
 
     /// The line of lua/purchase.lua's main a cut of ours ends with.
     fn last_line(self) -> &'static str {
@@ -143,6 +152,7 @@ impl Peer {
             Peer::OursClock => "ours-clock",
             Peer::OursChecks => "ours-checks",
             Peer::OursUser => "ours-user",
+            Peer::OursCommands => "ours-commands",
         }
     }
 
@@ -159,6 +169,9 @@ impl Peer {
             Peer::OursClock => "ours' success, steps 1-2: + TIME",
             Peer::OursChecks => "ours' success, steps 1-3: + the window and limit checks",
             Peer::OursUser => "ours' success, steps 1-4: + the stock check, the user's HGET",
+            Peer::OursCommands => {
+                "ours' success as its six commands alone (HMGET, TIME, HGET, 3 HSET; no function, no check)"
+            }
         }
     }
 }
@@ -209,7 +222,8 @@ pub async fn run(
     attempts: usize,
     concurrency: usize,
 ) -> anyhow::Result<Vec<ScriptRow>> {
-    for &peer in Peer::ALL.iter().chain(&Peer::HEAD).chain(&Peer::STEPS) {
+    let every = Peer::ALL.iter().chain(&Peer::HEAD).chain(&Peer::STEPS);
+    for &peer in every.chain(&Peer::COMMANDS) {
         let warm = Workload::success_heavy(attempts.min(2_000));
         measure(client, admin, &users, peer, warm, concurrency).await?;
     }
@@ -218,12 +232,12 @@ pub async fn run(
         Workload::success_heavy(attempts),
         Workload::failure_heavy(attempts),
     ] {
-        let steps = if wl.name == "failure-heavy" {
-            &Peer::HEAD[..]
+        let steps: Vec<Peer> = if wl.name == "failure-heavy" {
+            Peer::HEAD.to_vec()
         } else {
-            &Peer::STEPS[..]
+            [&Peer::STEPS[..], &Peer::COMMANDS[..]].concat()
         };
-        for &peer in Peer::ALL.iter().chain(steps) {
+        for &peer in Peer::ALL.iter().chain(&steps) {
             eprintln!(
                 "- {} / {}: {} attempts, stock {}",
                 peer.name(),
@@ -317,6 +331,7 @@ async fn setup(
         Peer::HgetHincrby => Some(&*HGET_HINCRBY),
         Peer::Hmdp => Some(&*HMDP),
         Peer::Floor => Some(&*FLOOR),
+        Peer::OursCommands => Some(&*OURS_COMMANDS),
         Peer::Ours => None,
         cut => Some(&OURS_CUTS[cut.name()]),
     };
@@ -415,6 +430,13 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         Peer::Floor => {
             cmd.arg(0);
             (cmd.query_async(&mut cm).await?, 1)
+        }
+        Peer::OursCommands => {
+            let k = c.redis.keys(1);
+            cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
+            cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
+            // It reserves every time, answering 0.
+            (cmd.query_async(&mut cm).await?, 0)
         }
         cut => {
             debug_assert!(cut.is_cut());

@@ -15,9 +15,11 @@ use crate::util::{self, Outcome, Run};
 use axum::body::Body;
 use axum::http::Request;
 use seckill_entry::EntryState;
+use seckill_shared::domain::purchase::Attempt;
 use seckill_shared::infra::sqs::{OrderQueue, Queues};
 use seckill_shared::store::conn::Redis;
-use seckill_shared::store::purchase::{self, Code};
+use seckill_shared::store::keys::Home;
+use seckill_shared::store::purchase::{self, Answer, Code};
 use seckill_shared::store::scripts;
 use seckill_shared::{Context, Refusal};
 use serde::Serialize;
@@ -53,11 +55,16 @@ pub struct EntryResults {
     pub accepted_vs_sqs: Option<f64>,
     /// The public view over HTTP against cached sold-out purchases over HTTP.
     pub view: Option<PublicView>,
-    /// `already_purchased` one request at a time: the router and the bare script.
+    /// `already_purchased` one request at a time: the router, the product's Redis call of the
+    /// script (`store::purchase::run` on the entry's connection), and the bare script.
     pub sequential_entry: Measure,
+    pub sequential_call: Measure,
     pub sequential_bare: Measure,
     /// µs the router and handler add to one bare script call (the sequential rows' difference).
     pub entry_overhead_us: f64,
+    /// The part of it the product's Redis call adds to the bare script call; the rest is the
+    /// router's and the handler's.
+    pub call_overhead_us: f64,
     /// What each candidate on the refusal path costs (see `costs`).
     pub costs: Vec<crate::costs::Cost>,
 }
@@ -170,7 +177,11 @@ async fn sections(
         entry_overhead_us: (1.0 / rejected.sequential_entry.per_s
             - 1.0 / rejected.sequential_bare.per_s)
             * 1e6,
+        call_overhead_us: (1.0 / rejected.sequential_call.per_s
+            - 1.0 / rejected.sequential_bare.per_s)
+            * 1e6,
         sequential_entry: rejected.sequential_entry,
+        sequential_call: rejected.sequential_call,
         sequential_bare: rejected.sequential_bare,
         costs,
         in_process: rejected.in_process,
@@ -193,6 +204,7 @@ struct Rejections {
     in_process_with_build: Measure,
     bare_script: Measure,
     sequential_entry: Measure,
+    sequential_call: Measure,
     sequential_bare: Measure,
 }
 
@@ -230,6 +242,8 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
     let what = "entry in-process, one at a time (already_purchased)";
     let sequential_entry =
         router_loop(b, what, open_id, users, one, 1, code, ROUND_ON_REDIS).await?;
+    let what = "store::purchase::run, one at a time (already_purchased)";
+    let sequential_call = call_loop(b, what, open_id, users, one, 1).await?;
     let what = "bare EVALSHA, one at a time (already_purchased)";
     let sequential_bare = bare_loop(b, what, open_id, users, one, 1, purchased).await?;
     Ok(Rejections {
@@ -238,6 +252,7 @@ async fn rejections(b: &Bench, open_id: i64, sizes: &Sizes) -> anyhow::Result<Re
         in_process_with_build,
         bare_script,
         sequential_entry,
+        sequential_call,
         sequential_bare,
     })
 }
@@ -425,6 +440,48 @@ async fn router_loop(
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The purchase script as the entry calls it (`store::purchase::run`: the arguments built,
+/// the call on the entry's connection under its timeout, the answer read), expecting
+/// `already_purchased`.
+async fn call_loop(
+    b: &Bench,
+    what: &str,
+    activity_id: i64,
+    user_count: usize,
+    attempts: usize,
+    concurrency: usize,
+) -> anyhow::Result<Measure> {
+    let (redis, users) = (b.redis.clone(), b.users.clone());
+    let mut admin = b.admin.clone();
+    let before = util::commandstats(&mut admin).await?;
+    let run = util::run_tasks(concurrency, attempts, move |i| {
+        let (redis, users) = (redis.clone(), users.clone());
+        async move {
+            let attempt = Attempt {
+                request_id: Uuid::now_v7(),
+                activity_id,
+                user_id: users[i % user_count].clone(),
+                quantity: 1,
+                buckets: 1,
+            };
+            let far = purchase::far_deadline();
+            match purchase::run(&redis, attempt.home(), &attempt, far, &[]).await {
+                Ok((Answer::Refused(Refusal::AlreadyPurchased), _)) => Outcome::Refused,
+                Ok((answer, _)) => Outcome::Error(format!("script answered {answer:?}")),
+                Err(e) => Outcome::Error(e.to_string()),
+            }
+        }
+    })
+    .await;
+    let after = util::commandstats(&mut admin).await?;
+    Ok(Measure::from_run(
+        what,
+        &run,
+        concurrency,
+        Some(util::commands_between(&before, &after)),
+    ))
 }
 
 /// Raw EVALSHA of the purchase script on one connection manager, arguments prepared

@@ -55,6 +55,39 @@ pub fn table(s: &mut String, rows: &[BucketRow]) {
         );
     }
     s.push('\n');
+    // Where the machine's cores went: a row that keeps them all busy is bounded by them, and
+    // its attempts/s by the CPU each attempt costs the bench and the nodes together.
+    let _ = writeln!(
+        s,
+        "CPU time per 1000 attempts (the bench process, every thread: `/proc/self/task/*/schedstat`; each node: `INFO cpu` user + sys), and the cores the bench and the nodes kept busy together (CPU time ÷ wall time) of the machine's {}\n",
+        first.cores
+    );
+    let _ = writeln!(
+        s,
+        "| buckets | bench ms | nodes ms ({}) | bench + nodes ms | cores busy |",
+        nodes.join(" / ")
+    );
+    s.push_str("|---:|---:|---|---:|---:|\n");
+    for row in rows {
+        let per_k = 1000.0 / row.attempts.max(1) as f64;
+        let node_ms: Vec<String> = row
+            .nodes
+            .iter()
+            .map(|n| format!("{:.1}", n.cpu_ms * per_k))
+            .collect();
+        let total = row.bench_cpu_ms + row.nodes.iter().map(|n| n.cpu_ms).sum::<f64>();
+        let _ = writeln!(
+            s,
+            "| {} | {:.1} | {} | {:.1} | {:.2} of {} |",
+            row.buckets,
+            row.bench_cpu_ms * per_k,
+            node_ms.join(" / "),
+            total * per_k,
+            row.cores_busy,
+            row.cores
+        );
+    }
+    s.push('\n');
     if let Some(one) = rows.iter().find(|r| r.buckets == 1) {
         for row in rows.iter().filter(|r| r.buckets > 1) {
             let _ = writeln!(

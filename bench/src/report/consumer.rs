@@ -1,4 +1,5 @@
-//! The order consumer's table: `handle_batch` against one transaction per order.
+//! The order consumer's table: `handle_batch` against one transaction per order and against
+//! bare single-row inserts.
 
 use crate::consumer::ConsumerResults;
 use std::fmt::Write;
@@ -10,7 +11,12 @@ pub fn table(s: &mut String, c: &ConsumerResults) {
         c.handle_batch.orders, c.instances, c.connections_per_instance, c.batch_size
     );
     s.push_str("| run | orders/s | committed | via batch path | failed/retried | DB orders | DB remaining |\n|---|---:|---:|---:|---:|---:|---:|\n");
-    for run in [&c.handle_batch, &c.handle_batch_per_message, &c.baseline] {
+    for run in [
+        &c.handle_batch,
+        &c.handle_batch_per_message,
+        &c.baseline,
+        &c.bare_inserts,
+    ] {
         let _ = writeln!(
             s,
             "| {} | {:.0} | {} | {} | {} | {} | {} |",

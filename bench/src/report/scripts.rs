@@ -39,7 +39,26 @@ pub fn table(s: &mut String, rows: &[ScriptRow]) {
             s.push_str(&line);
         }
     }
+    if let Some(line) = commands_floor(rows) {
+        s.push_str(&line);
+    }
     s.push('\n');
+}
+
+/// What ours' success path costs as its commands alone, against the combined script: the
+/// floor under any script that keeps what ours keeps.
+fn commands_floor(rows: &[ScriptRow]) -> Option<String> {
+    let find = |script: &str| {
+        rows.iter()
+            .find(|r| r.script == script && r.workload == "success-heavy")
+            .and_then(|r| r.server_us_per_call)
+    };
+    let (commands, combined, ours) = (find("ours-commands")?, find("combined")?, find("ours")?);
+    Some(format!(
+        "- success-heavy: ours' six commands alone (no function, no check) cost {commands:.2} µs/call, {:.2}× the combined script's {combined:.2}: the floor under a script that keeps the ledger entry, the window, the epoch and the one-order rule; ours' functions and checks add {:.2} µs over it.\n",
+        commands / combined.max(1e-9),
+        ours - commands,
+    ))
 }
 
 /// The server time of a row outside the commands its script called.

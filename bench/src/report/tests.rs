@@ -182,13 +182,14 @@ fn script_row(
 }
 
 /// The combined GET/SISMEMBER/DECR/SADD script and ours under both workloads (both ratios
-/// measured, and the difference line of each), a peer without a server figure ("-"), the
-/// empty script under one workload.
+/// measured, and the difference line of each), ours' commands alone (the floor line), a peer
+/// without a server figure ("-"), the empty script under one workload.
 fn scripts() -> Vec<ScriptRow> {
     vec![
         script_row("combined", "success-heavy", Some(4.0), Some(1.5)),
         script_row("hmdp", "success-heavy", None, None),
         script_row("ours", "success-heavy", Some(6.0), Some(2.25)),
+        script_row("ours-commands", "success-heavy", Some(5.0), Some(2.5)),
         script_row("combined", "failure-heavy", Some(2.0), Some(0.5)),
         script_row("ours", "failure-heavy", Some(2.2), Some(1.0)),
         script_row("floor", "failure-heavy", Some(0.75), Some(0.0)),
@@ -206,6 +207,7 @@ fn bucket_row(buckets: u32, attempts_per_s: f64, shares: [(u32, u64); 3]) -> Buc
             script_calls: calls,
             share: 100.0 * calls as f64 / scripts as f64,
             commands: 3 * calls,
+            cpu_ms: calls as f64 * 0.0125,
         })
         .collect();
     BucketRow {
@@ -220,6 +222,9 @@ fn bucket_row(buckets: u32, attempts_per_s: f64, shares: [(u32, u64); 3]) -> Buc
         sold_out_after_s: 0.125,
         selling_attempts_per_s: attempts_per_s * 1.5,
         nodes,
+        bench_cpu_ms: 250.0,
+        cores_busy: 1.5,
+        cores: 2,
         script_calls_per_attempt: scripts as f64 / 3_000.0,
         redis_commands_per_attempt: 3.0 * scripts as f64 / 3_000.0,
         sold: 300,
@@ -312,8 +317,10 @@ fn entry() -> EntryResults {
             unknown_db_transactions_per_request: 0.0007,
         }),
         sequential_entry: measure("router, one at a time", 4_000.0, Some(4.0)),
+        sequential_call: measure("store::purchase::run, one at a time", 4_800.0, Some(4.0)),
         sequential_bare: measure("bare EVALSHA, one at a time", 5_000.0, Some(4.0)),
         entry_overhead_us: 50.0,
+        call_overhead_us: 8.3,
         costs: vec![cost("span", 2.5, Some(0.1)), cost("request id", 0.3, None)],
     }
 }
@@ -340,7 +347,9 @@ fn consumer() -> ConsumerResults {
         handle_batch: consumer_run("handle_batch", 2_500.4, 390),
         handle_batch_per_message: consumer_run("handle_batch, one message per batch", 900.0, 0),
         baseline: consumer_run("baseline: one transaction per order", 1_000.0, 0),
+        bare_inserts: consumer_run("bare inserts: one autocommit single-row INSERT", 2_000.0, 0),
         consumer_vs_baseline: 2.5004,
+        consumer_batch_vs_bare_inserts: 1.2502,
     }
 }
 
