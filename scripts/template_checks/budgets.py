@@ -108,7 +108,7 @@ def budget_paths(t: Template, name: str, fn: dict) -> list[tuple[str, list[tuple
         buckets = min(batch, rust_const("shared/src/domain/settings.rs", "MAX_BUCKETS"))
         stop = rust_const("functions/order-consumer/src/lib.rs", "STOP_BEFORE_DEADLINE")
         fast = [(f"redis: the ledger, one HMGET per home bucket (x{buckets:g})", buckets * redis),
-                db("the batch transaction: begin, insert, stock, commit", 4),
+                db("the batch statement: confirm_orders, its inserts and the stock in one transaction"),
                 ("redis: drop the ledger entries", redis)]
         slowest = [db("the request's row"),
                    ("redis: its ledger entry", redis),
