@@ -144,7 +144,7 @@ endif
 # `make serve`, `make demo` and `make token` run binaries of ONE build: the dev server, the demo
 # and the token minter, built by one cargo command, so their features unify once and the second
 # target builds nothing. PROFILE picks its cargo profile: `local` (the default; optimised for a
-# first build on two cores, see Cargo.toml), `release` (the Lambdas' own: thin LTO, one codegen
+# first build on two cores, see Cargo.toml), `release` (the Lambdas' own: fat LTO, one codegen
 # unit; minutes longer to build), `dev` (the debug build `make test` made; readme-check uses it).
 PROFILE ?= local
 PROFILE_DIR := $(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
