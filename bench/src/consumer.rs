@@ -272,80 +272,76 @@ async fn consume_all(
     Ok((committed, failed, batched))
 }
 
+/// The per-order baseline: the single order's transaction (its insert and conditional stock
+/// update, then commit) per order, with `connections` connections.
 async fn baseline_run(
     database_url: &str,
     pool: &PgPool,
     orders: usize,
     connections: usize,
 ) -> anyhow::Result<ConsumerRun> {
-    let a = new_activity(pool, orders).await?;
-    let p = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(connections as u32)
-        .min_connections(connections as u32)
-        .connect(database_url)
-        .await?;
-    let activity_id = a.id;
-    let pp = p.clone();
-    let run = util::run_tasks(connections, orders, move |i| {
-        let p = pp.clone();
-        async move {
-            let r: Result<bool, sqlx::Error> = async {
-                let attempt = Attempt {
-                    request_id: Uuid::now_v7(),
-                    activity_id,
-                    user_id: format!("buyer-{i:07}"),
-                    quantity: 1,
-                    buckets: 1,
-                };
-                let mut tx = p.begin().await?;
-                order::insert_confirmed(&mut tx, &attempt).await?;
-                let left = activity::take_stock(&mut tx, activity_id, 1, None).await?;
-                if left.is_none() {
-                    tx.rollback().await?;
-                    return Ok(false);
-                }
-                tx.commit().await?;
-                Ok(true)
-            }
-            .await;
-            match r {
-                Ok(true) => util::Outcome::Sold,
-                Ok(false) => util::Outcome::Refused,
-                Err(e) => util::Outcome::Error(e.to_string()),
-            }
-        }
-    })
-    .await;
-    run.warn_errors("per-order baseline");
-    p.close().await;
-    let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
-    let r = ConsumerRun {
-        what: "baseline: one transaction per order".into(),
+    let what = "baseline: one transaction per order";
+    per_order_run(
+        database_url,
+        pool,
         orders,
-        committed: run.counts.sold,
-        failed_or_retried: run.counts.refused + run.counts.errors,
-        batched: 0,
-        seconds: run.elapsed.as_secs_f64(),
-        orders_per_s: run.counts.sold as f64 / run.elapsed.as_secs_f64(),
-        db_orders,
-        db_remaining_stock,
-    };
-    eprintln!(
-        "  {:<44} {:>9.0} orders/s  committed {}",
-        r.what, r.orders_per_s, r.committed
-    );
-    Ok(r)
+        connections,
+        what,
+        |p, attempt| async move {
+            let mut tx = p.begin().await?;
+            order::insert_confirmed(&mut tx, &attempt).await?;
+            let left = activity::take_stock(&mut tx, attempt.activity_id, 1, None).await?;
+            if left.is_none() {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            tx.commit().await?;
+            Ok(true)
+        },
+    )
+    .await
 }
 
 /// The floor the batch path is held to: one autocommit `INSERT` of one order row per statement
 /// (`order::insert_confirmed` on a pooled connection, no transaction around it, no stock update),
-/// with `connections` connections, on a fresh activity of the same size.
+/// with `connections` connections.
 async fn bare_inserts_run(
     database_url: &str,
     pool: &PgPool,
     orders: usize,
     connections: usize,
 ) -> anyhow::Result<ConsumerRun> {
+    let what = "bare inserts: one autocommit single-row INSERT per order";
+    per_order_run(
+        database_url,
+        pool,
+        orders,
+        connections,
+        what,
+        |p, attempt| async move {
+            let mut conn = p.acquire().await?;
+            order::insert_confirmed(&mut conn, &attempt).await?;
+            Ok(true)
+        },
+    )
+    .await
+}
+
+/// `orders` orders of a fresh activity of that size, each a distinct buyer's one unit written by
+/// `write` on a pool of `connections` connections of its own (`Ok(true)`: sold, `Ok(false)`:
+/// refused), `connections` at once; then what the database holds.
+async fn per_order_run<F, Fut>(
+    database_url: &str,
+    pool: &PgPool,
+    orders: usize,
+    connections: usize,
+    what: &str,
+    write: F,
+) -> anyhow::Result<ConsumerRun>
+where
+    F: Fn(PgPool, Attempt) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<bool, sqlx::Error>> + Send + 'static,
+{
     let a = new_activity(pool, orders).await?;
     let p = sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections as u32)
@@ -355,7 +351,7 @@ async fn bare_inserts_run(
     let activity_id = a.id;
     let pp = p.clone();
     let run = util::run_tasks(connections, orders, move |i| {
-        let p = pp.clone();
+        let (p, write) = (pp.clone(), write.clone());
         async move {
             let attempt = Attempt {
                 request_id: Uuid::now_v7(),
@@ -364,22 +360,19 @@ async fn bare_inserts_run(
                 quantity: 1,
                 buckets: 1,
             };
-            let inserted = match p.acquire().await {
-                Ok(mut conn) => order::insert_confirmed(&mut conn, &attempt).await,
-                Err(e) => Err(e),
-            };
-            match inserted {
-                Ok(_) => util::Outcome::Sold,
+            match write(p, attempt).await {
+                Ok(true) => util::Outcome::Sold,
+                Ok(false) => util::Outcome::Refused,
                 Err(e) => util::Outcome::Error(e.to_string()),
             }
         }
     })
     .await;
-    run.warn_errors("bare inserts");
+    run.warn_errors(what);
     p.close().await;
     let (db_orders, db_remaining_stock) = db_facts(pool, a.id).await?;
     let r = ConsumerRun {
-        what: "bare inserts: one autocommit single-row INSERT per order".into(),
+        what: what.into(),
         orders,
         committed: run.counts.sold,
         failed_or_retried: run.counts.refused + run.counts.errors,

@@ -454,9 +454,7 @@ async fn call_loop(
     concurrency: usize,
 ) -> anyhow::Result<Measure> {
     let (redis, users) = (b.redis.clone(), b.users.clone());
-    let mut admin = b.admin.clone();
-    let before = util::commandstats(&mut admin).await?;
-    let run = util::run_tasks(concurrency, attempts, move |i| {
+    counted_run(b, what, attempts, concurrency, move |i| {
         let (redis, users) = (redis.clone(), users.clone());
         async move {
             let attempt = Attempt {
@@ -474,14 +472,7 @@ async fn call_loop(
             }
         }
     })
-    .await;
-    let after = util::commandstats(&mut admin).await?;
-    Ok(Measure::from_run(
-        what,
-        &run,
-        concurrency,
-        Some(util::commands_between(&before, &after)),
-    ))
+    .await
 }
 
 /// Raw EVALSHA of the purchase script on one connection manager, arguments prepared
@@ -501,9 +492,7 @@ async fn bare_loop(
     let sha = Arc::new(b.purchase_sha.clone());
     let request_ids: Arc<Vec<String>> =
         Arc::new((0..attempts).map(|_| Uuid::now_v7().to_string()).collect());
-    let mut admin = b.admin.clone();
-    let before = util::commandstats(&mut admin).await?;
-    let run = util::run_tasks(concurrency, attempts, move |i| {
+    counted_run(b, what, attempts, concurrency, move |i| {
         let mut cm = cm.clone();
         let k = k.clone();
         let users = users.clone();
@@ -533,7 +522,25 @@ async fn bare_loop(
             }
         }
     })
-    .await;
+    .await
+}
+
+/// `attempts` calls of `f`, `concurrency` at once, with the commands the Redis server ran
+/// meanwhile (its `INFO commandstats` before and after).
+async fn counted_run<F, Fut>(
+    b: &Bench,
+    what: &str,
+    attempts: usize,
+    concurrency: usize,
+    f: F,
+) -> anyhow::Result<Measure>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Outcome> + Send + 'static,
+{
+    let mut admin = b.admin.clone();
+    let before = util::commandstats(&mut admin).await?;
+    let run = util::run_tasks(concurrency, attempts, f).await;
     let after = util::commandstats(&mut admin).await?;
     Ok(Measure::from_run(
         what,

@@ -31,8 +31,23 @@ pub fn table(s: &mut String, rows: &[BinaryRow]) {
                 .join(", ")
         );
     }
+    if let Some(largest) = rows.iter().filter_map(|b| b.size_bytes).max() {
+        let mb = largest as f64 / 1e6;
+        let met = if mb <= LARGEST_GOAL_MB {
+            "met"
+        } else {
+            "not met; what they are made of is under \"Goals missed\" at the end"
+        };
+        let _ = writeln!(
+            s,
+            "\nThe largest: {mb:.1} MB; the goal is at most {LARGEST_GOAL_MB:.0} MB ({met})."
+        );
+    }
     s.push('\n');
 }
+
+/// The size the largest Lambda binary is held to, MB.
+const LARGEST_GOAL_MB: f64 = 8.0;
 
 /// The median time to ready, or why there is none.
 fn init_median(b: &BinaryRow) -> String {

@@ -15,7 +15,7 @@ use std::fmt::Write;
 const GOALS: [(&str, &str); 20] = [
     (
         "entryVsLimit",
-        "≥ 0.8 (router + handler; requests built beforehand)",
+        "≥ 0.95 (router + handler ÷ the bare script, 64 at once; requests built beforehand)",
     ),
     (
         "entryVsLimitWithRequestBuild",
@@ -58,7 +58,7 @@ const GOALS: [(&str, &str); 20] = [
     ("httpEntryVsTrivial", "(reported)"),
     (
         "bucketsThreeVsOne",
-        "(reported: attempts/s of one hot sale on the cluster, 3 buckets ÷ 1; its three nodes share the bench's cores)",
+        "≥ 1.0 (attempts/s of one hot sale on the cluster, 3 buckets ÷ 1; its three nodes and the bench share this machine's cores: the CPU table under the buckets table)",
     ),
 ];
 
@@ -229,8 +229,8 @@ mod tests {
 
     #[test]
     fn a_goal_is_met_on_its_side_of_the_threshold_and_a_reported_figure_has_none() {
-        assert_eq!(met("≥ 0.8 (router + handler)", 0.8), Some(true));
-        assert_eq!(met("≥ 0.8 (router + handler)", 0.79), Some(false));
+        assert_eq!(met("≥ 0.95 (router + handler)", 0.95), Some(true));
+        assert_eq!(met("≥ 0.95 (router + handler)", 0.94), Some(false));
         assert_eq!(met("≤ 0.01 (per request)", 0.0019), Some(true));
         assert_eq!(met("≤ 1.2", 3.3), Some(false));
         assert_eq!(met("(success-heavy)", 40.0), None);
