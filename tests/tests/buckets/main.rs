@@ -15,6 +15,7 @@ mod crowds;
 use futures::StreamExt;
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::domain::purchase::{Attempt, MessageKind, OrderMessage};
+use seckill_shared::infra::shape::Function;
 use seckill_shared::protocol;
 use seckill_shared::protocol::consume::Decision;
 use seckill_shared::protocol::purchase::Outcome as Decided;
@@ -49,7 +50,7 @@ async fn attempt(
     .await
 }
 
-/// [`attempt`] with a container's hints.
+/// [`attempt`] with a container's hints, through the entry's own Redis login.
 async fn attempt_with(
     env: &TestEnv,
     hints: &protocol::buckets::Hints,
@@ -66,8 +67,10 @@ async fn attempt_with(
         buckets: known,
     };
     let deadline = store::purchase::far_deadline();
+    // As the entry runs it: its own Redis ACL user, its connection's timeout.
+    let (_, redis) = env.login(Function::Entry);
     Ok(
-        match protocol::purchase::enter(&env.redis, hints, &mut buy, deadline).await? {
+        match protocol::purchase::enter(&redis, hints, &mut buy, deadline).await? {
             Decided::Reserved(r) => Ok(OrderMessage {
                 attempt: Attempt {
                     buckets: r.buckets,
