@@ -1,14 +1,17 @@
 -- purchase.lua: decide one purchase atomically (the seckill-entry hot path).
 -- docs/invariants.md, "Entry: a purchase", "Bucketed sales" and "Draw admission", tells the
--- protocol; this script is its step 1. First the meta's one read and the commonest answer of
--- a hot sale: a sale of one bucket, first come, first served, whose stock is 0 is sold out,
--- for any caller, whatever else would refuse her or count her attempt, before anything else
--- is made or read. Then every check runs before any write (but for the credits, which move
--- units another bucket already gave up, and the per-user rate's counter), in this order:
--- loaded, the caller's bucket count, the rate, the caller's deadline, the window, the
--- per-order limit, a draw sale's pool, stock, the user's field in `users`: the main at the
--- bottom, each concern a function above it. A sold-out refusal runs one command (HMGET), any
--- other first-come refusal at most three (HMGET, TIME, HGET), a success six.
+-- protocol; this script is its step 1. The sale's terms (window, per-order limit, draw end,
+-- per-user rate) do not change while it runs: the caller carries them, and the script reads
+-- them from the meta only when her copy is not the meta's own. First the meta's one read and
+-- the commonest answer of a hot sale: a sale of one bucket, first come, first served, whose
+-- stock is 0 is sold out, for any caller that carries its terms, whatever else would refuse
+-- her or count her attempt, before anything else is made or read. Then every check runs
+-- before any write (but for the credits, which move units another bucket already gave up,
+-- and the per-user rate's counter), in this order: loaded, the caller's bucket count, the
+-- rate, the caller's deadline, the window, the per-order limit, a draw sale's pool, stock,
+-- the user's field in `users`: the main at the bottom, each concern a function above it.
+-- With the terms carried, a sold-out refusal runs one command (HMGET), any other first-come
+-- refusal at most three (HMGET, TIME, HGET), a success six; without them, one HMGET more.
 --
 -- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
 -- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
@@ -17,16 +20,21 @@
 -- ARGV[1] user id (from the verified JWT; never empty, so never the sentinel field "")
 -- ARGV[2] quantity (an integer >= 1)   ARGV[3] request id (a uuid)
 -- ARGV[4] deadline, ms on this server's clock: the caller stops waiting for the answer then
--- ARGV[5] the sale's bucket count the caller chose this bucket with (absent: 1)
--- ARGV[6..] credits, three arguments each: transfer id, units, load epoch (units lua/borrow.lua
+-- ARGV[5] the sale's bucket count the caller chose this bucket with
+-- ARGV[6] the caller's copy of the sale's terms (the meta's `terms`, prelude's sale_terms; ''
+--         for none) and ARGV[7..11] its parts: startMs, endMs, limit, drawEndMs, rate. They
+--         stand in for those fields only when ARGV[6] is the meta's `terms`; any other copy is
+--         not used (the fields are read), and the answer carries the meta's `terms` to keep
+-- ARGV[12..] credits, three arguments each: transfer id, units, load epoch (units lua/borrow.lua
 --         took from other buckets for this purchase; each added to this bucket's stock once,
 --         `in:<id>` in the meta, and only under the epoch it was taken in); a purchase's
 --         second call with no credit (its first found the bucket short, and its sale-wide check
 --         found units back here) passes one empty argument, so that the rate counts it once
 --
 -- Returns {code, value, nowMs, epoch, credited} (credited: 1 when every credit is in this
--- bucket's stock, now or before), or the bare code SOLD_OUT from the meta's read alone (value
--- 0, no credit). The codes, and `value`:
+-- bucket's stock, now or before) and, when the caller's copy of the terms was not the meta's,
+-- a sixth element: the meta's `terms` (nil when it has none); or the bare code SOLD_OUT from
+-- the meta's read alone (value 0, no credit, the copy the meta's). The codes, and `value`:
 local ACCEPTED = 0 -- stock taken, user added, reservation recorded, seq bumped; value = units
 --   left. Also the answer when the user's field already names this request (the script
 --   delivered twice), unless that first run took a one-bucket sale's last units: then sold_out.
@@ -47,33 +55,49 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
 
--- The meta, read once; then sold out, before any function is made (the prelude's and this
--- script's are made below): the sale has one bucket (no `buckets`, or 1) and no draw
--- (`drawEndMs` 0), its stock is 0, and the caller has one bucket too and brings no credit.
--- Nothing changes, and the answer is the bare code: no table to build. (A value written in
--- another form, a `1.0`, only misses this and takes the whole way.)
-local meta = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'epoch', 'stock', 'seq',
-  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')
-if meta[5] == '0' and (meta[7] or '1') == '1' and (meta[8] or '0') == '0' and #ARGV <= 5
-    and (ARGV[5] or '1') == '1' then
+-- The meta's fields that change during a sale, read once; then sold out, before any function
+-- is made (the prelude's and this script's are made below): the caller's terms are the
+-- meta's and say no draw (drawEndMs 0), the sale has one bucket (no `buckets`, or 1), its
+-- stock is 0, and the caller has one bucket too and brings no credit. Nothing changes, and the
+-- answer is the bare code: no table to build. (A value written in another form, a `1.0`, only
+-- misses this and takes the whole way.)
+local meta = redis.call('HMGET', KEYS[1], 'terms', 'stock', 'buckets', 'epoch', 'seq')
+local carried = meta[1] == ARGV[6]
+if meta[2] == '0' and carried and ARGV[10] == '0' and (meta[3] or '1') == '1' and #ARGV <= 11
+    and ARGV[5] == '1' then
   return SOLD_OUT
 end
 
 --[[ prelude ]]
 
+-- The terms: the caller's copy when it is the meta's, else the meta's own fields (all absent:
+-- the bucket is not loaded).
+local start_ms, end_ms, limit, draw_end, rate = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+if not carried then
+  local t = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'drawEndMs', 'rate')
+  start_ms, end_ms, limit, draw_end, rate = t[1], t[2], t[3], t[4], t[5]
+end
+local epoch = tonumber(meta[4] or '0')
+
+-- The answer as a table; a caller whose terms were not the meta's gets the meta's.
+local function answer(code, value, now, credited)
+  if carried then return {code, value, now, epoch, credited} end
+  return {code, value, now, epoch, credited, meta[1]}
+end
+
 -- The per-user rate, on a sale with a `rate` (a call with credits, or the one empty argument,
--- is a purchase's second one, counted on its first): counts this attempt (INCR, and PEXPIRE on the first of a second).
--- Answers the ms until the second is over when past the rate (nothing changed but the
+-- is a purchase's second one, counted on its first): counts this attempt (INCR, and PEXPIRE
+-- on the first of a second). Answers the ms until the second is over when past the rate (nothing changed but the
 -- counter), then whether the attempt is counted.
-local function count_attempt(meta)
-  local rate = tonumber(meta[10] or '0')
-  if rate <= 0 or #ARGV > 5 then return nil, false end
+local function count_attempt()
+  local per_second = tonumber(rate or '0')
+  if per_second <= 0 or #ARGV > 11 then return nil, false end
   local n = redis.call('INCR', KEYS[5])
   if n == 1 then redis.call('PEXPIRE', KEYS[5], 1000) end
-  if n <= rate then return nil, true end
+  if n <= per_second then return nil, true end
   -- This very request already took effect (the script delivered twice): it is answered as
   -- before, and not counted again.
-  if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[3] or (tonumber(meta[8] or '0') > 0
+  if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[3] or (tonumber(draw_end or '0') > 0
       and pool_fields(redis.call('HGET', KEYS[4], ARGV[1]) or '') == ARGV[3]) then
     redis.call('DECR', KEYS[5])
     return nil, false
@@ -91,13 +115,13 @@ local function uncount(counted)
   if counted then redis.call('DECR', KEYS[5]) end
 end
 
--- The credits (ARGV[6..]), before the checks and whatever they answer: each transfer's units
+-- The credits (ARGV[12..]), before the checks and whatever they answer: each transfer's units
 -- go into this bucket's stock once (`in:<id>`), only under the epoch they were taken in, and
 -- the stock with its sequence is written once (into `meta` as well). Answers 1 when every
 -- credit is in the stock, now or before, else 0.
-local function take_credits(meta, epoch)
-  local credited, stock, moved = 1, tonumber(meta[5] or '0'), false
-  for i = 6, #ARGV - 2, 3 do
+local function take_credits()
+  local credited, stock, moved = 1, tonumber(meta[2] or '0'), false
+  for i = 12, #ARGV - 2, 3 do
     if tonumber(ARGV[i + 2]) ~= epoch then
       credited = 0
     elseif redis.call('HSETNX', KEYS[1], 'in:' .. ARGV[i], ARGV[i + 1]) == 1 then
@@ -105,22 +129,23 @@ local function take_credits(meta, epoch)
     end
   end
   if moved then
-    meta[5], meta[6] = stock, put_stock(KEYS[1], stock, tonumber(meta[6] or '0'))
+    meta[2], meta[5] = stock, put_stock(KEYS[1], stock, tonumber(meta[5] or '0'))
   end
   return credited
 end
 
 -- The window, against this server's clock, and the per-order limit: the refusal, if any.
-local function outside_window_or_limit(meta, now, qty)
-  if now < tonumber(meta[1]) then return NOT_STARTED end
-  if now >= tonumber(meta[2]) then return ENDED end
-  if qty > tonumber(meta[3]) then return QUANTITY_EXCEEDS_LIMIT end
+local function outside_window_or_limit(now, qty)
+  if now < tonumber(start_ms) then return NOT_STARTED end
+  if now >= tonumber(end_ms) then return ENDED end
+  if qty > tonumber(limit) then return QUANTITY_EXCEEDS_LIMIT end
 end
 
 -- A draw sale, after the limit check: its pool while the window is open, draw_due until the
--- draw is done, then already_purchased for a user the draw did not pick. Answers the code and
--- value when the purchase ends here, nothing when it goes on first come, first served.
-local function draw_admission(meta, draw_end, now, qty, counted)
+-- draw is done, then already_purchased for a user the draw did not pick (the meta's `drawn`
+-- and `drawAt` read here, on a draw sale only). Answers the code and value when the purchase
+-- ends here, nothing when it goes on first come, first served.
+local function draw_admission(draw_end_ms, now, qty, counted)
   -- A draw sale's open window: the user's pool entry (this request's: queued again, the script
   -- delivered twice), or a new one with the next arrival rank and the user's ticket.
   local function enter_pool()
@@ -151,8 +176,9 @@ local function draw_admission(meta, draw_end, now, qty, counted)
   -- Once a draw step ran (`drawAt`), the pool is closed even should this server's clock say
   -- otherwise (a failover to a replica whose clock is behind): an entry now could land below
   -- the cursor and never be looked at.
-  if now < draw_end and not meta[11] and meta[9] ~= '1' then return enter_pool() end
-  if meta[9] ~= '1' then
+  local drawn, draw_at = unpack(redis.call('HMGET', KEYS[1], 'drawn', 'drawAt'))
+  if now < draw_end_ms and not draw_at and drawn ~= '1' then return enter_pool() end
+  if drawn ~= '1' then
     uncount(counted)
     return DRAW_DUE, -1
   end
@@ -174,38 +200,37 @@ end
 
 -- The reservation: the user's field, the `r` entry and one write of the stock and its
 -- sequence (the script is atomic, so nothing moved them since the HMGET).
-local function reserve(meta, stock, qty, now)
+local function reserve(stock, qty, now)
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
   redis.call('HSET', KEYS[3], ARGV[1], reservation(ARGV[3], qty, now))
-  put_stock(KEYS[1], stock - qty, tonumber(meta[6] or '0'))
+  put_stock(KEYS[1], stock - qty, tonumber(meta[5] or '0'))
 end
 
-if not meta[1] then return {NOT_FOUND, -1, 0, 0, 0} end
-local epoch = tonumber(meta[4] or '0')
-local buckets = tonumber(meta[7] or '1')
-if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end
-local wait_ms, counted = count_attempt(meta)
-if wait_ms then return {RATE_LIMITED, wait_ms, 0, epoch, 0} end
+if not start_ms then return answer(NOT_FOUND, -1, 0, 0) end
+local buckets = tonumber(meta[3] or '1')
+if buckets ~= tonumber(ARGV[5]) then return answer(LAYOUT, buckets, 0, 0) end
+local wait_ms, counted = count_attempt()
+if wait_ms then return answer(RATE_LIMITED, wait_ms, 0, 0) end
 local credited = 1
-if #ARGV > 5 then credited = take_credits(meta, epoch) end
+if #ARGV > 11 then credited = take_credits() end
 local now = now_ms()
 -- Past the deadline nothing happens, the count included.
 if now > tonumber(ARGV[4]) then
   uncount(counted)
-  return {EXPIRED, -1, now, epoch, credited}
+  return answer(EXPIRED, -1, now, credited)
 end
 local qty = tonumber(ARGV[2])
-local code, value = outside_window_or_limit(meta, now, qty)
-if code then return {code, -1, now, epoch, credited} end
-local draw_end = tonumber(meta[8] or '0')
-if draw_end > 0 then
-  code, value = draw_admission(meta, draw_end, now, qty, counted)
+local code, value = outside_window_or_limit(now, qty)
+if code then return answer(code, -1, now, credited) end
+local draw_end_ms = tonumber(draw_end or '0')
+if draw_end_ms > 0 then
+  code, value = draw_admission(draw_end_ms, now, qty, counted)
   -- A table is an error reply: the draw secret is not loaded.
   if type(code) == 'table' then return code end
-  if code then return {code, value, now, epoch, credited} end
+  if code then return answer(code, value, now, credited) end
 end
-local stock = tonumber(meta[5] or '0')
+local stock = tonumber(meta[2] or '0')
 code, value = refuse_or_replay(stock, qty, buckets)
-if code then return {code, value, now, epoch, credited} end
-reserve(meta, stock, qty, now)
-return {ACCEPTED, stock - qty, now, epoch, credited}
+if code then return answer(code, value, now, credited) end
+reserve(stock, qty, now)
+return answer(ACCEPTED, stock - qty, now, credited)

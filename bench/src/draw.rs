@@ -484,15 +484,10 @@ async fn copy_sale(
     Ok(())
 }
 
-/// Closes a draw sale's window now: the meta's `drawEndMs` a moment past.
+/// Closes a draw sale's window now: the meta's `drawEndMs` a moment past (its `terms` with it).
 async fn close_window(admin: &mut MultiplexedConnection, meta: &str) -> anyhow::Result<()> {
     let past = chrono::Utc::now().timestamp_millis() - 1;
-    let _: () = redis::cmd("HSET")
-        .arg(meta)
-        .arg("drawEndMs")
-        .arg(past)
-        .query_async(admin)
-        .await?;
+    testkit::set_term(admin, meta, "drawEndMs", past).await?;
     Ok(())
 }
 

@@ -10,7 +10,10 @@
 //! - `hmdp`: the widely copied 黑马点评 voucher script (GET, SISMEMBER, INCRBY -1, SADD, XADD
 //!   to the order stream), `bench/scripts/hmdp_seckill.lua`.
 //! - `ours`: `lua/purchase.lua` through `testkit::purchase`, as the strategies' `lua` row runs
-//!   it, on a sale loaded by the product's own preheat (`testkit::load_without_db`).
+//!   it, on a sale loaded by the product's own preheat (`testkit::load_without_db`): after its
+//!   first call the handle carries the sale's terms, as the entry's does.
+//! - `ours-fresh`: the same script with no terms carried, as a container's first purchase of a
+//!   sale (and any caller whose copy is stale) calls it: the terms read from the meta.
 //! - `floor`: `return 0`, what any EVALSHA costs this server before the script does anything.
 //! - Ours cut after each step, on ours' keys and arguments, each answering a bare 0 and writing
 //!   nothing: under the failure-heavy workload `ours-head` (the meta's one HMGET alone, which
@@ -58,15 +61,16 @@ static OURS_COMMANDS: LazyLock<Script> =
 /// `lua/purchase.lua` as Redis runs it (behind the prelude's functions it calls).
 static OURS_TEXT: LazyLock<String> =
     LazyLock::new(|| scripts::with_prelude(include_str!("../../lua/purchase.lua")));
-/// The line of the script's main each step ends with. The meta's one HMGET (its second line).
-/// A success's steps: the functions made, whether the sale is loaded and the caller's bucket
-/// count; the rate (none here), the credits (none), the server clock; every check up to the
-/// stock; the stock check and the user's field.
-const OURS_HEAD: &str = "  'buckets', 'drawEndMs', 'drawn', 'rate', 'drawAt')";
+/// The line of the script's main each step ends with. The meta's one HMGET (and whether the
+/// caller's terms are the meta's). A success's steps: the functions made, the terms taken,
+/// whether the sale is loaded and the caller's bucket count; the rate (none here), the credits
+/// (none), the server clock; every check up to the stock; the stock check and the user's
+/// field.
+const OURS_HEAD: &str = "local carried = meta[1] == ARGV[6]";
 const OURS_META: &str =
-    "if buckets ~= tonumber(ARGV[5] or '1') then return {LAYOUT, buckets, 0, epoch, 0} end";
+    "if buckets ~= tonumber(ARGV[5]) then return answer(LAYOUT, buckets, 0, 0) end";
 const OURS_CLOCK: &str = "local now = now_ms()";
-const OURS_CHECKS: &str = "local stock = tonumber(meta[5] or '0')";
+const OURS_CHECKS: &str = "local stock = tonumber(meta[2] or '0')";
 const OURS_USER: &str = "code, value = refuse_or_replay(stock, qty, buckets)";
 
 /// Ours cut after the main's line `last`, answering 0: what the whole script makes and runs
@@ -101,6 +105,7 @@ pub enum Peer {
     OursChecks,
     OursUser,
     OursCommands,
+    OursFresh,
 }
 
 impl Peer {
@@ -123,6 +128,9 @@ impl Peer {
 
     /// Ours' success path as its commands alone (success-heavy only).
     pub const COMMANDS: [Peer; 1] = [Peer::OursCommands];
+
+    /// Ours with no terms carried (both workloads).
+    pub const FRESH: [Peer; 1] = [Peer::OursFresh];
 
     /// The line of lua/purchase.lua's main a cut of ours ends with.
     fn last_line(self) -> &'static str {
@@ -153,6 +161,7 @@ impl Peer {
             Peer::OursChecks => "ours-checks",
             Peer::OursUser => "ours-user",
             Peer::OursCommands => "ours-commands",
+            Peer::OursFresh => "ours-fresh",
         }
     }
 
@@ -172,6 +181,7 @@ impl Peer {
             Peer::OursCommands => {
                 "ours' success as its six commands alone (HMGET, TIME, HGET, 3 HSET; no function, no check)"
             }
+            Peer::OursFresh => "ours with no terms carried: the window, limit, draw end and rate read from the meta",
         }
     }
 }
@@ -212,6 +222,8 @@ struct Ctx {
     stream: String,
     users_list: Arc<Vec<String>>,
     order_ids: Vec<String>,
+    /// Ours' arguments 6 to 11: the sale's terms carried (six empty ones for `ours-fresh`).
+    carried: Vec<String>,
 }
 
 /// Every script under both workloads (`attempts` each), after a discarded warm-up of each.
@@ -223,7 +235,7 @@ pub async fn run(
     concurrency: usize,
 ) -> anyhow::Result<Vec<ScriptRow>> {
     let every = Peer::ALL.iter().chain(&Peer::HEAD).chain(&Peer::STEPS);
-    for &peer in every.chain(&Peer::COMMANDS) {
+    for &peer in every.chain(&Peer::COMMANDS).chain(&Peer::FRESH) {
         let warm = Workload::success_heavy(attempts.min(2_000));
         measure(client, admin, &users, peer, warm, concurrency).await?;
     }
@@ -233,9 +245,9 @@ pub async fn run(
         Workload::failure_heavy(attempts),
     ] {
         let steps: Vec<Peer> = if wl.name == "failure-heavy" {
-            Peer::HEAD.to_vec()
+            [&Peer::HEAD[..], &Peer::FRESH[..]].concat()
         } else {
-            [&Peer::STEPS[..], &Peer::COMMANDS[..]].concat()
+            [&Peer::STEPS[..], &Peer::COMMANDS[..], &Peer::FRESH[..]].concat()
         };
         for &peer in Peer::ALL.iter().chain(&steps) {
             eprintln!(
@@ -318,11 +330,11 @@ async fn setup(
 ) -> anyhow::Result<Ctx> {
     let prefix = util::fresh_prefix();
     let cm = util::manager(client).await?;
-    let redis = Redis {
-        conn: RedisConn::Standalone(cm.clone()),
-        prefix: prefix.clone(),
-        timeout: Duration::from_secs(5),
-    };
+    let redis = Redis::new(
+        RedisConn::Standalone(cm.clone()),
+        &prefix,
+        Duration::from_secs(5),
+    );
     let activity_id = 1;
     let tag = format!("{prefix}:{{{activity_id}}}");
     let mut con = admin.clone();
@@ -332,6 +344,7 @@ async fn setup(
         Peer::Hmdp => Some(&*HMDP),
         Peer::Floor => Some(&*FLOOR),
         Peer::OursCommands => Some(&*OURS_COMMANDS),
+        Peer::OursFresh => Some(&*scripts::PURCHASE),
         Peer::Ours => None,
         cut => Some(&OURS_CUTS[cut.name()]),
     };
@@ -339,7 +352,7 @@ async fn setup(
         Some(s) => s.prepare_invoke().load_async(&mut con).await?,
         None => String::new(),
     };
-    let c = Ctx {
+    let mut c = Ctx {
         peer,
         cm,
         sha,
@@ -356,6 +369,7 @@ async fn setup(
             Vec::new()
         },
         redis,
+        carried: Vec::new(),
     };
     match peer {
         Peer::Combined | Peer::Hmdp => {
@@ -381,6 +395,11 @@ async fn setup(
                 Duration::from_secs(3600),
             )
             .await?;
+            let terms = match peer {
+                Peer::OursFresh => None,
+                _ => purchase::read_terms(&c.redis, activity_id.into()).await?,
+            };
+            c.carried = purchase::carried(terms.as_ref()).map(String::from).to_vec();
         }
     }
     Ok(c)
@@ -438,13 +457,28 @@ async fn attempt(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
             // It reserves every time, answering 0.
             (cmd.query_async(&mut cm).await?, 0)
         }
+        Peer::OursFresh => {
+            let k = c.redis.keys(1);
+            cmd.arg(6).arg(&k.meta).arg(&k.users).arg(&k.ledger);
+            cmd.arg(&k.pool).arg(k.rate(user)).arg(&k.tickets);
+            cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
+            cmd.arg(purchase::far_deadline()).arg(1).arg(&c.carried);
+            let answer: redis::Value = cmd.query_async(&mut cm).await?;
+            let reply = purchase::reply(answer)?;
+            // With no copy carried, every answer carries the meta's terms.
+            if reply.terms.is_none() {
+                return Ok(Outcome::Error("ours-fresh was answered no terms".into()));
+            }
+            (reply.code, 0)
+        }
         cut => {
             debug_assert!(cut.is_cut());
             let k = c.redis.keys(1);
             cmd.arg(3).arg(&k.meta).arg(&k.users).arg(&k.ledger);
             cmd.arg(user).arg(1).arg(Uuid::now_v7().to_string());
-            // The bucket count `testkit::purchase` passes for a sale with one bucket.
-            cmd.arg(purchase::far_deadline()).arg(1);
+            // The bucket count `testkit::purchase` passes for a sale with one bucket, and the
+            // sale's terms it carries once it has read them.
+            cmd.arg(purchase::far_deadline()).arg(1).arg(&c.carried);
             // Each cut answers a bare 0.
             let code: i64 = cmd.query_async(&mut cm).await?;
             return Ok(if code == 0 {

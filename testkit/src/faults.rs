@@ -7,8 +7,9 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::keys::Bucket;
+use seckill_shared::store::scripts::with_prelude;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Redis loses a sale, as after a restart with no data: its meta (with the stock), users,
@@ -69,14 +70,39 @@ pub async fn end_activity_by_hand(env: &TestEnv, activity_id: i64) {
 /// Closes a draw sale's pool now, as the clock reaching `startAt + drawWindowMs` does: the
 /// meta's `drawEndMs` set a minute back (the row keeps its window; only Redis decides).
 pub async fn close_draw_window(env: &TestEnv, activity_id: i64) {
-    let k = env.redis.keys(activity_id);
+    let meta = env.redis.keys(activity_id).meta;
     // A minute ago: past the drawer's settle margin for the order queue's backlog.
     let past = Utc::now().timestamp_millis() - 60_000;
-    let _: () = env
-        .redis
-        .cmd(redis::cmd("HSET").arg(&k.meta).arg("drawEndMs").arg(past))
+    let mut con = env.redis.conn.clone();
+    set_term(&mut con, &meta, "drawEndMs", past)
         .await
         .expect("redis answers");
+}
+
+/// Sets one of the sale's terms in a loaded meta (`startMs`, `endMs`, `limit`, `drawEndMs` or
+/// `rate`), as a test moves the clock or an operator's hand would, and writes the meta's
+/// `terms` again from its fields, as preheat and an admin change write them together: a
+/// caller's copy of the old terms is then not used.
+pub async fn set_term(
+    con: &mut impl redis::aio::ConnectionLike,
+    meta: &str,
+    field: &str,
+    value: i64,
+) -> redis::RedisResult<()> {
+    static SET_TERM: LazyLock<redis::Script> = LazyLock::new(|| {
+        redis::Script::new(&with_prelude(
+            "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])\n\
+             redis.call('HSET', KEYS[1], 'terms', terms_of_fields(KEYS[1]))\n\
+             return 0\n",
+        ))
+    });
+    SET_TERM
+        .key(meta)
+        .arg(field)
+        .arg(value)
+        .invoke_async::<i64>(con)
+        .await
+        .map(drop)
 }
 
 /// A moment past a reconcile grace period of `grace` for anything done before now.

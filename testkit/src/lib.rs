@@ -43,7 +43,7 @@ pub use env::{
 };
 pub use faults::{
     after_grace, age_reservations, close_draw_window, counting_pool, dead_pool, dead_queue,
-    end_activity_by_hand, lose_activity, lose_field, set_db_stock_by_hand,
+    end_activity_by_hand, lose_activity, lose_field, set_db_stock_by_hand, set_term,
 };
 pub use functions::redis_acl_users;
 pub use http::{

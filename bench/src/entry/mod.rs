@@ -492,12 +492,18 @@ async fn bare_loop(
     let sha = Arc::new(b.purchase_sha.clone());
     let request_ids: Arc<Vec<String>> =
         Arc::new((0..attempts).map(|_| Uuid::now_v7().to_string()).collect());
+    // The bucket count and the sale's terms, as the entry passes them once it has read them.
+    let terms = purchase::read_terms(&b.redis, activity_id.into()).await?;
+    let mut carried = vec!["1".to_string()];
+    carried.extend(purchase::carried(terms.as_ref()).map(String::from));
+    let carried = Arc::new(carried);
     counted_run(b, what, attempts, concurrency, move |i| {
         let mut cm = cm.clone();
         let k = k.clone();
         let users = users.clone();
         let sha = sha.clone();
         let request_ids = request_ids.clone();
+        let carried = carried.clone();
         async move {
             // purchase.lua answers {code, value, nowMs, epoch, credited}, or a bare sold-out
             // code: the code is all this row reads.
@@ -511,10 +517,11 @@ async fn bare_loop(
                 .arg(1)
                 .arg(&request_ids[i])
                 .arg(purchase::far_deadline())
+                .arg(carried.as_slice())
                 .query_async(&mut cm)
                 .await;
             match r.and_then(purchase::reply) {
-                Ok(answer) if answer.0 == code => Outcome::Refused,
+                Ok(answer) if answer.code == code => Outcome::Refused,
                 Ok(answer) => {
                     Outcome::Error(format!("script answered {answer:?}, expected {code}"))
                 }

@@ -66,6 +66,8 @@ pub(super) struct Ctx {
     pub(super) users: Arc<Vec<String>>,
     pub(super) request_ids: Arc<Vec<String>>,
     pub(super) purchase_sha: String,
+    /// `limit`: the bucket count and the sale's terms, as the entry carries them.
+    pub(super) carried: Vec<String>,
     pub(super) die_permille: u64,
     pub(super) negative: Counter,
     pub(super) calls: Counter,
@@ -217,7 +219,8 @@ async fn db_only(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
 async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
     let mut cm = c.cm.clone();
     c.calls.fetch_add(1, Ordering::Relaxed);
-    // purchase.lua answers {code, value, nowMs, epoch, credited}, or a bare sold-out code.
+    // purchase.lua answers {code, value, nowMs, epoch, credited}, or a bare sold-out code
+    // (the terms are the meta's: no sixth element).
     let answer: redis::Value = redis::cmd("EVALSHA")
         .arg(&c.purchase_sha)
         .arg(3)
@@ -228,9 +231,10 @@ async fn limit(c: &Ctx, i: usize) -> anyhow::Result<Outcome> {
         .arg(1)
         .arg(&c.request_ids[i])
         .arg(purchase::far_deadline())
+        .arg(&c.carried)
         .query_async(&mut cm)
         .await?;
-    Ok(if purchase::reply(answer)?.0 == 0 {
+    Ok(if purchase::reply(answer)?.code == 0 {
         Outcome::Sold
     } else {
         Outcome::Refused

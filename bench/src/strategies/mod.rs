@@ -30,7 +30,7 @@ use seckill_shared::domain::activity::Activity;
 use seckill_shared::store::conn::Redis;
 use seckill_shared::store::conn::RedisConn;
 use seckill_shared::store::ledger;
-
+use seckill_shared::store::purchase;
 use seckill_shared::store::scripts;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -220,11 +220,11 @@ pub async fn run_workload(
 async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> anyhow::Result<Ctx> {
     let prefix = util::fresh_prefix();
     let cm = util::manager(&env.client).await?;
-    let redis = Redis {
-        conn: RedisConn::Standalone(cm.clone()),
-        prefix: prefix.clone(),
-        timeout: Duration::from_secs(5),
-    };
+    let redis = Redis::new(
+        RedisConn::Standalone(cm.clone()),
+        &prefix,
+        Duration::from_secs(5),
+    );
     let activity_id = 1;
     let keys = redis.keys(activity_id);
     let goods = format!("{prefix}:{{{activity_id}}}:goods");
@@ -284,6 +284,16 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
             );
         }
     }
+    // The bucket count and the sale's terms, as the entry passes them once it has read them.
+    let carried = match s {
+        Strategy::Limit => {
+            let terms = purchase::read_terms(&redis, activity_id.into()).await?;
+            let mut args = vec!["1".to_string()];
+            args.extend(purchase::carried(terms.as_ref()).map(String::from));
+            args
+        }
+        _ => Vec::new(),
+    };
     let request_ids = if s == Strategy::Limit {
         (0..wl.attempts)
             .map(|_| Uuid::now_v7().to_string())
@@ -299,6 +309,7 @@ async fn setup(env: &mut Env, s: Strategy, wl: Workload, die_permille: u64) -> a
         users: env.users.clone(),
         request_ids: Arc::new(request_ids),
         purchase_sha,
+        carried,
         die_permille,
         negative: counter(),
         calls: counter(),

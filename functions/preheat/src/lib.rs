@@ -82,8 +82,8 @@ impl Preheat {
         Ok(outcome)
     }
 
-    /// Whether every bucket of the sale holds its current config version, its bucket count
-    /// and both sentinels.
+    /// Whether every bucket of the sale holds its current config version, its bucket count,
+    /// both sentinels, its ticket secret and its terms.
     async fn is_current(&self, a: &Activity) -> Result<bool, LoadError> {
         let count = a.bucket_count();
         if !buckets::all_loaded(&self.redis, a.id, count).await? {

@@ -7,11 +7,13 @@
 //! configured never to evict (see docs/deploy.md).
 
 use crate::infra::config::{Config, RedisTopology};
+use crate::store::values::TermsSeen;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A connection to a standalone Redis or to a Redis Cluster.
@@ -58,12 +60,14 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
 }
 
-/// A cheap-to-clone handle: the connection, the key prefix and the call timeout.
+/// A cheap-to-clone handle: the connection, the key prefix and the call timeout, and the
+/// sales' terms its purchases last read (shared by its clones).
 #[derive(Clone)]
 pub struct Redis {
     pub conn: RedisConn,
     pub prefix: String,
     pub timeout: Duration,
+    pub terms: Arc<TermsSeen>,
 }
 
 impl Redis {
@@ -92,11 +96,17 @@ impl Redis {
         prefix: &str,
     ) -> anyhow::Result<Self> {
         let conn = connect_topology(topology, timeout).await?;
-        Ok(Self {
+        Ok(Self::new(conn, prefix, timeout))
+    }
+
+    /// A handle on a connection made elsewhere, with no terms seen yet.
+    pub fn new(conn: RedisConn, prefix: &str, timeout: Duration) -> Self {
+        Self {
             conn,
             prefix: prefix.to_string(),
             timeout,
-        })
+            terms: Arc::default(),
+        }
     }
 
     /// The keys of one activity under this handle's prefix.

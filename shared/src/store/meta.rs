@@ -219,14 +219,16 @@ pub async fn loaded_version(
 }
 
 /// Whether `users` and the ledger both hold their [`SENTINEL`] field and the meta its ticket
-/// secret, as `lua/preheat.lua` leaves them: a sale loaded without them (or whose hash was
-/// lost, or loaded by a build before tickets) is given them back by the next preheat.
+/// secret and its `terms`, as `lua/preheat.lua` leaves them: a sale loaded without them (or
+/// whose hash was lost, or loaded by a build before tickets or terms) is given them back by
+/// the next preheat.
 pub async fn has_sentinels(redis: &Redis, at: impl Into<Bucket>) -> Result<bool, StoreError> {
     let k = redis.bucket_keys(at.into());
     for (key, field) in [
         (&k.users, SENTINEL),
         (&k.ledger, SENTINEL),
         (&k.meta, "drawKeyI"),
+        (&k.meta, "terms"),
     ] {
         let there: bool = redis.cmd(redis::cmd("HEXISTS").arg(key).arg(field)).await?;
         if !there {

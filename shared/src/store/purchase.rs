@@ -5,8 +5,10 @@
 use super::conn::{Redis, StoreError};
 use super::keys::Bucket;
 use super::scripts::{self, codes};
+use super::values::SaleTerms;
 use crate::domain::purchase::Attempt;
 use crate::domain::refusal::Refusal;
+use crate::infra::pause;
 use uuid::Uuid;
 
 codes! {
@@ -79,7 +81,8 @@ pub struct Credit {
 /// stock first. `deadline_ms` is on the Redis server's clock: a script that only gets to run
 /// after it refuses ([`Refusal::Expired`]), so a caller that timed out and answered 503
 /// leaves nothing behind. The flag: every credit is in the bucket's stock (now or before), so
-/// the donors' ledger entries can go.
+/// the donors' ledger entries can go. The call carries the sale's terms as `redis` last read
+/// them, and keeps the meta's when the script answers them (the copy was not the meta's).
 pub async fn run(
     redis: &Redis,
     home: Bucket,
@@ -124,6 +127,12 @@ async fn invoke(
         .arg(attempt.request_id.to_string())
         .arg(deadline_ms)
         .arg(home.count);
+    let terms = redis.terms.get(attempt.activity_id);
+    for arg in carried(terms.as_deref()) {
+        inv.arg(arg);
+    }
+    // The copy in hand, the script not yet run: an admin change may land in between.
+    pause::point("purchase.terms", attempt.activity_id).await;
     for c in credits {
         inv.arg(c.id.to_string()).arg(c.units).arg(c.epoch);
     }
@@ -131,7 +140,19 @@ async fn invoke(
         // No credit, and still a second call: one empty argument says so.
         inv.arg("");
     }
-    let (code, value, now_ms, epoch, credited) = reply(redis.script(&inv).await?)?;
+    let Reply {
+        code,
+        value,
+        now_ms,
+        epoch,
+        credited,
+        terms,
+    } = reply(redis.script(&inv).await?)?;
+    match terms {
+        Some(Some(text)) => redis.terms.put(attempt.activity_id, &text),
+        Some(None) => redis.terms.forget(attempt.activity_id),
+        None => {}
+    }
     let answer = match Code::read(code)? {
         Code::Accepted => Answer::Accepted(Reservation {
             stock_left: value,
@@ -158,13 +179,81 @@ async fn invoke(
     Ok((answer, credited == 1))
 }
 
-/// `purchase.lua`'s reply as its five numbers `{code, value, nowMs, epoch, credited}`; the
-/// bare sold-out code (its answer from the meta's read alone) reads as `{5, 0, 0, 0, 1}`.
-pub fn reply(value: redis::Value) -> Result<(i64, i64, i64, i64, i64), redis::RedisError> {
-    match value {
-        redis::Value::Int(code) if code == Code::SoldOut as i64 => Ok((code, 0, 0, 0, 1)),
-        reply => Ok(redis::from_redis_value(reply)?),
+/// `purchase.lua`'s arguments 6 to 11: the caller's copy of the sale's terms, the whole value
+/// and its five fields, or six empty arguments for none.
+pub fn carried(terms: Option<&SaleTerms>) -> [&str; 6] {
+    match terms {
+        Some(t) => {
+            let mut args = [t.text(); 6];
+            for (arg, part) in args[1..].iter_mut().zip(t.parts()) {
+                *arg = part;
+            }
+            args
+        }
+        None => [""; 6],
     }
+}
+
+/// The sale's terms as bucket `bucket`'s meta holds them (`None`: not loaded, or kept by a
+/// build before the meta held them), for a caller of `purchase.lua` of its own (the bench).
+pub async fn read_terms(redis: &Redis, bucket: Bucket) -> Result<Option<SaleTerms>, StoreError> {
+    let meta = redis.bucket_keys(bucket).meta;
+    let text: Option<String> = redis
+        .cmd(redis::cmd("HGET").arg(&meta).arg("terms"))
+        .await?;
+    Ok(text.as_deref().and_then(SaleTerms::parse))
+}
+
+/// `purchase.lua`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub code: i64,
+    pub value: i64,
+    pub now_ms: i64,
+    pub epoch: i64,
+    pub credited: i64,
+    /// The meta's `terms` (`None` inside: it has none), when the caller's copy was not it.
+    pub terms: Option<Option<String>>,
+}
+
+/// `purchase.lua`'s reply `{code, value, nowMs, epoch, credited[, terms]}`; the bare sold-out
+/// code (its answer from the meta's read alone, the caller's terms the meta's) reads as
+/// `{5, 0, 0, 0, 1}`.
+pub fn reply(value: redis::Value) -> Result<Reply, redis::RedisError> {
+    if let redis::Value::Int(code) = value {
+        if code == Code::SoldOut as i64 {
+            return Ok(Reply {
+                code,
+                value: 0,
+                now_ms: 0,
+                epoch: 0,
+                credited: 1,
+                terms: None,
+            });
+        }
+    }
+    let mut items: Vec<redis::Value> = redis::from_redis_value(value)?;
+    let terms = match items.len() {
+        5 => None,
+        6 => Some(redis::from_redis_value(items.pop().expect("six"))?),
+        n => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "purchase.lua answered a table of another length",
+                n.to_string(),
+            )))
+        }
+    };
+    let (code, value, now_ms, epoch, credited) =
+        redis::from_redis_value(redis::Value::Array(items))?;
+    Ok(Reply {
+        code,
+        value,
+        now_ms,
+        epoch,
+        credited,
+        terms,
+    })
 }
 
 /// A purchase deadline that never passes, for callers with no timeout of their own to honour
@@ -239,13 +328,30 @@ mod tests {
 
     #[test]
     fn the_bare_sold_out_code_reads_as_its_table_and_no_other_bare_code_does() {
-        use redis::Value::{Array, Int};
-        assert_eq!(reply(Int(5)).unwrap(), (5, 0, 0, 0, 1));
-        let table = Array(vec![Int(0), Int(7), Int(1_700), Int(3), Int(1)]);
-        assert_eq!(reply(table).unwrap(), (0, 7, 1_700, 3, 1));
+        use redis::Value::{Array, BulkString, Int, Nil};
+        let numbers = |r: Reply| (r.code, r.value, r.now_ms, r.epoch, r.credited);
+        let sold_out = reply(Int(5)).unwrap();
+        assert_eq!(
+            (numbers(sold_out.clone()), sold_out.terms),
+            ((5, 0, 0, 0, 1), None)
+        );
+        let five = vec![Int(0), Int(7), Int(1_700), Int(3), Int(1)];
+        let table = reply(Array(five.clone())).unwrap();
+        assert_eq!(
+            (numbers(table.clone()), table.terms),
+            ((0, 7, 1_700, 3, 1), None)
+        );
+        let with = |last| Array(five.iter().cloned().chain([last]).collect());
+        let terms = b"1:2:3:0:0".to_vec();
+        assert_eq!(
+            reply(with(BulkString(terms))).unwrap().terms,
+            Some(Some("1:2:3:0:0".into()))
+        );
+        assert_eq!(reply(with(Nil)).unwrap().terms, Some(None));
         for bare in [0, 1, 6] {
             assert!(reply(Int(bare)).is_err(), "a bare {bare} is no answer");
         }
+        assert!(reply(Array(five[..4].to_vec())).is_err());
     }
 
     #[test]

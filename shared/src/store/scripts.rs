@@ -285,6 +285,58 @@ mod tests {
         );
     }
 
+    /// The write calls (`HSET`, `HSETNX`, `HMSET`) of `code`, each up to its closing parenthesis.
+    fn hash_writes(code: &str) -> Vec<&str> {
+        let mut writes = Vec::new();
+        for (at, _) in code.match_indices("redis.call(") {
+            let call = &code[at..];
+            let mut depth = 0;
+            let end = call
+                .char_indices()
+                .find_map(|(i, c)| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    (depth == 0 && c == ')').then_some(i + 1)
+                })
+                .unwrap_or(call.len());
+            let call = &call[..end];
+            if ["'HSET'", "'HSETNX'", "'HMSET'"]
+                .iter()
+                .any(|w| call["redis.call(".len()..].trim_start().starts_with(w))
+            {
+                writes.push(call);
+            }
+        }
+        writes
+    }
+
+    #[test]
+    fn every_script_that_writes_a_term_writes_the_terms_with_it() {
+        const TERMS: [&str; 5] = ["'startMs'", "'endMs'", "'limit'", "'drawEndMs'", "'rate'"];
+        let mut writers = Vec::new();
+        for (script, source) in SOURCES {
+            let code = code_of(&with_prelude(source));
+            for write in hash_writes(&code) {
+                if TERMS.iter().any(|t| write.contains(t)) {
+                    assert!(
+                        write.contains("'terms', sale_terms("),
+                        "{script} writes a term without the terms: {write}"
+                    );
+                    writers.push(*script);
+                }
+            }
+        }
+        writers.dedup();
+        assert_eq!(writers, ["preheat.lua", "adjust.lua"]);
+        assert_eq!(
+            hash_writes("redis.call('HSET', k, f(1), 'x')\nredis.call('GET', k)").len(),
+            1
+        );
+    }
+
     #[test]
     fn every_prelude_function_has_a_caller_and_no_script_redefines_one() {
         for f in prelude_functions() {

@@ -1,9 +1,12 @@
 //! The values the scripts keep in Redis, read back (and, for tests and tools that age or seed
-//! them, written) on the Rust side: a ledger entry, a pool entry, a winner entry. The formats
+//! them, written) on the Rust side: a ledger entry, a pool entry, a winner entry, a sale's
+//! terms (and the memory of them a Redis handle keeps for `purchase.lua`). The formats
 //! are told once, in docs/invariants.md, "The state"; the scripts write them through
 //! `lua/prelude.lua` only, and the tests below hold this module to the strings it writes.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, RwLock};
 use uuid::Uuid;
 
 /// What a ledger entry stands for.
@@ -208,6 +211,85 @@ impl fmt::Display for WinnerEntry {
     }
 }
 
+/// A sale's terms, the meta's `terms`: `startMs:endMs:limit:drawEndMs:rate`, the five fields
+/// it is written with (`sale_terms` in `lua/prelude.lua`). `purchase.lua` takes a copy in its
+/// arguments, the whole value and its parts, and uses the parts only when the value is the
+/// meta's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaleTerms {
+    text: String,
+    parts: [std::ops::Range<usize>; 5],
+}
+
+impl SaleTerms {
+    /// Reads a `terms` value: five fields, none empty.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts: [std::ops::Range<usize>; 5] = Default::default();
+        let mut fields = text.split(':');
+        let mut at = 0;
+        for part in &mut parts {
+            let field = fields.next().filter(|f| !f.is_empty())?;
+            *part = at..at + field.len();
+            at += field.len() + 1;
+        }
+        fields.next().is_none().then(|| Self {
+            text: text.to_string(),
+            parts,
+        })
+    }
+
+    /// The value as the meta holds it.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Its fields in order: startMs, endMs, limit, drawEndMs, rate.
+    pub fn parts(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().map(|r| &self.text[r.clone()])
+    }
+}
+
+/// The terms of the sales a Redis handle (and its clones) last read, by activity: what its
+/// purchases carry. A copy is only ever used by the script when it is the meta's own, so a
+/// stale one costs one read, never a wrong answer. At most [`TermsSeen::MAX`] sales; past it
+/// the memory starts afresh.
+#[derive(Debug, Default)]
+pub struct TermsSeen {
+    seen: RwLock<HashMap<i64, Arc<SaleTerms>>>,
+}
+
+impl TermsSeen {
+    pub const MAX: usize = 1024;
+
+    pub fn get(&self, activity_id: i64) -> Option<Arc<SaleTerms>> {
+        let seen = self.seen.read().unwrap_or_else(|p| p.into_inner());
+        seen.get(&activity_id).cloned()
+    }
+
+    /// Keeps `text` as the sale's terms; a value that does not read is forgotten instead.
+    pub fn put(&self, activity_id: i64, text: &str) {
+        let terms = SaleTerms::parse(text);
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
+        match terms {
+            Some(terms) => {
+                if seen.len() >= Self::MAX && !seen.contains_key(&activity_id) {
+                    seen.clear();
+                }
+                seen.insert(activity_id, Arc::new(terms));
+            }
+            None => {
+                seen.remove(&activity_id);
+            }
+        }
+    }
+
+    /// Forgets the sale's terms: its next purchase reads them from the meta.
+    pub fn forget(&self, activity_id: i64) {
+        let mut seen = self.seen.write().unwrap_or_else(|p| p.into_inner());
+        seen.remove(&activity_id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,5 +388,33 @@ mod tests {
         assert_eq!(odd.user_id, "a|b");
         assert_eq!(WinnerEntry::parse("-"), None);
         assert_eq!(WinnerEntry::parse("10|0"), None);
+    }
+
+    #[test]
+    fn a_sales_terms_read_as_their_five_fields_and_nothing_else_does() {
+        let t = SaleTerms::parse("1700000000000:1700003600000:2:0:5").expect("terms");
+        assert_eq!(t.text(), "1700000000000:1700003600000:2:0:5");
+        assert_eq!(
+            t.parts().collect::<Vec<_>>(),
+            ["1700000000000", "1700003600000", "2", "0", "5"]
+        );
+        for bad in ["", "1:2:3:4", "1:2:3:4:5:6", "1::3:4:5", "1:2:3:4:"] {
+            assert_eq!(SaleTerms::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_memory_of_terms_keeps_what_reads_and_forgets_what_does_not() {
+        let seen = TermsSeen::default();
+        seen.put(7, "1:2:3:0:0");
+        assert_eq!(seen.get(7).unwrap().text(), "1:2:3:0:0");
+        seen.put(7, "garbage");
+        assert_eq!(seen.get(7), None);
+        for id in 0..TermsSeen::MAX as i64 + 5 {
+            seen.put(id, "1:2:3:0:0");
+        }
+        assert!(seen.seen.read().unwrap().len() <= TermsSeen::MAX);
+        seen.forget(TermsSeen::MAX as i64 + 4);
+        assert_eq!(seen.get(TermsSeen::MAX as i64 + 4), None);
     }
 }

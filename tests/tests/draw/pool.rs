@@ -334,10 +334,7 @@ async fn no_entry_after_the_first_draw_step_whatever_the_clock(
     // The clock "goes back": the window's end lies ahead again.
     let k = env.redis.keys(a.id);
     let ahead = chrono::Utc::now().timestamp_millis() + 600_000;
-    let _: () = env
-        .redis
-        .cmd(redis::cmd("HSET").arg(&k.meta).arg("drawEndMs").arg(ahead))
-        .await?;
+    testkit::set_term(&mut env.redis.conn.clone(), &k.meta, "drawEndMs", ahead).await?;
     assert_eq!(enter(&env, a.id, "late").await, Outcome::DrawDue);
     assert!(!tickets(&env, a.id).await.contains_key("late"));
     assert!(draw::pool_entry(&env.redis, a.id, "late").await?.is_none());

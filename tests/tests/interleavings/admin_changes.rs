@@ -1,6 +1,6 @@
-//! An admin's change of a running sale against preheat and reconcile: an extension keeps the
-//! sale's buyers, a lower that preheat races, a commit whose reply was lost, a lower that never
-//! committed.
+//! An admin's change of a running sale against preheat, reconcile and the entry: an extension
+//! keeps the sale's buyers, a lower that preheat races, a commit whose reply was lost, a lower
+//! that never committed, a purchase that carries the terms the change replaced.
 
 use crate::{joined, within, world, World};
 use axum::http::StatusCode;
@@ -21,6 +21,7 @@ on_every_redis!(
     an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis,
     a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat,
     a_preheat_during_a_lower_never_undoes_its_meta,
+    a_purchase_carrying_replaced_terms_is_decided_by_the_new_ones,
 );
 
 /// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
@@ -209,4 +210,64 @@ async fn a_preheat_during_a_lower_never_undoes_its_meta(kind: RedisKind) -> anyh
     );
     assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
     w.assert_conserved().await
+}
+
+/// The entry carries the sale's terms (its per-order limit among them) into the purchase
+/// script. A buyer's request stops with its copy in hand while an admin lowers the limit, and
+/// another's while an admin raises it: each is decided by the limit the meta holds when its
+/// script runs, never by its copy, and the next request carries the new terms.
+async fn a_purchase_carrying_replaced_terms_is_decided_by_the_new_ones(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 20).await?;
+    // The first purchase reads the terms (limit 5) and the entry keeps them.
+    let (status, body) = w.buy("alice", 1).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+
+    let limit_to = |limit: i64| {
+        let (state, id) = (w.admin(), w.id());
+        async move {
+            let patch = ActivityPatch {
+                per_order_limit: Some(limit),
+                ..ActivityPatch::default()
+            };
+            admin::update_activity(&state, id, &patch).await
+        }
+    };
+    for (limit, qty, status, code) in [
+        (2, 3, StatusCode::BAD_REQUEST, "quantity_exceeds_limit"),
+        (4, 3, StatusCode::ACCEPTED, ""),
+    ] {
+        let paused = pause::arm("purchase.terms", w.id());
+        let buyer = format!("buyer-of-{qty}-under-{limit}");
+        let (app, id) = (w.app.clone(), w.id());
+        let buying = tokio::spawn(async move {
+            let path = format!("/activities/{id}/orders");
+            let body = format!(r#"{{"quantity":{qty}}}"#);
+            testkit::call(
+                &app,
+                testkit::request("POST", &path, Some((&buyer, "")), Some(&body)),
+            )
+            .await
+        });
+        within("the purchase with its copy of the terms", paused.reached()).await?;
+        limit_to(limit).await?;
+        paused.resume();
+        let (got, body) = within("the purchase", buying).await??;
+        assert_eq!(got, status, "limit {limit}, {qty} units: {body}");
+        if !code.is_empty() {
+            assert_eq!(body["error"], code, "{body}");
+        }
+        // The next request carries the new terms: at the limit it buys, above it it is refused.
+        let (at, body) = w.buy(&format!("next-at-{limit}"), limit).await;
+        assert_eq!(at, StatusCode::ACCEPTED, "{body}");
+        let (above, body) = w.buy(&format!("next-above-{limit}"), limit + 1).await;
+        assert_eq!(above, StatusCode::BAD_REQUEST, "{body}");
+    }
+    // alice 1, the two at each limit 2 + 4, the buyer of 3 under the raised limit.
+    assert_eq!(
+        view::stock(&w.env.redis, w.id()).await?,
+        Some(20 - 1 - 2 - 4 - 3)
+    );
+    Ok(())
 }

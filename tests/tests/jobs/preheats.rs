@@ -1,5 +1,6 @@
-//! Preheat: twice leaves a loaded sale unchanged, never resets the stock while purchases run, and
-//! reloads a running sale missing from Redis.
+//! Preheat: twice leaves a loaded sale unchanged, never resets the stock while purchases run,
+//! reloads a running sale missing from Redis, and gives a meta without its `terms` (kept by a
+//! build before them) the terms of its own fields.
 
 use crate::{env, insert_activity};
 use chrono::{Duration as ChronoDuration, Utc};
@@ -16,6 +17,7 @@ on_every_redis!(
     preheat_twice_leaves_a_loaded_sale_unchanged,
     preheat_concurrent_with_purchases_never_resets_stock,
     preheat_reloads_a_running_sale_missing_from_redis,
+    preheat_gives_a_meta_without_terms_those_of_its_fields,
 );
 
 async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow::Result<()> {
@@ -175,5 +177,78 @@ async fn a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads(
     let next = job.run(Utc::now()).await?;
     assert_eq!(next.loaded_ids, vec![a.id]);
     assert_eq!(redis_stock(&env, a.id).await, Some(20));
+    Ok(())
+}
+
+/// A sale loaded by a build before the meta kept `terms`: every purchase reads the five fields
+/// (the entry has no copy the script would use). Preheat's next run puts in the terms made of
+/// the meta's own fields, not of the database row it was given, and touches nothing else.
+async fn preheat_gives_a_meta_without_terms_those_of_its_fields(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let env = env(kind).await?;
+    let now = Utc::now();
+    let a = insert_activity(
+        &env,
+        20,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await?;
+    let job = env.preheat();
+    job.run(Utc::now()).await?;
+    let meta = env.redis.keys(a.id).meta;
+    let written = purchase::read_terms(&env.redis, a.id.into()).await?;
+    let written = written.expect("a load writes the terms");
+    // As an older build left it: no `terms`, and a limit of its own the row does not say.
+    let _: () = env
+        .redis
+        .cmd(redis::cmd("HDEL").arg(&meta).arg("terms"))
+        .await?;
+    let _: () = env
+        .redis
+        .cmd(redis::cmd("HSET").arg(&meta).arg("limit").arg(4))
+        .await?;
+    assert_eq!(purchase::read_terms(&env.redis, a.id.into()).await?, None);
+
+    let again = job.run(Utc::now()).await?;
+    assert_eq!(again.already_loaded_ids, vec![a.id]);
+    let terms = purchase::read_terms(&env.redis, a.id.into()).await?;
+    let fields: Vec<Option<String>> = env
+        .redis
+        .cmd(redis::cmd("HMGET").arg(&meta).arg(&[
+            "startMs",
+            "endMs",
+            "limit",
+            "drawEndMs",
+            "rate",
+        ]))
+        .await?;
+    let fields: Vec<String> = fields.into_iter().map(Option::unwrap_or_default).collect();
+    assert_eq!(
+        terms.as_ref().map(|t| t.text()),
+        Some(fields.join(":").as_str())
+    );
+    assert_ne!(
+        terms.as_ref(),
+        Some(&written),
+        "made of the meta's limit, 4"
+    );
+    // Carried, the terms decide as the fields do: 4 units buy, 5 do not.
+    let buy = |user: &'static str, qty| {
+        testkit::purchase(
+            &env.redis,
+            a.id,
+            user,
+            qty,
+            Uuid::now_v7(),
+            purchase::far_deadline(),
+        )
+    };
+    assert!(buy("alice", 4).await?.is_ok());
+    assert_eq!(
+        buy("bob", 5).await?.unwrap_err().code(),
+        "quantity_exceeds_limit"
+    );
     Ok(())
 }
