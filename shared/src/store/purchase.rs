@@ -140,24 +140,18 @@ async fn invoke(
         // No credit, and still a second call: one empty argument says so.
         inv.arg("");
     }
-    let Reply {
-        code,
-        value,
-        now_ms,
-        epoch,
-        credited,
-        terms,
-    } = reply(redis.script(&inv).await?)?;
-    match terms {
-        Some(Some(text)) => redis.terms.put(attempt.activity_id, &text),
+    let r = reply(redis.script(&inv).await?)?;
+    match &r.terms {
+        Some(Some(text)) => redis.terms.put(attempt.activity_id, text),
         Some(None) => redis.terms.forget(attempt.activity_id),
         None => {}
     }
-    let answer = match Code::read(code)? {
+    let (value, now_ms) = (r.value, r.now_ms);
+    let answer = match Code::read(r.code)? {
         Code::Accepted => Answer::Accepted(Reservation {
             stock_left: value,
             now_ms,
-            epoch,
+            epoch: r.epoch,
             buckets: home.count,
         }),
         Code::Layout => Answer::Layout(u32::try_from(value).unwrap_or(1).max(1)),
@@ -176,7 +170,7 @@ async fn invoke(
         }),
         Code::PoolFull => Answer::Refused(Refusal::PoolFull),
     };
-    Ok((answer, credited == 1))
+    Ok((answer, r.credited == 1))
 }
 
 /// `purchase.lua`'s arguments 6 to 11: the caller's copy of the sale's terms, the whole value

@@ -4,11 +4,13 @@
 
 use crate::{env, insert_activity};
 use chrono::{Duration as ChronoDuration, Utc};
+use seckill_shared::domain::activity::Activity;
 use seckill_shared::store::purchase;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use testkit::on_every_redis;
 use testkit::RedisKind;
+use testkit::TestEnv;
 use testkit::{is_participant, redis_stock, reserve};
 use uuid::Uuid;
 
@@ -22,14 +24,7 @@ on_every_redis!(
 
 async fn preheat_twice_leaves_a_loaded_sale_unchanged(kind: RedisKind) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let now = Utc::now();
-    let a = insert_activity(
-        &env,
-        20,
-        now - ChronoDuration::minutes(1),
-        now + ChronoDuration::hours(1),
-    )
-    .await?;
+    let a = running(&env, 20).await?;
     let job = env.preheat();
 
     let first = job.run(Utc::now()).await?;
@@ -50,14 +45,7 @@ async fn preheat_concurrent_with_purchases_never_resets_stock(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = Arc::new(env(kind).await?);
-    let now = Utc::now();
-    let a = insert_activity(
-        &env,
-        300,
-        now - ChronoDuration::minutes(1),
-        now + ChronoDuration::hours(1),
-    )
-    .await?;
+    let a = running(&env, 300).await?;
     let job = Arc::new(env.preheat());
     job.run(Utc::now()).await?;
 
@@ -157,14 +145,7 @@ async fn a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let now = Utc::now();
-    let a = insert_activity(
-        &env,
-        20,
-        now - ChronoDuration::minutes(1),
-        now + ChronoDuration::hours(1),
-    )
-    .await?;
+    let a = running(&env, 20).await?;
     let job = env.preheat();
 
     // An invocation whose deadline is closer than the run's margin.
@@ -187,14 +168,7 @@ async fn preheat_gives_a_meta_without_terms_those_of_its_fields(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
     let env = env(kind).await?;
-    let now = Utc::now();
-    let a = insert_activity(
-        &env,
-        20,
-        now - ChronoDuration::minutes(1),
-        now + ChronoDuration::hours(1),
-    )
-    .await?;
+    let a = running(&env, 20).await?;
     let job = env.preheat();
     job.run(Utc::now()).await?;
     let meta = env.redis.keys(a.id).meta;
@@ -251,4 +225,16 @@ async fn preheat_gives_a_meta_without_terms_those_of_its_fields(
         "quantity_exceeds_limit"
     );
     Ok(())
+}
+
+/// A sale in the database only, its window open since a minute ago for an hour.
+async fn running(env: &TestEnv, stock: i64) -> anyhow::Result<Activity> {
+    let now = Utc::now();
+    insert_activity(
+        env,
+        stock,
+        now - ChronoDuration::minutes(1),
+        now + ChronoDuration::hours(1),
+    )
+    .await
 }
