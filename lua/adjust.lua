@@ -29,7 +29,7 @@ redis.call('HSET', KEYS[1], 'total', ARGV[3], 'startMs', ARGV[4], 'endMs', ARGV[
   'limit', ARGV[6], 'version', ARGV[7], 'expireAtMs', ARGV[8], 'change', ARGV[9],
   'title', ARGV[10], 'drawEndMs', ARGV[11], 'rate', ARGV[12], 'price', ARGV[13],
   'currency', ARGV[14], 'maxEntrants', ARGV[15],
-  'terms', sale_terms(ARGV[4], ARGV[5], ARGV[6], ARGV[11], ARGV[12]))
+  'terms', sale_terms(ARGV[7], ARGV[4], ARGV[5], ARGV[6], ARGV[11], ARGV[12]))
 if tonumber(ARGV[11]) > 0 then
   redis.call('HSETNX', KEYS[5], '', '-')
   redis.call('HSETNX', KEYS[6], '', '-')

@@ -50,13 +50,16 @@ if version then
     redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[4],
       'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'title', ARGV[10],
       'drawEndMs', ARGV[12], 'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15],
-      'maxEntrants', ARGV[20], 'terms', sale_terms(ARGV[3], ARGV[4], ARGV[5], ARGV[12], ARGV[13]))
+      'maxEntrants', ARGV[20],
+      'terms', sale_terms(ARGV[6], ARGV[3], ARGV[4], ARGV[5], ARGV[12], ARGV[13]))
     expire_all()
     return META_REFRESHED
   end
-  -- A meta written before it kept its `terms` gets them, from its own fields.
-  if redis.call('HEXISTS', KEYS[1], 'terms') == 0 then
-    redis.call('HSET', KEYS[1], 'terms', terms_of_fields(KEYS[1]))
+  -- A meta whose `terms` are missing or not its fields' (written by a build before them, or
+  -- a writer since that did not know them) gets those of its own fields.
+  local terms = terms_of_fields(KEYS[1])
+  if redis.call('HGET', KEYS[1], 'terms') ~= terms then
+    redis.call('HSET', KEYS[1], 'terms', terms)
   end
   expire_all()
   return ALREADY_LOADED
@@ -65,7 +68,7 @@ redis.call('HSET', KEYS[1], 'total', ARGV[2], 'startMs', ARGV[3], 'endMs', ARGV[
   'limit', ARGV[5], 'version', ARGV[6], 'expireAtMs', ARGV[7], 'epoch', ARGV[9],
   'stock', ARGV[1], 'title', ARGV[10], 'buckets', ARGV[11], 'drawEndMs', ARGV[12],
   'rate', ARGV[13], 'price', ARGV[14], 'currency', ARGV[15], 'maxEntrants', ARGV[20],
-  'terms', sale_terms(ARGV[3], ARGV[4], ARGV[5], ARGV[12], ARGV[13]),
+  'terms', sale_terms(ARGV[6], ARGV[3], ARGV[4], ARGV[5], ARGV[12], ARGV[13]),
   'fitCounts', '1') -- its pool's entries are counted by units asked (prelude, count_entry)
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 -- A draw sale's pool is rebuilt from the database's entries (pool_restore.lua, from the

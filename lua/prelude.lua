@@ -77,18 +77,21 @@ local function winner_entry(user, qty, epoch)
   return user .. '|' .. qty .. '|' .. epoch
 end
 
--- A sale's terms as one value (`terms` in the meta, written with the five fields it is made
--- of): its window, per-order limit, draw end and per-user rate, each as written. purchase.lua
--- takes a caller's copy of it in place of reading those fields, and only when the copy is
--- this very string.
-local function sale_terms(start_ms, end_ms, limit, draw_end_ms, rate)
-  return start_ms .. ':' .. end_ms .. ':' .. limit .. ':' .. draw_end_ms .. ':' .. rate
+-- A sale's terms as one value (`terms` in the meta, written in the same HSET as the fields it
+-- is made of): the config version they were written under, then the window, per-order limit,
+-- draw end and per-user rate, each as written. purchase.lua takes a caller's copy of it in
+-- place of reading those fields, and only when the copy is this very string and the meta's
+-- `version` is still the one it names (a writer that does not know `terms` moves the version).
+local function sale_terms(version, start_ms, end_ms, limit, draw_end_ms, rate)
+  return version .. ':' .. start_ms .. ':' .. end_ms .. ':' .. limit .. ':' .. draw_end_ms
+    .. ':' .. rate
 end
 
--- The terms a loaded meta's own five fields make (the draw end and the rate absent: 0).
+-- The terms a loaded meta's own fields make (the draw end and the rate absent: 0).
 local function terms_of_fields(meta)
-  local t = redis.call('HMGET', meta, 'startMs', 'endMs', 'limit', 'drawEndMs', 'rate')
-  return sale_terms(t[1], t[2], t[3], t[4] or '0', t[5] or '0')
+  local t = redis.call('HMGET', meta, 'version', 'startMs', 'endMs', 'limit', 'drawEndMs',
+    'rate')
+  return sale_terms(t[1], t[2], t[3], t[4], t[5] or '0', t[6] or '0')
 end
 
 -- Writes the meta's stock as `stock`, moving the stock sequence on from `seq`, in one HSET

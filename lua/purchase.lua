@@ -13,19 +13,20 @@
 -- With the terms carried, a sold-out refusal runs one command (HMGET), any other first-come
 -- refusal at most three (HMGET, TIME, HGET), a success six; without them, one HMGET more.
 --
--- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the meta has a
--- `drawEndMs`)    KEYS[5] rate: this user's attempts of the current second (when the meta has
--- a `rate`)    KEYS[6] tickets (a draw sale's); one hash tag on every key (the user's home
+-- KEYS[1] meta    KEYS[2] users    KEYS[3] ledger    KEYS[4] pool (read when the terms have a
+-- draw end)    KEYS[5] rate: this user's attempts of the current second (when the terms have
+-- a rate)    KEYS[6] tickets (a draw sale's); one hash tag on every key (the user's home
 -- bucket in a bucketed sale)
 -- ARGV[1] user id (from the verified JWT; never empty, so never the sentinel field "")
 -- ARGV[2] quantity (an integer >= 1)   ARGV[3] request id (a uuid)
 -- ARGV[4] deadline, ms on this server's clock: the caller stops waiting for the answer then
 -- ARGV[5] the sale's bucket count the caller chose this bucket with
 -- ARGV[6] the caller's copy of the sale's terms (the meta's `terms`, prelude's sale_terms; ''
---         for none) and ARGV[7..11] its parts: startMs, endMs, limit, drawEndMs, rate. They
---         stand in for those fields only when ARGV[6] is the meta's `terms`; any other copy is
---         not used (the fields are read), and the answer carries the meta's `terms` to keep
--- ARGV[12..] credits, three arguments each: transfer id, units, load epoch (units lua/borrow.lua
+--         for none) and ARGV[7..12] its parts: version, startMs, endMs, limit, drawEndMs,
+--         rate. They stand in for those fields only when ARGV[6] is the meta's `terms` and
+--         ARGV[7] its `version`; any other copy is not used (the fields are read), and the
+--         answer carries the meta's `terms` to keep
+-- ARGV[13..] credits, three arguments each: transfer id, units, load epoch (units lua/borrow.lua
 --         took from other buckets for this purchase; each added to this bucket's stock once,
 --         `in:<id>` in the meta, and only under the epoch it was taken in); a purchase's
 --         second call with no credit (its first found the bucket short, and its sale-wide check
@@ -55,15 +56,15 @@ local RATE_LIMITED = 12 -- past the sale's per-user rate this second; value = ms
 local POOL_FULL = 13 -- a draw sale's pool holds `maxEntrants` entrants and the user is not one
 --   of them; nothing changed
 
--- The meta's fields that change during a sale, read once; then sold out, before any function
--- is made (the prelude's and this script's are made below): the caller's terms are the
--- meta's and say no draw (drawEndMs 0), the sale has one bucket (no `buckets`, or 1), its
--- stock is 0, and the caller has one bucket too and brings no credit. Nothing changes, and the
--- answer is the bare code: no table to build. (A value written in another form, a `1.0`, only
--- misses this and takes the whole way.)
-local meta = redis.call('HMGET', KEYS[1], 'terms', 'stock', 'buckets', 'epoch', 'seq')
-local carried = meta[1] == ARGV[6]
-if meta[2] == '0' and carried and ARGV[10] == '0' and (meta[3] or '1') == '1' and #ARGV <= 11
+-- The meta's terms and version and the fields that change during a sale, read once; then
+-- sold out, before any function is made (the prelude's and this script's are made below):
+-- the caller's terms are the meta's and say no draw (drawEndMs 0), the sale has one bucket (no
+-- `buckets`, or 1), its stock is 0, and the caller has one bucket too and brings no credit.
+-- Nothing changes, and the answer is the bare code: no table to build. (A value written in
+-- another form, a `1.0`, only misses this and takes the whole way.)
+local meta = redis.call('HMGET', KEYS[1], 'terms', 'version', 'stock', 'buckets', 'epoch', 'seq')
+local carried = meta[1] == ARGV[6] and meta[2] == ARGV[7]
+if meta[3] == '0' and carried and ARGV[11] == '0' and (meta[4] or '1') == '1' and #ARGV <= 12
     and ARGV[5] == '1' then
   return SOLD_OUT
 end
@@ -72,12 +73,12 @@ end
 
 -- The terms: the caller's copy when it is the meta's, else the meta's own fields (all absent:
 -- the bucket is not loaded).
-local start_ms, end_ms, limit, draw_end, rate = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local start_ms, end_ms, limit, draw_end, rate = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 if not carried then
   local t = redis.call('HMGET', KEYS[1], 'startMs', 'endMs', 'limit', 'drawEndMs', 'rate')
   start_ms, end_ms, limit, draw_end, rate = t[1], t[2], t[3], t[4], t[5]
 end
-local epoch = tonumber(meta[4] or '0')
+local epoch = tonumber(meta[5] or '0')
 
 -- The answer as a table; a caller whose terms were not the meta's gets the meta's.
 local function answer(code, value, now, credited)
@@ -87,11 +88,11 @@ end
 
 -- The per-user rate, on a sale with a `rate` (a call with credits, or the one empty argument,
 -- is a purchase's second one, counted on its first): counts this attempt (INCR, and PEXPIRE
--- on the first of a second). Answers the ms until the second is over when past the rate (nothing changed but the
--- counter), then whether the attempt is counted.
+-- on the first of a second). Answers the ms until the second is over when past the rate
+-- (nothing changed but the counter), then whether the attempt is counted.
 local function count_attempt()
   local per_second = tonumber(rate or '0')
-  if per_second <= 0 or #ARGV > 11 then return nil, false end
+  if per_second <= 0 or #ARGV > 12 then return nil, false end
   local n = redis.call('INCR', KEYS[5])
   if n == 1 then redis.call('PEXPIRE', KEYS[5], 1000) end
   if n <= per_second then return nil, true end
@@ -115,13 +116,13 @@ local function uncount(counted)
   if counted then redis.call('DECR', KEYS[5]) end
 end
 
--- The credits (ARGV[12..]), before the checks and whatever they answer: each transfer's units
+-- The credits (ARGV[13..]), before the checks and whatever they answer: each transfer's units
 -- go into this bucket's stock once (`in:<id>`), only under the epoch they were taken in, and
 -- the stock with its sequence is written once (into `meta` as well). Answers 1 when every
 -- credit is in the stock, now or before, else 0.
 local function take_credits()
-  local credited, stock, moved = 1, tonumber(meta[2] or '0'), false
-  for i = 12, #ARGV - 2, 3 do
+  local credited, stock, moved = 1, tonumber(meta[3] or '0'), false
+  for i = 13, #ARGV - 2, 3 do
     if tonumber(ARGV[i + 2]) ~= epoch then
       credited = 0
     elseif redis.call('HSETNX', KEYS[1], 'in:' .. ARGV[i], ARGV[i + 1]) == 1 then
@@ -129,7 +130,7 @@ local function take_credits()
     end
   end
   if moved then
-    meta[2], meta[5] = stock, put_stock(KEYS[1], stock, tonumber(meta[5] or '0'))
+    meta[3], meta[6] = stock, put_stock(KEYS[1], stock, tonumber(meta[6] or '0'))
   end
   return credited
 end
@@ -203,16 +204,16 @@ end
 local function reserve(stock, qty, now)
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
   redis.call('HSET', KEYS[3], ARGV[1], reservation(ARGV[3], qty, now))
-  put_stock(KEYS[1], stock - qty, tonumber(meta[5] or '0'))
+  put_stock(KEYS[1], stock - qty, tonumber(meta[6] or '0'))
 end
 
 if not start_ms then return answer(NOT_FOUND, -1, 0, 0) end
-local buckets = tonumber(meta[3] or '1')
+local buckets = tonumber(meta[4] or '1')
 if buckets ~= tonumber(ARGV[5]) then return answer(LAYOUT, buckets, 0, 0) end
 local wait_ms, counted = count_attempt()
 if wait_ms then return answer(RATE_LIMITED, wait_ms, 0, 0) end
 local credited = 1
-if #ARGV > 11 then credited = take_credits() end
+if #ARGV > 12 then credited = take_credits() end
 local now = now_ms()
 -- Past the deadline nothing happens, the count included.
 if now > tonumber(ARGV[4]) then
@@ -229,7 +230,7 @@ if draw_end_ms > 0 then
   if type(code) == 'table' then return code end
   if code then return answer(code, value, now, credited) end
 end
-local stock = tonumber(meta[2] or '0')
+local stock = tonumber(meta[3] or '0')
 code, value = refuse_or_replay(stock, qty, buckets)
 if code then return answer(code, value, now, credited) end
 reserve(stock, qty, now)

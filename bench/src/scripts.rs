@@ -66,11 +66,11 @@ static OURS_TEXT: LazyLock<String> =
 /// whether the sale is loaded and the caller's bucket count; the rate (none here), the credits
 /// (none), the server clock; every check up to the stock; the stock check and the user's
 /// field.
-const OURS_HEAD: &str = "local carried = meta[1] == ARGV[6]";
+const OURS_HEAD: &str = "local carried = meta[1] == ARGV[6] and meta[2] == ARGV[7]";
 const OURS_META: &str =
     "if buckets ~= tonumber(ARGV[5]) then return answer(LAYOUT, buckets, 0, 0) end";
 const OURS_CLOCK: &str = "local now = now_ms()";
-const OURS_CHECKS: &str = "local stock = tonumber(meta[2] or '0')";
+const OURS_CHECKS: &str = "local stock = tonumber(meta[3] or '0')";
 const OURS_USER: &str = "code, value = refuse_or_replay(stock, qty, buckets)";
 
 /// Ours cut after the main's line `last`, answering 0: what the whole script makes and runs
@@ -222,7 +222,7 @@ struct Ctx {
     stream: String,
     users_list: Arc<Vec<String>>,
     order_ids: Vec<String>,
-    /// Ours' arguments 6 to 11: the sale's terms carried (six empty ones for `ours-fresh`).
+    /// Ours' arguments 6 to 12: the sale's terms carried (seven empty ones for `ours-fresh`).
     carried: Vec<String>,
 }
 

@@ -93,6 +93,7 @@ impl Preheat {
             let version = meta::loaded_version(&self.redis, bucket).await?;
             if version != Some(a.config_version)
                 || !meta::has_sentinels(&self.redis, bucket).await?
+                || !meta::terms_current(&self.redis, bucket).await?
             {
                 return Ok(false);
             }

@@ -7,6 +7,7 @@ use super::buckets::split;
 use super::conn::{Redis, StoreError};
 use super::keys::{Bucket, SENTINEL};
 use super::scripts::{self, codes};
+use super::values::SaleTerms;
 use crate::domain::activity::Activity;
 use crate::domain::settings::Settings;
 use chrono::{DateTime, Utc};
@@ -219,16 +220,14 @@ pub async fn loaded_version(
 }
 
 /// Whether `users` and the ledger both hold their [`SENTINEL`] field and the meta its ticket
-/// secret and its `terms`, as `lua/preheat.lua` leaves them: a sale loaded without them (or
-/// whose hash was lost, or loaded by a build before tickets or terms) is given them back by
-/// the next preheat.
+/// secret, as `lua/preheat.lua` leaves them: a sale loaded without them (or whose hash was
+/// lost, or loaded by a build before tickets) is given them back by the next preheat.
 pub async fn has_sentinels(redis: &Redis, at: impl Into<Bucket>) -> Result<bool, StoreError> {
     let k = redis.bucket_keys(at.into());
     for (key, field) in [
         (&k.users, SENTINEL),
         (&k.ledger, SENTINEL),
         (&k.meta, "drawKeyI"),
-        (&k.meta, "terms"),
     ] {
         let there: bool = redis.cmd(redis::cmd("HEXISTS").arg(key).arg(field)).await?;
         if !there {
@@ -236,6 +235,28 @@ pub async fn has_sentinels(redis: &Redis, at: impl Into<Bucket>) -> Result<bool,
         }
     }
     Ok(true)
+}
+
+/// Whether the meta's `terms` are the terms of its own fields, as `lua/preheat.lua` and
+/// `lua/adjust.lua` write them: a meta loaded by a build before them, or whose fields a writer
+/// that did not know them changed, is given them by the next preheat (until then every
+/// purchase reads the fields).
+pub async fn terms_current(redis: &Redis, at: impl Into<Bucket>) -> Result<bool, StoreError> {
+    let k = redis.bucket_keys(at.into());
+    let (fields, terms): ([Option<String>; 6], Option<String>) = {
+        let mut read: Vec<Option<String>> = redis
+            .cmd(
+                redis::cmd("HMGET")
+                    .arg(&k.meta)
+                    .arg(&SaleTerms::FIELDS[..])
+                    .arg("terms"),
+            )
+            .await?;
+        let terms = read.pop().flatten();
+        let fields = read.try_into().unwrap_or_default();
+        (fields, terms)
+    };
+    Ok(terms.is_some() && terms == SaleTerms::of_fields(&fields))
 }
 
 codes! {

@@ -173,18 +173,18 @@ async fn invoke(
     Ok((answer, r.credited == 1))
 }
 
-/// `purchase.lua`'s arguments 6 to 11: the caller's copy of the sale's terms, the whole value
-/// and its five fields, or six empty arguments for none.
-pub fn carried(terms: Option<&SaleTerms>) -> [&str; 6] {
+/// `purchase.lua`'s arguments 6 to 12: the caller's copy of the sale's terms, the whole value
+/// and its six fields, or seven empty arguments for none.
+pub fn carried(terms: Option<&SaleTerms>) -> [&str; 7] {
     match terms {
         Some(t) => {
-            let mut args = [t.text(); 6];
+            let mut args = [t.text(); 7];
             for (arg, part) in args[1..].iter_mut().zip(t.parts()) {
                 *arg = part;
             }
             args
         }
-        None => [""; 6],
+        None => [""; 7],
     }
 }
 
@@ -336,10 +336,10 @@ mod tests {
             ((0, 7, 1_700, 3, 1), None)
         );
         let with = |last| Array(five.iter().cloned().chain([last]).collect());
-        let terms = b"1:2:3:0:0".to_vec();
+        let terms = b"1:1:2:3:0:0".to_vec();
         assert_eq!(
             reply(with(BulkString(terms))).unwrap().terms,
-            Some(Some("1:2:3:0:0".into()))
+            Some(Some("1:1:2:3:0:0".into()))
         );
         assert_eq!(reply(with(Nil)).unwrap().terms, Some(None));
         for bare in [0, 1, 6] {

@@ -211,20 +211,23 @@ impl fmt::Display for WinnerEntry {
     }
 }
 
-/// A sale's terms, the meta's `terms`: `startMs:endMs:limit:drawEndMs:rate`, the five fields
-/// it is written with (`sale_terms` in `lua/prelude.lua`). `purchase.lua` takes a copy in its
-/// arguments, the whole value and its parts, and uses the parts only when the value is the
-/// meta's own.
+/// A sale's terms, the meta's `terms`: `version:startMs:endMs:limit:drawEndMs:rate`, the
+/// fields it is written with (`sale_terms` in `lua/prelude.lua`). `purchase.lua` takes a copy
+/// in its arguments, the whole value and its parts, and uses the parts only when the value is
+/// the meta's own and the meta's `version` the one it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleTerms {
     text: String,
-    parts: [std::ops::Range<usize>; 5],
+    parts: [std::ops::Range<usize>; 6],
 }
 
 impl SaleTerms {
-    /// Reads a `terms` value: five fields, none empty.
+    /// The meta fields a `terms` value is made of, in its order.
+    pub const FIELDS: [&str; 6] = ["version", "startMs", "endMs", "limit", "drawEndMs", "rate"];
+
+    /// Reads a `terms` value: six fields, none empty.
     pub fn parse(text: &str) -> Option<Self> {
-        let mut parts: [std::ops::Range<usize>; 5] = Default::default();
+        let mut parts: [std::ops::Range<usize>; 6] = Default::default();
         let mut fields = text.split(':');
         let mut at = 0;
         for part in &mut parts {
@@ -243,9 +246,24 @@ impl SaleTerms {
         &self.text
     }
 
-    /// Its fields in order: startMs, endMs, limit, drawEndMs, rate.
+    /// Its fields in order: version, startMs, endMs, limit, drawEndMs, rate.
     pub fn parts(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().map(|r| &self.text[r.clone()])
+    }
+
+    /// The `terms` a meta's own [`Self::FIELDS`] make, as `terms_of_fields` in
+    /// `lua/prelude.lua` makes them (the draw end and the rate absent: `0`); `None` when one
+    /// of the others is absent.
+    pub fn of_fields(fields: &[Option<String>; 6]) -> Option<String> {
+        let mut parts = Vec::with_capacity(6);
+        for (i, field) in fields.iter().enumerate() {
+            parts.push(match field.as_deref() {
+                Some(f) => f,
+                None if i >= 4 => "0",
+                None => return None,
+            });
+        }
+        Some(parts.join(":"))
     }
 }
 
@@ -391,27 +409,35 @@ mod tests {
     }
 
     #[test]
-    fn a_sales_terms_read_as_their_five_fields_and_nothing_else_does() {
-        let t = SaleTerms::parse("1700000000000:1700003600000:2:0:5").expect("terms");
-        assert_eq!(t.text(), "1700000000000:1700003600000:2:0:5");
+    fn a_sales_terms_read_as_their_six_fields_and_nothing_else_does() {
+        let t = SaleTerms::parse("3:1700000000000:1700003600000:2:0:5").expect("terms");
+        assert_eq!(t.text(), "3:1700000000000:1700003600000:2:0:5");
         assert_eq!(
             t.parts().collect::<Vec<_>>(),
-            ["1700000000000", "1700003600000", "2", "0", "5"]
+            ["3", "1700000000000", "1700003600000", "2", "0", "5"]
         );
-        for bad in ["", "1:2:3:4", "1:2:3:4:5:6", "1::3:4:5", "1:2:3:4:"] {
+        for bad in ["", "1:2:3:4:5", "1:2:3:4:5:6:7", "1::3:4:5:6", "1:2:3:4:5:"] {
             assert_eq!(SaleTerms::parse(bad), None, "{bad:?}");
         }
+        let some = |v: &str| Some(v.to_string());
+        let fields = [some("3"), some("10"), some("20"), some("2"), None, None];
+        assert_eq!(
+            SaleTerms::of_fields(&fields).as_deref(),
+            Some("3:10:20:2:0:0")
+        );
+        let unloaded = [None, some("10"), some("20"), some("2"), None, None];
+        assert_eq!(SaleTerms::of_fields(&unloaded), None);
     }
 
     #[test]
     fn the_memory_of_terms_keeps_what_reads_and_forgets_what_does_not() {
         let seen = TermsSeen::default();
-        seen.put(7, "1:2:3:0:0");
-        assert_eq!(seen.get(7).unwrap().text(), "1:2:3:0:0");
+        seen.put(7, "1:1:2:3:0:0");
+        assert_eq!(seen.get(7).unwrap().text(), "1:1:2:3:0:0");
         seen.put(7, "garbage");
         assert_eq!(seen.get(7), None);
         for id in 0..TermsSeen::MAX as i64 + 5 {
-            seen.put(id, "1:2:3:0:0");
+            seen.put(id, "1:1:2:3:0:0");
         }
         assert!(seen.seen.read().unwrap().len() <= TermsSeen::MAX);
         seen.forget(TermsSeen::MAX as i64 + 4);

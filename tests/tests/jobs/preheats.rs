@@ -6,6 +6,7 @@ use crate::{env, insert_activity};
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_shared::domain::activity::Activity;
 use seckill_shared::store::purchase;
+use seckill_shared::store::values::SaleTerms;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use testkit::on_every_redis;
@@ -161,9 +162,11 @@ async fn a_preheat_whose_time_is_spent_begins_no_load_and_the_next_run_loads(
     Ok(())
 }
 
-/// A sale loaded by a build before the meta kept `terms`: every purchase reads the five fields
-/// (the entry has no copy the script would use). Preheat's next run puts in the terms made of
-/// the meta's own fields, not of the database row it was given, and touches nothing else.
+/// A sale loaded by a build before the meta kept `terms` (none), and one whose fields a build
+/// that does not know them changed since (`limit` and `version` moved, the terms not): either
+/// way a purchase that carries the old terms is decided by the fields, and preheat's next run
+/// puts in the terms made of the meta's own fields (not of the database row it was given) and
+/// touches nothing else; a purchase then carries them.
 async fn preheat_gives_a_meta_without_terms_those_of_its_fields(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -172,58 +175,83 @@ async fn preheat_gives_a_meta_without_terms_those_of_its_fields(
     let job = env.preheat();
     job.run(Utc::now()).await?;
     let meta = env.redis.keys(a.id).meta;
-    let written = purchase::read_terms(&env.redis, a.id.into()).await?;
-    let written = written.expect("a load writes the terms");
-    // As an older build left it: no `terms`, and a limit of its own the row does not say.
-    let _: () = env
-        .redis
-        .cmd(redis::cmd("HDEL").arg(&meta).arg("terms"))
-        .await?;
-    let _: () = env
-        .redis
-        .cmd(redis::cmd("HSET").arg(&meta).arg("limit").arg(4))
-        .await?;
-    assert_eq!(purchase::read_terms(&env.redis, a.id.into()).await?, None);
-
-    let again = job.run(Utc::now()).await?;
-    assert_eq!(again.already_loaded_ids, vec![a.id]);
-    let terms = purchase::read_terms(&env.redis, a.id.into()).await?;
-    let fields: Vec<Option<String>> = env
-        .redis
-        .cmd(redis::cmd("HMGET").arg(&meta).arg(&[
-            "startMs",
-            "endMs",
-            "limit",
-            "drawEndMs",
-            "rate",
-        ]))
-        .await?;
-    let fields: Vec<String> = fields.into_iter().map(Option::unwrap_or_default).collect();
-    assert_eq!(
-        terms.as_ref().map(|t| t.text()),
-        Some(fields.join(":").as_str())
-    );
-    assert_ne!(
-        terms.as_ref(),
-        Some(&written),
-        "made of the meta's limit, 4"
-    );
-    // Carried, the terms decide as the fields do: 4 units buy, 5 do not.
-    let buy = |user: &'static str, qty| {
-        testkit::purchase(
-            &env.redis,
-            a.id,
-            user,
-            qty,
-            Uuid::now_v7(),
-            purchase::far_deadline(),
-        )
+    let hset = |field: &'static str, value: i64| {
+        let cmd = redis::cmd("HSET").arg(&meta).arg(field).arg(value).clone();
+        let redis = env.redis.clone();
+        async move { redis.cmd::<()>(&cmd).await }
     };
-    assert!(buy("alice", 4).await?.is_ok());
-    assert_eq!(
-        buy("bob", 5).await?.unwrap_err().code(),
-        "quantity_exceeds_limit"
-    );
+    let buy = |user: String, qty| {
+        let redis = env.redis.clone();
+        async move {
+            let (id, far) = (Uuid::now_v7(), purchase::far_deadline());
+            testkit::purchase(&redis, a.id, &user, qty, id, far).await
+        }
+    };
+    // The load wrote the terms of the row's limit, 5; the handle carries them once it bought.
+    assert!(buy("first".into(), 1).await?.is_ok());
+    assert!(env.redis.terms.get(a.id).is_some());
+
+    for (older, limit) in [("no terms", 4), ("stale terms", 3)] {
+        if older == "no terms" {
+            let _: () = env
+                .redis
+                .cmd(redis::cmd("HDEL").arg(&meta).arg("terms"))
+                .await?;
+            hset("limit", limit).await?;
+        } else {
+            // An older build's admin change: committed in the row, then written into the meta
+            // as that build writes it, the field and the new version and no terms.
+            let version: i64 = sqlx::query_scalar(
+                "update activities set per_order_limit = $2, config_version = config_version + 1
+                 where id = $1 returning config_version",
+            )
+            .bind(a.id)
+            .bind(limit)
+            .fetch_one(&env.pool)
+            .await?;
+            hset("limit", limit).await?;
+            hset("version", version).await?;
+        }
+        // The copy in hand says more than the limit: the fields decide.
+        let over = buy(format!("over-{limit}"), limit + 1).await?;
+        assert_eq!(
+            over.unwrap_err().code(),
+            "quantity_exceeds_limit",
+            "{older}"
+        );
+
+        let again = job.run(Utc::now()).await?;
+        assert!(again.errors.is_empty(), "{again:?}");
+        let terms = purchase::read_terms(&env.redis, a.id.into()).await?;
+        let fields: Vec<Option<String>> = env
+            .redis
+            .cmd(redis::cmd("HMGET").arg(&meta).arg(&SaleTerms::FIELDS[..]))
+            .await?;
+        let fields: Vec<String> = fields.into_iter().map(Option::unwrap_or_default).collect();
+        assert_eq!(
+            terms.as_ref().map(|t| t.text()),
+            Some(fields.join(":").as_str()),
+            "{older}"
+        );
+        assert_eq!(
+            fields[3],
+            limit.to_string(),
+            "{older}: the meta's limit, not the row's"
+        );
+        // Carried now, the terms decide as the fields do.
+        assert!(buy(format!("at-{limit}"), limit).await?.is_ok(), "{older}");
+        assert_eq!(
+            env.redis.terms.get(a.id).as_deref(),
+            terms.as_ref(),
+            "{older}"
+        );
+        let over = buy(format!("over-again-{limit}"), limit + 1).await?;
+        assert_eq!(
+            over.unwrap_err().code(),
+            "quantity_exceeds_limit",
+            "{older}"
+        );
+    }
     Ok(())
 }
 
