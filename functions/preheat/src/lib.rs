@@ -71,8 +71,9 @@ pub struct PreheatFailure {
 
 impl Preheat {
     /// One activity: nothing to do when Redis holds its current config version, the
-    /// sentinels of `users` and the ledger and the terms of the meta's fields; otherwise a fenced load under its lock
-    /// (`seckill_shared::protocol::load`), which also puts missing sentinels back.
+    /// sentinels of `users` and the ledger and the terms of the meta's fields; otherwise a
+    /// fenced load under its lock (`seckill_shared::protocol::load`), which also puts missing
+    /// sentinels and terms back.
     async fn preheat_one(&self, a: &Activity, end: Instant) -> Result<PreheatOutcome, LoadError> {
         if self.is_current(a).await? {
             return Ok(PreheatOutcome::AlreadyLoaded);
