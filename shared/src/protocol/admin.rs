@@ -420,14 +420,16 @@ async fn lower(
     change: Update,
 ) -> Result<Activity, ChangeError> {
     let (id, delta) = (guard.activity_id, change.delta);
-    let new_meta = change.new_meta(ctx);
     let buckets = change.before.bucket_count();
     let change_id = guard.token.to_string();
+    // The units only, under the meta Redis holds: the new meta and version follow the commit,
+    // so Redis never holds a version the database did not commit (a version that never
+    // committed is the next change's too, and preheat would take this one's fields for its).
+    let current = change.old_meta(ctx);
     let (adjusted, plan) = if buckets > 1 {
-        let current = change.old_meta(ctx);
         take_from_buckets(ctx, guard, buckets, -delta, &current, &change_id).await?
     } else {
-        adjust(ctx, guard, 1, delta, &new_meta, &change_id).await?
+        adjust(ctx, guard, 1, delta, &current, &change_id).await?
     };
     match adjusted {
         Adjust::Applied | Adjust::NotLoaded => {}
@@ -442,8 +444,9 @@ async fn lower(
             return Err(ChangeError::BelowSold(change.after.total_stock));
         }
     }
-    // Redis holds the new meta and version, the database not yet: a preheat now finds a
-    // version the row does not hold, and must wait for this lock rather than undo it.
+    // Redis holds the lowered stock under the row's meta and version, the database not yet the
+    // lower: a preheat now finds the sale current and leaves it (it never touches a loaded
+    // stock).
     pause::point("admin.lower.before_commit", id).await;
     let committed = async {
         let updated =
@@ -464,17 +467,25 @@ async fn lower(
     .await;
     match committed {
         Ok(updated) => {
-            if buckets > 1 && adjusted == Adjust::Applied {
-                // The new meta, now that the database holds it (a failure leaves the older
-                // version, which preheat refreshes).
-                let meta_id = format!("{change_id}-meta");
-                if let Err(e) = adjust(ctx, guard, buckets, 0, &new_meta, &meta_id).await {
-                    tracing::warn!(activity_id = id, error = %e, "lower committed; meta left to preheat");
-                }
-            }
+            committed_meta(ctx, guard, &change, adjusted).await;
             loaded_if_due(ctx, guard, adjusted, updated).await
         }
         Err(e) => after_failed_lower(ctx, guard, &change, adjusted, &plan, e).await,
+    }
+}
+
+/// A committed lower's new meta, written after its commit (a failure leaves the older version,
+/// which preheat refreshes). Nothing when Redis does not hold the sale.
+async fn committed_meta(ctx: &Context, guard: &LockGuard, change: &Update, adjusted: Adjust) {
+    if adjusted != Adjust::Applied {
+        return;
+    }
+    let (buckets, meta_id) = (
+        change.before.bucket_count(),
+        format!("{}-meta", guard.token),
+    );
+    if let Err(e) = adjust(ctx, guard, buckets, 0, &change.new_meta(ctx), &meta_id).await {
+        tracing::warn!(activity_id = guard.activity_id, error = %e, "lower committed; meta left to preheat");
     }
 }
 
@@ -496,7 +507,10 @@ async fn after_failed_lower(
     };
     match read_back {
         // COMMIT's answer was lost, not the commit: the change is in.
-        Ok(Some(updated)) => return loaded_if_due(ctx, guard, adjusted, updated).await,
+        Ok(Some(updated)) => {
+            committed_meta(ctx, guard, change, adjusted).await;
+            return loaded_if_due(ctx, guard, adjusted, updated).await;
+        }
         Ok(None) => {}
         Err(read) => {
             // Unknown whether it committed: Redis stays lower than the database may

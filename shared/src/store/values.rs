@@ -269,9 +269,9 @@ impl SaleTerms {
 
 /// The terms of the sales a Redis handle (and its clones) last read, by activity: what its
 /// purchases carry. A copy is only ever used by the script when it is the meta's own and
-/// names the meta's version, so a stale one costs one read, not a wrong answer (docs/
-/// invariants.md, "Entry: a purchase", step 1, tells the one exception a deploy can meet). At
-/// most [`TermsSeen::MAX`] sales; past it the memory starts afresh.
+/// names the meta's version, so a stale one costs one read, never a wrong answer (docs/
+/// invariants.md, "Entry: a purchase", step 1, says why). At most [`TermsSeen::MAX`] sales;
+/// past it the memory starts afresh.
 #[derive(Debug, Default)]
 pub struct TermsSeen {
     seen: RwLock<HashMap<i64, Arc<SaleTerms>>>,

@@ -1,6 +1,7 @@
 //! An admin's change of a running sale against preheat, reconcile and the entry: an extension
 //! keeps the sale's buyers, a lower that preheat races, a commit whose reply was lost, a lower
-//! that never committed, a purchase that carries the terms the change replaced.
+//! that never committed (and the next change, which commits its version), a purchase that
+//! carries the terms the change replaced.
 
 use crate::{joined, within, world, World};
 use axum::http::StatusCode;
@@ -9,6 +10,7 @@ use seckill_shared::domain::activity;
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
 use seckill_shared::store::meta;
+use seckill_shared::store::purchase;
 use seckill_shared::store::view;
 use std::time::Duration;
 use testkit::on_every_redis;
@@ -22,6 +24,7 @@ on_every_redis!(
     a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat,
     a_preheat_during_a_lower_never_undoes_its_meta,
     a_purchase_carrying_replaced_terms_is_decided_by_the_new_ones,
+    a_version_a_lower_never_committed_is_not_taken_for_the_next_changes,
 );
 
 /// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
@@ -128,10 +131,10 @@ async fn an_admin_commit_whose_reply_was_lost_is_not_reverted_in_redis(
     w.assert_conserved().await
 }
 
-/// A lower writes its meta and version to Redis, then the connection drops with COMMIT unsent
-/// and the read-back fails too: the admin cannot tell whether the change is in, so Redis keeps
-/// the lowered stock and the new meta of a version the database never got. Preheat puts the
-/// row's meta back (a version ahead of the row is not current), reconcile the stock.
+/// A lower takes its units in Redis, then the connection drops with COMMIT unsent and the
+/// read-back fails too: the admin cannot tell whether the change is in, so Redis keeps the
+/// lowered stock, under the row's meta and version (the new meta follows a commit only).
+/// Preheat finds the sale current, reconcile puts the stock back.
 async fn a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat(
     kind: RedisKind,
 ) -> anyhow::Result<()> {
@@ -152,28 +155,29 @@ async fn a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat(
         "nothing committed"
     );
     let version = || meta::loaded_version(&w.env.redis, w.id());
-    assert_eq!(version().await?, Some(before.config_version + 1));
+    let end = || async {
+        let view = view::view(&w.env.redis, w.id()).await?;
+        anyhow::Ok(view.map(|v| v.end_at.timestamp_millis()))
+    };
+    assert_eq!(version().await?, Some(before.config_version));
+    assert_eq!(
+        end().await?,
+        Some(before.end_at.timestamp_millis()),
+        "the row's window"
+    );
     assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
 
     let report = w.preheat().run(Utc::now()).await?;
-    assert_eq!(report.refreshed_ids, vec![w.id()]);
+    assert_eq!(report.already_loaded_ids, vec![w.id()], "{report:?}");
     assert_eq!(version().await?, Some(before.config_version));
-    assert_eq!(
-        view::view(&w.env.redis, w.id())
-            .await?
-            .map(|v| v.end_at.timestamp_millis()),
-        Some(before.end_at.timestamp_millis()),
-        "the row's window is back"
-    );
     w.reconcile().run(Utc::now()).await?;
     assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(10));
     w.assert_conserved().await
 }
 
-/// A lower stops after writing its meta and version to Redis, before its commit; preheat runs
-/// and finds Redis a version ahead of the row. It must not put the row's meta back under the
-/// lower's feet: the lock is held, so preheat reports the sale busy, and after the commit
-/// Redis and the row agree.
+/// A lower stops after taking its units in Redis, before its commit; preheat runs and finds
+/// the row's version in Redis (the new meta follows the commit): the sale is current, and the
+/// lowered stock is not touched. After the commit Redis holds the new meta and the row agrees.
 async fn a_preheat_during_a_lower_never_undoes_its_meta(kind: RedisKind) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let before = w.db_row().await?;
@@ -194,12 +198,14 @@ async fn a_preheat_during_a_lower_never_undoes_its_meta(kind: RedisKind) -> anyh
             .await
     );
     let report = w.preheat().run(Utc::now()).await?;
-    assert_eq!(report.busy_ids, vec![w.id()], "{report:?}");
+    assert_eq!(report.already_loaded_ids, vec![w.id()], "{report:?}");
     let version = || meta::loaded_version(&w.env.redis, w.id());
-    assert_eq!(version().await?, Some(before.config_version + 1));
+    assert_eq!(version().await?, Some(before.config_version));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
     paused.resume();
     let updated = lower.await?.map_err(|e| anyhow::anyhow!("{e:?}"))?;
     assert_eq!(updated.config_version, before.config_version + 1);
+    assert_eq!(version().await?, Some(before.config_version + 1));
     let report = w.preheat().run(Utc::now()).await?;
     assert_eq!(report.already_loaded_ids, vec![w.id()], "{report:?}");
     assert_eq!(
@@ -270,4 +276,52 @@ async fn a_purchase_carrying_replaced_terms_is_decided_by_the_new_ones(
         Some(20 - 1 - 2 - 4 - 3)
     );
     Ok(())
+}
+
+/// The config version of a change is the row's + 1, so a lower that never committed and the
+/// next change share one. The lower takes its units and cannot tell whether it committed;
+/// then the next change (a later end) commits that version and its function dies before its
+/// Redis write. Redis must not hold the lower's fields under the version the row now has:
+/// preheat finds the version behind the row and loads the row's meta, window and terms.
+async fn a_version_a_lower_never_committed_is_not_taken_for_the_next_changes(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
+    let lower = ActivityPatch {
+        total_stock: Some(6),
+        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
+        ..ActivityPatch::default()
+    };
+    let answer = admin::update_activity(&w.admin(), w.id(), &lower).await;
+    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
+    // The next change, committed at the version the lower never committed; no Redis write.
+    let next_end = before.end_at + chrono::Duration::minutes(60);
+    let version: i64 = sqlx::query_scalar(
+        "update activities set end_at = $2, config_version = config_version + 1
+         where id = $1 returning config_version",
+    )
+    .bind(w.id())
+    .bind(next_end)
+    .fetch_one(&w.env.pool)
+    .await?;
+    assert_eq!(version, before.config_version + 1);
+
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.refreshed_ids, vec![w.id()], "{report:?}");
+    let view = view::view(&w.env.redis, w.id()).await?;
+    assert_eq!(
+        view.map(|v| v.end_at.timestamp_millis()),
+        Some(next_end.timestamp_millis()),
+        "the committed change's window, not the lower's"
+    );
+    let terms = purchase::read_terms(&w.env.redis, w.id().into()).await?;
+    let terms = terms.map(|t| t.parts().map(String::from).collect::<Vec<_>>());
+    assert_eq!(
+        terms.as_ref().map(|t| (t[0].clone(), t[2].clone())),
+        Some((version.to_string(), next_end.timestamp_millis().to_string()))
+    );
+    w.reconcile().run(Utc::now()).await?;
+    w.assert_conserved().await
 }
