@@ -484,8 +484,19 @@ async fn committed_meta(ctx: &Context, guard: &LockGuard, change: &Update, adjus
         change.before.bucket_count(),
         format!("{}-meta", guard.token),
     );
-    if let Err(e) = adjust(ctx, guard, buckets, 0, &change.new_meta(ctx), &meta_id).await {
-        tracing::warn!(activity_id = guard.activity_id, error = %e, "lower committed; meta left to preheat");
+    let written = if pause::fail("admin.lower.meta", guard.activity_id) {
+        Err(StoreError::Timeout(ctx.redis.timeout).into())
+    } else {
+        adjust(ctx, guard, buckets, 0, &change.new_meta(ctx), &meta_id)
+            .await
+            .map(|(adjusted, _)| adjusted)
+    };
+    if !matches!(written, Ok(Adjust::Applied)) {
+        tracing::warn!(
+            activity_id = guard.activity_id,
+            ?written,
+            "lower committed; meta left to preheat"
+        );
     }
 }
 

@@ -25,6 +25,7 @@ on_every_redis!(
     a_preheat_during_a_lower_never_undoes_its_meta,
     a_purchase_carrying_replaced_terms_is_decided_by_the_new_ones,
     a_version_a_lower_never_committed_is_not_taken_for_the_next_changes,
+    a_lower_whose_meta_write_fails_after_its_commit_is_refreshed_by_preheat,
 );
 
 /// `PUT endAt` later must move the expiry of every key of the sale, `users` and the ledger
@@ -323,5 +324,41 @@ async fn a_version_a_lower_never_committed_is_not_taken_for_the_next_changes(
         Some((version.to_string(), next_end.timestamp_millis().to_string()))
     );
     w.reconcile().run(Utc::now()).await?;
+    w.assert_conserved().await
+}
+
+/// A lower commits, and its new meta's write to Redis (after the commit) fails: the change is
+/// in, Redis holds the lowered stock under the row's older version, and a purchase there is
+/// decided by the older terms. Preheat finds the version behind the row and loads the row's
+/// meta; the stock stays lowered.
+async fn a_lower_whose_meta_write_fails_after_its_commit_is_refreshed_by_preheat(
+    kind: RedisKind,
+) -> anyhow::Result<()> {
+    let w = world(kind, 10).await?;
+    let before = w.db_row().await?;
+    let end_at = before.end_at + chrono::Duration::minutes(30);
+    let _failed = pause::arm_failure("admin.lower.meta", w.id(), 1);
+    let patch = ActivityPatch {
+        total_stock: Some(6),
+        end_at: Some(end_at),
+        ..ActivityPatch::default()
+    };
+    let updated = admin::update_activity(&w.admin(), w.id(), &patch)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    assert_eq!(updated.config_version, before.config_version + 1);
+    let version = || meta::loaded_version(&w.env.redis, w.id());
+    assert_eq!(version().await?, Some(before.config_version));
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
+
+    let report = w.preheat().run(Utc::now()).await?;
+    assert_eq!(report.refreshed_ids, vec![w.id()], "{report:?}");
+    assert_eq!(version().await?, Some(updated.config_version));
+    let view = view::view(&w.env.redis, w.id()).await?;
+    assert_eq!(
+        view.map(|v| v.end_at.timestamp_millis()),
+        Some(end_at.timestamp_millis())
+    );
+    assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
     w.assert_conserved().await
 }
