@@ -6,7 +6,7 @@
 use crate::{joined, within, world, World};
 use axum::http::StatusCode;
 use chrono::{Duration as ChronoDuration, Utc};
-use seckill_shared::domain::activity;
+use seckill_shared::domain::activity::{self, Activity};
 use seckill_shared::domain::settings::ActivityPatch;
 use seckill_shared::infra::pause;
 use seckill_shared::store::meta;
@@ -141,14 +141,7 @@ async fn a_lower_that_never_committed_and_could_not_tell_is_healed_by_preheat(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let before = w.db_row().await?;
-    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
-    let patch = ActivityPatch {
-        total_stock: Some(6),
-        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
-        ..ActivityPatch::default()
-    };
-    let answer = admin::update_activity(&w.admin(), w.id(), &patch).await;
-    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
+    lower_of_unknown_outcome(&w, &before).await;
     let row = w.db_row().await?;
     assert_eq!(
         (row.total_stock, row.config_version, row.end_at),
@@ -289,14 +282,7 @@ async fn a_version_a_lower_never_committed_is_not_taken_for_the_next_changes(
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let before = w.db_row().await?;
-    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
-    let lower = ActivityPatch {
-        total_stock: Some(6),
-        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
-        ..ActivityPatch::default()
-    };
-    let answer = admin::update_activity(&w.admin(), w.id(), &lower).await;
-    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
+    lower_of_unknown_outcome(&w, &before).await;
     // The next change, committed at the version the lower never committed; no Redis write.
     let next_end = before.end_at + chrono::Duration::minutes(60);
     let version: i64 = sqlx::query_scalar(
@@ -336,13 +322,9 @@ async fn a_lower_whose_meta_write_fails_after_its_commit_is_refreshed_by_preheat
 ) -> anyhow::Result<()> {
     let w = world(kind, 10).await?;
     let before = w.db_row().await?;
-    let end_at = before.end_at + chrono::Duration::minutes(30);
+    let patch = lower_to_six(&before);
+    let end_at = patch.end_at.expect("a later end");
     let _failed = pause::arm_failure("admin.lower.meta", w.id(), 1);
-    let patch = ActivityPatch {
-        total_stock: Some(6),
-        end_at: Some(end_at),
-        ..ActivityPatch::default()
-    };
     let updated = admin::update_activity(&w.admin(), w.id(), &patch)
         .await
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -361,4 +343,21 @@ async fn a_lower_whose_meta_write_fails_after_its_commit_is_refreshed_by_preheat
     );
     assert_eq!(view::stock(&w.env.redis, w.id()).await?, Some(6));
     w.assert_conserved().await
+}
+
+/// The lower the tests above send: the stock 10 → 6 and the end 30 minutes later.
+fn lower_to_six(before: &Activity) -> ActivityPatch {
+    ActivityPatch {
+        total_stock: Some(6),
+        end_at: Some(before.end_at + chrono::Duration::minutes(30)),
+        ..ActivityPatch::default()
+    }
+}
+
+/// Sends [`lower_to_six`] with its COMMIT left unsent and the read-back failing: the admin
+/// cannot tell whether the change is in, and answers an error.
+async fn lower_of_unknown_outcome(w: &World, before: &Activity) {
+    let _unknown = pause::arm_failure("admin.commit.unknown", w.id(), 2);
+    let answer = admin::update_activity(&w.admin(), w.id(), &lower_to_six(before)).await;
+    assert!(answer.is_err(), "the outcome is unknown: {answer:?}");
 }
